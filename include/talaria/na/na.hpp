@@ -1,0 +1,382 @@
+// The network abstraction (na): one interface over every transport.
+//
+// A Transport is opened from an address string ("inproc://name", "sm://", "tcp://host:port").
+// Operations are posted on a Context; each completes exactly once, by queueing its Callback on
+// that Context, which runs it from Context::trigger() -- never from inside a post_* call or from
+// deep inside the transport. Context::progress() drives the transport.
+//
+// Ownership (see docs/architecture.md):
+//  - Message buffers passed to post_* belong to the caller but must stay valid and untouched
+//    until the operation's callback has run.
+//  - Registered memory must stay valid until its MemHandle is destroyed, and must not be
+//    deregistered while a put/get using it is in flight.
+//  - Addr, MemHandle, MsgBuffer and Context objects must all be destroyed before their
+//    Transport. Destroying a Context completes nothing: cancel and drain it first.
+//
+// Threading: with Options::thread_safe (the default), any thread may post operations and each
+// Context may be progressed/triggered by one thread at a time (different contexts by
+// different threads). Without it, the caller promises a single thread and the transport
+// takes no locks.
+#pragma once
+
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "talaria/util/clock.hpp"
+#include "talaria/util/inplace_function.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria::na {
+
+class Transport;
+class Context;
+struct Op;
+
+using Tag = uint32_t;
+
+/// Access granted to remote peers on a registered region.
+/// read_only: peers may get from it; write_only: peers may put into it; read_write: both.
+enum class Access : uint8_t { read_only = 1, write_only = 2, read_write = 3 };
+
+enum class OpType : uint8_t {
+    send_unexpected,
+    send_expected,
+    recv_unexpected,
+    recv_expected,
+    put,
+    get,
+};
+std::string_view op_type_name(OpType t) noexcept;
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+
+/// Base of every transport's address object. Transports intern addresses: one AddrImpl per
+/// peer, so two Addr compare equal exactly when they point at the same AddrImpl.
+class AddrImpl {
+  public:
+    explicit AddrImpl(Transport* t) noexcept : transport_(t) {}
+    AddrImpl(const AddrImpl&) = delete;
+    AddrImpl& operator=(const AddrImpl&) = delete;
+    virtual ~AddrImpl() = default;
+    [[nodiscard]] Transport* transport() const noexcept { return transport_; }
+
+  private:
+    friend class Addr;
+    std::atomic<uint32_t> refs_{0};
+    Transport* transport_;
+};
+
+/// A reference-counted handle to a peer's address. Copy shares, move steals.
+class Addr {
+  public:
+    Addr() noexcept = default;
+    /// Takes a new reference on `p` (may be nullptr).
+    explicit Addr(AddrImpl* p) noexcept : p_(p) {
+        if (p_) p_->refs_.fetch_add(1, std::memory_order_relaxed);
+    }
+    Addr(const Addr& o) noexcept : Addr(o.p_) {}
+    Addr(Addr&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    Addr& operator=(const Addr& o) noexcept {
+        Addr(o).swap(*this);
+        return *this;
+    }
+    Addr& operator=(Addr&& o) noexcept {
+        Addr(std::move(o)).swap(*this);
+        return *this;
+    }
+    ~Addr() { reset(); }
+
+    void reset() noexcept {
+        if (p_ && p_->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete p_;
+        p_ = nullptr;
+    }
+    void swap(Addr& o) noexcept { std::swap(p_, o.p_); }
+    [[nodiscard]] bool valid() const noexcept { return p_ != nullptr; }
+    explicit operator bool() const noexcept { return valid(); }
+    [[nodiscard]] AddrImpl* impl() const noexcept { return p_; }
+    template <class T>
+    [[nodiscard]] T* as() const noexcept {
+        return static_cast<T*>(p_);
+    }
+    friend bool operator==(const Addr& a, const Addr& b) noexcept { return a.p_ == b.p_; }
+
+  private:
+    AddrImpl* p_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Memory registration
+
+/// Base of every transport's memory handle, local (registered here) or remote (deserialized).
+class MemImpl {
+  public:
+    MemImpl(Transport* t, uint64_t base, uint64_t length, Access access, bool local) noexcept
+        : transport_(t), base_(base), length_(length), access_(access), local_(local) {}
+    MemImpl(const MemImpl&) = delete;
+    MemImpl& operator=(const MemImpl&) = delete;
+    virtual ~MemImpl() = default;
+
+    [[nodiscard]] Transport* transport() const noexcept { return transport_; }
+    /// Virtual address of the region in its owner's address space.
+    [[nodiscard]] uint64_t base() const noexcept { return base_; }
+    [[nodiscard]] uint64_t length() const noexcept { return length_; }
+    [[nodiscard]] Access access() const noexcept { return access_; }
+    /// True if registered in this process, false if deserialized from a peer.
+    [[nodiscard]] bool local() const noexcept { return local_; }
+
+  private:
+    Transport* transport_;
+    uint64_t base_;
+    uint64_t length_;
+    Access access_;
+    bool local_;
+};
+
+/// Owning, move-only handle on a registration. Destroying a local handle deregisters it.
+class MemHandle {
+  public:
+    MemHandle() noexcept = default;
+    explicit MemHandle(std::unique_ptr<MemImpl> p) noexcept : p_(std::move(p)) {}
+    [[nodiscard]] bool valid() const noexcept { return p_ != nullptr; }
+    explicit operator bool() const noexcept { return valid(); }
+    [[nodiscard]] MemImpl* impl() const noexcept { return p_.get(); }
+    template <class T>
+    [[nodiscard]] T* as() const noexcept {
+        return static_cast<T*>(p_.get());
+    }
+    MemImpl* operator->() const noexcept { return p_.get(); }
+    void reset() noexcept { p_.reset(); }
+
+  private:
+    std::unique_ptr<MemImpl> p_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Message buffers
+
+/// A buffer for messages, allocated by the transport (it may be pre-registered or specially
+/// aligned). Move-only; frees itself through its transport.
+class MsgBuffer {
+  public:
+    MsgBuffer() noexcept = default;
+    MsgBuffer(Transport* owner, std::byte* data, std::size_t size, void* priv) noexcept
+        : owner_(owner), data_(data), size_(size), priv_(priv) {}
+    MsgBuffer(MsgBuffer&& o) noexcept { *this = std::move(o); }
+    MsgBuffer& operator=(MsgBuffer&& o) noexcept;
+    MsgBuffer(const MsgBuffer&) = delete;
+    MsgBuffer& operator=(const MsgBuffer&) = delete;
+    ~MsgBuffer();
+
+    [[nodiscard]] std::byte* data() const noexcept { return data_; }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] std::span<std::byte> span() const noexcept { return {data_, size_}; }
+    /// Transport-private data (e.g. a registration descriptor).
+    [[nodiscard]] void* priv() const noexcept { return priv_; }
+    [[nodiscard]] bool valid() const noexcept { return data_ != nullptr; }
+
+  private:
+    Transport* owner_ = nullptr;
+    std::byte* data_ = nullptr;
+    std::size_t size_ = 0;
+    void* priv_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Operations and completions
+
+/// What a callback learns about a finished operation.
+struct Completion {
+    OpType type = OpType::send_unexpected;
+    Errc status = Errc::ok;  ///< ok, canceled, disconnected, timeout, access_denied, ...
+    Tag tag = 0;             ///< recv: the message's tag
+    uint8_t context_id = 0;  ///< recv: the destination context id the sender named
+    std::size_t size = 0;    ///< recv: bytes received; put/get: bytes moved
+    Addr source;             ///< recv: the sender
+};
+
+/// Completion callback. Runs from Context::trigger() on the thread that triggers.
+using Callback = InplaceFunction<void(const Completion&), 48>;
+
+/// Names a posted operation, for cancel(). Stale ids (the operation finished and its slot was
+/// reused) are detected by the generation and rejected with Errc::not_found.
+struct OpId {
+    Op* op = nullptr;
+    uint64_t gen = 0;
+    [[nodiscard]] bool valid() const noexcept { return op != nullptr; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Transport
+
+struct Options {
+    /// Accept connections from peers (server). Without it a tcp transport does not listen; peers
+    /// can still reply over the connections it opens.
+    bool listen = true;
+    /// See the threading note at the top of this file.
+    bool thread_safe = true;
+    /// Maximum number of operations in flight per transport (posting more returns Errc::again).
+    std::size_t max_ops = 4096;
+    /// Maximum number of contexts (ids 0 .. max_contexts-1).
+    uint8_t max_contexts = 16;
+};
+
+/// A transport instance: one endpoint of one transport kind (like Mercury's na_class).
+class Transport {
+  public:
+    virtual ~Transport() = default;
+    Transport() = default;
+    Transport(const Transport&) = delete;
+    Transport& operator=(const Transport&) = delete;
+
+    /// "inproc", "sm", "tcp", ...
+    [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+
+    /// Create the context with this id (0 <= id < Options::max_contexts), once per id.
+    virtual Result<std::unique_ptr<Context>> context_create(uint8_t id) = 0;
+
+    // --- addresses ---------------------------------------------------------------------------
+    /// Resolve an address string of this transport. Does not block on the network: connections
+    /// are made on first use. Lookups of the same peer return equal Addr.
+    virtual Result<Addr> addr_lookup(std::string_view address) = 0;
+    /// This endpoint's own address. Its string form is what peers pass to addr_lookup (for tcp
+    /// with port 0, it names the real port).
+    virtual Addr addr_self() = 0;
+    virtual std::string addr_to_string(const Addr& a) = 0;
+    /// Serialized form (self-contained: a peer deserializes it with addr_deserialize).
+    virtual std::size_t addr_serialize_size(const Addr& a) = 0;
+    virtual Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) = 0;
+    virtual Result<Addr> addr_deserialize(std::span<const std::byte> in) = 0;
+
+    // --- messages ----------------------------------------------------------------------------
+    [[nodiscard]] virtual std::size_t max_unexpected_size() const noexcept = 0;
+    [[nodiscard]] virtual std::size_t max_expected_size() const noexcept = 0;
+    /// A message buffer of at least `size` bytes (and at most max_*_size()).
+    virtual Result<MsgBuffer> msg_buf_alloc(std::size_t size);
+
+    /// Send `len` bytes of `buf` to `dest`, delivered to its context `dest_ctx` as an
+    /// unexpected message with `tag`. The callback runs once the buffer may be reused.
+    virtual Result<OpId> post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                              std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                              Tag tag) = 0;
+    /// Receive the next unexpected message addressed to `ctx`'s id, from anyone, into `buf`
+    /// (its whole size is the capacity). Messages that arrive before a receive is posted are
+    /// queued, never lost. A message longer than the buffer completes with message_too_large.
+    virtual Result<OpId> post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) = 0;
+    /// Send an expected message: matched at `dest` by (source, tag) against a posted
+    /// post_recv_expected. Messages that arrive before their receive is posted are queued.
+    virtual Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                            std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                            Tag tag) = 0;
+    virtual Result<OpId> post_recv_expected(Context& ctx, Callback cb, MsgBuffer& buf,
+                                            const Addr& source, Tag tag) = 0;
+
+    // --- memory and one-sided operations -----------------------------------------------------
+    virtual Result<MemHandle> mem_register(void* buf, std::size_t len, Access access) = 0;
+    virtual std::size_t mem_serialize_size(const MemHandle& h) = 0;
+    virtual Result<std::size_t> mem_serialize(const MemHandle& h, std::span<std::byte> out) = 0;
+    virtual Result<MemHandle> mem_deserialize(std::span<const std::byte> in) = 0;
+
+    /// Write `len` bytes from local[local_off..] to remote[remote_off..] at `remote_addr`.
+    /// Fails with out_of_range / access_denied (checked by the target where the transport
+    /// cannot check locally), changing nothing at the target.
+    virtual Result<OpId> post_put(Context& ctx, Callback cb, const MemHandle& local,
+                                  std::size_t local_off, const MemHandle& remote,
+                                  std::size_t remote_off, std::size_t len,
+                                  const Addr& remote_addr) = 0;
+    /// Read `len` bytes from remote[remote_off..] at `remote_addr` into local[local_off..].
+    virtual Result<OpId> post_get(Context& ctx, Callback cb, const MemHandle& local,
+                                  std::size_t local_off, const MemHandle& remote,
+                                  std::size_t remote_off, std::size_t len,
+                                  const Addr& remote_addr) = 0;
+
+    /// Ask to cancel a posted operation. It still completes exactly once: with canceled if it
+    /// was stopped in time, otherwise with its normal status. not_found for a finished op.
+    virtual Result<void> cancel(OpId id) = 0;
+
+    // --- progress (called through Context) ---------------------------------------------------
+    /// Make progress until `ctx` has at least one completion ready (ok) or `deadline` passes
+    /// (Errc::timeout). A deadline in the past means poll once. Must wake early when another
+    /// thread queues a completion on `ctx`.
+    virtual Result<void> progress(Context& ctx, TimePoint deadline) = 0;
+    /// An fd that is readable when this transport needs progress (epoll-nestable).
+    [[nodiscard]] virtual int progress_fd() const noexcept = 0;
+    /// Prepare to block on progress_fd(): false when work is already pending (do not block).
+    /// For sm this arms the peer's wake-up signal.
+    virtual bool try_wait() = 0;
+
+    /// Called by MsgBuffer's destructor.
+    virtual void msg_buf_free(MsgBuffer& buf) noexcept;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Context
+
+/// A completion queue plus the handle progress is made on. Created by Transport::context_create.
+class Context {
+  public:
+    virtual ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    [[nodiscard]] uint8_t id() const noexcept { return id_; }
+    [[nodiscard]] Transport& transport() const noexcept { return *transport_; }
+
+    /// Make progress until a completion is ready on this context or `timeout` passes
+    /// (Errc::timeout). timeout 0 polls once; a negative timeout waits forever.
+    Result<void> progress(Duration timeout);
+    /// Run up to `max` ready callbacks; returns how many ran.
+    unsigned trigger(unsigned max = UINT_MAX);
+
+    /// An fd that becomes readable when progress() has something to do (completions queued by
+    /// another thread, or transport I/O). Use with try_wait() to block in your own epoll.
+    [[nodiscard]] int wait_fd() const noexcept;
+    /// True if it is safe to block on wait_fd() now (nothing is already pending).
+    bool try_wait();
+
+    /// Completions queued and not yet triggered.
+    [[nodiscard]] bool has_completions() const noexcept;
+
+    // --- for transports --------------------------------------------------------------------
+    /// Queue a finished operation (thread-safe when the transport is). Wakes a waiter.
+    void enqueue(Op* op) noexcept;
+    /// The eventfd signalled by enqueue() while a progressing thread may be blocked; transports
+    /// add it to the fds they block on and drain it with drain_event_fd().
+    [[nodiscard]] int event_fd() const noexcept;
+    void drain_event_fd() noexcept;
+    /// Before blocking: announce it, so that enqueue() from another thread signals event_fd().
+    /// Returns false (and announces nothing) when completions are already queued.
+    bool prepare_block() noexcept;
+    /// After blocking (whatever prepare_block() returned).
+    void end_block() noexcept;
+
+  protected:
+    Context(Transport* t, uint8_t id, bool thread_safe);
+
+  private:
+    struct Impl;
+    Transport* transport_;
+    uint8_t id_;
+    std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Opening a transport
+
+/// Open a transport from an address string: "inproc://name", "sm://[name]",
+/// "tcp://host:port" (IPv4, [IPv6]; port 0 picks a free port). The scheme selects the
+/// transport from the compiled-in list; an unknown or not-built scheme fails with
+/// not_supported naming the transports that are built.
+Result<std::unique_ptr<Transport>> open(std::string_view address, const Options& options = {});
+
+/// Schemes of the transports compiled into this build, e.g. {"inproc", "sm", "tcp"}.
+std::vector<std::string_view> transports_built();
+
+}  // namespace talaria::na

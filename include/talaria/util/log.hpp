@@ -1,0 +1,64 @@
+// Logging by subsystem and level, configured from the environment:
+//   TALARIA_LOG=warn,na=debug,tcp=trace     (default: warn everywhere)
+//   TALARIA_LOG_FILE=/path                  (default: stderr)
+// A disabled log statement costs one relaxed atomic load and a compare; its arguments are
+// not evaluated.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace talaria::log {
+
+enum class Level : uint8_t { off = 0, error, warn, info, debug, trace };
+
+/// Subsystems, one per layer and transport. Keep subsys_name() in log.cpp in step.
+enum class Subsys : uint8_t {
+    util,
+    na,
+    inproc,
+    sm,
+    tcp,
+    ofi,
+    ucx,
+    core,
+    bulk,
+    proc,
+    api,
+    perf,
+    count
+};
+
+std::string_view level_name(Level l) noexcept;
+std::string_view subsys_name(Subsys s) noexcept;
+
+namespace detail {
+extern std::atomic<uint8_t> g_levels[static_cast<int>(Subsys::count)];
+void write(Subsys s, Level l, const char* file, int line, std::string_view msg) noexcept;
+}  // namespace detail
+
+inline bool enabled(Subsys s, Level l) noexcept {
+    return detail::g_levels[static_cast<int>(s)].load(std::memory_order_relaxed) >=
+           static_cast<uint8_t>(l);
+}
+
+/// Parse a TALARIA_LOG-style spec ("warn,na=debug,tcp=trace") and apply it.
+/// Returns false (and applies nothing) when the spec has an unknown name.
+bool configure(std::string_view spec) noexcept;
+void set_level(Subsys s, Level l) noexcept;
+
+}  // namespace talaria::log
+
+/// TALARIA_LOG(tcp, debug, "connected to {} fd={}", addr, fd);
+#define TALARIA_LOG(subsys, level, ...)                                                            \
+    do {                                                                                           \
+        if (::talaria::log::enabled(::talaria::log::Subsys::subsys, ::talaria::log::Level::level)) \
+            [[unlikely]] {                                                                         \
+            ::talaria::log::detail::write(::talaria::log::Subsys::subsys,                          \
+                                          ::talaria::log::Level::level, __FILE__, __LINE__,        \
+                                          ::fmt::format(__VA_ARGS__));                             \
+        }                                                                                          \
+    } while (0)

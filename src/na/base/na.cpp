@@ -1,0 +1,100 @@
+// Transport selection, message buffers and small shared pieces of the na interface.
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "na/base/transports.hpp"
+#include "na/base/url.hpp"
+#include "talaria/config.hpp"
+#include "talaria/na/na.hpp"
+
+namespace talaria::na {
+
+namespace {
+struct Entry {
+    std::string_view scheme;
+    Result<std::unique_ptr<Transport>> (*open)(std::string_view, const Options&);
+};
+constexpr Entry kTransports[] = {
+    {"inproc", &open_inproc},
+    {"sm", &open_sm},
+    {"tcp", &open_tcp},
+};
+}  // namespace
+
+std::string_view op_type_name(OpType t) noexcept {
+    switch (t) {
+        case OpType::send_unexpected:
+            return "send_unexpected";
+        case OpType::send_expected:
+            return "send_expected";
+        case OpType::recv_unexpected:
+            return "recv_unexpected";
+        case OpType::recv_expected:
+            return "recv_expected";
+        case OpType::put:
+            return "put";
+        case OpType::get:
+            return "get";
+    }
+    return "unknown";
+}
+
+std::vector<std::string_view> transports_built() {
+    std::vector<std::string_view> v;
+    for (const auto& e : kTransports)
+        v.push_back(e.scheme);
+    return v;
+}
+
+Result<std::unique_ptr<Transport>> open(std::string_view address, const Options& options) {
+    TALARIA_TRY(url, parse_url(address));
+    for (const auto& e : kTransports)
+        if (e.scheme == url.scheme) return e.open(url.rest, options);
+    return Error(Errc::not_supported, fmt::format("no transport '{}' in this build (built: {})",
+                                                  url.scheme, fmt::join(transports_built(), ", ")));
+}
+
+// --- message buffers ---------------------------------------------------------------------------
+
+MsgBuffer& MsgBuffer::operator=(MsgBuffer&& o) noexcept {
+    if (this != &o) {
+        if (owner_ && data_) owner_->msg_buf_free(*this);
+        owner_ = o.owner_;
+        data_ = o.data_;
+        size_ = o.size_;
+        priv_ = o.priv_;
+        o.owner_ = nullptr;
+        o.data_ = nullptr;
+        o.size_ = 0;
+        o.priv_ = nullptr;
+    }
+    return *this;
+}
+
+MsgBuffer::~MsgBuffer() {
+    if (owner_ && data_) owner_->msg_buf_free(*this);
+}
+
+Result<MsgBuffer> Transport::msg_buf_alloc(std::size_t size) {
+    std::size_t max = std::max(max_unexpected_size(), max_expected_size());
+    if (size > max)
+        return Error(Errc::message_too_large,
+                     fmt::format("message buffer of {} bytes exceeds the {} transport's maximum "
+                                 "of {} bytes",
+                                 size, name(), max));
+    // Cache-line aligned, at least one line so that size 0 still yields a valid pointer.
+    std::size_t cap = (std::max<std::size_t>(size, 1) + 63) & ~std::size_t(63);
+    void* p = std::aligned_alloc(64, cap);
+    if (!p) return Error(Errc::no_memory, "message buffer allocation failed");
+    return MsgBuffer(this, static_cast<std::byte*>(p), size, nullptr);
+}
+
+void Transport::msg_buf_free(MsgBuffer& buf) noexcept {
+    std::free(buf.data());
+}
+
+}  // namespace talaria::na

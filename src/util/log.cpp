@@ -1,0 +1,121 @@
+#include "talaria/util/log.hpp"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+
+namespace talaria::log {
+
+namespace {
+constexpr int kCount = static_cast<int>(Subsys::count);
+constexpr std::array<std::string_view, kCount> kSubsysNames = {
+    "util", "na", "inproc", "sm", "tcp", "ofi", "ucx", "core", "bulk", "proc", "api", "perf"};
+constexpr std::array<std::string_view, 6> kLevelNames = {"off",  "error", "warn",
+                                                         "info", "debug", "trace"};
+
+bool parse_level(std::string_view s, Level& out) {
+    for (std::size_t i = 0; i < kLevelNames.size(); ++i)
+        if (kLevelNames[i] == s) {
+            out = static_cast<Level>(i);
+            return true;
+        }
+    return false;
+}
+
+FILE* g_out = stderr;
+std::mutex g_write_mu;
+
+// Reads TALARIA_LOG and TALARIA_LOG_FILE once, before main().
+struct EnvInit {
+    EnvInit() {
+        if (const char* f = std::getenv("TALARIA_LOG_FILE"); f && *f) {
+            if (FILE* fp = std::fopen(f, "a")) g_out = fp;
+        }
+        if (const char* spec = std::getenv("TALARIA_LOG"); spec && *spec) {
+            if (!configure(spec))
+                std::fprintf(stderr,
+                             "talaria: ignoring bad TALARIA_LOG='%s' "
+                             "(expected e.g. warn,na=debug,tcp=trace)\n",
+                             spec);
+        }
+    }
+};
+}  // namespace
+
+namespace detail {
+std::atomic<uint8_t> g_levels[kCount] = {
+#define W static_cast<uint8_t>(Level::warn)
+    W, W, W, W, W, W, W,
+    W, W, W, W, W
+#undef W
+};
+static_assert(kCount == 12, "update g_levels' initializer");
+
+void write(Subsys s, Level l, const char* file, int line, std::string_view msg) noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    std::string_view f(file);
+    if (auto p = f.rfind('/'); p != std::string_view::npos) f.remove_prefix(p + 1);
+    std::lock_guard g(g_write_mu);
+    std::fprintf(g_out, "%ld.%06ld %d %.*s %.*s %.*s:%d: %.*s\n", long(ts.tv_sec),
+                 long(ts.tv_nsec / 1000), int(::getpid()), int(level_name(l).size()),
+                 level_name(l).data(), int(subsys_name(s).size()), subsys_name(s).data(),
+                 int(f.size()), f.data(), line, int(msg.size()), msg.data());
+    std::fflush(g_out);
+}
+}  // namespace detail
+
+std::string_view level_name(Level l) noexcept {
+    auto i = static_cast<std::size_t>(l);
+    return i < kLevelNames.size() ? kLevelNames[i] : "?";
+}
+
+std::string_view subsys_name(Subsys s) noexcept {
+    auto i = static_cast<std::size_t>(s);
+    return i < kSubsysNames.size() ? kSubsysNames[i] : "?";
+}
+
+void set_level(Subsys s, Level l) noexcept {
+    detail::g_levels[static_cast<int>(s)].store(static_cast<uint8_t>(l), std::memory_order_relaxed);
+}
+
+bool configure(std::string_view spec) noexcept {
+    std::array<Level, kCount> levels;
+    for (int i = 0; i < kCount; ++i)
+        levels[i] = static_cast<Level>(detail::g_levels[i].load());
+    while (!spec.empty()) {
+        auto comma = spec.find(',');
+        std::string_view item = spec.substr(0, comma);
+        spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+        if (item.empty()) continue;
+        auto eq = item.find('=');
+        Level l;
+        if (eq == std::string_view::npos) {  // a bare level applies to every subsystem
+            if (!parse_level(item, l)) return false;
+            levels.fill(l);
+            continue;
+        }
+        if (!parse_level(item.substr(eq + 1), l)) return false;
+        auto name = item.substr(0, eq);
+        bool found = false;
+        for (int i = 0; i < kCount; ++i)
+            if (kSubsysNames[i] == name) {
+                levels[i] = l;
+                found = true;
+            }
+        if (!found) return false;
+    }
+    for (int i = 0; i < kCount; ++i)
+        set_level(static_cast<Subsys>(i), levels[i]);
+    return true;
+}
+
+namespace {
+EnvInit g_env_init;
+}
+
+}  // namespace talaria::log
