@@ -48,6 +48,9 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const void
 using Fn = uint32_t (*)(uint32_t, const void*, std::size_t) noexcept;
 Fn select() noexcept {
 #if defined(__x86_64__)
+    // We run from a static initializer, possibly before libgcc's CPU detection constructor:
+    // GCC requires __builtin_cpu_init() first in that case (else the feature reads as absent).
+    __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) return &crc32c_sse42;
 #endif
     return &crc32c_portable;

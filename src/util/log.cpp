@@ -26,7 +26,9 @@ bool parse_level(std::string_view s, Level& out) {
     return false;
 }
 
-FILE* g_out = stderr;
+// nullptr means stderr. Constant-initialized, so a log statement in another translation unit's
+// static initializer (which may run before this one's) cannot see an unset stream.
+FILE* g_out = nullptr;
 std::mutex g_write_mu;
 
 // Reads TALARIA_LOG and TALARIA_LOG_FILE once, before main().
@@ -61,11 +63,12 @@ void write(Subsys s, Level l, const char* file, int line, std::string_view msg) 
     std::string_view f(file);
     if (auto p = f.rfind('/'); p != std::string_view::npos) f.remove_prefix(p + 1);
     std::lock_guard g(g_write_mu);
-    std::fprintf(g_out, "%ld.%06ld %d %.*s %.*s %.*s:%d: %.*s\n", long(ts.tv_sec),
+    FILE* out = g_out ? g_out : stderr;
+    std::fprintf(out, "%ld.%06ld %d %.*s %.*s %.*s:%d: %.*s\n", long(ts.tv_sec),
                  long(ts.tv_nsec / 1000), int(::getpid()), int(level_name(l).size()),
                  level_name(l).data(), int(subsys_name(s).size()), subsys_name(s).data(),
                  int(f.size()), f.data(), line, int(msg.size()), msg.data());
-    std::fflush(g_out);
+    std::fflush(out);
 }
 }  // namespace detail
 

@@ -34,7 +34,10 @@ PollSet::PollSet(PollSet&& o) noexcept
 
 PollSet& PollSet::operator=(PollSet&& o) noexcept {
     if (this != &o) {
-        this->~PollSet();
+        // Close ours directly: calling ~PollSet() on a live object and then assigning its
+        // members is undefined behaviour.
+        if (epfd_ >= 0) ::close(epfd_);
+        if (evfd_ >= 0) ::close(evfd_);
         epfd_ = std::exchange(o.epfd_, -1);
         evfd_ = std::exchange(o.evfd_, -1);
     }

@@ -18,19 +18,35 @@ inline uint64_t now_ns() noexcept {
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-/// A deadline `timeout` from now; a negative timeout means "never".
+/// The deadline that means "poll once": progress(0) passes it, so the busy-poll path reads no
+/// clock (clock_gettime is tens of nanoseconds on a VM: half a busy round trip).
+inline constexpr TimePoint kPollOnce = TimePoint::min();
+
+/// Has `deadline` passed? Reads the clock only for a real deadline (not kPollOnce, not "never").
+inline bool deadline_passed(TimePoint deadline) noexcept {
+    if (deadline == kPollOnce) return true;
+    if (deadline == TimePoint::max()) return false;
+    return Clock::now() >= deadline;
+}
+
+/// A deadline `timeout` from now; a negative timeout means "never", zero means kPollOnce. Saturates (a huge
+/// timeout such as Duration::max() means "never" too, instead of wrapping into the past).
 inline TimePoint deadline_after(Duration timeout) noexcept {
     if (timeout < Duration::zero()) return TimePoint::max();
-    return Clock::now() + timeout;
+    if (timeout == Duration::zero()) return kPollOnce;
+    auto now = Clock::now();
+    if (timeout >= TimePoint::max() - now) return TimePoint::max();
+    return now + timeout;
 }
 
 /// Milliseconds left until `deadline`, rounded up, for epoll_wait: 0 if passed, -1 if never.
 inline int ms_until(TimePoint deadline) noexcept {
     if (deadline == TimePoint::max()) return -1;
+    if (deadline == kPollOnce) return 0;
     auto now = Clock::now();
     if (deadline <= now) return 0;
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
-    int64_t ms = (ns + 999999) / 1000000;
+    int64_t ms = ns / 1000000 + (ns % 1000000 != 0);  // rounded up, cannot overflow
     return ms > 0x7fffffff ? 0x7fffffff : int(ms);
 }
 

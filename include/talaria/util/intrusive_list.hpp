@@ -50,9 +50,9 @@ class IntrusiveList {
         h->prev = h->next = nullptr;
         --size_;
     }
-    /// Move every element of `o` to the back of this list.
+    /// Move every element of `o` to the back of this list (no-op when `o` is this list).
     void splice_back(IntrusiveList& o) noexcept {
-        if (o.empty()) return;
+        if (&o == this || o.empty()) return;
         Hook* first = o.head_.next;
         Hook* last = o.head_.prev;
         first->prev = head_.prev;

@@ -68,10 +68,10 @@ Error errno_error(std::string_view what, int err);
 template <class T>
 class [[nodiscard]] Result {
   public:
-    Result(const T& v) : v_(std::in_place_index<0>, v) {}          // NOLINT
-    Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}    // NOLINT
-    Result(Error e) : v_(std::in_place_index<1>, std::move(e)) {}  // NOLINT
-    Result(Errc c) : v_(std::in_place_index<1>, Error(c)) {}       // NOLINT
+    Result(const T& v) : v_(std::in_place_index<0>, v) {}                  // NOLINT
+    Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}            // NOLINT
+    Result(Error e) : v_(std::in_place_index<1>, not_ok(std::move(e))) {}  // NOLINT
+    Result(Errc c) : v_(std::in_place_index<1>, not_ok(Error(c))) {}       // NOLINT
     template <class U>
     requires(std::is_convertible_v<U&&, T> && !std::is_same_v<std::decay_t<U>, T> &&
              !std::is_same_v<std::decay_t<U>, Error> && !std::is_same_v<std::decay_t<U>, Errc>)
@@ -96,6 +96,11 @@ class [[nodiscard]] Result {
     [[nodiscard]] Errc code() const noexcept { return has_value() ? Errc::ok : error().code(); }
 
   private:
+    // An Error holding Errc::ok carries no value: keep code() from claiming success.
+    static Error not_ok(Error e) {
+        if (e.code() != Errc::ok) return e;
+        return Error(Errc::internal, "Result<T> built from Errc::ok without a value");
+    }
     std::variant<T, Error> v_;
 };
 
@@ -103,8 +108,8 @@ template <>
 class [[nodiscard]] Result<void> {
   public:
     Result() = default;
-    Result(Error e) : err_(std::move(e)), ok_(false) {}  // NOLINT
-    Result(Errc c) : err_(c), ok_(c == Errc::ok) {}      // NOLINT
+    Result(Error e) : err_(std::move(e)), ok_(err_.code() == Errc::ok) {}  // NOLINT
+    Result(Errc c) : err_(c), ok_(c == Errc::ok) {}                        // NOLINT
 
     [[nodiscard]] bool has_value() const noexcept { return ok_; }
     explicit operator bool() const noexcept { return ok_; }
