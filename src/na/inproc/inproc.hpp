@@ -1,0 +1,227 @@
+// The inproc transport: endpoints inside one process, found by name in a process-wide registry,
+// exchanging messages and memory by memcpy. It exists for tests: full na semantics (queueing,
+// matching, cancel, blocking progress woken from other threads) plus fault injection
+// (inproc_faults.hpp), with no wire to get wrong.
+//
+// Locking: each endpoint's state sits under the one MaybeMutex in its Port. A sender never holds
+// its own lock while it takes the receiver's (delivery happens under the receiver's lock only),
+// and the registry mutex is only ever taken after (inside) an endpoint lock or alone, so there is
+// no lock-order cycle.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "na/base/op.hpp"
+#include "talaria/na/na.hpp"
+#include "talaria/util/intrusive_list.hpp"
+
+namespace talaria::na::inproc {
+
+/// Largest message (unexpected or expected).
+inline constexpr std::size_t kMaxMsgSize = 64 * 1024;
+/// Longest endpoint name ("inproc://<name>").
+inline constexpr std::size_t kMaxNameLen = 128;
+inline constexpr std::string_view kScheme = "inproc://";
+
+class InprocTransport;
+
+/// What peers hold of an endpoint: its lock and, while it is open, the transport behind it.
+/// Shared so that a sender that resolved the port may still lock it while the endpoint closes.
+struct Port {
+    Port(bool thread_safe, uint64_t id, std::string n)
+        : mu(thread_safe), uid(id), name(std::move(n)) {}
+    MaybeMutex mu;
+    InprocTransport* t = nullptr;  ///< guarded by mu; nullptr once the endpoint closed
+    std::atomic<bool> open{true};  ///< false from the moment it leaves the registry
+    const uint64_t uid;            ///< process-unique endpoint id (memory handles name it)
+    const std::string name;
+};
+
+/// An interned peer address: the peer's name and its port, resolved at first use.
+class InprocAddr final : public AddrImpl {
+  public:
+    InprocAddr(Transport* t, std::string n) : AddrImpl(t), name(std::move(n)) {}
+    const std::string name;
+    // Guarded by the owning endpoint's lock.
+    std::weak_ptr<Port> port;
+    bool resolved_once = false;  ///< a later failure to resolve means disconnected
+};
+
+/// A registration (local) or a handle deserialized from a peer (remote). The owner checks every
+/// access against its own registration table, never trusting a handle's fields.
+class InprocMem final : public MemImpl {
+  public:
+    InprocMem(InprocTransport* t, uint64_t base, uint64_t length, Access access, bool local,
+              uint64_t owner_uid, uint64_t reg_id) noexcept;
+    ~InprocMem() override;
+    const uint64_t owner_uid;
+    const uint64_t reg_id;
+};
+
+struct InprocOp : Op {
+    enum class Where : uint8_t { none, unexpected_list, expected_list, delay_list };
+    Where where = Where::none;
+    bool expected = false;  ///< send/recv: expected kind
+    uint8_t dest_ctx = 0;   ///< delayed send
+    Tag tag = 0;
+    Errc result = Errc::ok;           ///< delayed send: outcome of its delivery
+    std::byte* buf = nullptr;         ///< recv: destination buffer
+    std::size_t cap = 0;              ///< recv: its capacity
+    Addr peer;                        ///< recv_expected: source; delayed send: destination
+    TimePoint due{};                  ///< delayed send: when to deliver
+    std::shared_ptr<Port> dest_port;  ///< delayed send
+    std::vector<std::byte> payload;   ///< delayed send: copy of the message
+};
+
+/// A message that arrived before a receive matched it.
+struct Incoming {
+    Addr source;
+    Tag tag = 0;
+    uint8_t ctx_id = 0;
+    std::vector<std::byte> data;
+};
+
+class InprocContext final : public Context {
+  public:
+    InprocContext(InprocTransport* t, uint8_t id, bool thread_safe);
+    ~InprocContext() override;
+
+  private:
+    InprocTransport* t_;
+};
+
+struct FaultState {
+    unsigned drop_next = 0;
+    unsigned fail_next = 0;
+    Errc fail_code = Errc::io_error;
+    Duration delay{0};
+};
+
+class InprocTransport final : public Transport {
+  public:
+    InprocTransport(std::string name, const Options& o, int epfd, int timerfd);
+    ~InprocTransport() override;
+
+    [[nodiscard]] std::string_view name() const noexcept override { return "inproc"; }
+    Result<std::unique_ptr<Context>> context_create(uint8_t id) override;
+
+    Result<Addr> addr_lookup(std::string_view address) override;
+    Addr addr_self() override;
+    std::string addr_to_string(const Addr& a) override;
+    std::size_t addr_serialize_size(const Addr& a) override;
+    Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
+    Result<Addr> addr_deserialize(std::span<const std::byte> in) override;
+
+    [[nodiscard]] std::size_t max_unexpected_size() const noexcept override { return kMaxMsgSize; }
+    [[nodiscard]] std::size_t max_expected_size() const noexcept override { return kMaxMsgSize; }
+
+    Result<OpId> post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                      std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                      Tag tag) override;
+    Result<OpId> post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) override;
+    Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                    std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                    Tag tag) override;
+    Result<OpId> post_recv_expected(Context& ctx, Callback cb, MsgBuffer& buf, const Addr& source,
+                                    Tag tag) override;
+
+    Result<MemHandle> mem_register(void* buf, std::size_t len, Access access) override;
+    std::size_t mem_serialize_size(const MemHandle& h) override;
+    Result<std::size_t> mem_serialize(const MemHandle& h, std::span<std::byte> out) override;
+    Result<MemHandle> mem_deserialize(std::span<const std::byte> in) override;
+
+    Result<OpId> post_put(Context& ctx, Callback cb, const MemHandle& local, std::size_t local_off,
+                          const MemHandle& remote, std::size_t remote_off, std::size_t len,
+                          const Addr& remote_addr) override;
+    Result<OpId> post_get(Context& ctx, Callback cb, const MemHandle& local, std::size_t local_off,
+                          const MemHandle& remote, std::size_t remote_off, std::size_t len,
+                          const Addr& remote_addr) override;
+
+    Result<void> cancel(OpId id) override;
+
+    Result<void> progress(Context& ctx, TimePoint deadline) override;
+    [[nodiscard]] int progress_fd() const noexcept override { return epfd_; }
+    bool try_wait() override;
+
+    // --- used by contexts, memory handles, peers and the fault API --------------------------
+    void context_closing(InprocContext& ctx) noexcept;
+    void deregister(uint64_t reg_id) noexcept;
+    /// Deliver one message into this endpoint. Call under port().mu with port().t == this.
+    void deliver_locked(const std::string& src_name, bool expected, uint8_t ctx_id, Tag tag,
+                        std::span<const std::byte> data);
+    /// `peer` went away (closed, or the link was broken): its pending ops fail with
+    /// disconnected. Call under port().mu.
+    void peer_lost_locked(const std::string& peer) noexcept;
+    [[nodiscard]] Port& port() const noexcept { return *port_; }
+    [[nodiscard]] std::shared_ptr<Port> port_shared() const noexcept { return port_; }
+    [[nodiscard]] const std::string& endpoint_name() const noexcept { return name_; }
+    FaultState& faults() noexcept { return faults_; }  ///< under port().mu
+
+  private:
+    struct Slot {
+        InprocContext* ctx = nullptr;
+        IntrusiveList<InprocOp> recvs;
+        std::deque<Incoming> queued;
+    };
+    struct Reg {
+        uint64_t base;
+        uint64_t length;
+        Access access;
+    };
+    struct StrHash {
+        using is_transparent = void;
+        std::size_t operator()(std::string_view s) const noexcept {
+            return std::hash<std::string_view>{}(s);
+        }
+    };
+
+    Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
+                           const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
+    Result<OpId> post_rma(Context& ctx, Callback cb, const MemHandle& local, std::size_t local_off,
+                          const MemHandle& remote, std::size_t remote_off, std::size_t len,
+                          const Addr& remote_addr, bool is_put);
+    Result<void> check_ctx(const Context& ctx, std::string_view what) const;
+    Result<InprocAddr*> check_addr(const Addr& a, std::string_view what) const;
+    /// Under the lock: apply a pending "fail next" fault; true when the op was completed.
+    bool fault_fail_locked(InprocOp* op) noexcept;
+    Addr intern_locked(std::string_view name);
+    Result<std::shared_ptr<Port>> resolve_locked(InprocAddr& a);
+    void fill_recv_locked(InprocOp* op, const Addr& src, Tag tag, uint8_t ctx_id,
+                          std::span<const std::byte> data) noexcept;
+    void arm_timer_locked() noexcept;
+    void run_due_deliveries();
+
+    const std::string name_;
+    const Options opts_;
+    const int epfd_;
+    const int timerfd_;
+    std::shared_ptr<Port> port_;
+    OpPool<InprocOp> ops_;
+
+    // Guarded by port_->mu.
+    std::unique_ptr<Slot[]> slots_;
+    IntrusiveList<InprocOp> expected_recvs_;
+    std::deque<Incoming> expected_queued_;
+    IntrusiveList<InprocOp> delayed_;
+    bool delivering_ = false;
+    std::unordered_map<std::string, Addr, StrHash, std::equal_to<>> addrs_;
+    std::unordered_map<uint64_t, Reg> regs_;
+    FaultState faults_;
+};
+
+/// Is `name` acceptable as an endpoint name: 1..kMaxNameLen of [A-Za-z0-9._:-].
+bool valid_name(std::string_view name) noexcept;
+
+/// The port registered under `name`, if open.
+std::shared_ptr<Port> registry_find(std::string_view name);
+
+}  // namespace talaria::na::inproc

@@ -1,0 +1,639 @@
+// sm transport hot path: posting sends and receives, the rings, progress, put/get and cancel.
+// A busy-polling pair makes no system call per message: a send is a copy into a ring slot and
+// a release store; the receiver finds it by polling the ring. Eventfds are rung only when the
+// receiver announced it is about to sleep (RingCtl::waiting).
+#include <sys/epoll.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "na/sm/sm_transport.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::na::sm {
+
+namespace {
+
+/// Spin-poll the rings this long before sleeping in epoll.
+constexpr auto kSpin = std::chrono::microseconds(30);
+/// While busy-polling, look at the sockets (accepts, handshakes, hang-ups) this often.
+constexpr uint64_t kFdPollIntervalNs = 100'000;
+/// put/get: bytes per iovec and iovecs per system call.
+constexpr std::size_t kIovChunk = std::size_t(1) << 30;
+constexpr std::size_t kIovBatch = 16;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace
+
+// --- messages ------------------------------------------------------------------------------------
+
+Result<OpId> SmTransport::post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                               std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                               Tag tag) {
+    return post_send(ctx, std::move(cb), buf, len, dest, dest_ctx, tag, MsgKind::unexpected);
+}
+
+Result<OpId> SmTransport::post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                             std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                             Tag tag) {
+    return post_send(ctx, std::move(cb), buf, len, dest, dest_ctx, tag, MsgKind::expected);
+}
+
+Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer& buf,
+                                    std::size_t len, const Addr& dest, uint8_t dest_ctx, Tag tag,
+                                    MsgKind kind) {
+    if (len > kMaxMsgSize || len > buf.size()) [[unlikely]]
+        return Error(len > kMaxMsgSize ? Errc::message_too_large : Errc::invalid_argument,
+                     fmt::format("sm send of {} bytes: {}", len,
+                                 len > kMaxMsgSize
+                                     ? fmt::format("the maximum message size is {}", kMaxMsgSize)
+                                     : fmt::format("the buffer holds only {}", buf.size())));
+    if (!dest || dest.impl()->transport() != this || &ctx.transport() != this) [[unlikely]]
+        return Error(Errc::invalid_argument,
+                     "sm send: the destination address or the context is not of this transport");
+    auto* peer = dest.as<Peer>();
+    std::lock_guard g(mu_);
+    SmOp* op = pool_.acquire(
+        ctx, std::move(cb),
+        kind == MsgKind::unexpected ? OpType::send_unexpected : OpType::send_expected);
+    if (!op) [[unlikely]]
+        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
+                                              "(Options::max_ops): progress, trigger, retry",
+                                              opts_.max_ops));
+    op->peer = peer;
+    op->data = buf.data();
+    op->len = len;
+    op->tag = tag;
+    op->dest_ctx = dest_ctx;
+    op->kind = kind;
+    OpId id = op->id();
+    if (peer->dead) [[unlikely]] {
+        complete_op(op, Errc::disconnected);
+        return id;
+    }
+    Conn* c = peer->send_conn;
+    if (!c) [[unlikely]] {
+        auto r = connect_locked(peer);
+        if (!r) {
+            pool_.release(op);
+            return std::move(r).error();
+        }
+        c = *r;
+    }
+    if (c->pending_sends.empty() && ring_push(c, *op)) [[likely]] {
+        complete_op(op, Errc::ok);  // copied into the ring: the buffer is free again
+    } else {
+        c->pending_sends.push_back(*op);
+        op->list = &c->pending_sends;
+        ++pending_sends_;
+    }
+    return id;
+}
+
+Errc SmTransport::fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
+                            std::size_t len) noexcept {
+    op->completion.tag = tag;
+    op->completion.context_id = ctx;
+    op->completion.size = len;
+    op->completion.source = std::move(source);  // one refcount increment per message
+    if (len > op->len) return Errc::message_too_large;
+    if (len) std::memcpy(op->data, data, len);
+    return Errc::ok;
+}
+
+Result<OpId> SmTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
+    if (&ctx.transport() != this) [[unlikely]]
+        return Error(Errc::invalid_argument, "sm recv: the context is not of this transport");
+    std::lock_guard g(mu_);
+    SmOp* op = pool_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    if (!op) [[unlikely]]
+        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
+                                              "(Options::max_ops): progress, trigger, retry",
+                                              opts_.max_ops));
+    op->data = buf.data();
+    op->len = buf.size();
+    OpId id = op->id();
+    CtxState& cs = ctxs_[ctx.id()];
+    if (Stashed* s = cs.msgs.pop_front()) {
+        Errc st = fill_recv(op, std::move(s->source), s->tag, s->ctx, s->data, s->len);
+        stash_free(s);
+        complete_op(op, st);
+    } else {
+        cs.recvs.push_back(*op);
+        op->list = &cs.recvs;
+    }
+    return id;
+}
+
+Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffer& buf,
+                                             const Addr& source, Tag tag) {
+    if (!source || source.impl()->transport() != this || &ctx.transport() != this) [[unlikely]]
+        return Error(Errc::invalid_argument,
+                     "sm recv_expected: the source address or the context is not of this "
+                     "transport");
+    auto* peer = source.as<Peer>();
+    std::lock_guard g(mu_);
+    SmOp* op = pool_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    if (!op) [[unlikely]]
+        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
+                                              "(Options::max_ops): progress, trigger, retry",
+                                              opts_.max_ops));
+    op->data = buf.data();
+    op->len = buf.size();
+    op->peer = peer;
+    op->tag = tag;
+    OpId id = op->id();
+    for (Stashed& s : expected_msgs_) {
+        if (s.source.impl() != peer || s.tag != tag) continue;
+        expected_msgs_.erase(s);
+        Errc st = fill_recv(op, std::move(s.source), s.tag, s.ctx, s.data, s.len);
+        stash_free(&s);
+        complete_op(op, st);
+        return id;
+    }
+    if (peer->dead) {
+        complete_op(op, Errc::disconnected);
+        return id;
+    }
+    expected_recvs_.push_back(*op);
+    op->list = &expected_recvs_;
+    return id;
+}
+
+Stashed* SmTransport::stash_alloc() noexcept {
+    if (!stash_free_.empty()) {
+        Stashed* s = stash_free_.back();
+        stash_free_.pop_back();
+        return s;
+    }
+    try {
+        stash_all_.push_back(std::make_unique<Stashed>());
+        stash_free_.reserve(stash_all_.size());
+        return stash_all_.back().get();
+    } catch (const std::bad_alloc&) {
+        return nullptr;
+    }
+}
+
+void SmTransport::stash_free(Stashed* s) noexcept {
+    s->source.reset();
+    stash_free_.push_back(s);  // cannot throw: reserved in stash_alloc
+}
+
+// --- rings ---------------------------------------------------------------------------------------
+
+void SmTransport::ring_bell(Conn* c) noexcept {
+    if (c->peer_evfd >= 0) {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t r = ::write(c->peer_evfd, &one, sizeof one);
+    } else {
+        send_wake_locked(c);  // handshake not finished: its socket is the only way to wake it
+    }
+}
+
+bool SmTransport::ring_push(Conn* c, const SmOp& op) noexcept {
+    if (c->broken) [[unlikely]]
+        return false;
+    uint64_t tail = c->tx_tail;
+    if (tail - c->tx_head_cache >= kRingSlots) {
+        uint64_t head = c->tx->head.load(std::memory_order_acquire);
+        if (ring_fill(head, tail) < 0) [[unlikely]] {
+            fail_conn_later(
+                c, Errc::protocol_error,
+                fmt::format("the peer set its ring head to {} with our tail at {}", head, tail));
+            return false;
+        }
+        c->tx_head_cache = head;
+        if (tail - head >= kRingSlots) return false;
+    }
+    std::byte* slot = c->tx_slots + (tail % kRingSlots) * kSlotSize;
+    if (op.len) std::memcpy(slot + kSlotHeaderSize, op.data, op.len);
+    std::byte hdr[kSlotHeaderSize];
+    encode_slot_header(hdr, SlotHeader{uint32_t(op.len), op.tag, op.kind, op.dest_ctx, 0});
+    std::memcpy(slot, hdr, kSlotSeqOffset);  // everything but the sequence word
+    c->tx_tail = tail + 1;
+    // Publish: the sequence word last. Dekker with the consumer's arm_locked() (all seq_cst):
+    // our publish before our flag load, its flag store before its slot check, so one of us
+    // sees the other. On x86 this is one xchg. Only a sleeping consumer costs a system call.
+    slot_seq(slot).store(uint32_t(tail + 1), std::memory_order_seq_cst);
+    if (c->tx->waiting.load(std::memory_order_seq_cst) != 0) [[unlikely]] {
+        if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    }
+    return true;
+}
+
+bool SmTransport::ring_ready(const Conn* c) noexcept {
+    auto* slot = const_cast<std::byte*>(c->rx_slots) + (c->rx_head % kRingSlots) * kSlotSize;
+    return slot_seq(slot).load(std::memory_order_seq_cst) == uint32_t(c->rx_head + 1);
+}
+
+void SmTransport::ring_drain(Conn* c) noexcept {
+    uint64_t head = c->rx_head;
+    // At most one ringful per call: a peer rewriting slots as fast as we read cannot keep us
+    // here, and other connections get their turn.
+    const uint64_t end = head + kRingSlots;
+    while (head != end) {
+        auto* slot = const_cast<std::byte*>(c->rx_slots) + (head % kRingSlots) * kSlotSize;
+        if (slot_seq(slot).load(std::memory_order_acquire) != uint32_t(head + 1)) break;
+        SlotHeader h;
+        if (!decode_slot_header(slot, h)) [[unlikely]] {
+            fail_conn_later(c, Errc::protocol_error,
+                            fmt::format("corrupt header in ring slot {} (length above {}, unknown "
+                                        "kind, or reserved bytes set)",
+                                        head, kMaxMsgSize));
+            break;
+        }
+        deliver_locked(c, h, slot + kSlotHeaderSize);
+        ++head;
+    }
+    if (head == c->rx_head) return;
+    c->rx_head = head;
+    c->rx->head.store(head, std::memory_order_seq_cst);  // Dekker with a producer arming
+    if (c->rx->space_wanted.load(std::memory_order_seq_cst) != 0) [[unlikely]] {
+        if (c->rx->space_wanted.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    }
+}
+
+void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept {
+    Peer* p = c->peer;
+    if (h.kind == MsgKind::unexpected) {
+        if (h.ctx >= ctxs_.size() || !ctxs_[h.ctx].ctx) [[unlikely]] {
+            TALARIA_LOG(sm, warn,
+                        "sm://{}: dropped an unexpected message (tag {}, {} bytes) from sm://{} "
+                        "for context {}, which does not exist here",
+                        name_, h.tag, h.len, p->name, h.ctx);
+            return;
+        }
+        CtxState& cs = ctxs_[h.ctx];
+        if (SmOp* op = cs.recvs.pop_front()) [[likely]] {
+            op->list = nullptr;
+            complete_op(op, fill_recv(op, Addr(p), h.tag, h.ctx, payload, h.len));
+            return;
+        }
+        Stashed* s = stash_alloc();
+        if (!s) [[unlikely]] {
+            TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
+                        p->name);
+            return;
+        }
+        s->source = Addr(p);
+        s->tag = h.tag;
+        s->ctx = h.ctx;
+        s->len = h.len;
+        std::memcpy(s->data, payload, h.len);
+        cs.msgs.push_back(*s);
+        return;
+    }
+    for (SmOp& op : expected_recvs_) {
+        if (op.peer != p || op.tag != h.tag) continue;
+        expected_recvs_.erase(op);
+        op.list = nullptr;
+        complete_op(&op, fill_recv(&op, Addr(p), h.tag, h.ctx, payload, h.len));
+        return;
+    }
+    Stashed* s = stash_alloc();
+    if (!s) [[unlikely]] {
+        TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
+                    p->name);
+        return;
+    }
+    s->source = Addr(p);
+    s->tag = h.tag;
+    s->ctx = h.ctx;
+    s->len = h.len;
+    std::memcpy(s->data, payload, h.len);
+    expected_msgs_.push_back(*s);
+}
+
+void SmTransport::retry_sends_locked() noexcept {
+    for (std::size_t i = 0; i < active_.size() && pending_sends_ != 0; ++i) {
+        Conn* c = active_[i];
+        while (SmOp* op = c->pending_sends.front()) {
+            if (!ring_push(c, *op)) break;
+            c->pending_sends.pop_front();
+            op->list = nullptr;
+            --pending_sends_;
+            complete_op(op, Errc::ok);
+        }
+    }
+}
+
+void SmTransport::poll_rings_locked() noexcept {
+    for (std::size_t i = 0; i < active_.size(); ++i) {
+        Conn* c = active_[i];
+        if (!c->broken) [[likely]]
+            ring_drain(c);
+    }
+    if (pending_sends_ != 0) [[unlikely]]
+        retry_sends_locked();
+}
+
+bool SmTransport::arm_locked() noexcept {
+    armed_ = true;
+    // Dekker with ring_push()/ring_drain() on the other side, all seq_cst: flags before the
+    // re-check.
+    for (Conn* c : active_) {
+        c->rx->waiting.store(1, std::memory_order_seq_cst);
+        if (!c->pending_sends.empty()) c->tx->space_wanted.store(1, std::memory_order_seq_cst);
+    }
+    if (!broken_.empty()) return false;
+    for (Conn* c : active_) {
+        if (ring_ready(c)) return false;
+        if (!c->pending_sends.empty() &&
+            c->tx_tail - c->tx->head.load(std::memory_order_seq_cst) < kRingSlots)
+            return false;
+    }
+    return true;
+}
+
+void SmTransport::disarm_locked() noexcept {
+    armed_ = false;
+    for (Conn* c : active_) {
+        c->rx->waiting.store(0, std::memory_order_relaxed);
+        c->tx->space_wanted.store(0, std::memory_order_relaxed);
+    }
+}
+
+// --- progress ------------------------------------------------------------------------------------
+
+Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
+    TimePoint spin_end{};
+    for (;;) {
+        bool periodic;
+        {
+            std::lock_guard g(mu_);
+            periodic = (++busy_polls_ & 63) == 0;
+            if (armed_) [[unlikely]] {
+                // try_wait() armed us, so someone may have slept on our fds: look at them now.
+                disarm_locked();
+                poll_fds_locked();
+                last_fd_poll_ns_ = now_ns();
+            }
+            poll_rings_locked();
+        }
+        if (ctx.has_completions()) {
+            // Busy: no clock read here, but look at the sockets every so often all the same.
+            if (periodic) [[unlikely]] {
+                std::lock_guard g(mu_);
+                uint64_t t = now_ns();
+                if (t - last_fd_poll_ns_ >= kFdPollIntervalNs) {
+                    last_fd_poll_ns_ = t;
+                    poll_fds_locked();
+                }
+            }
+            return ok();
+        }
+        if (deadline == TimePoint::min()) {
+            // "Poll once", said without a clock read (reading it costs as much as a poll).
+            if (periodic) {
+                std::lock_guard g(mu_);
+                uint64_t t = now_ns();
+                if (t - last_fd_poll_ns_ >= kFdPollIntervalNs || !broken_.empty()) {
+                    last_fd_poll_ns_ = t;
+                    poll_fds_locked();
+                }
+            }
+            return ctx.has_completions() ? ok() : Result<void>(Errc::timeout);
+        }
+        TimePoint now = Clock::now();
+        {
+            auto t = uint64_t(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch())
+                    .count());
+            std::lock_guard g(mu_);
+            if (t - last_fd_poll_ns_ >= kFdPollIntervalNs || !broken_.empty()) {
+                last_fd_poll_ns_ = t;
+                poll_fds_locked();
+            }
+        }
+        if (ctx.has_completions()) return ok();
+        if (now >= deadline) return Errc::timeout;
+        if (spin_end == TimePoint{}) spin_end = now + kSpin;
+        if (now < spin_end) {
+            cpu_relax();
+            continue;
+        }
+        // Sleep until a doorbell, a socket event, a completion queued by another thread, or
+        // the deadline.
+        if (!ctx.prepare_block()) return ok();
+        bool idle;
+        {
+            std::lock_guard g(mu_);
+            idle = arm_locked();
+        }
+        epoll_event evs[32];
+        int n = idle ? ::epoll_wait(epfd_, evs, 32, ms_until(deadline)) : 0;
+        ctx.end_block();
+        ctx.drain_event_fd();
+        std::lock_guard g(mu_);
+        disarm_locked();
+        for (int i = 0; i < n; ++i)
+            handle_event_locked(evs[i].data.u64, evs[i].events);
+        process_broken_locked();
+        last_fd_poll_ns_ = now_ns();
+    }
+}
+
+bool SmTransport::try_wait() {
+    std::lock_guard g(mu_);
+    if (arm_locked()) return true;
+    disarm_locked();
+    return false;
+}
+
+// --- put/get -------------------------------------------------------------------------------------
+
+Result<OpId> SmTransport::post_put(Context& ctx, Callback cb, const MemHandle& local,
+                                   std::size_t local_off, const MemHandle& remote,
+                                   std::size_t remote_off, std::size_t len,
+                                   const Addr& remote_addr) {
+    return post_rma(ctx, std::move(cb), local, local_off, remote, remote_off, len, remote_addr,
+                    true);
+}
+
+Result<OpId> SmTransport::post_get(Context& ctx, Callback cb, const MemHandle& local,
+                                   std::size_t local_off, const MemHandle& remote,
+                                   std::size_t remote_off, std::size_t len,
+                                   const Addr& remote_addr) {
+    return post_rma(ctx, std::move(cb), local, local_off, remote, remote_off, len, remote_addr,
+                    false);
+}
+
+Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle& local,
+                                   std::size_t local_off, const MemHandle& remote,
+                                   std::size_t remote_off, std::size_t len, const Addr& remote_addr,
+                                   bool is_put) {
+    const char* what = is_put ? "put" : "get";
+    if (!local || local->transport() != this || !local->local())
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("sm {}: the local handle must be registered with this transport", what));
+    if (!remote || remote->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("sm {}: the remote handle is not of this transport", what));
+    if (!remote_addr || remote_addr.impl()->transport() != this || &ctx.transport() != this)
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("sm {}: the address or the context is not of this transport", what));
+    auto* peer = remote_addr.as<Peer>();
+    const auto* rm = remote.as<SmMem>();
+    // Bounds and access are checked here, at the origin: the target is never touched when
+    // they fail. The status is the completion's, like a target-side check would give.
+    Errc st = Errc::ok;
+    if (local_off > local->length() || len > local->length() - local_off) {
+        TALARIA_LOG(sm, debug, "sm {}: local [{}, +{}) outside the {}-byte region", what, local_off,
+                    len, local->length());
+        st = Errc::out_of_range;
+    } else if (remote_off > remote->length() || len > remote->length() - remote_off) {
+        TALARIA_LOG(sm, debug, "sm {}: remote [{}, +{}) outside the {}-byte region", what,
+                    remote_off, len, remote->length());
+        st = Errc::out_of_range;
+    } else if ((uint8_t(remote->access()) &
+                (is_put ? uint8_t(Access::write_only) : uint8_t(Access::read_only))) == 0) {
+        TALARIA_LOG(sm, debug, "sm {}: the remote region does not allow it", what);
+        st = Errc::access_denied;
+    }
+    std::unique_lock g(mu_);
+    SmOp* op = pool_.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
+    if (!op)
+        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
+                                              "(Options::max_ops): progress, trigger, retry",
+                                              opts_.max_ops));
+    op->peer = peer;
+    op->is_put = is_put;
+    op->local = reinterpret_cast<std::byte*>(local->base()) + (st == Errc::ok ? local_off : 0);
+    op->remote = rm->base() + (st == Errc::ok ? remote_off : 0);
+    op->len = len;
+    op->remote_pid = rm->pid;
+    op->remote_instance = rm->instance;
+    OpId id = op->id();
+    if (st == Errc::ok && peer->dead) st = Errc::disconnected;
+    if (st != Errc::ok || len == 0) {
+        if (st == Errc::ok) op->completion.size = 0;
+        complete_op(op, st);
+        return id;
+    }
+    if (peer->self || (peer->identified && peer->probed)) {
+        if (peer->rma_errc != Errc::ok) {
+            pool_.release(op);
+            return Error(peer->rma_errc, peer->rma_error);
+        }
+        if (rm->pid != peer->pid || rm->instance != peer->instance) {
+            pool_.release(op);
+            return Error(
+                Errc::invalid_argument,
+                fmt::format("sm {}: the remote handle belongs to pid {} (instance "
+                            "{:#x}), not to sm://{} (pid {}, instance {:#x}): pass the "
+                            "address of the process that registered it",
+                            what, rm->pid, rm->instance, peer->name, peer->pid, peer->instance));
+        }
+        g.unlock();  // a large copy must not hold up other threads' progress
+        st = exec_rma(*op);
+        g.lock();
+        complete_op(op, st);
+        return id;
+    }
+    // Handshake not done yet: the peer's pid is not verified. Connect, run it on the ack.
+    if (!peer->send_conn) {
+        auto r = connect_locked(peer);
+        if (!r) {
+            pool_.release(op);
+            return std::move(r).error();
+        }
+    }
+    peer->pending_rma.push_back(*op);
+    op->list = &peer->pending_rma;
+    return id;
+}
+
+Errc SmTransport::exec_rma(SmOp& op) noexcept {
+    if (op.peer->self) {
+        auto* remote = reinterpret_cast<std::byte*>(op.remote);
+        if (op.is_put)
+            std::memmove(remote, op.local, op.len);
+        else
+            std::memmove(op.local, remote, op.len);
+        op.completion.size = op.len;
+        return Errc::ok;
+    }
+    std::size_t done = 0;
+    while (done < op.len) {
+        iovec l[kIovBatch];
+        iovec r[kIovBatch];
+        std::size_t k = 0;
+        for (std::size_t off = done; off < op.len && k < kIovBatch; ++k) {
+            std::size_t n = std::min(kIovChunk, op.len - off);
+            l[k] = iovec{op.local + off, n};
+            r[k] = iovec{reinterpret_cast<void*>(op.remote + off), n};
+            off += n;
+        }
+        ssize_t n = op.is_put ? ::process_vm_writev(pid_t(op.remote_pid), l, k, r, k, 0)
+                              : ::process_vm_readv(pid_t(op.remote_pid), l, k, r, k, 0);
+        if (n > 0) {
+            done += std::size_t(n);  // partial transfers continue where they stopped
+            continue;
+        }
+        int err = n < 0 ? errno : EIO;
+        if (err == EINTR) continue;
+        Errc e;
+        switch (err) {
+            case EPERM:
+                e = Errc::permission_denied;
+                break;
+            case ESRCH:
+                e = Errc::disconnected;
+                break;
+            case EFAULT:
+                e = Errc::out_of_range;
+                break;
+            case ENOMEM:
+                e = Errc::no_memory;
+                break;
+            default:
+                e = Errc::io_error;
+        }
+        TALARIA_LOG(sm, warn,
+                    "sm {} of {} bytes with sm://{} (pid {}) failed after {} bytes: {}: {}{}",
+                    op.is_put ? "put" : "get", op.len, op.peer->name, op.remote_pid, done,
+                    op.is_put ? "process_vm_writev" : "process_vm_readv", std::strerror(err),
+                    err == EPERM    ? " (the kernel forbids access to the peer's memory: see "
+                                      "/proc/sys/kernel/yama/ptrace_scope and CAP_SYS_PTRACE)"
+                    : err == EFAULT ? " (the remote region is no longer mapped: was it freed?)"
+                                    : "");
+        op.completion.size = done;
+        return e;
+    }
+    op.completion.size = op.len;
+    return Errc::ok;
+}
+
+// --- cancel --------------------------------------------------------------------------------------
+
+Result<void> SmTransport::cancel(OpId id) {
+    std::lock_guard g(mu_);
+    SmOp* op = pool_.lookup(id);
+    if (!op)
+        return Error(Errc::not_found, "sm cancel: the operation has already completed (stale id)");
+    if (op->list) {
+        OpType t = op->completion.type;
+        if (t == OpType::send_unexpected || t == OpType::send_expected) --pending_sends_;
+        op->list->erase(*op);
+        op->list = nullptr;
+        complete_op(op, Errc::canceled);
+    }
+    return ok();  // otherwise it is being carried out and completes with its own status
+}
+
+}  // namespace talaria::na::sm

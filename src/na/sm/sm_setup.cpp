@@ -1,0 +1,985 @@
+// sm transport setup: opening (names, stale files, listening socket), connections and their
+// handshake, failure of dead peers, addresses, contexts and memory registration. The hot path
+// is in sm_datapath.cpp.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "na/base/transports.hpp"
+#include "na/sm/sm_transport.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::na {
+
+Result<std::unique_ptr<Transport>> open_sm(std::string_view rest, const Options& o) {
+    return sm::SmTransport::open(rest, o);
+}
+
+namespace sm {
+
+namespace {
+
+// epoll keys: the kind in the top byte, a connection id or context id below.
+constexpr uint64_t kKeyListen = 1ull << 56;
+constexpr uint64_t kKeyWake = 2ull << 56;
+constexpr uint64_t kKeyCtx = 3ull << 56;
+constexpr uint64_t kKeyConn = 4ull << 56;
+constexpr uint64_t kKeyMask = (1ull << 56) - 1;
+
+std::string errno_text(int err) {
+    return std::string(std::strerror(err));
+}
+
+bool pid_alive(pid_t pid) noexcept {
+    return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/// Closes an fd on scope exit unless released.
+struct FdGuard {
+    int fd = -1;
+    ~FdGuard() {
+        if (fd >= 0) ::close(fd);
+    }
+    int release() noexcept { return std::exchange(fd, -1); }
+};
+
+/// sendmsg of one handshake packet with fds attached.
+bool send_packet(int sock, const Handshake& m, const int* fds, int nfds, int flags) noexcept {
+    std::byte buf[kHsMaxSize];
+    std::size_t n = encode_handshake(m, buf);
+    if (n == 0) return false;
+    iovec iov{buf, n};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 2)] = {};
+    if (nfds > 0) {
+        mh.msg_control = ctl;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * std::size_t(nfds));
+        cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * std::size_t(nfds));
+        std::memcpy(CMSG_DATA(cm), fds, sizeof(int) * std::size_t(nfds));
+    }
+    for (;;) {
+        ssize_t r = ::sendmsg(sock, &mh, flags | MSG_NOSIGNAL);
+        if (r == ssize_t(n)) return true;
+        if (r < 0 && errno == EINTR) continue;
+        return false;
+    }
+}
+
+bool peer_cred(int sock, ucred& cr) noexcept {
+    socklen_t len = sizeof cr;
+    return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0;
+}
+
+/// Sockets of endpoint `name` in kShmDir: "talaria-sm-<pid>-<name>.sock" with a live pid.
+std::vector<std::string> find_sockets(std::string_view name) {
+    std::vector<std::string> out;
+    std::string dir(kShmDir);
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = ::readdir(d)) {
+        pid_t pid;
+        std::string_view rest;
+        std::string_view file(e->d_name);
+        if (!parse_file_name(file, pid, rest)) continue;
+        if (rest.size() != name.size() + 5 || rest.substr(0, name.size()) != name ||
+            rest.substr(name.size()) != ".sock")
+            continue;
+        if (!pid_alive(pid)) continue;
+        out.push_back(dir + "/" + std::string(file));
+    }
+    ::closedir(d);
+    return out;
+}
+
+}  // namespace
+
+bool parse_file_name(std::string_view file, pid_t& pid, std::string_view& rest) noexcept {
+    if (file.substr(0, kFilePrefix.size()) != kFilePrefix) return false;
+    file.remove_prefix(kFilePrefix.size());
+    std::size_t i = 0;
+    uint64_t v = 0;
+    while (i < file.size() && i < 10 && file[i] >= '0' && file[i] <= '9')
+        v = v * 10 + uint64_t(file[i++] - '0');
+    if (i == 0 || i >= file.size() || file[i] != '-' || v == 0 || v > 0x7fffffff) return false;
+    pid = pid_t(v);
+    rest = file.substr(i + 1);
+    return true;
+}
+
+std::size_t remove_stale_files(std::string_view dir_name) {
+    std::string dir(dir_name);
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return 0;
+    std::size_t removed = 0;
+    pid_t self = ::getpid();
+    while (dirent* e = ::readdir(d)) {
+        pid_t pid;
+        std::string_view rest;
+        if (!parse_file_name(e->d_name, pid, rest) || pid == self) continue;
+        if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        std::string path = dir + "/" + e->d_name;
+        if (::unlink(path.c_str()) == 0) {
+            ++removed;
+            TALARIA_LOG(sm, info, "removed stale {} (its process {} no longer exists)", path, pid);
+        }
+    }
+    ::closedir(d);
+    return removed;
+}
+
+// --- open / close --------------------------------------------------------------------------------
+
+SmTransport::SmTransport(const Options& o, std::string name)
+    : opts_(o),
+      name_(std::move(name)),
+      mu_(o.thread_safe),
+      pool_(o.max_ops, o.thread_safe),
+      ctxs_(o.max_contexts) {}
+
+Result<std::unique_ptr<Transport>> SmTransport::open(std::string_view rest, const Options& o) {
+    std::string name;
+    if (rest.empty()) {
+        static std::atomic<uint32_t> counter{0};
+        name = fmt::format("{}.{}", ::getpid(), counter.fetch_add(1));
+    } else if (!name_valid(rest)) {
+        return Error(Errc::address_invalid,
+                     fmt::format("sm endpoint name '{}' is invalid: use 1-{} characters of "
+                                 "[A-Za-z0-9._-], e.g. sm://server0, or sm:// for a generated one",
+                                 rest, kMaxNameLen));
+    } else {
+        name = std::string(rest);
+    }
+    if (o.max_ops == 0)
+        return Error(Errc::invalid_argument, "sm: Options::max_ops must be at least 1");
+    std::unique_ptr<SmTransport> t(new SmTransport(o, std::move(name)));
+    TALARIA_CHECK(t->init());
+    return std::unique_ptr<Transport>(std::move(t));
+}
+
+Result<void> SmTransport::init() {
+    pid_ = ::getpid();
+    while (instance_ == 0)
+        if (::getrandom(&instance_, sizeof instance_, 0) != ssize_t(sizeof instance_))
+            instance_ = (uint64_t(pid_) << 32) ^ now_ns();
+    probe_word_ = instance_;
+
+    remove_stale_files(kShmDir);
+
+    // The name lock: an abstract socket named after our uid and name. bind() is atomic, and
+    // the kernel releases it when we die, so a live holder is a real conflict.
+    lock_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (lock_fd_ < 0) return errno_error("sm: socket() for the name lock", errno);
+    {
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::string lock_name = fmt::format("talaria-sm-lock-{}-{}", ::geteuid(), name_);
+        std::memcpy(a.sun_path + 1, lock_name.data(), lock_name.size());
+        auto len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + lock_name.size());
+        if (::bind(lock_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+            int err = errno;
+            if (err == EADDRINUSE)
+                return Error(Errc::address_in_use,
+                             fmt::format("sm endpoint name '{}' is already in use by a live "
+                                         "process of this user: pick another name, or sm:// for "
+                                         "a generated one",
+                                         name_));
+            return errno_error(fmt::format("sm: bind of the name lock for '{}'", name_), err);
+        }
+    }
+    // We hold the name: any socket file still carrying it was left by a dead process.
+    for (const auto& path : find_sockets(name_)) {
+        TALARIA_LOG(sm, info, "removing {}: left by an earlier holder of name '{}'", path, name_);
+        ::unlink(path.c_str());
+    }
+
+    epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epfd_ < 0) return errno_error("sm: epoll_create1", errno);
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return errno_error("sm: eventfd", errno);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kKeyWake;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0)
+        return errno_error("sm: epoll_ctl(wake eventfd)", errno);
+
+    if (opts_.listen) {
+        sock_path_ = fmt::format("{}/{}{}-{}.sock", kShmDir, kFilePrefix, pid_, name_);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        if (sock_path_.size() >= sizeof a.sun_path)
+            return Error(Errc::address_invalid,
+                         fmt::format("sm socket path {} is too long", sock_path_));
+        std::memcpy(a.sun_path, sock_path_.c_str(), sock_path_.size() + 1);
+        listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (listen_fd_ < 0) return errno_error("sm: socket() for listening", errno);
+        ::unlink(sock_path_.c_str());  // ours by pid and by the name lock
+        if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+            int err = errno;
+            sock_path_.clear();
+            return errno_error(fmt::format("sm: bind {}/{}{}-{}.sock (is {} writable?)", kShmDir,
+                                           kFilePrefix, pid_, name_, kShmDir),
+                               err);
+        }
+        // Owner only: peers of other users cannot even connect.
+        if (::chmod(sock_path_.c_str(), 0600) != 0)
+            return errno_error(fmt::format("sm: chmod 0600 {}", sock_path_), errno);
+        if (::listen(listen_fd_, SOMAXCONN) != 0)
+            return errno_error(fmt::format("sm: listen on {}", sock_path_), errno);
+        ev.data.u64 = kKeyListen;
+        if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0)
+            return errno_error("sm: epoll_ctl(listening socket)", errno);
+    }
+
+    auto* self = new Peer(this, name_);
+    self->self = true;
+    self->identified = true;
+    self->probed = true;
+    self->pid = uint32_t(pid_);
+    self->instance = instance_;
+    self_ = Addr(self);
+    peers_.emplace(name_, self_);
+    TALARIA_LOG(sm, debug, "opened sm://{} (pid {}, instance {:#x}, listen {})", name_, pid_,
+                instance_, opts_.listen);
+    return ok();
+}
+
+SmTransport::~SmTransport() {
+    std::unique_lock g(mu_);
+    // Contexts are gone (the contract): drop what is still pending without completing it.
+    std::vector<Conn*> all;
+    for (auto& [id, c] : conns_)
+        all.push_back(c);
+    for (Conn* c : all)
+        close_conn_locked(c, Errc::shutdown, false);
+    auto drop = [&](IntrusiveList<SmOp>& l) {
+        while (SmOp* op = l.pop_front())
+            pool_.release(op);
+    };
+    drop(expected_recvs_);
+    for (auto& cs : ctxs_)
+        drop(cs.recvs);
+    for (auto& [n, a] : peers_)
+        drop(a.as<Peer>()->pending_rma);
+    for (auto& a : dead_peers_)
+        drop(a.as<Peer>()->pending_rma);
+    for (auto& cs : ctxs_)
+        cs.msgs.clear();
+    expected_msgs_.clear();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (!sock_path_.empty()) ::unlink(sock_path_.c_str());
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (epfd_ >= 0) ::close(epfd_);
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    self_.reset();
+    peers_.clear();
+    dead_peers_.clear();
+}
+
+// --- contexts ------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id) {
+    if (id >= opts_.max_contexts)
+        return Error(Errc::invalid_argument,
+                     fmt::format("sm: context id {} is not below Options::max_contexts ({})", id,
+                                 opts_.max_contexts));
+    std::lock_guard g(mu_);
+    if (ctxs_[id].ctx)
+        return Error(Errc::already_exists, fmt::format("sm: context {} already exists", id));
+    auto c = std::make_unique<SmContext>(this, id, opts_.thread_safe);
+    if (c->event_fd() < 0) return Error(Errc::io_error, "sm: context eventfd creation failed");
+    // Edge-triggered: every enqueue() signal wakes a blocked progress once, and a signal for a
+    // context someone else progresses does not keep us spinning.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLET;
+    ev.data.u64 = kKeyCtx | id;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, c->event_fd(), &ev) != 0)
+        return errno_error("sm: epoll_ctl(context eventfd)", errno);
+    ctxs_[id].ctx = c.get();
+    return std::unique_ptr<Context>(std::move(c));
+}
+
+void SmTransport::context_destroyed(SmContext* c) noexcept {
+    std::lock_guard g(mu_);
+    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, c->event_fd(), nullptr);
+    auto& cs = ctxs_[c->id()];
+    if (cs.ctx != c) return;
+    cs.ctx = nullptr;
+    while (Stashed* s = cs.msgs.pop_front())
+        stash_free(s);
+    // The contract says cancel and drain first; drop leftovers rather than keep dangling ones.
+    auto drop_ctx = [&](IntrusiveList<SmOp>& l) {
+        std::size_t n = 0;
+        l.for_each_safe([&](SmOp& op) {
+            if (op.ctx != c) return;
+            l.erase(op);
+            op.list = nullptr;
+            pool_.release(&op);
+            ++n;
+        });
+        return n;
+    };
+    drop_ctx(cs.recvs);
+    drop_ctx(expected_recvs_);
+    for (auto& [id, conn] : conns_)
+        pending_sends_ -= drop_ctx(conn->pending_sends);
+    for (auto& [n, a] : peers_)
+        drop_ctx(a.as<Peer>()->pending_rma);
+}
+
+// --- addresses -----------------------------------------------------------------------------------
+
+Result<Peer*> SmTransport::intern_locked(std::string_view name) {
+    auto it = peers_.find(std::string(name));
+    if (it != peers_.end()) return it->second.as<Peer>();
+    auto* p = new Peer(this, std::string(name));
+    peers_.emplace(std::string(name), Addr(p));
+    return p;
+}
+
+Result<Addr> SmTransport::addr_lookup(std::string_view address) {
+    std::string_view name = address;
+    if (name.substr(0, 5) == "sm://") name.remove_prefix(5);
+    if (!name_valid(name))
+        return Error(Errc::address_invalid,
+                     fmt::format("'{}' is not an sm address: expected sm://<name> with a name of "
+                                 "1-{} characters of [A-Za-z0-9._-]",
+                                 address, kMaxNameLen));
+    std::lock_guard g(mu_);
+    TALARIA_TRY(p, intern_locked(name));
+    return Addr(p);
+}
+
+Addr SmTransport::addr_self() {
+    return self_;
+}
+
+std::string SmTransport::addr_to_string(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    return "sm://" + a.as<Peer>()->name;
+}
+
+std::size_t SmTransport::addr_serialize_size(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return 0;
+    return addr_wire_size(a.as<Peer>()->name);
+}
+
+Result<std::size_t> SmTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
+    if (!a || a.impl()->transport() != this)
+        return Error(Errc::invalid_argument, "sm addr_serialize: not an address of this transport");
+    std::size_t n = encode_addr(a.as<Peer>()->name, out);
+    if (n == 0)
+        return Error(Errc::invalid_argument,
+                     fmt::format("sm addr_serialize: buffer of {} bytes, need {}", out.size(),
+                                 addr_wire_size(a.as<Peer>()->name)));
+    return n;
+}
+
+Result<Addr> SmTransport::addr_deserialize(std::span<const std::byte> in) {
+    TALARIA_TRY(name, decode_addr(in));
+    std::lock_guard g(mu_);
+    TALARIA_TRY(p, intern_locked(name));
+    return Addr(p);
+}
+
+// --- memory registration -------------------------------------------------------------------------
+
+Result<MemHandle> SmTransport::mem_register(void* buf, std::size_t len, Access access) {
+    if (!buf && len != 0)
+        return Error(Errc::invalid_argument, "sm mem_register: null buffer with non-zero length");
+    if (access != Access::read_only && access != Access::write_only && access != Access::read_write)
+        return Error(Errc::invalid_argument,
+                     "sm mem_register: access must be read_only, "
+                     "write_only or read_write");
+    MemWire w;
+    w.access = access;
+    w.pid = uint32_t(pid_);
+    w.instance = instance_;
+    w.base = reinterpret_cast<uint64_t>(buf);
+    w.length = len;
+    return MemHandle(std::make_unique<SmMem>(this, w, true));
+}
+
+std::size_t SmTransport::mem_serialize_size(const MemHandle& h) {
+    return h && h->transport() == this ? kMemWireSize : 0;
+}
+
+Result<std::size_t> SmTransport::mem_serialize(const MemHandle& h, std::span<std::byte> out) {
+    if (!h || h->transport() != this)
+        return Error(Errc::invalid_argument, "sm mem_serialize: not a handle of this transport");
+    if (out.size() < kMemWireSize)
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("sm mem_serialize: buffer of {} bytes, need {}", out.size(), kMemWireSize));
+    const auto* m = h.as<SmMem>();
+    MemWire w{m->access(), m->pid, m->instance, m->base(), m->length()};
+    encode_mem(w, std::span<std::byte, kMemWireSize>(out.data(), kMemWireSize));
+    return kMemWireSize;
+}
+
+Result<MemHandle> SmTransport::mem_deserialize(std::span<const std::byte> in) {
+    TALARIA_TRY(w, decode_mem(in));
+    return MemHandle(std::make_unique<SmMem>(this, w, false));
+}
+
+// --- connections ---------------------------------------------------------------------------------
+
+Result<Conn*> SmTransport::connect_locked(Peer* peer) {
+    auto paths = find_sockets(peer->name);
+    if (paths.empty())
+        return Error(
+            Errc::unreachable,
+            fmt::format("no sm endpoint 'sm://{}' on this host (no live {}/{}<pid>-{}.sock):"
+                        " is the peer running, and did it open with Options::listen?",
+                        peer->name, kShmDir, kFilePrefix, peer->name));
+    FdGuard sock;
+    ucred cr{};
+    std::string why;
+    Errc why_code = Errc::unreachable;
+    for (const auto& path : paths) {
+        // Non-blocking: a full listen backlog (a stopped peer) must not block a post_*.
+        sock.fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (sock.fd < 0) return errno_error("sm: socket()", errno);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::memcpy(a.sun_path, path.c_str(), std::min(path.size() + 1, sizeof a.sun_path - 1));
+        int r;
+        do {
+            r = ::connect(sock.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+        } while (r != 0 && errno == EINTR);
+        if (r == 0 && peer_cred(sock.fd, cr) && cr.uid == ::geteuid()) break;
+        if (r == 0) {
+            why = fmt::format("{} belongs to uid {}, not ours ({})", path, cr.uid, ::geteuid());
+            why_code = Errc::permission_denied;
+        } else if (errno == EAGAIN) {
+            why = fmt::format(
+                "the listen backlog of {} is full (is the peer progressing?): "
+                "retry later",
+                path);
+            why_code = Errc::again;
+        } else {
+            why = fmt::format("connect {}: {}", path, errno_text(errno));
+            if (errno == EACCES || errno == EPERM) why_code = Errc::permission_denied;
+        }
+        ::close(sock.release());
+    }
+    if (sock.fd < 0)
+        return Error(why_code, fmt::format("cannot connect to sm://{}: {}", peer->name, why));
+
+    // The segment: an owner-only memfd (shmem, like /dev/shm, but with no name to leak or clean
+    // up), sealed against shrinking and growing before the peer gets it, so that neither side
+    // can truncate the other's mapping into a SIGBUS. Passed over the socket with SCM_RIGHTS.
+    std::string seg_name = fmt::format("{}{}-{}.{}", kFilePrefix, pid_, name_, next_seg_id_++);
+    FdGuard seg_fd;
+    seg_fd.fd = ::memfd_create(seg_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (seg_fd.fd < 0) return errno_error(fmt::format("sm: memfd_create {}", seg_name), errno);
+    if (::fchmod(seg_fd.fd, 0600) != 0 || ::ftruncate(seg_fd.fd, off_t(kSegmentSize)) != 0)
+        return errno_error(fmt::format("sm: size segment {} to {} bytes (shared memory full? "
+                                       "see df /dev/shm)",
+                                       seg_name, kSegmentSize),
+                           errno);
+    if (::fcntl(seg_fd.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        return errno_error(fmt::format("sm: sealing segment {}", seg_name), errno);
+    void* seg = ::mmap(nullptr, kSegmentSize, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd.fd, 0);
+    if (seg == MAP_FAILED) return errno_error(fmt::format("sm: mmap {}", seg_name), errno);
+    auto* base = static_cast<std::byte*>(seg);
+    SegHeader h{};
+    h.magic = kSegMagic;
+    h.version = kVersion;
+    h.ring_slots = kRingSlots;
+    h.slot_size = kSlotSize;
+    h.segment_size = kSegmentSize;
+    h.creator_pid = uint32_t(pid_);
+    std::memcpy(base, &h, sizeof h);
+    for (std::size_t off : kRingCtlOffset)
+        new (base + off) RingCtl{};
+
+    Handshake m;
+    m.type = HsType::hello;
+    m.pid = uint32_t(pid_);
+    m.instance = instance_;
+    m.probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
+    m.name = name_;
+    int fds[2] = {seg_fd.fd, wake_fd_};
+    if (!send_packet(sock.fd, m, fds, 2, MSG_DONTWAIT)) {
+        int err = errno;
+        ::munmap(seg, kSegmentSize);
+        return Error(Errc::unreachable, fmt::format("sm: sending the handshake to sm://{} failed:"
+                                                    " {}",
+                                                    peer->name, errno_text(err)));
+    }
+
+    auto* c = new Conn;
+    c->id = next_conn_id_++;
+    c->state = Conn::State::ack_wait;
+    c->outbound = true;
+    c->sock = sock.release();
+    c->cred_pid = cr.pid;
+    c->peer = peer;
+    c->seg = seg;
+    c->tx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[0]);
+    c->tx_slots = base + kSlotsOffset[0];
+    c->rx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[1]);
+    c->rx_slots = base + kSlotsOffset[1];
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = kKeyConn | c->id;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, c->sock, &ev) != 0) {
+        int err = errno;
+        ::close(c->sock);
+        ::munmap(seg, kSegmentSize);
+        delete c;
+        return errno_error("sm: epoll_ctl(connection)", err);
+    }
+    conns_.emplace(c->id, c);
+    active_.push_back(c);
+    peer->conns.push_back(c);
+    if (!peer->send_conn) peer->send_conn = c;
+    TALARIA_LOG(sm, debug, "sm://{}: connected to sm://{} (pid {}), conn {}", name_, peer->name,
+                cr.pid, c->id);
+    return c;
+}
+
+void SmTransport::accept_locked() {
+    for (;;) {
+        int s = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (s < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                TALARIA_LOG(sm, warn, "sm://{}: accept: {}", name_, errno_text(errno));
+            return;
+        }
+        ucred cr{};
+        if (!peer_cred(s, cr) || cr.uid != ::geteuid()) {
+            TALARIA_LOG(sm, warn,
+                        "sm://{}: refused a connection from uid {} (pid {}): sm peers "
+                        "must run as the same user",
+                        name_, cr.uid, cr.pid);
+            ::close(s);
+            continue;
+        }
+        auto* c = new Conn;
+        c->id = next_conn_id_++;
+        c->state = Conn::State::hello_wait;
+        c->sock = s;
+        c->cred_pid = cr.pid;
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLRDHUP;
+        ev.data.u64 = kKeyConn | c->id;
+        if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, s, &ev) != 0) {
+            TALARIA_LOG(sm, warn, "sm://{}: epoll_ctl: {}", name_, errno_text(errno));
+            ::close(s);
+            delete c;
+            continue;
+        }
+        conns_.emplace(c->id, c);
+    }
+}
+
+void SmTransport::on_socket_readable_locked(Conn* c) {
+    while (!c->broken) {
+        alignas(8) std::byte buf[kHsMaxSize + 8];
+        alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)];
+        iovec iov{buf, sizeof buf};
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = ctl;
+        mh.msg_controllen = sizeof ctl;
+        ssize_t n = ::recvmsg(c->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            fail_conn_later(c, Errc::disconnected, errno_text(errno));
+            return;
+        }
+        int fds[8];
+        int nfds = 0;
+        for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+            std::size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (std::size_t i = 0; i < k; ++i) {
+                int fd;
+                std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+                if (nfds < 8)
+                    fds[nfds++] = fd;
+                else
+                    ::close(fd);
+            }
+        }
+        auto close_fds = [&] {
+            for (int i = 0; i < nfds; ++i)
+                ::close(fds[i]);
+            nfds = 0;
+        };
+        if (n == 0) {
+            close_fds();
+            fail_conn_later(c, Errc::disconnected, "the peer closed the connection");
+            return;
+        }
+        if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+            close_fds();
+            fail_conn_later(c, Errc::protocol_error, "oversized handshake packet");
+            return;
+        }
+        auto m = decode_handshake(std::span<const std::byte>(buf, std::size_t(n)));
+        if (!m) {
+            close_fds();
+            fail_conn_later(c, Errc::protocol_error, m.error().message());
+            return;
+        }
+        switch (m->type) {
+            case HsType::wake:
+                if (nfds != 0) {
+                    close_fds();
+                    fail_conn_later(c, Errc::protocol_error, "wake packet carrying fds");
+                }
+                break;  // its only job was to make us poll the rings
+            case HsType::hello:
+                if (c->outbound || c->state != Conn::State::hello_wait) {
+                    close_fds();
+                    fail_conn_later(c, Errc::protocol_error, "unexpected hello");
+                    return;
+                }
+                on_hello_locked(c, *m, fds, nfds);
+                break;
+            case HsType::ack:
+                if (!c->outbound || c->state != Conn::State::ack_wait) {
+                    close_fds();
+                    fail_conn_later(c, Errc::protocol_error, "unexpected ack");
+                    return;
+                }
+                on_ack_locked(c, *m, fds, nfds);
+                break;
+        }
+    }
+}
+
+void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfds) {
+    auto reject = [&](std::string why) {
+        for (int i = 0; i < nfds; ++i)
+            ::close(fds[i]);
+        fail_conn_later(c, Errc::protocol_error, fmt::format("hello from '{}': {}", m.name, why));
+    };
+    if (nfds != 2) return reject(fmt::format("{} fds attached, expected 2", nfds));
+    if (pid_t(m.pid) != c->cred_pid)
+        return reject(fmt::format("claims pid {} but the kernel says {}", m.pid, c->cred_pid));
+    struct stat st {};
+    if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != off_t(kSegmentSize) ||
+        st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+        return reject(
+            fmt::format("segment is not an owner-only regular file of {} bytes", kSegmentSize));
+    // Unsealed, the peer could shrink it under our mapping and crash us with SIGBUS.
+    int seals = ::fcntl(fds[0], F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL))
+        return reject("segment is not a memfd sealed against shrinking (F_SEAL_SHRINK)");
+    void* seg = ::mmap(nullptr, kSegmentSize, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+    if (seg == MAP_FAILED) return reject(fmt::format("mmap: {}", errno_text(errno)));
+    ::close(fds[0]);
+    fds[0] = -1;
+    SegHeader h;
+    std::memcpy(&h, seg, sizeof h);
+    if (!seg_header_valid(h)) {
+        ::munmap(seg, kSegmentSize);
+        ::close(fds[1]);
+        fail_conn_later(c, Errc::protocol_error,
+                        fmt::format("hello from '{}': segment header does not match this build's "
+                                    "layout",
+                                    m.name));
+        return;
+    }
+    // The segment is ours to unmap from here on, and the eventfd ours to close.
+    c->seg = seg;
+    c->peer_evfd = fds[1];
+    auto* base = static_cast<std::byte*>(seg);
+    c->rx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[0]);
+    c->rx_slots = base + kSlotsOffset[0];
+    c->tx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[1]);
+    c->tx_slots = base + kSlotsOffset[1];
+
+    Peer* p = *intern_locked(m.name);
+    if (p->self && (m.pid != uint32_t(pid_) || m.instance != instance_)) {
+        fail_conn_later(c, Errc::protocol_error,
+                        fmt::format("pid {} connected claiming our own name '{}'", m.pid, m.name));
+        return;
+    }
+    if (p->identified && (p->pid != m.pid || p->instance != m.instance)) {
+        // A new incarnation of a peer we still consider connected: the old one is gone.
+        TALARIA_LOG(sm, info, "sm://{}: sm://{} reconnected as pid {} (was pid {})", name_, m.name,
+                    m.pid, p->pid);
+        fail_peer_locked(p, Errc::disconnected);
+        p = *intern_locked(m.name);
+    }
+    if (p->dead) p = *intern_locked(m.name);
+    p->pid = m.pid;
+    p->instance = m.instance;
+    p->identified = true;
+    c->peer = p;
+
+    Handshake ack;
+    ack.type = HsType::ack;
+    ack.pid = uint32_t(pid_);
+    ack.instance = instance_;
+    ack.probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
+    ack.name = name_;
+    if (!send_packet(c->sock, ack, &wake_fd_, 1, MSG_DONTWAIT)) {
+        fail_conn_later(c, Errc::disconnected, fmt::format("sending ack: {}", errno_text(errno)));
+        return;
+    }
+    c->state = Conn::State::established;
+    active_.push_back(c);
+    p->conns.push_back(c);
+    if (!p->send_conn) p->send_conn = c;
+    TALARIA_LOG(sm, debug, "sm://{}: accepted sm://{} (pid {}), conn {}", name_, p->name, p->pid,
+                c->id);
+    probe_rma_locked(p, m.probe_addr);
+    run_pending_rma_locked(p);
+}
+
+void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds) {
+    auto reject = [&](Errc code, std::string why) {
+        for (int i = 0; i < nfds; ++i)
+            ::close(fds[i]);
+        fail_conn_later(c, code, fmt::format("ack from sm://{}: {}", c->peer->name, why));
+    };
+    if (m.status != 0)
+        return reject(Errc::unreachable,
+                      fmt::format("connection refused ({})", errc_name(Errc(m.status))));
+    if (nfds != 1) return reject(Errc::protocol_error, fmt::format("{} fds, expected 1", nfds));
+    if (m.name != c->peer->name)
+        return reject(Errc::protocol_error, fmt::format("the endpoint is named '{}'", m.name));
+    if (pid_t(m.pid) != c->cred_pid)
+        return reject(Errc::protocol_error,
+                      fmt::format("claims pid {} but the kernel says {}", m.pid, c->cred_pid));
+    Peer* p = c->peer;
+    if (p->identified && (p->pid != m.pid || p->instance != m.instance))
+        return reject(Errc::protocol_error,
+                      fmt::format("pid {} instance {:#x} differs from the pid {} instance {:#x} "
+                                  "seen on another connection",
+                                  m.pid, m.instance, p->pid, p->instance));
+    p->pid = m.pid;
+    p->instance = m.instance;
+    p->identified = true;
+    c->peer_evfd = fds[0];
+    c->state = Conn::State::established;
+    // A doorbell we could not ring while the eventfd was unknown went out as a wake packet;
+    // ring once more in case the peer armed its flag since.
+    if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    probe_rma_locked(p, m.probe_addr);
+    run_pending_rma_locked(p);
+}
+
+void SmTransport::probe_rma_locked(Peer* p, uint64_t probe_addr) {
+    if (p->probed || p->dead) return;
+    p->probed = true;
+    uint64_t word = 0;
+    iovec l{&word, sizeof word};
+    iovec r{reinterpret_cast<void*>(probe_addr), sizeof word};
+    ssize_t n = ::process_vm_readv(pid_t(p->pid), &l, 1, &r, 1, 0);
+    int err = errno;
+    if (n == ssize_t(sizeof word) && word == p->instance) return;
+    if (n == ssize_t(sizeof word)) {
+        // pid p->pid is not the process that connected (or lies about its probe word).
+        p->rma_errc = Errc::protocol_error;
+        p->rma_error = fmt::format(
+            "sm://{} (pid {}) failed the identity check: its probe word "
+            "does not hold its instance id",
+            p->name, p->pid);
+        for (Conn* c : p->conns)
+            fail_conn_later(c, Errc::protocol_error, p->rma_error);
+        return;
+    }
+    if (n < 0 && (err == EPERM || err == EACCES)) {
+        p->rma_errc = Errc::permission_denied;
+        p->rma_error = fmt::format(
+            "sm put/get with sm://{} (pid {}) is not possible: the kernel refused "
+            "process_vm_readv ({}). Cross-process memory access needs ptrace permission over the "
+            "peer: check /proc/sys/kernel/yama/ptrace_scope (set it to 0 with `sysctl "
+            "kernel.yama.ptrace_scope=0`; 1 only allows descendants), run both processes as the "
+            "same user and keep them dumpable (no setuid, no PR_SET_DUMPABLE 0), or grant "
+            "CAP_SYS_PTRACE (containers: --cap-add SYS_PTRACE); otherwise use tcp for bulk data",
+            p->name, p->pid, errno_text(err));
+    } else if (n < 0 && err == ENOSYS) {
+        p->rma_errc = Errc::not_supported;
+        p->rma_error = fmt::format(
+            "sm put/get with sm://{} is not possible: process_vm_readv is not available (ENOSYS; "
+            "a seccomp filter or an old kernel); use tcp for bulk data",
+            p->name);
+    } else if (n < 0 && err == ESRCH) {
+        p->rma_errc = Errc::disconnected;
+        p->rma_error = fmt::format("sm://{} (pid {}) has exited", p->name, p->pid);
+    } else {
+        p->rma_errc = Errc::protocol_error;
+        p->rma_error = fmt::format(
+            "sm://{} (pid {}) gave a probe address that cannot be read "
+            "({})",
+            p->name, p->pid, n < 0 ? errno_text(err) : "short read");
+    }
+    if (p->rma_errc == Errc::disconnected)
+        TALARIA_LOG(sm, info, "{}", p->rma_error);
+    else
+        TALARIA_LOG(sm, warn, "{}", p->rma_error);
+}
+
+void SmTransport::run_pending_rma_locked(Peer* p) {
+    while (SmOp* op = p->pending_rma.pop_front()) {
+        op->list = nullptr;
+        Errc st = p->rma_errc;
+        if (st == Errc::ok) {
+            if (op->remote_pid != p->pid || op->remote_instance != p->instance) {
+                TALARIA_LOG(sm, warn,
+                            "sm {}: the remote handle belongs to pid {}, not to sm://{}"
+                            " (pid {})",
+                            op_type_name(op->completion.type), op->remote_pid, p->name, p->pid);
+                st = Errc::invalid_argument;
+            } else {
+                st = exec_rma(*op);
+            }
+        } else {
+            TALARIA_LOG(sm, warn, "{}", p->rma_error);
+        }
+        complete_op(op, st);
+    }
+}
+
+void SmTransport::send_wake_locked(Conn* c) noexcept {
+    Handshake m;
+    m.type = HsType::wake;
+    send_packet(c->sock, m, nullptr, 0, MSG_DONTWAIT);
+}
+
+// --- failures ------------------------------------------------------------------------------------
+
+void SmTransport::fail_conn_later(Conn* c, Errc why, std::string_view reason) noexcept {
+    if (c->broken) return;
+    c->broken = true;
+    c->fail_why = why;
+    broken_.push_back(c->id);
+    const char* who = c->peer ? c->peer->name.c_str() : "(handshake pending)";
+    if (why == Errc::protocol_error)
+        TALARIA_LOG(sm, warn, "sm://{}: disconnecting {} (conn {}): protocol_error: {}", name_, who,
+                    c->id, reason);
+    else
+        TALARIA_LOG(sm, info, "sm://{}: connection {} with {} lost: {}", name_, c->id, who, reason);
+}
+
+void SmTransport::process_broken_locked() {
+    while (!broken_.empty()) {
+        std::vector<uint64_t> ids;
+        ids.swap(broken_);
+        for (uint64_t id : ids) {
+            auto it = conns_.find(id);
+            if (it == conns_.end()) continue;
+            Conn* c = it->second;
+            // Messages the peer published before it died are still good.
+            if (c->fail_why != Errc::protocol_error && c->rx_slots) ring_drain(c);
+            if (c->peer)
+                fail_peer_locked(c->peer, Errc::disconnected);
+            else
+                close_conn_locked(c, Errc::disconnected, true);
+        }
+    }
+}
+
+void SmTransport::fail_peer_locked(Peer* p, Errc why) {
+    auto conns = p->conns;
+    for (Conn* c : conns)
+        close_conn_locked(c, why, true);
+    p->conns.clear();
+    p->send_conn = nullptr;
+    if (p->self) return;  // never declare ourselves dead: a new self connection is made on use
+    if (p->dead) return;
+    p->dead = true;
+    expected_recvs_.for_each_safe([&](SmOp& op) {
+        if (op.peer != p) return;
+        expected_recvs_.erase(op);
+        op.list = nullptr;
+        complete_op(&op, why);
+    });
+    while (SmOp* op = p->pending_rma.pop_front()) {
+        op->list = nullptr;
+        complete_op(op, why);
+    }
+    auto it = peers_.find(p->name);
+    if (it != peers_.end() && it->second.impl() == p) {
+        dead_peers_.push_back(std::move(it->second));
+        peers_.erase(it);
+    }
+    TALARIA_LOG(sm, info, "sm://{}: peer sm://{} (pid {}) is gone: {}", name_, p->name, p->pid,
+                errc_name(why));
+}
+
+void SmTransport::close_conn_locked(Conn* c, Errc why, bool complete) noexcept {
+    while (SmOp* op = c->pending_sends.pop_front()) {
+        op->list = nullptr;
+        --pending_sends_;
+        if (complete)
+            complete_op(op, why);
+        else
+            pool_.release(op);
+    }
+    ::close(c->sock);  // also leaves the epoll set
+    if (c->peer_evfd >= 0) ::close(c->peer_evfd);
+    if (c->seg) ::munmap(c->seg, kSegmentSize);
+    auto a = std::find(active_.begin(), active_.end(), c);
+    if (a != active_.end()) active_.erase(a);
+    conns_.erase(c->id);
+    if (Peer* p = c->peer) {
+        auto pc = std::find(p->conns.begin(), p->conns.end(), c);
+        if (pc != p->conns.end()) p->conns.erase(pc);
+        if (p->send_conn == c) p->send_conn = nullptr;
+    }
+    delete c;
+}
+
+// --- events --------------------------------------------------------------------------------------
+
+void SmTransport::handle_event_locked(uint64_t key, uint32_t events) {
+    uint64_t kind = key & ~kKeyMask;
+    if (kind == kKeyListen) {
+        accept_locked();
+    } else if (kind == kKeyWake) {
+        uint64_t v;
+        while (::read(wake_fd_, &v, sizeof v) > 0) {
+        }
+    } else if (kind == kKeyConn) {
+        auto it = conns_.find(key & kKeyMask);
+        if (it == conns_.end()) return;
+        Conn* c = it->second;
+        if (events & EPOLLIN) on_socket_readable_locked(c);
+        if (!c->broken && (events & (EPOLLHUP | EPOLLERR)))
+            fail_conn_later(c, Errc::disconnected, "hang-up on the socket");
+    }
+    // kKeyCtx: a completion was queued by another thread; the caller re-checks its context.
+}
+
+void SmTransport::poll_fds_locked() {
+    epoll_event evs[32];
+    int n = ::epoll_wait(epfd_, evs, 32, 0);
+    for (int i = 0; i < n; ++i)
+        handle_event_locked(evs[i].data.u64, evs[i].events);
+    process_broken_locked();
+}
+
+}  // namespace sm
+}  // namespace talaria::na

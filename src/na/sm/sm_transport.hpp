@@ -1,0 +1,264 @@
+// The sm (shared-memory) transport: processes on one host exchange messages through lock-free
+// rings in a shared segment per connection, and move bulk data with a single copy through
+// process_vm_readv/writev. A UNIX-domain SOCK_SEQPACKET socket per connection carries the
+// handshake (segment and eventfds passed with SCM_RIGHTS) and stays open so that a dead peer is
+// seen as EOF/EPOLLHUP.
+//
+// Files: setup (open, names, handshake, lookup, registration) in sm_setup.cpp; the hot path
+// (send, receive, rings, progress, put/get, cancel) in sm_datapath.cpp; bytes in sm_wire.*.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "na/base/op.hpp"
+#include "na/sm/sm_wire.hpp"
+#include "talaria/na/na.hpp"
+#include "talaria/util/intrusive_list.hpp"
+
+namespace talaria::na::sm {
+
+class SmTransport;
+struct Conn;
+
+/// One posted operation. `list` names the pending list holding it (for cancel), if any.
+struct SmOp : Op {
+    IntrusiveList<SmOp>* list = nullptr;
+    struct Peer* peer = nullptr;  ///< send: destination; recv_expected: source; rma: target
+    // messages
+    std::byte* data = nullptr;  ///< send: payload; recv: the receive buffer
+    std::size_t len = 0;        ///< send: payload length; recv: buffer capacity
+    Tag tag = 0;
+    uint8_t dest_ctx = 0;
+    MsgKind kind = MsgKind::unexpected;
+    // put/get
+    bool is_put = false;
+    std::byte* local = nullptr;
+    uint64_t remote = 0;
+    uint32_t remote_pid = 0;
+    uint64_t remote_instance = 0;
+};
+
+/// A peer endpoint, interned by name: one Peer per live peer, so Addr equality is identity.
+struct Peer final : AddrImpl {
+    Peer(Transport* t, std::string n) : AddrImpl(t), name(std::move(n)) {}
+    std::string name;
+    bool identified = false;  ///< pid/instance known (handshake done, or self)
+    bool dead = false;        ///< a connection broke: everything to/from it fails
+    bool self = false;
+    bool probed = false;  ///< process_vm_readv tried on its probe word
+    uint32_t pid = 0;
+    uint64_t instance = 0;
+    /// put/get must fail with this (e.g. the kernel forbids process_vm_* to this peer).
+    Errc rma_errc = Errc::ok;
+    std::string rma_error;
+    Conn* send_conn = nullptr;        ///< the connection our messages to it go through
+    std::vector<Conn*> conns;         ///< every connection with it (at most two: one per direction)
+    IntrusiveList<SmOp> pending_rma;  ///< put/get waiting for the handshake
+};
+
+/// One connection: a socket plus a mapped segment holding a ring per direction.
+struct Conn {
+    enum class State : uint8_t { hello_wait, ack_wait, established };
+    uint64_t id = 0;
+    State state = State::hello_wait;
+    bool outbound = false;  ///< we connected (and created the segment)
+    bool broken = false;    ///< queued for process_broken_locked
+    Errc fail_why = Errc::ok;
+    int sock = -1;
+    int peer_evfd = -1;  ///< rings the peer (its eventfd), -1 until the handshake gives it
+    pid_t cred_pid = 0;  ///< the peer's pid as the kernel reports it (SO_PEERCRED)
+    Peer* peer = nullptr;
+    void* seg = nullptr;
+    // transmit ring (we produce) and receive ring (we consume)
+    RingCtl* tx = nullptr;
+    std::byte* tx_slots = nullptr;
+    uint64_t tx_tail = 0;
+    uint64_t tx_head_cache = 0;
+    RingCtl* rx = nullptr;
+    const std::byte* rx_slots = nullptr;
+    uint64_t rx_head = 0;
+    IntrusiveList<SmOp> pending_sends;  ///< sends waiting for ring space, in order
+};
+
+/// A message that arrived before its receive was posted: copied out of the ring.
+struct Stashed : ListHook<> {
+    Addr source;
+    Tag tag = 0;
+    uint8_t ctx = 0;
+    uint32_t len = 0;
+    std::byte data[kMaxMsgSize];
+};
+
+/// A registered (local) or deserialized (remote) region; pid and instance name its owner.
+class SmMem final : public MemImpl {
+  public:
+    SmMem(Transport* t, const MemWire& w, bool local) noexcept
+        : MemImpl(t, w.base, w.length, w.access, local), pid(w.pid), instance(w.instance) {}
+    uint32_t pid;
+    uint64_t instance;
+};
+
+class SmContext;
+
+class SmTransport final : public Transport {
+  public:
+    /// Opens the endpoint `rest` ("" generates a name). Everything an error needs is in it.
+    static Result<std::unique_ptr<Transport>> open(std::string_view rest, const Options& o);
+    ~SmTransport() override;
+
+    [[nodiscard]] std::string_view name() const noexcept override { return "sm"; }
+    Result<std::unique_ptr<Context>> context_create(uint8_t id) override;
+
+    Result<Addr> addr_lookup(std::string_view address) override;
+    Addr addr_self() override;
+    std::string addr_to_string(const Addr& a) override;
+    std::size_t addr_serialize_size(const Addr& a) override;
+    Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
+    Result<Addr> addr_deserialize(std::span<const std::byte> in) override;
+
+    [[nodiscard]] std::size_t max_unexpected_size() const noexcept override { return kMaxMsgSize; }
+    [[nodiscard]] std::size_t max_expected_size() const noexcept override { return kMaxMsgSize; }
+
+    Result<OpId> post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                      std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                      Tag tag) override;
+    Result<OpId> post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) override;
+    Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                    std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                    Tag tag) override;
+    Result<OpId> post_recv_expected(Context& ctx, Callback cb, MsgBuffer& buf, const Addr& source,
+                                    Tag tag) override;
+
+    Result<MemHandle> mem_register(void* buf, std::size_t len, Access access) override;
+    std::size_t mem_serialize_size(const MemHandle& h) override;
+    Result<std::size_t> mem_serialize(const MemHandle& h, std::span<std::byte> out) override;
+    Result<MemHandle> mem_deserialize(std::span<const std::byte> in) override;
+
+    Result<OpId> post_put(Context& ctx, Callback cb, const MemHandle& local, std::size_t local_off,
+                          const MemHandle& remote, std::size_t remote_off, std::size_t len,
+                          const Addr& remote_addr) override;
+    Result<OpId> post_get(Context& ctx, Callback cb, const MemHandle& local, std::size_t local_off,
+                          const MemHandle& remote, std::size_t remote_off, std::size_t len,
+                          const Addr& remote_addr) override;
+
+    Result<void> cancel(OpId id) override;
+    Result<void> progress(Context& ctx, TimePoint deadline) override;
+    [[nodiscard]] int progress_fd() const noexcept override { return epfd_; }
+    bool try_wait() override;
+
+    // --- for SmContext ---
+    void context_destroyed(SmContext* c) noexcept;
+
+  private:
+    SmTransport(const Options& o, std::string name);
+
+    // setup (sm_setup.cpp)
+    Result<void> init();
+    Result<Peer*> intern_locked(std::string_view name);
+    Result<Conn*> connect_locked(Peer* peer);
+    void accept_locked();
+    void on_socket_readable_locked(Conn* c);
+    void on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfds);
+    void on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds);
+    void probe_rma_locked(Peer* p, uint64_t probe_addr);
+    void send_wake_locked(Conn* c) noexcept;
+    void fail_conn_later(Conn* c, Errc why, std::string_view reason) noexcept;
+    void process_broken_locked();
+    void fail_peer_locked(Peer* p, Errc why);
+    /// Close `c`; its pending sends complete with `why` (or are dropped when !complete).
+    void close_conn_locked(Conn* c, Errc why, bool complete) noexcept;
+    void run_pending_rma_locked(Peer* p);
+    /// The copy of a put/get (no lock needed); a status, with the cause logged.
+    Errc exec_rma(SmOp& op) noexcept;
+    void handle_event_locked(uint64_t key, uint32_t events);
+    void poll_fds_locked();
+
+    // hot path (sm_datapath.cpp)
+    Result<OpId> post_send(Context& ctx, Callback&& cb, const MsgBuffer& buf, std::size_t len,
+                           const Addr& dest, uint8_t dest_ctx, Tag tag, MsgKind kind);
+    Result<OpId> post_rma(Context& ctx, Callback&& cb, const MemHandle& local,
+                          std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
+                          std::size_t len, const Addr& remote_addr, bool is_put);
+    /// Push one message into c's transmit ring; false when full (or the peer broke it).
+    bool ring_push(Conn* c, const SmOp& op) noexcept;
+    /// Consume the messages in c's receive ring (at most a ringful).
+    void ring_drain(Conn* c) noexcept;
+    /// Is the next message of c's receive ring published?
+    static bool ring_ready(const Conn* c) noexcept;
+    void deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept;
+    void retry_sends_locked() noexcept;
+    void poll_rings_locked() noexcept;
+    void ring_bell(Conn* c) noexcept;
+    /// Arm every wake-up flag, then re-check: false when work is already there.
+    bool arm_locked() noexcept;
+    void disarm_locked() noexcept;
+    Stashed* stash_alloc() noexcept;
+    void stash_free(Stashed* s) noexcept;
+    static Errc fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
+                          std::size_t len) noexcept;
+
+    struct CtxState {
+        SmContext* ctx = nullptr;
+        IntrusiveList<SmOp> recvs;    ///< posted recv_unexpected
+        IntrusiveList<Stashed> msgs;  ///< unexpected messages with no receive yet
+    };
+
+    Options opts_;
+    std::string name_;
+    uint64_t instance_ = 0;
+    alignas(8) uint64_t probe_word_ = 0;  ///< holds instance_: peers read it to check us
+    pid_t pid_ = 0;
+    MaybeMutex mu_;
+    OpPool<SmOp> pool_;
+    int epfd_ = -1;
+    int wake_fd_ = -1;    ///< our eventfd: peers write it to wake us
+    int listen_fd_ = -1;  ///< -1 without Options::listen
+    int lock_fd_ = -1;    ///< abstract socket holding our name (released when we die)
+    std::string sock_path_;
+    uint64_t next_conn_id_ = 1;
+    uint64_t next_seg_id_ = 1;
+    bool armed_ = false;
+    uint64_t last_fd_poll_ns_ = 0;
+    uint32_t busy_polls_ = 0;
+    std::size_t pending_sends_ = 0;  ///< ops on any Conn::pending_sends
+
+    Addr self_;
+    std::unordered_map<std::string, Addr> peers_;  ///< live peers by name (holds a reference)
+    std::vector<Addr> dead_peers_;                 ///< kept alive until close
+    std::unordered_map<uint64_t, Conn*> conns_;    ///< every open connection by id
+    std::vector<Conn*> active_;                    ///< connections whose rings we poll
+    std::vector<uint64_t> broken_;                 ///< conn ids to fail at the next safe point
+    std::vector<CtxState> ctxs_;
+    IntrusiveList<SmOp> expected_recvs_;    ///< posted recv_expected, matched on (peer, tag)
+    IntrusiveList<Stashed> expected_msgs_;  ///< expected messages with no receive yet
+    std::vector<Stashed*> stash_free_;
+    std::vector<std::unique_ptr<Stashed>> stash_all_;
+};
+
+class SmContext final : public Context {
+  public:
+    SmContext(SmTransport* t, uint8_t id, bool thread_safe) : Context(t, id, thread_safe), t_(t) {}
+    ~SmContext() override { t_->context_destroyed(this); }
+
+  private:
+    SmTransport* t_;
+};
+
+/// Where sm keeps its files. "/dev/shm".
+inline constexpr std::string_view kShmDir = "/dev/shm";
+/// Every sm file starts with this, followed by the owner's pid and '-'.
+inline constexpr std::string_view kFilePrefix = "talaria-sm-";
+
+/// Parse "talaria-sm-<pid>-<rest>" into pid and rest; false for other names.
+bool parse_file_name(std::string_view file, pid_t& pid, std::string_view& rest) noexcept;
+/// Remove sm files in `dir` whose owner pid no longer exists. Returns how many were removed.
+std::size_t remove_stale_files(std::string_view dir);
+
+}  // namespace talaria::na::sm

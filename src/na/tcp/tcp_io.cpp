@@ -1,0 +1,912 @@
+// tcp transport data path: posting, the per-connection send queue, the receive state machine,
+// the target side of put/get, and progress.
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "na/tcp/tcp.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::na::tcp {
+
+namespace {
+constexpr int kMaxIov = 64;
+constexpr std::size_t kMaxReadChunk = std::size_t(1) << 30;
+constexpr int kMaxEvents = 64;
+}  // namespace
+
+// --- posting ------------------------------------------------------------------------------------
+
+Result<OpId> TcpTransport::fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
+                                      const std::string& why) {
+    TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
+    if (!op)
+        return Error(Errc::again,
+                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    TALARIA_LOG(tcp, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
+    OpId id = op->id();
+    complete_op(op, status);
+    return id;
+}
+
+Result<Conn*> TcpTransport::conn_for_locked(const Addr& dest) {
+    auto* peer = dest.as<TcpAddr>();
+    if (peer->conn) return peer->conn;
+    if (peer->anonymous)
+        return Error(Errc::disconnected,
+                     fmt::format("{} is a client that does not listen, and its connection to us "
+                                 "is closed",
+                                 peer->str));
+    return connect_locked(peer);
+}
+
+Result<OpId> TcpTransport::post_send(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                     std::size_t len, const Addr& dest, uint8_t dest_ctx, Tag tag,
+                                     bool expected) {
+    OpType type = expected ? OpType::send_expected : OpType::send_unexpected;
+    if (&ctx.transport() != this)
+        return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
+    if (len > kMaxMessageSize)
+        return Error(Errc::message_too_large,
+                     fmt::format("tcp: a {}-byte message exceeds max_{}_size() = {}", len,
+                                 expected ? "expected" : "unexpected", kMaxMessageSize));
+    if (len > buf.size())
+        return Error(Errc::invalid_argument,
+                     fmt::format("tcp: send of {} bytes from a {}-byte buffer", len, buf.size()));
+    if (!dest || dest.impl()->transport() != this)
+        return Error(Errc::invalid_argument,
+                     "tcp: destination is not an address of this transport");
+
+    std::lock_guard g(mu_);
+    auto c = conn_for_locked(dest);
+    if (!c) return fail_async(ctx, std::move(cb), type, c.code(), c.error().message());
+    Conn* conn = *c;
+    if (conn->queued_bytes >= kSendQueueMaxBytes)
+        return Error(Errc::again,
+                     fmt::format("tcp: {} unsent bytes queued to {} (bound {}): progress first",
+                                 conn->queued_bytes, dest.as<TcpAddr>()->str, kSendQueueMaxBytes));
+    TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
+    if (!op)
+        return Error(Errc::again,
+                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    FrameHeader h;
+    h.type = expected ? FrameType::msg_expected : FrameType::msg_unexpected;
+    h.context_id = dest_ctx;
+    h.tag = tag;
+    h.length = len;
+    encode_frame_header(h, op->header);
+    op->kind = SendItem::Kind::op;
+    op->iov[0] = {op->header, kFrameHeaderSize};
+    op->iov[1] = {buf.data(), len};
+    op->iovcnt = len ? 2 : 1;
+    op->total = kFrameHeaderSize + len;
+    op->sent = 0;
+    op->completion.size = len;
+    op->conn = conn;
+    op->state = OpState::send_queued;
+    OpId id = op->id();
+    enqueue_send(conn, op, true);
+    return id;
+}
+
+Result<OpId> TcpTransport::post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                                std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                                Tag tag) {
+    return post_send(ctx, std::move(cb), buf, len, dest, dest_ctx, tag, false);
+}
+
+Result<OpId> TcpTransport::post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
+                                              std::size_t len, const Addr& dest, uint8_t dest_ctx,
+                                              Tag tag) {
+    return post_send(ctx, std::move(cb), buf, len, dest, dest_ctx, tag, true);
+}
+
+void TcpTransport::complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, Tag tag,
+                                 std::size_t size, Errc status) {
+    op->completion.source = source;
+    op->completion.context_id = ctx_id;
+    op->completion.tag = tag;
+    op->completion.size = size;
+    op->state = OpState::idle;
+    op->match_source.reset();
+    complete_op(op, status);
+}
+
+/// Hand a queued message to a receive: copy if it fits, message_too_large if not.
+static Errc copy_queued(QueuedMsg* m, TcpOp* op) {
+    if (m->data.size() > op->cap) return Errc::message_too_large;
+    if (!m->data.empty()) std::memcpy(op->buf, m->data.data(), m->data.size());
+    return Errc::ok;
+}
+
+Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
+    if (&ctx.transport() != this)
+        return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
+    std::lock_guard g(mu_);
+    TcpOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    if (!op)
+        return Error(Errc::again,
+                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    op->buf = buf.data();
+    op->cap = buf.size();
+    OpId id = op->id();
+    CtxSlot& s = slots_[ctx.id()];
+    if (QueuedMsg* m = s.msgs.pop_front()) {
+        Errc st = copy_queued(m, op);
+        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
+        msg_free(m);
+        return id;
+    }
+    op->state = OpState::recv_posted;
+    s.posted.push_back(*op);
+    return id;
+}
+
+Result<OpId> TcpTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffer& buf,
+                                              const Addr& source, Tag tag) {
+    if (&ctx.transport() != this)
+        return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
+    if (!source || source.impl()->transport() != this)
+        return Error(Errc::invalid_argument, "tcp: source is not an address of this transport");
+    std::lock_guard g(mu_);
+    TcpOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    if (!op)
+        return Error(Errc::again,
+                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    op->buf = buf.data();
+    op->cap = buf.size();
+    OpId id = op->id();
+    for (QueuedMsg& m : queued_expected_) {
+        if (m.source == source && m.tag == tag) {
+            queued_expected_.erase(m);
+            Errc st = copy_queued(&m, op);
+            complete_recv(op, m.source, m.context_id, m.tag, m.data.size(), st);
+            msg_free(&m);
+            return id;
+        }
+    }
+    op->match_source = source;
+    op->match_tag = tag;
+    op->state = OpState::recv_posted;
+    posted_expected_.push_back(*op);
+    return id;
+}
+
+Result<OpId> TcpTransport::post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
+                                    std::size_t local_off, const MemHandle& remote,
+                                    std::size_t remote_off, std::size_t len,
+                                    const Addr& remote_addr) {
+    const bool is_put = type == OpType::put;
+    const char* what = is_put ? "post_put" : "post_get";
+    if (&ctx.transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("tcp {}: the context belongs to another transport", what));
+    if (!remote_addr || remote_addr.impl()->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("tcp {}: remote_addr is not an address of this transport", what));
+    if (!local || local->transport() != this || !local->local())
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("tcp {}: the local handle is not a registration of this endpoint", what));
+    if (!remote || remote->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("tcp {}: the remote handle is not a tcp handle of this endpoint "
+                                 "(deserialize it here)",
+                                 what));
+    if (local_off > local->length() || len > local->length() - local_off)
+        return Error(
+            Errc::out_of_range,
+            fmt::format("tcp {}: local range [{}, +{}) is outside the {}-byte registration", what,
+                        local_off, len, local->length()));
+    auto* rm = remote.as<TcpMem>();
+
+    std::lock_guard g(mu_);
+    // What the handle tells us is checked here first; the target checks again (it cannot trust
+    // us), against its own registration table.
+    bool allowed = is_put ? (uint8_t(rm->access()) & uint8_t(Access::write_only))
+                          : (uint8_t(rm->access()) & uint8_t(Access::read_only));
+    if (!allowed)
+        return fail_async(ctx, std::move(cb), type, Errc::access_denied,
+                          fmt::format("the remote region does not allow {}",
+                                      is_put ? "writes (put)" : "reads (get)"));
+    if (remote_off > rm->length() || len > rm->length() - remote_off)
+        return fail_async(ctx, std::move(cb), type, Errc::out_of_range,
+                          fmt::format("remote range [{}, +{}) is outside the {}-byte region",
+                                      remote_off, len, rm->length()));
+    Addr owner = rm->local() ? self_ : rm->owner_addr;
+    if (owner && owner != remote_addr)
+        return fail_async(ctx, std::move(cb), type, Errc::invalid_argument,
+                          fmt::format("the remote handle was registered by {}, not by {}",
+                                      owner.as<TcpAddr>()->str, remote_addr.as<TcpAddr>()->str));
+    auto c = conn_for_locked(remote_addr);
+    if (!c) return fail_async(ctx, std::move(cb), type, c.code(), c.error().message());
+    Conn* conn = *c;
+    if (conn->queued_bytes >= kSendQueueMaxBytes)
+        return Error(Errc::again, fmt::format("tcp {}: {} unsent bytes queued to {} (bound {}): "
+                                              "progress first",
+                                              what, conn->queued_bytes,
+                                              remote_addr.as<TcpAddr>()->str, kSendQueueMaxBytes));
+    TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
+    if (!op)
+        return Error(Errc::again, fmt::format("tcp {}: {} operations in flight (Options::max_ops)",
+                                              what, opts_.max_ops));
+    FrameHeader h;
+    h.type = is_put ? FrameType::put_req : FrameType::get_req;
+    h.cookie = op->gen;
+    h.key = rm->key;
+    h.address = rm->base() + remote_off;
+    h.rma_length = len;
+    h.length = is_put ? len : 0;
+    encode_frame_header(h, op->header);
+    op->buf = reinterpret_cast<std::byte*>(local->base()) + local_off;
+    op->cap = len;
+    op->kind = SendItem::Kind::op;
+    op->iov[0] = {op->header, kFrameHeaderSize};
+    op->iov[1] = {op->buf, is_put ? len : 0};
+    op->iovcnt = (is_put && len) ? 2 : 1;
+    op->total = kFrameHeaderSize + (is_put ? len : 0);
+    op->sent = 0;
+    op->completion.size = len;
+    op->conn = conn;
+    op->state = OpState::send_queued;
+    OpId id = op->id();
+    conn->rma_wait.push_back(*op);
+    enqueue_send(conn, op, true);
+    return id;
+}
+
+Result<OpId> TcpTransport::post_put(Context& ctx, Callback cb, const MemHandle& local,
+                                    std::size_t local_off, const MemHandle& remote,
+                                    std::size_t remote_off, std::size_t len,
+                                    const Addr& remote_addr) {
+    return post_rma(ctx, std::move(cb), OpType::put, local, local_off, remote, remote_off, len,
+                    remote_addr);
+}
+
+Result<OpId> TcpTransport::post_get(Context& ctx, Callback cb, const MemHandle& local,
+                                    std::size_t local_off, const MemHandle& remote,
+                                    std::size_t remote_off, std::size_t len,
+                                    const Addr& remote_addr) {
+    return post_rma(ctx, std::move(cb), OpType::get, local, local_off, remote, remote_off, len,
+                    remote_addr);
+}
+
+Result<void> TcpTransport::cancel(OpId id) {
+    std::lock_guard g(mu_);
+    TcpOp* op = ops_.lookup(id);
+    if (!op)
+        return Error(Errc::not_found, "tcp cancel: the operation already finished (stale OpId)");
+    switch (op->state) {
+        case OpState::recv_posted:
+            if (op->completion.type == OpType::recv_unexpected)
+                slots_[op->ctx->id()].posted.erase(*op);
+            else
+                posted_expected_.erase(*op);
+            op->state = OpState::idle;
+            op->match_source.reset();
+            complete_op(op, Errc::canceled);
+            break;
+        case OpState::send_queued:
+            // Only an operation none of whose bytes went out can be withdrawn from the stream.
+            if (op->sent == 0) {
+                Conn* c = op->conn;
+                c->sendq.erase(*op);
+                c->queued_bytes -= op->total;
+                if (static_cast<ListHook<RmaTag>*>(op)->linked()) c->rma_wait.erase(*op);
+                op->state = OpState::idle;
+                complete_op(op, Errc::canceled);
+            }
+            break;
+        default:
+            break;  // on the wire or being received: completes normally
+    }
+    return ok();
+}
+
+// --- sending ------------------------------------------------------------------------------------
+
+void TcpTransport::enqueue_send(Conn* c, SendItem* item, bool flush_now) {
+    c->sendq.push_back(*item);
+    c->queued_bytes += item->total;
+    // Write at once unless the socket is known to be full (EPOLLOUT armed) or not connected.
+    if (flush_now && c->state == Conn::State::open && !(c->events & EPOLLOUT)) flush(c);
+}
+
+void TcpTransport::item_done(Conn* c, SendItem* item) {
+    if (item->kind == SendItem::Kind::control) {
+        auto* ctl = static_cast<Control*>(item);
+        if (ctl->reply) --c->replies;
+        control_free(ctl);
+        return;
+    }
+    auto* op = static_cast<TcpOp*>(item);
+    if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
+        op->state = OpState::await_reply;  // stays on rma_wait until the response
+        return;
+    }
+    op->state = OpState::idle;
+    complete_op(op, Errc::ok);
+}
+
+void TcpTransport::flush(Conn* c) {
+    while (!c->sendq.empty() && c->state == Conn::State::open) {
+        iovec iov[kMaxIov];
+        int n = 0;
+        std::size_t want = 0;
+        for (SendItem& it : c->sendq) {
+            if (n + it.iovcnt > kMaxIov) break;
+            std::size_t skip = it.sent;
+            for (int i = 0; i < it.iovcnt; ++i) {
+                if (skip >= it.iov[i].iov_len) {
+                    skip -= it.iov[i].iov_len;
+                    continue;
+                }
+                iov[n].iov_base = static_cast<std::byte*>(it.iov[i].iov_base) + skip;
+                iov[n].iov_len = it.iov[i].iov_len - skip;
+                want += iov[n].iov_len;
+                ++n;
+                skip = 0;
+            }
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = std::size_t(n);
+        ssize_t w = ::sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            int e = errno;
+            close_conn(
+                c, Errc::disconnected,
+                fmt::format("send to {} failed: {}", c->peer ? c->peer.as<TcpAddr>()->str : "peer",
+                            std::strerror(e)));
+            return;
+        }
+        std::size_t left = std::size_t(w);
+        c->queued_bytes -= left;
+        while (left > 0) {
+            SendItem* it = c->sendq.front();
+            std::size_t rest = it->total - it->sent;
+            if (left < rest) {
+                it->sent += left;
+                break;
+            }
+            left -= rest;
+            it->sent = it->total;
+            c->sendq.pop_front();
+            item_done(c, it);
+        }
+        if (std::size_t(w) < want) break;  // socket buffer full
+    }
+    update_events(c);
+}
+
+void TcpTransport::update_events(Conn* c) {
+    if (c->state == Conn::State::closed) return;
+    uint32_t want = EPOLLIN;
+    if (c->state == Conn::State::connecting || !c->sendq.empty()) want |= EPOLLOUT;
+    if (want != c->events) {
+        if (auto w = watch(c, want); !w) close_conn(c, Errc::io_error, w.error().describe());
+    }
+}
+
+bool TcpTransport::queue_reply(Conn* c, FrameType type, uint64_t cookie, Errc status,
+                               std::byte* data, std::size_t len) {
+    if (c->replies >= kMaxRepliesPerConn) {
+        close_conn(c, Errc::protocol_error,
+                   fmt::format("peer has {} put/get responses unread: it floods requests without "
+                               "reading",
+                               c->replies));
+        return false;
+    }
+    Control* ctl = control_alloc();
+    ctl->reply = true;
+    FrameHeader h;
+    h.type = type;
+    h.cookie = cookie;
+    h.status = status;
+    h.length = len;
+    encode_frame_header(h, ctl->header);
+    ctl->iov[0] = {ctl->header, kFrameHeaderSize};
+    ctl->iov[1] = {data, len};
+    ctl->iovcnt = len ? 2 : 1;
+    ctl->total = kFrameHeaderSize + len;
+    ++c->replies;
+    enqueue_send(c, ctl, false);
+    return true;
+}
+
+// --- receiving ----------------------------------------------------------------------------------
+
+Errc TcpTransport::validate_target(const FrameHeader& h, bool write, std::byte** where) {
+    auto it = regions_.find(h.key);
+    if (it == regions_.end()) return Errc::invalid_argument;  // deregistered or forged
+    const TcpMem* m = it->second;
+    uint8_t need = write ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
+    if (!(uint8_t(m->access()) & need)) return Errc::access_denied;
+    if (h.address < m->base() || h.address - m->base() > m->length() ||
+        h.rma_length > m->length() - (h.address - m->base()))
+        return Errc::out_of_range;
+    *where = reinterpret_cast<std::byte*>(uintptr_t(h.address));
+    return Errc::ok;
+}
+
+bool TcpTransport::start_frame(Conn* c) {
+    const FrameHeader& h = c->hdr;
+    auto proto = [&](std::string why) {
+        close_conn(c, Errc::protocol_error, std::move(why));
+        return false;
+    };
+    if (h.type == FrameType::hello) {
+        if (c->outgoing || c->state != Conn::State::await_hello)
+            return proto("unexpected hello frame");
+        c->sink = Conn::Sink::hello;
+        c->dest = c->hello_buf;
+    } else if (c->state != Conn::State::open) {
+        return proto(fmt::format("frame type {} before the hello", int(h.type)));
+    } else {
+        switch (h.type) {
+            case FrameType::msg_unexpected: {
+                CtxSlot* s = h.context_id < slots_.size() ? &slots_[h.context_id] : nullptr;
+                if (!s || !s->ctx) {
+                    TALARIA_LOG(tcp, warn,
+                                "dropping a {}-byte unexpected message (tag {}) from {} for "
+                                "context {}, which does not exist here",
+                                h.length, h.tag, c->peer.as<TcpAddr>()->str, h.context_id);
+                    c->sink = Conn::Sink::discard;
+                    c->dest = nullptr;
+                } else if (TcpOp* op = s->posted.pop_front()) {
+                    op->state = OpState::receiving;
+                    c->rx_op = op;
+                    c->sink = Conn::Sink::op;
+                    c->rx_status = h.length > op->cap ? Errc::message_too_large : Errc::ok;
+                    c->dest = c->rx_status == Errc::ok ? op->buf : nullptr;
+                } else {
+                    c->sink = Conn::Sink::queued;
+                }
+                break;
+            }
+            case FrameType::msg_expected: {
+                c->sink = Conn::Sink::queued;
+                for (TcpOp& op : posted_expected_) {
+                    if (op.match_source == c->peer && op.match_tag == h.tag) {
+                        posted_expected_.erase(op);
+                        op.state = OpState::receiving;
+                        c->rx_op = &op;
+                        c->sink = Conn::Sink::op;
+                        c->rx_status = h.length > op.cap ? Errc::message_too_large : Errc::ok;
+                        c->dest = c->rx_status == Errc::ok ? op.buf : nullptr;
+                        break;
+                    }
+                }
+                break;
+            }
+            case FrameType::put_req: {
+                std::byte* where = nullptr;
+                c->rx_status = validate_target(h, true, &where);
+                c->sink = Conn::Sink::put;
+                c->dest = c->rx_status == Errc::ok ? where : nullptr;  // rejected: discard
+                if (c->rx_status != Errc::ok)
+                    TALARIA_LOG(tcp, debug, "rejecting a put of {} bytes at {:#x} from {}: {}",
+                                h.rma_length, h.address, c->peer.as<TcpAddr>()->str,
+                                errc_name(c->rx_status));
+                break;
+            }
+            case FrameType::get_req: {
+                std::byte* where = nullptr;
+                Errc st = validate_target(h, false, &where);
+                if (st != Errc::ok)
+                    TALARIA_LOG(tcp, debug, "rejecting a get of {} bytes at {:#x} from {}: {}",
+                                h.rma_length, h.address, c->peer.as<TcpAddr>()->str, errc_name(st));
+                // The data goes out straight from the registered region.
+                return queue_reply(c, FrameType::get_resp, h.cookie, st, where,
+                                   st == Errc::ok ? h.rma_length : 0);
+            }
+            case FrameType::put_resp:
+            case FrameType::get_resp: {
+                bool put = h.type == FrameType::put_resp;
+                TcpOp* op = c->rma_wait.front();
+                if (!op || op->state != OpState::await_reply || op->gen != h.cookie ||
+                    op->completion.type != (put ? OpType::put : OpType::get))
+                    return proto(fmt::format("{} response with cookie {} matches no request",
+                                             put ? "put" : "get", h.cookie));
+                if (!put && h.status == Errc::ok && h.length != op->cap)
+                    return proto(
+                        fmt::format("get response of {} bytes for a get of {}", h.length, op->cap));
+                c->rma_wait.pop_front();
+                if (put || h.status != Errc::ok) {
+                    op->state = OpState::idle;
+                    if (h.status != Errc::ok) {
+                        op->completion.size = 0;
+                        TALARIA_LOG(tcp, debug, "{} to {} failed at the target: {}",
+                                    put ? "put" : "get", c->peer.as<TcpAddr>()->str,
+                                    errc_name(h.status));
+                    }
+                    complete_op(op, h.status);
+                    return true;
+                }
+                op->state = OpState::receiving;
+                c->rx_op = op;
+                c->sink = Conn::Sink::get;
+                c->dest = op->buf;
+                break;
+            }
+            case FrameType::hello:
+                break;
+        }
+    }
+    if (c->sink == Conn::Sink::queued) {
+        QueuedMsg* m = msg_alloc();
+        m->data.resize(h.length);
+        m->source = c->peer;
+        m->tag = h.tag;
+        m->context_id = h.context_id;
+        m->expected = h.type == FrameType::msg_expected;
+        c->rx_msg = m;
+        c->dest = m->data.data();
+    }
+    c->in_payload = true;
+    c->remaining = h.length;
+    return true;
+}
+
+void TcpTransport::deliver_queued(QueuedMsg* m) {
+    // A receive may have been posted while the message was being read.
+    TcpOp* op = nullptr;
+    if (!m->expected) {
+        CtxSlot& s = slots_[m->context_id];
+        if (!s.ctx) {
+            TALARIA_LOG(tcp, warn,
+                        "dropping an unexpected message for context {}: it was "
+                        "destroyed while the message arrived",
+                        m->context_id);
+            msg_free(m);
+            return;
+        }
+        op = s.posted.pop_front();
+        if (!op) {
+            s.msgs.push_back(*m);
+            return;
+        }
+    } else {
+        for (TcpOp& o : posted_expected_) {
+            if (o.match_source == m->source && o.match_tag == m->tag) {
+                op = &o;
+                break;
+            }
+        }
+        if (!op) {
+            queued_expected_.push_back(*m);
+            return;
+        }
+        posted_expected_.erase(*op);
+    }
+    Errc st = copy_queued(m, op);
+    complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
+    msg_free(m);
+}
+
+bool TcpTransport::finish_frame(Conn* c) {
+    const FrameHeader& h = c->hdr;
+    Conn::Sink sink = c->sink;
+    c->sink = Conn::Sink::discard;
+    c->dest = nullptr;
+    switch (sink) {
+        case Conn::Sink::discard:
+            break;
+        case Conn::Sink::hello: {
+            auto hello = decode_hello(std::span<const std::byte>(c->hello_buf, h.length));
+            if (!hello) {
+                close_conn(c, Errc::protocol_error, hello.error().message());
+                return false;
+            }
+            Addr peer;
+            if (hello->address.empty()) {
+                TcpAddr* a = intern_locked(fmt::format("tcp://~{:016x}", hello->instance));
+                a->anonymous = true;
+                peer = Addr(a);
+            } else {
+                auto r = lookup_locked(hello->address, true);
+                if (!r || r->as<TcpAddr>()->anonymous) {
+                    close_conn(c, Errc::protocol_error,
+                               fmt::format("hello names an invalid address: {}",
+                                           r ? "anonymous" : r.error().describe()));
+                    return false;
+                }
+                peer = *r;
+            }
+            c->peer = peer;
+            auto* pa = peer.as<TcpAddr>();
+            if (!pa->conn) pa->conn = c;  // replies and sends to this peer use it
+            c->state = Conn::State::open;
+            TALARIA_LOG(tcp, debug, "connection fd={} is from {}", c->fd, pa->str);
+            break;
+        }
+        case Conn::Sink::op: {
+            TcpOp* op = c->rx_op;
+            c->rx_op = nullptr;
+            complete_recv(op, c->peer, h.context_id, h.tag, h.length, c->rx_status);
+            break;
+        }
+        case Conn::Sink::queued: {
+            QueuedMsg* m = c->rx_msg;
+            c->rx_msg = nullptr;
+            deliver_queued(m);
+            break;
+        }
+        case Conn::Sink::put:
+            return queue_reply(c, FrameType::put_resp, h.cookie, c->rx_status, nullptr, 0);
+        case Conn::Sink::get: {
+            TcpOp* op = c->rx_op;
+            c->rx_op = nullptr;
+            op->state = OpState::idle;
+            complete_op(op, Errc::ok);
+            break;
+        }
+    }
+    return true;
+}
+
+bool TcpTransport::process_rx(Conn* c) {
+    for (;;) {
+        if (c->in_payload) {
+            if (c->remaining > 0) {
+                std::size_t avail = c->rx_len - c->rx_pos;
+                if (avail == 0) return true;
+                std::size_t take = std::size_t(std::min<uint64_t>(avail, c->remaining));
+                if (c->dest) {
+                    std::memcpy(c->dest, c->rx.get() + c->rx_pos, take);
+                    c->dest += take;
+                }
+                c->rx_pos += take;
+                c->remaining -= take;
+                if (c->remaining > 0) return true;
+            }
+            c->in_payload = false;
+            if (!finish_frame(c)) return false;
+            continue;
+        }
+        std::size_t avail = c->rx_len - c->rx_pos;
+        if (avail < kFrameHeaderSize) return true;
+        auto h = decode_frame_header(std::span<const std::byte>(c->rx.get() + c->rx_pos, avail));
+        if (!h) {
+            close_conn(c, Errc::protocol_error, h.error().message());
+            return false;
+        }
+        c->rx_pos += kFrameHeaderSize;
+        c->hdr = *h;
+        if (!start_frame(c)) return false;
+    }
+}
+
+void TcpTransport::read_ready(Conn* c) {
+    // Bounded so that one busy peer cannot starve the others.
+    for (int round = 0; round < 16 && c->state != Conn::State::closed; ++round) {
+        ssize_t n;
+        std::size_t asked;
+        if (c->in_payload && c->dest && c->remaining > 0 && c->rx_pos == c->rx_len) {
+            // Straight into the destination (user buffer or registered region); whatever
+            // follows the payload lands in the receive buffer.
+            c->rx_pos = c->rx_len = 0;
+            iovec v[2];
+            v[0].iov_base = c->dest;
+            v[0].iov_len = std::size_t(std::min<uint64_t>(c->remaining, kMaxReadChunk));
+            v[1].iov_base = c->rx.get();
+            v[1].iov_len = kRxBufferSize;
+            asked = v[0].iov_len + v[1].iov_len;
+            n = ::readv(c->fd, v, 2);
+            if (n > 0) {
+                std::size_t d = std::min<std::size_t>(std::size_t(n), v[0].iov_len);
+                c->dest += d;
+                c->remaining -= d;
+                c->rx_len = std::size_t(n) - d;
+            }
+        } else {
+            if (c->rx_pos > 0) {
+                std::memmove(c->rx.get(), c->rx.get() + c->rx_pos, c->rx_len - c->rx_pos);
+                c->rx_len -= c->rx_pos;
+                c->rx_pos = 0;
+            }
+            asked = kRxBufferSize - c->rx_len;
+            n = ::recv(c->fd, c->rx.get() + c->rx_len, asked, MSG_DONTWAIT);
+            if (n > 0) c->rx_len += std::size_t(n);
+        }
+        if (n == 0) {
+            bool clean = !c->in_payload && c->rx_len == c->rx_pos;
+            close_conn(c, Errc::disconnected,
+                       clean ? std::string("peer closed the connection")
+                             : fmt::format("peer closed the connection in the middle of a frame"));
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            close_conn(c, Errc::disconnected,
+                       fmt::format("receive failed: {}", std::strerror(errno)));
+            return;
+        }
+        if (!process_rx(c)) return;
+        if (std::size_t(n) < asked) break;  // drained (level-triggered epoll tells us if not)
+    }
+    // Responses queued while parsing go out now.
+    if (c->state == Conn::State::open && !c->sendq.empty()) flush(c);
+}
+
+// --- connection state ---------------------------------------------------------------------------
+
+void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
+    if (c->state == Conn::State::closed) return;
+    const bool was_connecting = c->state == Conn::State::connecting;
+    std::string who = c->peer ? c->peer.as<TcpAddr>()->str : std::string("an unidentified peer");
+    if (status == Errc::protocol_error)
+        TALARIA_LOG(tcp, warn, "disconnecting {} (fd {}): protocol error: {}", who, c->fd, why);
+    else
+        TALARIA_LOG(tcp, debug, "connection to {} (fd {}) closed ({}): {}", who, c->fd,
+                    errc_name(status), why);
+    if (was_connecting) status = Errc::unreachable;
+    if (status == Errc::protocol_error || status == Errc::io_error) status = Errc::disconnected;
+    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    ::close(c->fd);
+    c->fd = -1;
+    c->state = Conn::State::closed;
+
+    // The frame being received.
+    if (c->rx_op) {
+        TcpOp* op = c->rx_op;
+        c->rx_op = nullptr;
+        if (c->sink == Conn::Sink::op && op->completion.type == OpType::recv_unexpected &&
+            slots_[op->ctx->id()].ctx) {
+            // A receive from anyone: the message died with its sender, the receive did not.
+            op->state = OpState::recv_posted;
+            slots_[op->ctx->id()].posted.push_front(*op);
+        } else if (c->sink == Conn::Sink::op) {
+            complete_recv(op, c->peer, c->hdr.context_id, c->hdr.tag, 0, status);
+        } else {
+            op->state = OpState::idle;
+            complete_op(op, status);
+        }
+    }
+    if (c->rx_msg) {
+        msg_free(c->rx_msg);
+        c->rx_msg = nullptr;
+    }
+    c->in_payload = false;
+    // Everything queued to send, then put/get waiting for a response.
+    while (SendItem* it = c->sendq.pop_front()) {
+        if (it->kind == SendItem::Kind::control) {
+            control_free(static_cast<Control*>(it));
+            continue;
+        }
+        auto* op = static_cast<TcpOp*>(it);
+        if (static_cast<ListHook<RmaTag>*>(op)->linked()) c->rma_wait.erase(*op);
+        op->state = OpState::idle;
+        complete_op(op, status);
+    }
+    c->queued_bytes = 0;
+    c->replies = 0;
+    while (TcpOp* op = c->rma_wait.pop_front()) {
+        op->state = OpState::idle;
+        complete_op(op, status);
+    }
+    if (c->peer) {
+        auto* pa = c->peer.as<TcpAddr>();
+        if (pa->conn == c) {
+            // Keep talking over another connection to that peer if there is one.
+            pa->conn = nullptr;
+            for (Conn& o : conns_)
+                if (&o != c && o.peer == c->peer && o.state == Conn::State::open) pa->conn = &o;
+        }
+        // Expected receives from that peer would wait forever: fail them, unless another
+        // connection to the peer is still up.
+        bool other = false;
+        for (Conn& o : conns_)
+            if (&o != c && o.peer == c->peer && o.state != Conn::State::closed) other = true;
+        if (!other) {
+            posted_expected_.for_each_safe([&](TcpOp& op) {
+                if (op.match_source == c->peer) {
+                    posted_expected_.erase(op);
+                    complete_recv(&op, c->peer, 0, op.match_tag, 0, status);
+                }
+            });
+        }
+    }
+    conns_.erase(*c);
+    dead_.push_back(c);
+}
+
+void TcpTransport::reap_dead() {
+    for (Conn* c : dead_)
+        delete c;
+    dead_.clear();
+}
+
+void TcpTransport::on_connected(Conn* c) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
+    if (err != 0) {
+        close_conn(c, Errc::unreachable,
+                   fmt::format("connect to {} failed: {}", c->peer.as<TcpAddr>()->str,
+                               std::strerror(err)));
+        return;
+    }
+    c->state = Conn::State::open;
+    TALARIA_LOG(tcp, debug, "connected to {} fd={}", c->peer.as<TcpAddr>()->str, c->fd);
+    flush(c);
+}
+
+void TcpTransport::on_event(Conn* c, uint32_t events) {
+    if (c->state == Conn::State::closed) return;
+    if (c->state == Conn::State::connecting) {
+        if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+        on_connected(c);
+        if (c->state == Conn::State::closed) return;
+    }
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_ready(c);
+    if (c->state == Conn::State::closed) return;
+    if (events & EPOLLOUT) flush(c);  // also disarms EPOLLOUT once the queue is empty
+}
+
+// --- progress -----------------------------------------------------------------------------------
+
+namespace {
+// Busy polling with this few connections reads them directly (one recv each, as a bare socket
+// loop would) instead of an epoll_wait per poll: that saves a system call per message. Epoll
+// still runs every kEpollEvery polls, for accepts, connects, EPOLLOUT and errors.
+constexpr std::size_t kDirectPollConns = 2;
+constexpr unsigned kEpollEvery = 16;
+}  // namespace
+
+void TcpTransport::poll_once(bool use_epoll) {
+    if (!use_epoll && conns_.size() <= kDirectPollConns && ++polls_ % kEpollEvery != 0) {
+        conns_.for_each_safe([this](Conn& c) {
+            if (c.state == Conn::State::open) read_ready(&c);
+        });
+        reap_dead();
+        return;
+    }
+    epoll_event evs[kMaxEvents];
+    int n = ::epoll_wait(epfd_, evs, kMaxEvents, 0);
+    for (int i = 0; i < n; ++i) {
+        if (evs[i].data.ptr == &listen_fd_)
+            accept_ready();
+        else
+            on_event(static_cast<Conn*>(evs[i].data.ptr), evs[i].events);
+    }
+    reap_dead();
+}
+
+Result<void> TcpTransport::progress(Context& ctx, TimePoint deadline) {
+    auto& tc = static_cast<TcpContext&>(ctx);
+    bool woke = false;  // after blocking, ask epoll what woke us
+    for (;;) {
+        {
+            std::lock_guard g(mu_);
+            poll_once(woke);
+        }
+        if (ctx.has_completions()) return ok();
+        if (deadline_passed(deadline)) return Errc::timeout;
+        if (!ctx.prepare_block()) return ok();
+        epoll_event ev;
+        ::epoll_wait(tc.block_fd(), &ev, 1, ms_until(deadline));
+        ctx.end_block();
+        ctx.drain_event_fd();
+        woke = true;
+    }
+}
+
+bool TcpTransport::try_wait() {
+    epoll_event ev;
+    return ::epoll_wait(epfd_, &ev, 1, 0) == 0;
+}
+
+}  // namespace talaria::na::tcp

@@ -1,0 +1,1129 @@
+// sm-specific behaviour: two processes (fork), files under /dev/shm (mode, clean-up, stale
+// files), dead peers, put/get through process_vm_*, blocking without spinning, and peers that
+// write garbage into the handshake or the rings.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/poll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "na/sm/sm_transport.hpp"
+#include "na/sm/sm_wire.hpp"
+#include "talaria/na/na.hpp"
+
+namespace talaria::na {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string uniq(std::string_view what) {
+    static int n = 0;
+    return fmt::format("t{}-{}-{}", ::getpid(), what, n++);
+}
+
+std::string sock_path(pid_t pid, std::string_view name) {
+    return fmt::format("/dev/shm/talaria-sm-{}-{}.sock", pid, name);
+}
+
+bool file_exists(const std::string& p) {
+    struct stat st;
+    return ::lstat(p.c_str(), &st) == 0;
+}
+
+/// A completion slot a callback fills.
+struct Done {
+    bool done = false;
+    Completion c;
+};
+Callback on(Done* d) {
+    return [d](const Completion& c) {
+        d->done = true;
+        d->c = c;
+    };
+}
+
+/// A transport with one context, and helpers to wait on completions.
+struct Ep {
+    std::unique_ptr<Transport> t;
+    std::unique_ptr<Context> ctx;
+
+    static Ep open(const std::string& name, Options o = {}) {
+        Ep e;
+        auto t = na::open("sm://" + name, o);
+        if (!t) {
+            ADD_FAILURE() << t.error().describe();
+            return e;
+        }
+        e.t = std::move(*t);
+        auto c = e.t->context_create(0);
+        if (!c) {
+            ADD_FAILURE() << c.error().describe();
+            return e;
+        }
+        e.ctx = std::move(*c);
+        return e;
+    }
+    bool ok() const { return t && ctx; }
+    /// Progress and trigger until `pred()` or the timeout.
+    template <class P>
+    bool wait(P pred, std::chrono::milliseconds timeout = 10s) {
+        auto end = Clock::now() + timeout;
+        while (!pred()) {
+            if (Clock::now() > end) return false;
+            (void)ctx->progress(5ms);
+            ctx->trigger();
+        }
+        return true;
+    }
+    bool wait(Done& d, std::chrono::milliseconds timeout = 10s) {
+        return wait([&] { return d.done; }, timeout);
+    }
+    MsgBuffer buf(std::size_t n = 4096) { return std::move(*t->msg_buf_alloc(n)); }
+    ~Ep() {
+        ctx.reset();
+        t.reset();
+    }
+    Ep() = default;
+    Ep(Ep&&) = default;
+    Ep& operator=(Ep&&) = default;
+};
+
+/// Run `f` in a child process; its return value is the exit code (gtest macros must not be
+/// used there).
+template <class F>
+pid_t spawn(F&& f) {
+    pid_t p = ::fork();
+    if (p == 0) {
+        int rc = 100;
+        try {
+            rc = f();
+        } catch (...) {
+            rc = 101;
+        }
+        ::_exit(rc);
+    }
+    return p;
+}
+
+int wait_exit(pid_t p, std::chrono::milliseconds timeout = 20s) {
+    auto end = Clock::now() + timeout;
+    for (;;) {
+        int st = 0;
+        pid_t r = ::waitpid(p, &st, WNOHANG);
+        if (r == p) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (Clock::now() > end) {
+            ::kill(p, SIGKILL);
+            ::waitpid(p, &st, 0);
+            return -1;
+        }
+        ::usleep(1000);
+    }
+}
+
+/// A one-byte pipe signal between processes.
+struct Pipe {
+    int fd[2] = {-1, -1};
+    Pipe() {
+        if (::pipe(fd) != 0) fd[0] = fd[1] = -1;
+    }
+    ~Pipe() {
+        for (int f : fd)
+            if (f >= 0) ::close(f);
+    }
+    void signal(char c = 'x') const { [[maybe_unused]] auto r = ::write(fd[1], &c, 1); }
+    /// -1 on timeout.
+    int wait(int timeout_ms = 10000) const {
+        pollfd p{fd[0], POLLIN, 0};
+        if (::poll(&p, 1, timeout_ms) != 1) return -1;
+        char c;
+        return ::read(fd[0], &c, 1) == 1 ? c : -1;
+    }
+};
+
+// --- files -----------------------------------------------------------------------------------
+
+TEST(SmFiles, SocketIsOwnerOnlyAndRemovedOnClose) {
+    std::string name = uniq("files");
+    std::string path = sock_path(::getpid(), name);
+    {
+        Ep e = Ep::open(name);
+        ASSERT_TRUE(e.ok());
+        struct stat st {};
+        ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+        EXPECT_TRUE(S_ISSOCK(st.st_mode));
+        EXPECT_EQ(st.st_mode & 0777, 0600u);
+        EXPECT_EQ(e.t->addr_to_string(e.t->addr_self()), "sm://" + name);
+    }
+    EXPECT_FALSE(file_exists(path)) << "socket left behind after close";
+}
+
+TEST(SmFiles, NoSegmentFileOutlivesTheHandshakeAndAllGoOnClose) {
+    std::string a = uniq("fa"), b = uniq("fb");
+    auto count_mine = [] {
+        int n = 0;
+        std::string prefix = fmt::format("talaria-sm-{}-", ::getpid());
+        for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+            if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+        return n;
+    };
+    {
+        Ep ea = Ep::open(a), eb = Ep::open(b);
+        ASSERT_TRUE(ea.ok() && eb.ok());
+        EXPECT_EQ(count_mine(), 2) << "two sockets";
+        auto dest = *ea.t->addr_lookup("sm://" + b);
+        MsgBuffer m = ea.buf(8);
+        Done s;
+        ASSERT_TRUE(ea.t->post_send_unexpected(*ea.ctx, on(&s), m, 8, dest, 0, 1));
+        MsgBuffer r = eb.buf();
+        Done rd;
+        ASSERT_TRUE(eb.t->post_recv_unexpected(*eb.ctx, on(&rd), r));
+        ASSERT_TRUE(eb.wait(rd));
+        EXPECT_EQ(count_mine(), 2) << "segment file still present after the handshake";
+    }
+    EXPECT_EQ(count_mine(), 0);
+}
+
+TEST(SmFiles, GeneratedNamesAreUniqueAndNamesExclusive) {
+    auto t1 = open("sm://");
+    auto t2 = open("sm://");
+    ASSERT_TRUE(t1 && t2);
+    std::string s1 = (*t1)->addr_to_string((*t1)->addr_self());
+    std::string s2 = (*t2)->addr_to_string((*t2)->addr_self());
+    EXPECT_EQ(s1.rfind("sm://", 0), 0u);
+    EXPECT_NE(s1, s2);
+
+    std::string name = uniq("dup");
+    auto a = open("sm://" + name);
+    ASSERT_TRUE(a);
+    auto b = open("sm://" + name);
+    ASSERT_FALSE(b);
+    EXPECT_EQ(b.code(), Errc::address_in_use);
+    EXPECT_NE(b.error().message().find(name), std::string::npos) << b.error().message();
+    a->reset();
+    auto c = open("sm://" + name);
+    EXPECT_TRUE(c) << "the name is free again after close";
+
+    auto bad = open("sm://has/slash");
+    EXPECT_EQ(bad.code(), Errc::address_invalid);
+}
+
+TEST(SmFiles, StaleFilesOfDeadProcessesAreRemoved) {
+    pid_t dead = spawn([] { return 0; });
+    ASSERT_EQ(wait_exit(dead), 0);  // reaped: that pid no longer exists
+    ASSERT_NE(::kill(dead, 0), 0);
+    std::string stale_sock = fmt::format("/dev/shm/talaria-sm-{}-stale.sock", dead);
+    std::string stale_seg = fmt::format("/dev/shm/talaria-sm-{}-stale.1.seg", dead);
+    std::string live_seg = fmt::format("/dev/shm/talaria-sm-{}-live.1.seg", ::getppid());
+    for (const auto& p : {stale_sock, stale_seg, live_seg}) {
+        int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ASSERT_GE(fd, 0) << p;
+        ::close(fd);
+    }
+    {
+        Ep e = Ep::open(uniq("stale"));
+        ASSERT_TRUE(e.ok());
+    }
+    EXPECT_FALSE(file_exists(stale_sock));
+    EXPECT_FALSE(file_exists(stale_seg));
+    EXPECT_TRUE(file_exists(live_seg)) << "a file of a live process was removed";
+    ::unlink(live_seg.c_str());
+}
+
+// --- one process ---------------------------------------------------------------------------------
+
+TEST(SmSelf, LoopbackMessagesInterningAndUnknownContext) {
+    std::string name = uniq("self");
+    Ep e = Ep::open(name);
+    ASSERT_TRUE(e.ok());
+    auto self = e.t->addr_self();
+    auto looked = *e.t->addr_lookup("sm://" + name);
+    EXPECT_TRUE(self == looked) << "addr_self and lookup(self) must be the same AddrImpl";
+    auto other1 = *e.t->addr_lookup("sm://somebody");
+    auto other2 = *e.t->addr_lookup("somebody");
+    EXPECT_TRUE(other1 == other2);
+    std::vector<std::byte> ser(e.t->addr_serialize_size(other1));
+    ASSERT_TRUE(e.t->addr_serialize(other1, ser));
+    EXPECT_TRUE(*e.t->addr_deserialize(ser) == other1);
+
+    MsgBuffer m = e.buf(16);
+    std::memcpy(m.data(), "hello, loopback", 16);
+    Done s1, s2, r;
+    // Context 5 does not exist: dropped (with a warning), the next one still arrives.
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&s1), m, 16, self, 5, 9));
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&s2), m, 16, self, 0, 10));
+    MsgBuffer rb = e.buf();
+    ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&r), rb));
+    ASSERT_TRUE(e.wait(r));
+    EXPECT_EQ(r.c.status, Errc::ok);
+    EXPECT_EQ(r.c.tag, 10u);
+    EXPECT_EQ(r.c.size, 16u);
+    EXPECT_TRUE(r.c.source == self);
+    EXPECT_EQ(std::memcmp(rb.data(), "hello, loopback", 16), 0);
+    ASSERT_TRUE(e.wait([&] { return s1.done && s2.done; }));
+
+    // put/get to ourselves.
+    std::vector<char> a(1000, 'a'), b(1000, 'b');
+    auto ha = *e.t->mem_register(a.data(), a.size(), Access::read_write);
+    auto hb = *e.t->mem_register(b.data(), b.size(), Access::read_only);
+    Done p, g, bad;
+    ASSERT_TRUE(e.t->post_put(*e.ctx, on(&p), hb, 0, ha, 100, 500, self));
+    ASSERT_TRUE(e.wait(p));
+    EXPECT_EQ(p.c.status, Errc::ok);
+    EXPECT_EQ(a[99], 'a');
+    EXPECT_EQ(a[100], 'b');
+    EXPECT_EQ(a[599], 'b');
+    EXPECT_EQ(a[600], 'a');
+    ASSERT_TRUE(e.t->post_put(*e.ctx, on(&bad), ha, 0, hb, 0, 10, self));
+    ASSERT_TRUE(e.wait(bad));
+    EXPECT_EQ(bad.c.status, Errc::access_denied);
+    EXPECT_EQ(b[0], 'b');
+    (void)g;
+}
+
+TEST(SmSelf, SizesAndTooLarge) {
+    Ep e = Ep::open(uniq("size"));
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e.t->max_unexpected_size(), sm::kMaxMsgSize);
+    EXPECT_EQ(e.t->max_expected_size(), sm::kMaxMsgSize);
+    EXPECT_EQ(e.t->msg_buf_alloc(sm::kMaxMsgSize + 1).code(), Errc::message_too_large);
+    MsgBuffer m = e.buf(sm::kMaxMsgSize);
+    auto self = e.t->addr_self();
+    Done d;
+    auto r = e.t->post_send_unexpected(*e.ctx, on(&d), m, sm::kMaxMsgSize + 1, self, 0, 1);
+    EXPECT_EQ(r.code(), Errc::message_too_large);
+    // A message longer than the posted buffer completes that receive with message_too_large.
+    MsgBuffer small = e.buf(8);
+    Done rs, s;
+    ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&rs), small, self, 3));
+    ASSERT_TRUE(e.t->post_send_expected(*e.ctx, on(&s), m, 100, self, 0, 3));
+    ASSERT_TRUE(e.wait(rs));
+    EXPECT_EQ(rs.c.status, Errc::message_too_large);
+    // Cancel of a posted receive, then of a stale id.
+    Done rc;
+    auto id = e.t->post_recv_unexpected(*e.ctx, on(&rc), small);
+    ASSERT_TRUE(id);
+    EXPECT_TRUE(e.t->cancel(*id));
+    ASSERT_TRUE(e.wait(rc));
+    EXPECT_EQ(rc.c.status, Errc::canceled);
+    EXPECT_EQ(e.t->cancel(*id).code(), Errc::not_found);
+}
+
+TEST(SmSelf, LookupOfMissingPeerFailsOnFirstUse) {
+    Ep e = Ep::open(uniq("miss"));
+    ASSERT_TRUE(e.ok());
+    auto a = e.t->addr_lookup("sm://" + uniq("nobody-here"));
+    ASSERT_TRUE(a) << "lookup does not touch the network";
+    MsgBuffer m = e.buf(8);
+    Done d;
+    auto r = e.t->post_send_unexpected(*e.ctx, on(&d), m, 8, *a, 0, 1);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::unreachable);
+    EXPECT_NE(r.error().message().find("no sm endpoint"), std::string::npos) << r.error().message();
+}
+
+// --- two processes -------------------------------------------------------------------------------
+
+/// Child: echo every unexpected message back as an expected one with the same tag, until tag 0.
+int echo_server(const std::string& name, const Pipe& ready) {
+    Ep e = Ep::open(name);
+    if (!e.ok()) return 2;
+    ready.signal();
+    MsgBuffer rb = e.buf(), sb = e.buf();
+    for (;;) {
+        Done r;
+        if (!e.t->post_recv_unexpected(*e.ctx, on(&r), rb)) return 3;
+        if (!e.wait(r, 20s)) return 4;
+        if (r.c.status != Errc::ok) return 5;
+        if (r.c.tag == 0) return 0;
+        std::memcpy(sb.data(), rb.data(), r.c.size);
+        Done s;
+        if (!e.t->post_send_expected(*e.ctx, on(&s), sb, r.c.size, r.c.source, r.c.context_id,
+                                     r.c.tag))
+            return 6;
+        if (!e.wait(s, 20s) || s.c.status != Errc::ok) return 7;
+    }
+}
+
+TEST(SmTwoProc, PingPongAllSizesAndSourceInterning) {
+    std::string srv = uniq("echo");
+    Pipe ready;
+    pid_t child = spawn([&] { return echo_server(srv, ready); });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(uniq("cli"));
+    ASSERT_TRUE(e.ok());
+    auto dest = *e.t->addr_lookup("sm://" + srv);
+    MsgBuffer sb = e.buf(), rb = e.buf();
+    for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(8), std::size_t(100),
+                            std::size_t(4095), std::size_t(4096)}) {
+        for (int rep = 0; rep < 20; ++rep) {
+            Tag tag = Tag(len * 100 + std::size_t(rep) + 1);
+            for (std::size_t i = 0; i < len; ++i)
+                sb.data()[i] = std::byte((i * 7 + tag) & 0xff);
+            Done r, s;
+            ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&r), rb, dest, tag));
+            ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&s), sb, len, dest, 0, tag));
+            ASSERT_TRUE(e.wait([&] { return r.done && s.done; })) << "len " << len;
+            EXPECT_EQ(s.c.status, Errc::ok);
+            ASSERT_EQ(r.c.status, Errc::ok);
+            ASSERT_EQ(r.c.size, len);
+            EXPECT_EQ(r.c.tag, tag);
+            EXPECT_TRUE(r.c.source == dest) << "the source must be the looked-up Addr";
+            EXPECT_EQ(std::memcmp(rb.data(), sb.data(), len), 0) << "len " << len;
+        }
+    }
+    Done q;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&q), sb, 0, dest, 0, 0));
+    ASSERT_TRUE(e.wait(q));
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(SmTwoProc, ClientWithoutListenGetsRepliesOverItsConnection) {
+    std::string srv = uniq("nl-echo");
+    Pipe ready;
+    pid_t child = spawn([&] { return echo_server(srv, ready); });
+    ASSERT_EQ(ready.wait(), 'x');
+    std::string cli = uniq("nl-cli");
+    Options o;
+    o.listen = false;
+    Ep e = Ep::open(cli, o);
+    ASSERT_TRUE(e.ok());
+    EXPECT_FALSE(file_exists(sock_path(::getpid(), cli))) << "no socket without listen";
+    auto dest = *e.t->addr_lookup("sm://" + srv);
+    MsgBuffer sb = e.buf(), rb = e.buf();
+    for (Tag tag = 1; tag <= 3; ++tag) {
+        Done r, s;
+        ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&r), rb, dest, tag));
+        ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&s), sb, 8, dest, 0, tag));
+        ASSERT_TRUE(e.wait([&] { return r.done && s.done; }));
+        EXPECT_EQ(r.c.status, Errc::ok);
+    }
+    Done q;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&q), sb, 0, dest, 0, 0));
+    ASSERT_TRUE(e.wait(q));
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(SmTwoProc, MessagesBeforeReceivesAndFullRingsAreNeverLost) {
+    // The child floods us with more messages than its ring holds while we do not progress;
+    // then we flood it while it does not progress. Nothing is lost, order is kept.
+    constexpr int kN = 5 * int(sm::kRingSlots);
+    std::string srv = uniq("flood-s"), cli = uniq("flood-c");
+    Pipe ready, go;
+    pid_t child = spawn([&] {
+        Ep e = Ep::open(srv);
+        if (!e.ok()) return 2;
+        ready.signal();
+        auto peer = *e.t->addr_lookup("sm://" + cli);
+        if (go.wait() != 'g') return 3;
+        std::vector<MsgBuffer> bufs;
+        std::vector<Done> done(kN * 2);
+        for (int i = 0; i < kN * 2; ++i) {
+            bufs.push_back(e.buf(4));
+            std::memcpy(bufs.back().data(), &i, 4);
+            bool unexp = i % 2 == 0;
+            auto r =
+                unexp ? e.t->post_send_unexpected(*e.ctx, on(&done[i]), bufs.back(), 4, peer, 0,
+                                                  Tag(i))
+                      : e.t->post_send_expected(*e.ctx, on(&done[i]), bufs.back(), 4, peer, 0, 77);
+            if (!r) return 4;
+        }
+        if (!e.wait(
+                [&] {
+                    for (auto& d : done)
+                        if (!d.done) return false;
+                    return true;
+                },
+                20s))
+            return 5;
+        for (auto& d : done)
+            if (d.c.status != Errc::ok) return 6;
+        // Now we sleep without progressing while the parent floods us; then drain it.
+        if (go.wait() != 'h') return 7;
+        MsgBuffer rb = e.buf();
+        for (int i = 0; i < kN; ++i) {
+            Done r;
+            if (!e.t->post_recv_unexpected(*e.ctx, on(&r), rb)) return 8;
+            if (!e.wait(r, 20s)) return 9;
+            int v;
+            std::memcpy(&v, rb.data(), 4);
+            if (v != i) return 10;
+        }
+        return 0;
+    });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(cli);
+    ASSERT_TRUE(e.ok());
+    auto peer = *e.t->addr_lookup("sm://" + srv);
+    go.signal('g');
+    // Let the child fill its ring and block; we are not progressing yet.
+    ::usleep(100 * 1000);
+    MsgBuffer rb = e.buf();
+    for (int i = 0; i < kN; ++i) {
+        Done ru, re;
+        ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&ru), rb));
+        ASSERT_TRUE(e.wait(ru)) << i;
+        int v;
+        std::memcpy(&v, rb.data(), 4);
+        ASSERT_EQ(v, 2 * i);
+        EXPECT_TRUE(ru.c.source == peer);
+        ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&re), rb, peer, 77));
+        ASSERT_TRUE(e.wait(re)) << i;
+        std::memcpy(&v, rb.data(), 4);
+        ASSERT_EQ(v, 2 * i + 1) << "expected messages keep their order";
+    }
+    // Our turn to flood a peer that does not progress: sends beyond the ring wait, in order.
+    go.signal('h');
+    std::vector<MsgBuffer> bufs;
+    std::vector<Done> done(kN);
+    for (int i = 0; i < kN; ++i) {
+        bufs.push_back(e.buf(4));
+        std::memcpy(bufs.back().data(), &i, 4);
+        ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&done[i]), bufs.back(), 4, peer, 0, 1));
+    }
+    ASSERT_TRUE(e.wait(
+        [&] {
+            for (auto& d : done)
+                if (!d.done) return false;
+            return true;
+        },
+        20s));
+    for (auto& d : done)
+        EXPECT_EQ(d.c.status, Errc::ok);
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(SmTwoProc, KilledPeerFailsPendingOpsPromptly) {
+    std::string srv = uniq("victim");
+    Pipe ready, got;
+    pid_t child = spawn([&] {
+        Ep e = Ep::open(srv);
+        if (!e.ok()) return 2;
+        ready.signal();
+        MsgBuffer rb = e.buf();
+        Done r;
+        if (!e.t->post_recv_unexpected(*e.ctx, on(&r), rb)) return 3;
+        if (!e.wait(r, 20s)) return 4;
+        got.signal();
+        ::pause();  // never progress again: our ring fills up
+        return 0;
+    });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(uniq("killer"));
+    ASSERT_TRUE(e.ok());
+    auto peer = *e.t->addr_lookup("sm://" + srv);
+    MsgBuffer m = e.buf(64);
+    Done first;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&first), m, 64, peer, 0, 1));
+    ASSERT_TRUE(e.wait(first));
+    ASSERT_EQ(got.wait(), 'x');
+    constexpr int kSends = int(sm::kRingSlots) + 20;
+    std::vector<Done> sends(kSends);
+    for (auto& d : sends)
+        ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&d), m, 64, peer, 0, 2));
+    MsgBuffer rb = e.buf();
+    Done rexp;
+    ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&rexp), rb, peer, 5));
+    (void)e.ctx->progress(10ms);
+    e.ctx->trigger();
+    EXPECT_FALSE(sends.back().done) << "the ring should be full, the last sends pending";
+    // A send waiting for ring space can be canceled; it completes once, with canceled.
+    Done extra;
+    auto extra_id = e.t->post_send_unexpected(*e.ctx, on(&extra), m, 64, peer, 0, 4);
+    ASSERT_TRUE(extra_id);
+    EXPECT_TRUE(e.t->cancel(*extra_id));
+    ASSERT_TRUE(e.wait(extra));
+    EXPECT_EQ(extra.c.status, Errc::canceled);
+    EXPECT_EQ(e.t->cancel(*extra_id).code(), Errc::not_found);
+    ASSERT_EQ(::kill(child, SIGKILL), 0);
+    auto t0 = Clock::now();
+    ASSERT_TRUE(e.wait([&] { return rexp.done && sends.back().done; }, 5s));
+    EXPECT_LT(Clock::now() - t0, 2s) << "a dead peer must be noticed promptly";
+    EXPECT_EQ(rexp.c.status, Errc::disconnected);
+    EXPECT_EQ(sends.back().c.status, Errc::disconnected);
+    int ok_count = 0;
+    for (auto& d : sends) {
+        ASSERT_TRUE(e.wait(d));
+        ok_count += d.c.status == Errc::ok;
+    }
+    EXPECT_EQ(ok_count, int(sm::kRingSlots)) << "exactly a ringful went out before the death";
+    // New operations on the dead peer fail at once; a fresh lookup yields a new peer.
+    Done late;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&late), m, 8, peer, 0, 3));
+    ASSERT_TRUE(e.wait(late));
+    EXPECT_EQ(late.c.status, Errc::disconnected);
+    auto again = *e.t->addr_lookup("sm://" + srv);
+    EXPECT_FALSE(again == peer);
+    EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
+}
+
+TEST(SmTwoProc, BlockingProgressSleepsAndWakesOnDoorbell) {
+    std::string srv = uniq("sleepy-s"), cli = uniq("sleepy-c");
+    Pipe ready, go;
+    pid_t child = spawn([&] {
+        Ep e = Ep::open(srv);
+        if (!e.ok()) return 2;
+        ready.signal();
+        auto peer = *e.t->addr_lookup("sm://" + cli);
+        if (go.wait() != 'x') return 3;
+        MsgBuffer m = e.buf(8);
+        for (int i = 0; i < 3; ++i) {
+            ::usleep(300 * 1000);
+            Done s;
+            if (!e.t->post_send_unexpected(*e.ctx, on(&s), m, 8, peer, 0, Tag(i))) return 4;
+            if (!e.wait(s)) return 5;
+        }
+        return 0;
+    });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(cli);
+    ASSERT_TRUE(e.ok());
+    go.signal();
+    rusage ru0{}, ru1{};
+    ::getrusage(RUSAGE_SELF, &ru0);
+    auto t0 = Clock::now();
+    MsgBuffer rb = e.buf();
+    for (int i = 0; i < 3; ++i) {
+        Done r;
+        ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&r), rb));
+        auto res = e.ctx->progress(10s);  // one blocking call per message
+        ASSERT_TRUE(res) << res.error().describe();
+        e.ctx->trigger();
+        ASSERT_TRUE(r.done);
+        EXPECT_EQ(r.c.tag, Tag(i));
+    }
+    auto wall = Clock::now() - t0;
+    ::getrusage(RUSAGE_SELF, &ru1);
+    auto cpu_us = [](const rusage& r) {
+        return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000 + r.ru_utime.tv_usec +
+               r.ru_stime.tv_usec;
+    };
+    long cpu = cpu_us(ru1) - cpu_us(ru0);
+    EXPECT_GE(wall, 800ms);
+    EXPECT_LT(wall, 3s);
+    EXPECT_LT(cpu, 200000) << "blocking progress must sleep, not spin (" << cpu << " us CPU)";
+    // A timeout with nothing to do returns timeout.
+    EXPECT_EQ(e.ctx->progress(20ms).code(), Errc::timeout);
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(SmTwoProc, TryWaitArmsTheDoorbell) {
+    std::string srv = uniq("tw-s"), cli = uniq("tw-c");
+    Pipe ready, go;
+    pid_t child = spawn([&] {
+        Ep e = Ep::open(srv);
+        if (!e.ok()) return 2;
+        ready.signal();
+        auto peer = *e.t->addr_lookup("sm://" + cli);
+        MsgBuffer m = e.buf(8);
+        for (char want : {'1', '2'}) {
+            if (go.wait() != want) return 3;
+            Done s;
+            if (!e.t->post_send_unexpected(*e.ctx, on(&s), m, 8, peer, 0, 1)) return 4;
+            if (!e.wait(s)) return 5;
+        }
+        return 0;
+    });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(cli);
+    ASSERT_TRUE(e.ok());
+    MsgBuffer rb = e.buf();
+    for (char step : {'1', '2'}) {
+        Done r;
+        ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&r), rb));
+        // Get the connection established first (step 1) / nothing pending (step 2).
+        if (step == '2') {
+            ASSERT_TRUE(e.ctx->try_wait()) << "nothing pending: safe to block";
+            pollfd p{e.ctx->wait_fd(), POLLIN, 0};
+            EXPECT_EQ(::poll(&p, 1, 50), 0) << "nothing should wake us yet";
+            go.signal(step);
+            EXPECT_EQ(::poll(&p, 1, 5000), 1) << "the sender must ring our eventfd";
+        } else {
+            go.signal(step);
+        }
+        ASSERT_TRUE(e.wait(r));
+    }
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(SmTwoProc, PutGetOneMiBWithBoundsAndAccessChecks) {
+    constexpr std::size_t kLen = 1 << 20;
+    std::string srv = uniq("rma-s"), cli = uniq("rma-c");
+    Pipe ready;
+    pid_t child = spawn([&] {
+        std::vector<unsigned char> rw(kLen), ro(4096, 0x5a);
+        for (std::size_t i = 0; i < kLen; ++i)
+            rw[i] = (unsigned char)(i * 13 + 1);
+        Ep e = Ep::open(srv);
+        if (!e.ok()) return 2;
+        auto hrw = *e.t->mem_register(rw.data(), rw.size(), Access::read_write);
+        auto hro = *e.t->mem_register(ro.data(), ro.size(), Access::read_only);
+        ready.signal();
+        MsgBuffer rb = e.buf(), sb = e.buf();
+        Done r;
+        if (!e.t->post_recv_unexpected(*e.ctx, on(&r), rb) || !e.wait(r, 20s)) return 3;
+        auto peer = r.c.source;
+        if (!e.t->mem_serialize(hrw, sb.span().subspan(0, sm::kMemWireSize))) return 4;
+        if (!e.t->mem_serialize(hro, sb.span().subspan(sm::kMemWireSize))) return 4;
+        Done s;
+        if (!e.t->post_send_expected(*e.ctx, on(&s), sb, 2 * sm::kMemWireSize, peer, 0, 1) ||
+            !e.wait(s))
+            return 5;
+        // Wait for "check": the parent put (i * 7) into the whole region.
+        Done c;
+        if (!e.t->post_recv_unexpected(*e.ctx, on(&c), rb) || !e.wait(c, 20s)) return 6;
+        for (std::size_t i = 0; i < kLen; ++i)
+            if (rw[i] != (unsigned char)(i * 7)) return 7;
+        for (auto v : ro)
+            if (v != 0x5a) return 8;  // the refused put changed nothing
+        Done s2;
+        if (!e.t->post_send_expected(*e.ctx, on(&s2), sb, 1, peer, 0, 2) || !e.wait(s2)) return 9;
+        return 0;
+    });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(cli);
+    ASSERT_TRUE(e.ok());
+    auto peer = *e.t->addr_lookup("sm://" + srv);
+    MsgBuffer sb = e.buf(), rb = e.buf();
+    Done hs, hr;
+    ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&hr), rb, peer, 1));
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&hs), sb, 1, peer, 0, 1));
+    ASSERT_TRUE(e.wait(hr));
+    ASSERT_EQ(hr.c.size, 2 * sm::kMemWireSize);
+    auto rrw = e.t->mem_deserialize(rb.span().subspan(0, sm::kMemWireSize));
+    auto rro = e.t->mem_deserialize(rb.span().subspan(sm::kMemWireSize, sm::kMemWireSize));
+    ASSERT_TRUE(rrw && rro);
+    EXPECT_FALSE((*rrw)->local());
+    EXPECT_EQ((*rrw)->length(), kLen);
+
+    std::vector<unsigned char> mine(kLen + 16, 0);
+    auto hl = *e.t->mem_register(mine.data(), mine.size(), Access::read_write);
+    Done g;
+    ASSERT_TRUE(e.t->post_get(*e.ctx, on(&g), hl, 16, *rrw, 0, kLen, peer));
+    ASSERT_TRUE(e.wait(g));
+    ASSERT_EQ(g.c.status, Errc::ok);
+    EXPECT_EQ(g.c.size, kLen);
+    for (std::size_t i = 0; i < kLen; ++i)
+        ASSERT_EQ(mine[16 + i], (unsigned char)(i * 13 + 1)) << i;
+
+    // Bounds and access are refused without touching the target.
+    Done oob, oob2, acc, acc_get;
+    ASSERT_TRUE(e.t->post_get(*e.ctx, on(&oob), hl, 0, *rrw, 1, kLen, peer));
+    ASSERT_TRUE(e.t->post_put(*e.ctx, on(&oob2), hl, kLen, *rrw, 0, 17, peer));
+    ASSERT_TRUE(e.t->post_put(*e.ctx, on(&acc), hl, 0, *rro, 0, 16, peer));
+    ASSERT_TRUE(e.t->post_get(*e.ctx, on(&acc_get), hl, 0, *rro, 0, 4096, peer));
+    ASSERT_TRUE(e.wait([&] { return oob.done && oob2.done && acc.done && acc_get.done; }));
+    EXPECT_EQ(oob.c.status, Errc::out_of_range);
+    EXPECT_EQ(oob2.c.status, Errc::out_of_range);
+    EXPECT_EQ(acc.c.status, Errc::access_denied);
+    EXPECT_EQ(acc_get.c.status, Errc::ok) << "read_only allows get";
+
+    // A handle used with the wrong peer address is refused.
+    auto me = e.t->addr_self();
+    auto wrong = e.t->post_put(*e.ctx, nullptr, hl, 0, *rrw, 0, 8, me);
+    EXPECT_EQ(wrong.code(), Errc::invalid_argument);
+
+    for (std::size_t i = 0; i < kLen; ++i)
+        mine[i] = (unsigned char)(i * 7);
+    Done p;
+    ASSERT_TRUE(e.t->post_put(*e.ctx, on(&p), hl, 0, *rrw, 0, kLen, peer));
+    ASSERT_TRUE(e.wait(p));
+    ASSERT_EQ(p.c.status, Errc::ok);
+    Done c, cr;
+    ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&cr), rb, peer, 2));
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&c), sb, 1, peer, 0, 3));
+    ASSERT_TRUE(e.wait(cr));
+    EXPECT_EQ(wait_exit(child), 0) << "the child checks what we put";
+}
+
+TEST(SmTwoProc, PutGetBeforeAnyMessageWaitsForTheHandshake) {
+    std::string srv = uniq("rma0-s");
+    Pipe ready, done_pipe;
+    std::vector<char> buf(4096, 'q');
+    pid_t child = spawn([&] {
+        Ep e = Ep::open(srv);
+        if (!e.ok()) return 2;
+        // The handle bytes go through a pipe: no message is exchanged before the get.
+        auto h = *e.t->mem_register(buf.data(), buf.size(), Access::read_only);
+        std::byte w[sm::kMemWireSize];
+        if (!e.t->mem_serialize(h, w)) return 3;
+        if (::write(ready.fd[1], w, sizeof w) != ssize_t(sizeof w)) return 4;
+        // Progress until the parent says it is done.
+        bool fin = false;
+        while (!fin) {
+            (void)e.ctx->progress(5ms);
+            pollfd p{done_pipe.fd[0], POLLIN, 0};
+            fin = ::poll(&p, 1, 0) == 1;
+        }
+        return 0;
+    });
+    std::byte w[sm::kMemWireSize];
+    pollfd pf{ready.fd[0], POLLIN, 0};
+    ASSERT_EQ(::poll(&pf, 1, 10000), 1);
+    ASSERT_EQ(::read(ready.fd[0], w, sizeof w), ssize_t(sizeof w));
+    Ep e = Ep::open(uniq("rma0-c"));
+    ASSERT_TRUE(e.ok());
+    auto peer = *e.t->addr_lookup("sm://" + srv);
+    auto rh = *e.t->mem_deserialize(w);
+    std::vector<char> mine(4096, 0);
+    auto hl = *e.t->mem_register(mine.data(), mine.size(), Access::read_write);
+    Done g;
+    ASSERT_TRUE(e.t->post_get(*e.ctx, on(&g), hl, 0, rh, 0, 4096, peer));
+    ASSERT_TRUE(e.wait(g));
+    EXPECT_EQ(g.c.status, Errc::ok);
+    EXPECT_EQ(mine[0], 'q');
+    EXPECT_EQ(mine[4095], 'q');
+    done_pipe.signal();
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(SmTwoProc, PermissionDeniedNamesTheCause) {
+    // Two unprivileged, non-dumpable processes: the kernel refuses process_vm_readv between
+    // them, as it does under Yama ptrace_scope >= 2 or across users.
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch to an unprivileged uid";
+    std::string a_name = uniq("perm-a"), b_name = uniq("perm-b");
+    Pipe ready, fin;
+    auto drop = [] {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) return false;
+        return ::prctl(PR_SET_DUMPABLE, 0) == 0;
+    };
+    pid_t a = spawn([&] {
+        if (!drop()) return 77;
+        std::vector<char> buf(4096, 'z');
+        Ep e = Ep::open(a_name);
+        if (!e.ok()) return 2;
+        auto h = *e.t->mem_register(buf.data(), buf.size(), Access::read_write);
+        ready.signal();
+        MsgBuffer rb = e.buf(), sb = e.buf();
+        Done r;
+        if (!e.t->post_recv_unexpected(*e.ctx, on(&r), rb) || !e.wait(r, 20s)) return 3;
+        if (!e.t->mem_serialize(h, sb.span())) return 4;
+        Done s;
+        if (!e.t->post_send_expected(*e.ctx, on(&s), sb, sm::kMemWireSize, r.c.source, 0, 1) ||
+            !e.wait(s))
+            return 5;
+        e.wait([&] { return fin.wait(0) == 'x'; }, 20s);
+        return 0;
+    });
+    int rc_ready = ready.wait();
+    if (rc_ready != 'x') {
+        int rc = wait_exit(a);
+        if (rc == 77) GTEST_SKIP() << "cannot switch to uid 65534 here";
+        FAIL() << "target child exited with " << rc;
+    }
+    pid_t b = spawn([&] {
+        if (!drop()) return 77;
+        Ep e = Ep::open(b_name);
+        if (!e.ok()) return 12;
+        auto peer = *e.t->addr_lookup("sm://" + a_name);
+        MsgBuffer rb = e.buf(), sb = e.buf();
+        Done r, s;
+        if (!e.t->post_recv_expected(*e.ctx, on(&r), rb, peer, 1)) return 13;
+        if (!e.t->post_send_unexpected(*e.ctx, on(&s), sb, 1, peer, 0, 1)) return 14;
+        if (!e.wait(r, 20s)) return 15;
+        auto rh = e.t->mem_deserialize(rb.span().subspan(0, sm::kMemWireSize));
+        if (!rh) return 16;
+        std::vector<char> mine(4096);
+        auto hl = *e.t->mem_register(mine.data(), mine.size(), Access::read_write);
+        Done g;
+        auto res = e.t->post_get(*e.ctx, on(&g), hl, 0, *rh, 0, 4096, peer);
+        if (res) {
+            // Posted before our side finished the handshake: the refusal (and its cause, in
+            // the log) comes with the completion.
+            e.wait(g);
+            if (g.c.status == Errc::permission_denied) return 0;
+            return g.c.status == Errc::ok ? 10 : 11;  // 10: the kernel allowed it after all
+        }
+        if (res.code() != Errc::permission_denied) return 17;
+        const auto& msg = res.error().message();
+        if (msg.find("ptrace_scope") == std::string::npos ||
+            msg.find("CAP_SYS_PTRACE") == std::string::npos)
+            return 18;
+        return 0;
+    });
+    int rb_code = wait_exit(b);
+    fin.signal();
+    int ra_code = wait_exit(a);
+    if (rb_code == 77) GTEST_SKIP() << "cannot switch to uid 65534 here";
+    if (rb_code == 10) GTEST_SKIP() << "this kernel allows process_vm_readv here";
+    EXPECT_EQ(rb_code, 0);
+    EXPECT_EQ(ra_code, 0);
+}
+
+TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
+    // Each thread posts on and progresses its own context; whichever thread polls the rings
+    // delivers for both, and blocking progress must wake for completions queued by the other.
+    std::string srv = uniq("mt-echo");
+    Pipe ready;
+    pid_t child = spawn([&] { return echo_server(srv, ready); });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(uniq("mt-cli"));
+    ASSERT_TRUE(e.ok());
+    auto ctx1 = e.t->context_create(1);
+    ASSERT_TRUE(ctx1);
+    auto dest = *e.t->addr_lookup("sm://" + srv);
+    constexpr int kIters = 2000;
+    std::atomic<int> errors{0};
+    auto worker = [&](Context& ctx, Tag base) {
+        MsgBuffer sb = e.buf(64), rb = e.buf(64);
+        for (int i = 0; i < kIters; ++i) {
+            Tag tag = base + Tag(i);
+            std::memcpy(sb.data(), &tag, sizeof tag);
+            Done r, s;
+            if (!e.t->post_recv_expected(ctx, on(&r), rb, dest, tag) ||
+                !e.t->post_send_unexpected(ctx, on(&s), sb, sizeof tag, dest, 0, tag)) {
+                ++errors;
+                return;
+            }
+            auto end = Clock::now() + 10s;
+            while (!(r.done && s.done) && Clock::now() < end) {
+                (void)ctx.progress(i % 2 ? 5ms : Duration::zero());
+                ctx.trigger();
+            }
+            Tag back = 0;
+            std::memcpy(&back, rb.data(), sizeof back);
+            if (!r.done || r.c.status != Errc::ok || back != tag || !(r.c.source == dest)) {
+                ++errors;
+                return;
+            }
+        }
+    };
+    std::thread t0([&] { worker(*e.ctx, 1u << 20); });
+    std::thread t1([&] { worker(**ctx1, 2u << 20); });
+    t0.join();
+    t1.join();
+    EXPECT_EQ(errors.load(), 0);
+    MsgBuffer q = e.buf(8);
+    Done qd;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
+    ASSERT_TRUE(e.wait(qd));
+    ctx1->reset();
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+// --- hostile peers -------------------------------------------------------------------------------
+
+int raw_connect(const std::string& path) {
+    int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(s);
+        return -1;
+    }
+    return s;
+}
+
+/// Progress `e` until the raw socket `s` sees EOF (the transport hung up on us).
+bool hung_up(Ep& e, int s) {
+    return e.wait(
+        [&] {
+            pollfd p{s, POLLIN, 0};
+            if (::poll(&p, 1, 0) != 1) return false;
+            char b[256];
+            return ::recv(s, b, sizeof b, MSG_DONTWAIT) == 0 || (p.revents & POLLHUP);
+        },
+        5s);
+}
+
+TEST(SmHostile, GarbageHandshakeIsDisconnected) {
+    std::string name = uniq("victim");
+    Ep e = Ep::open(name);
+    ASSERT_TRUE(e.ok());
+    int s = raw_connect(sock_path(::getpid(), name));
+    ASSERT_GE(s, 0);
+    const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+    ASSERT_GT(::send(s, junk, sizeof junk, 0), 0);
+    EXPECT_TRUE(hung_up(e, s));
+    ::close(s);
+    // Still serving.
+    MsgBuffer m = e.buf(8), r = e.buf();
+    Done sd, rd;
+    ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&rd), r));
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&sd), m, 8, e.t->addr_self(), 0, 1));
+    EXPECT_TRUE(e.wait(rd));
+}
+
+/// A hand-made connection speaking the wire protocol, to write what a correct peer never would.
+struct FakePeer {
+    int sock = -1;
+    int evfd = -1;
+    std::byte* seg = nullptr;
+    std::string seg_path;
+    enum class Seg { good, world_readable, unsealed };
+    bool connect(const std::string& target_sock, const std::string& my_name, Seg kind,
+                 uint64_t* probe) {
+        sock = raw_connect(target_sock);
+        if (sock < 0) return false;
+        int fd;
+        if (kind == Seg::unsealed) {
+            seg_path = fmt::format("/dev/shm/talaria-sm-{}-{}.fake.seg", ::getpid(), my_name);
+            fd = ::open(seg_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+            ::unlink(seg_path.c_str());
+        } else {
+            fd = ::memfd_create("fake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+            ::fchmod(fd, kind == Seg::good ? 0600 : 0644);
+        }
+        if (fd < 0) return false;
+        if (::ftruncate(fd, off_t(sm::kSegmentSize)) != 0) return false;
+        if (kind != Seg::unsealed)
+            ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+        seg = static_cast<std::byte*>(
+            ::mmap(nullptr, sm::kSegmentSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+        sm::SegHeader h{};
+        h.magic = sm::kSegMagic;
+        h.version = sm::kVersion;
+        h.ring_slots = sm::kRingSlots;
+        h.slot_size = sm::kSlotSize;
+        h.segment_size = sm::kSegmentSize;
+        std::memcpy(seg, &h, sizeof h);
+        for (std::size_t off : sm::kRingCtlOffset)
+            new (seg + off) sm::RingCtl{};
+        evfd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        sm::Handshake m;
+        m.type = sm::HsType::hello;
+        m.pid = uint32_t(::getpid());
+        m.instance = 0xabcdef;
+        *probe = m.instance;
+        m.probe_addr = reinterpret_cast<uint64_t>(probe);
+        m.name = my_name;
+        std::byte b[sm::kHsMaxSize];
+        std::size_t n = sm::encode_handshake(m, b);
+        iovec iov{b, n};
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
+        mh.msg_control = ctl;
+        mh.msg_controllen = sizeof ctl;
+        cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+        int fds[2] = {fd, evfd};
+        std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
+        bool ok = ::sendmsg(sock, &mh, MSG_NOSIGNAL) == ssize_t(n);
+        ::close(fd);
+        return ok;
+    }
+    sm::RingCtl* ring(int i) { return reinterpret_cast<sm::RingCtl*>(seg + sm::kRingCtlOffset[i]); }
+    std::byte* slot(int ring_i, uint64_t seq) {
+        return seg + sm::kSlotsOffset[ring_i] + (seq % sm::kRingSlots) * sm::kSlotSize;
+    }
+    ~FakePeer() {
+        if (sock >= 0) ::close(sock);
+        if (evfd >= 0) ::close(evfd);
+        if (seg) ::munmap(seg, sm::kSegmentSize);
+    }
+};
+
+TEST(SmHostile, SegmentNotOwnerOnlyOrNotSealedIsRefused) {
+    std::string name = uniq("v2");
+    Ep e = Ep::open(name);
+    ASSERT_TRUE(e.ok());
+    for (auto kind : {FakePeer::Seg::world_readable, FakePeer::Seg::unsealed}) {
+        FakePeer f;
+        uint64_t probe = 0;
+        ASSERT_TRUE(f.connect(sock_path(::getpid(), name), uniq("fake"), kind, &probe));
+        EXPECT_TRUE(hung_up(e, f.sock)) << "segment kind " << int(kind);
+    }
+}
+
+TEST(SmHostile, PeerFailingTheIdentityProbeIsRefused) {
+    // The hello names a probe word that must hold the sender's instance id: a process that is
+    // not who it claims (a recycled pid, a forged hello) fails it.
+    std::string name = uniq("v4");
+    Ep e = Ep::open(name);
+    ASSERT_TRUE(e.ok());
+    FakePeer f;
+    uint64_t probe = 0;
+    ASSERT_TRUE(f.connect(sock_path(::getpid(), name), uniq("fake"), FakePeer::Seg::good, &probe));
+    probe ^= 1;  // no longer the instance id the hello announced
+    EXPECT_TRUE(hung_up(e, f.sock));
+}
+
+TEST(SmHostile, CorruptRingIsDisconnectedWithoutCrashing) {
+    std::string name = uniq("v3");
+    Ep e = Ep::open(name);
+    ASSERT_TRUE(e.ok());
+    struct Case {
+        const char* what;
+        void (*corrupt)(FakePeer&);
+    };
+    // Each writes one published slot (sequence word 1) that no correct peer would write.
+    const Case cases[] = {
+        {"length beyond the maximum",
+         [](FakePeer& f) {
+             sm::encode_slot_header(f.slot(0, 0),
+                                    sm::SlotHeader{1u << 30, 1, sm::MsgKind::unexpected, 0, 1});
+         }},
+        {"reserved bytes set",
+         [](FakePeer& f) {
+             sm::encode_slot_header(f.slot(0, 0),
+                                    sm::SlotHeader{8, 1, sm::MsgKind::unexpected, 0, 1});
+             f.slot(0, 0)[10] = std::byte{7};
+         }},
+        {"unknown kind",
+         [](FakePeer& f) {
+             sm::encode_slot_header(f.slot(0, 0),
+                                    sm::SlotHeader{8, 1, sm::MsgKind::expected, 0, 1});
+             f.slot(0, 0)[8] = std::byte{42};
+         }},
+    };
+    for (const auto& c : cases) {
+        FakePeer f;
+        uint64_t probe = 0;
+        ASSERT_TRUE(
+            f.connect(sock_path(::getpid(), name), uniq("fake"), FakePeer::Seg::good, &probe))
+            << c.what;
+        // Wait for the ack so that the connection is established, then corrupt.
+        pollfd p{f.sock, POLLIN, 0};
+        ASSERT_TRUE(e.wait([&] { return ::poll(&p, 1, 0) == 1; }, 5s)) << c.what;
+        char ack[256];
+        alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))];
+        iovec iov{ack, sizeof ack};
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = ctl;
+        mh.msg_controllen = sizeof ctl;
+        ASSERT_GT(::recvmsg(f.sock, &mh, MSG_CMSG_CLOEXEC), 0) << c.what;
+        for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+            ::close(fd);
+        }
+        c.corrupt(f);
+        EXPECT_TRUE(hung_up(e, f.sock)) << c.what;
+    }
+    // Still serving.
+    MsgBuffer m = e.buf(8), r = e.buf();
+    Done sd, rd;
+    ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&rd), r));
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&sd), m, 8, e.t->addr_self(), 0, 1));
+    EXPECT_TRUE(e.wait(rd));
+}
+
+}  // namespace
+}  // namespace talaria::na
