@@ -1,0 +1,51 @@
+// talaria-perf: the two roles of the executable. The client builds the list of measurements,
+// starts (or connects to) one server per transport, and measures each spec with the layer's
+// back end and with the raw baseline; `serve` is the other process.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "baseline.hpp"
+#include "driver.hpp"
+
+namespace talaria::perf {
+
+struct ClientOptions {
+    std::string layer = "na";
+    std::vector<std::string> transports;  ///< empty: sm and tcp
+    std::vector<std::string> patterns;    ///< empty: the default set
+    std::vector<std::string> modes;       ///< empty: busy and block
+    std::vector<std::string> sizes;       ///< empty: per pattern defaults
+    unsigned inflight = 32;               ///< blast
+    unsigned rma_inflight = 1;            ///< put/get
+    RepeatOptions repeat;
+    std::string json_path;
+    std::string connect;  ///< server's layer address: do not start a server
+    std::string ctl;      ///< server's control address (host:port)
+    std::string url;      ///< address the client opens its transport with
+    int client_cpu = -2;  ///< -2: automatic, -1: do not pin
+    int server_cpu = -2;
+    bool thread_safe = true;
+    bool no_baseline = false;  ///< measure the layer only (for profiling one side)
+    int realtime = 0;          ///< SCHED_FIFO priority for client and spawned server (0: off)
+    BaselineOptions baseline;
+    std::string command_line;  ///< for the report
+};
+
+struct ServeOptions {
+    std::string layer = "na";
+    std::string transport;
+    std::string listen;      ///< layer address to open ("" = default for the transport)
+    std::string ctl_listen;  ///< control listen address ("" = derived)
+    int cpu = -1;
+    int realtime = 0;   ///< SCHED_FIFO priority (0: off)
+    bool once = false;  ///< exit after one client session (used for the spawned server)
+    bool thread_safe = true;
+};
+
+/// Returns the process exit code.
+int run_client(const ClientOptions& opt);
+int run_serve(const ServeOptions& opt);
+
+}  // namespace talaria::perf

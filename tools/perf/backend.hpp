@@ -1,0 +1,55 @@
+// talaria-perf: per-layer back ends. Each layer ("na" now; "rpc" and "bulk" later) provides a
+// client half (a Runner, driven by the driver exactly like the raw baselines) and a server half
+// (run by `talaria-perf serve <layer>` in phases the client opens over the control connection).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "driver.hpp"
+
+namespace talaria::perf {
+
+struct LayerOptions {
+    bool thread_safe = true;  ///< na::Options::thread_safe on both sides
+    std::string url;          ///< address to open the transport with ("" = the default)
+};
+
+/// The server half of a layer.
+class LayerServer {
+  public:
+    virtual ~LayerServer() = default;
+    /// The address clients connect to (printed by `serve`).
+    [[nodiscard]] virtual std::string address() const = 0;
+    /// Serve requests until the client ends the phase, sends a control request, disconnects,
+    /// or stays silent too long. Never returns while operations it posted are half done.
+    virtual Result<void> run_phase(int ctl_fd) = 0;
+};
+
+/// One layer: its name, its patterns, and how to make both halves.
+struct Layer {
+    std::string_view name;
+    std::span<const Pattern> patterns;
+    /// `transport` is "sm" or "tcp".
+    Result<std::unique_ptr<LayerServer>> (*make_server)(std::string_view transport,
+                                                        const LayerOptions& opt);
+    /// The client half talks to the server at `server_address`; `ctl_fd` opens its phases.
+    Result<std::unique_ptr<Runner>> (*make_client)(std::string_view transport,
+                                                   std::string_view server_address, int ctl_fd,
+                                                   const LayerOptions& opt);
+};
+
+/// The compiled-in layers (an explicit list, no registration).
+std::span<const Layer> layers();
+const Layer* find_layer(std::string_view name);
+
+// The na layer (backend_na.cpp).
+Result<std::unique_ptr<LayerServer>> make_na_server(std::string_view transport,
+                                                    const LayerOptions& opt);
+Result<std::unique_ptr<Runner>> make_na_client(std::string_view transport,
+                                               std::string_view server_address, int ctl_fd,
+                                               const LayerOptions& opt);
+
+}  // namespace talaria::perf

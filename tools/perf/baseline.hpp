@@ -1,0 +1,57 @@
+// talaria-perf: raw baselines, measured in the same run and the same two-process arrangement as
+// the layer back ends, so every result can be reported as a ratio to what the hardware and
+// kernel give without Talaria:
+//   sm:  pingpong -> bare shared-memory ping-pong (one region each way; spin, or spin a
+//                    little then futex)
+//        blast    -> bare single-producer single-consumer ring, `inflight` slots
+//        put/get  -> process_vm_writev / process_vm_readv of the same size
+//   tcp: pingpong -> bare TCP ping-pong (TCP_NODELAY; MSG_DONTWAIT spin or blocking recv)
+//        blast    -> bare TCP stream, one send() per message
+//        put/get  -> bare TCP stream of `size`-byte writes, client->server / server->client
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string_view>
+
+#include "control.hpp"
+#include "driver.hpp"
+
+namespace talaria::perf {
+
+struct BaselineOptions {
+    /// process_vm_* iovec size (0: one iovec for the whole transfer).
+    std::size_t pvm_iov_bytes = 0;
+    /// Block mode of the shm baselines: spin this long before FUTEX_WAIT (the sm transport
+    /// also spins before it sleeps; 0 = sleep at once).
+    Duration block_spin = std::chrono::microseconds(30);
+};
+
+/// The client half of the raw baseline for `transport` ("sm" or "tcp"), driven over the
+/// control connection `ctl_fd` (which it also uses as the raw TCP socket).
+Result<std::unique_ptr<Runner>> make_baseline(std::string_view transport, int ctl_fd,
+                                              const BaselineOptions& opt);
+
+// --- server halves: each replies "ready" (or an error) on `fd`, then runs the data phase ----
+Result<void> serve_shm_pingpong(int fd, const CtlRequest& r);
+Result<void> serve_shm_ring(int fd, const CtlRequest& r);
+Result<void> serve_tcp_pingpong(int fd, const CtlRequest& r);
+Result<void> serve_tcp_stream(int fd, const CtlRequest& r);
+
+/// The target buffer of the process_vm_* baseline, owned by the server between pvm_setup and
+/// pvm_release.
+class PvmTarget {
+  public:
+    PvmTarget() = default;
+    PvmTarget(const PvmTarget&) = delete;
+    PvmTarget& operator=(const PvmTarget&) = delete;
+    ~PvmTarget() { release(); }
+    Result<CtlReply> setup(const CtlRequest& r);
+    void release() noexcept;
+
+  private:
+    void* buf_ = nullptr;
+    std::size_t len_ = 0;
+};
+
+}  // namespace talaria::perf

@@ -1,0 +1,358 @@
+// talaria-perf client: builds the measurement list, runs one server per transport, measures the
+// layer and the raw baseline of every spec, prints the table and writes --json.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "app.hpp"
+#include "backend.hpp"
+#include "control.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::perf {
+
+namespace {
+
+constexpr std::size_t kKi = 1024, kMi = 1024 * 1024;
+
+std::vector<std::size_t> default_sizes(Pattern p, std::string_view transport) {
+    switch (p) {
+        case Pattern::pingpong:
+            return {8};
+        case Pattern::blast:
+            return {8, 4 * kKi};
+        case Pattern::put:
+        case Pattern::get:
+            if (transport == "sm") return {1 * kMi, 16 * kMi};
+            return {16 * kMi};
+    }
+    return {8};
+}
+
+Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
+    std::vector<std::string> transports = o.transports;
+    if (transports.empty()) transports = {"sm", "tcp"};
+    std::vector<Pattern> patterns;
+    for (const auto& p : o.patterns) {
+        TALARIA_TRY(v, parse_pattern(p));
+        patterns.push_back(v);
+    }
+    if (patterns.empty())
+        patterns = {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get};
+    std::vector<Mode> modes;
+    for (const auto& m : o.modes) {
+        TALARIA_TRY(v, parse_mode(m));
+        modes.push_back(v);
+    }
+    if (modes.empty()) modes = {Mode::busy, Mode::block};
+    std::vector<std::size_t> sizes;
+    for (const auto& s : o.sizes) {
+        TALARIA_TRY(v, parse_size(s));
+        if (v == 0)
+            return Error(Errc::invalid_argument,
+                         "--size 0: sizes start at 1 byte (a raw TCP baseline cannot wait for "
+                         "0 bytes, and put/get of nothing moves nothing)");
+        sizes.push_back(v);
+    }
+    std::vector<Spec> specs;
+    for (const auto& t : transports) {
+        if (t != "sm" && t != "tcp")
+            return Error(Errc::invalid_argument,
+                         fmt::format("transport '{}': talaria-perf measures sm and tcp", t));
+        for (Pattern p : patterns)
+            for (std::size_t size : sizes.empty() ? default_sizes(p, t) : sizes)
+                for (Mode m : modes) {
+                    Spec s;
+                    s.layer = o.layer;
+                    s.transport = t;
+                    s.pattern = p;
+                    s.mode = m;
+                    s.size = size;
+                    s.inflight = p == Pattern::pingpong ? 1
+                                 : p == Pattern::blast  ? std::max(1u, o.inflight)
+                                                        : std::max(1u, o.rma_inflight);
+                    specs.push_back(s);
+                }
+    }
+    return specs;
+}
+
+/// key=value fields of the server's ready line; "error" takes the rest of the line.
+std::map<std::string, std::string> parse_ready_line(const std::string& line) {
+    std::map<std::string, std::string> kv;
+    std::size_t pos = 0;
+    while (pos < line.size()) {
+        std::size_t end = line.find(' ', pos);
+        if (end == std::string::npos) end = line.size();
+        std::string field = line.substr(pos, end - pos);
+        auto eq = field.find('=');
+        if (eq != std::string::npos) {
+            std::string key = field.substr(0, eq);
+            if (key == "error") {
+                kv[key] = line.substr(pos + eq + 1);
+                break;
+            }
+            kv[key] = field.substr(eq + 1);
+        }
+        pos = end + 1;
+    }
+    return kv;
+}
+
+bool session_breaking(Errc e) {
+    return e == Errc::timeout || e == Errc::disconnected || e == Errc::protocol_error ||
+           e == Errc::io_error;
+}
+
+struct Placement {
+    int client = -1;
+    int server = -1;
+};
+
+Placement place(const ClientOptions& o) {
+    Placement p;
+    auto cpus = allowed_cpus();
+    // With --connect the server was placed by whoever started it: pin nothing by default.
+    if (cpus.size() >= 2 && o.connect.empty()) {
+        p.client = cpus[0];
+        p.server = cpus[1];
+    }
+    if (o.client_cpu != -2) p.client = o.client_cpu;
+    if (o.server_cpu != -2) p.server = o.server_cpu;
+    return p;
+}
+
+/// Everything measured against one server (one transport).
+class TransportRun {
+  public:
+    TransportRun(const ClientOptions& o, std::string transport, Placement pl)
+        : o_(o), transport_(std::move(transport)), pl_(pl) {}
+
+    /// Start or reach the server and open the control connection.
+    Result<void> connect() {
+        std::string ctl = o_.ctl;
+        if (o_.connect.empty()) {
+            std::vector<std::string> args{"serve", o_.layer, "--transport", transport_, "--once"};
+            if (!o_.thread_safe) args.push_back("--single-thread");
+            if (o_.realtime > 0) {
+                args.push_back("--realtime");
+                args.push_back(std::to_string(o_.realtime));
+            }
+            TALARIA_CHECK(proc_.start(args, pl_.server));
+            TALARIA_TRY(line, proc_.read_line(std::chrono::seconds(15)));
+            auto kv = parse_ready_line(line);
+            if (!kv.count("ctl") || !kv.count("address"))
+                return Error(Errc::protocol_error,
+                             fmt::format("unexpected line from the server: '{}'", line));
+            ctl = kv["ctl"];
+            address_ = kv["address"];
+            if (kv.count("error")) layer_error_ = kv["error"];
+        } else {
+            address_ = o_.connect;
+            if (ctl.empty()) {
+                if (transport_ != "tcp")
+                    return Error(Errc::invalid_argument,
+                                 "--connect to an sm server needs --ctl HOST:PORT (the ctl= "
+                                 "field the server printed)");
+                TALARIA_TRY(hp, host_port_of_url(o_.connect));
+                ctl = fmt::format(
+                    "{}:{}", hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host,
+                    hp.port + 1);
+            }
+        }
+        TALARIA_TRY(hp, parse_host_port(ctl));
+        TALARIA_TRY(fd, tcp_connect(hp, std::chrono::seconds(10)));
+        fd_ = std::move(fd);
+        TALARIA_CHECK(tune_socket(fd_.get(), kPeerTimeout));
+        CtlRequest hello;
+        hello.cmd = uint32_t(Cmd::hello);
+        TALARIA_TRY(reply, ctl_call(fd_.get(), hello));
+        TALARIA_LOG(perf, info, "connected to server: {}",
+                    fixed_text(reply.text, sizeof reply.text));
+        TALARIA_TRY(b, make_baseline(transport_, fd_.get(), o_.baseline));
+        baseline_ = std::move(b);
+        if (layer_error_.empty()) {
+            const Layer* layer = find_layer(o_.layer);
+            LayerOptions lo;
+            lo.thread_safe = o_.thread_safe;
+            lo.url = o_.url;
+            if (lo.url.empty() && transport_ == "tcp" && !o_.connect.empty()) {
+                auto shp = host_port_of_url(o_.connect);
+                bool loop = shp && (shp->host == "127.0.0.1" || shp->host == "localhost" ||
+                                    shp->host == "::1");
+                lo.url = loop ? "tcp://127.0.0.1:0" : "tcp://0.0.0.0:0";
+            }
+            if (auto c = layer->make_client(transport_, address_, fd_.get(), lo); c)
+                client_ = std::move(*c);
+            else
+                layer_error_ = c.error().describe();
+        }
+        return ok();
+    }
+
+    void measure_spec(const Spec& s, Record& rec) {
+        rec.thread_safe = o_.thread_safe;
+        if (!broken_.empty()) {
+            rec.error = broken_;
+            return;
+        }
+        rec.baseline_name = baseline_->describe(s);
+        if (!client_) {
+            // The baseline alone, so the table still shows what the hardware gives.
+            auto b = measure(*baseline_, s, o_.repeat);
+            if (b) rec.baseline = *b;
+            rec.error =
+                fmt::format("{} over {} unavailable: {}", o_.layer, transport_, layer_error_);
+            if (!b) {
+                rec.error += "; baseline: " + b.error().describe();
+                if (session_breaking(b.code())) broken_ = "session lost: " + rec.error;
+            }
+            return;
+        }
+        if (o_.no_baseline) {
+            rec.baseline_name = "(skipped)";
+            auto v = measure(*client_, s, o_.repeat);
+            if (v)
+                rec.value = *v;
+            else {
+                rec.error = v.error().describe();
+                if (session_breaking(v.code())) broken_ = "session lost: " + rec.error;
+            }
+            return;
+        }
+        auto pr = measure_pair(*baseline_, *client_, s, o_.repeat);
+        if (pr.baseline) rec.baseline = *pr.baseline;
+        if (pr.value) rec.value = *pr.value;
+        rec.skipped = !pr.value && pr.value.code() == Errc::message_too_large;
+        std::vector<std::string> errs;
+        if (!pr.value) errs.push_back(pr.value.error().describe());
+        if (!pr.baseline) errs.push_back("baseline: " + pr.baseline.error().describe());
+        for (const auto& e : errs)
+            rec.error += (rec.error.empty() ? "" : "; ") + e;
+        if ((!pr.value && session_breaking(pr.value.code())) ||
+            (!pr.baseline && session_breaking(pr.baseline.code())))
+            broken_ = "session lost: " + rec.error;
+    }
+
+    void close() {
+        client_.reset();  // before the server goes away
+        if (fd_.valid() && broken_.empty()) {
+            CtlRequest q;
+            q.cmd = uint32_t(Cmd::quit);
+            (void)ctl_call(fd_.get(), q);
+        }
+        fd_ = Fd();
+        proc_.stop(std::chrono::seconds(2));
+    }
+
+    ~TransportRun() { close(); }
+
+  private:
+    const ClientOptions& o_;
+    std::string transport_;
+    Placement pl_;
+    ServerProcess proc_;
+    Fd fd_;
+    std::string address_;
+    std::string layer_error_;
+    std::string broken_;
+    std::unique_ptr<Runner> baseline_;
+    std::unique_ptr<Runner> client_;
+};
+
+}  // namespace
+
+int run_client(const ClientOptions& o) {
+    if (!find_layer(o.layer)) {
+        fmt::print(stderr, "talaria-perf: unknown layer '{}'\n", o.layer);
+        return 2;
+    }
+    auto specs = build_specs(o);
+    if (!specs) {
+        fmt::print(stderr, "talaria-perf: {}\n", specs.error().describe());
+        return 2;
+    }
+    if (!o.connect.empty()) {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < specs->size(); ++i)
+            if (i == 0 || (*specs)[i].transport != (*specs)[i - 1].transport) ++n;
+        if (n != 1) {
+            fmt::print(stderr, "talaria-perf: --connect needs exactly one --transport\n");
+            return 2;
+        }
+    }
+    std::size_t ncpu = allowed_cpus().size();  // before we pin ourselves to one
+    Placement pl = place(o);
+    if (pl.client >= 0) {
+        if (auto p = pin_to_cpu(pl.client); !p)
+            fmt::print(stderr, "talaria-perf: {}\n", p.error().describe());
+    }
+    if (o.realtime > 0) {
+        if (auto p = set_realtime(o.realtime); !p)
+            fmt::print(stderr, "talaria-perf: {}\n", p.error().describe());
+    }
+    fmt::print(
+        "# {}\n# client CPU {}, server CPU {}; {} repetitions of ~{} ms each; "
+        "thread_safe={}{}\n",
+        o.command_line, pl.client, o.connect.empty() ? std::to_string(pl.server) : "remote",
+        o.repeat.reps,
+        std::chrono::duration_cast<std::chrono::milliseconds>(o.repeat.rep_time).count(),
+        o.thread_safe, o.realtime > 0 ? fmt::format("; SCHED_FIFO priority {}", o.realtime) : "");
+    double load = load_average();
+    if (load > double(ncpu) - 1.5 && o.realtime == 0)
+        fmt::print(
+            "# load average {:.1f} on {} CPUs: other work competes for the CPUs; busy-poll "
+            "numbers (both processes spinning) suffer most. Ratios compare interleaved "
+            "repetitions, so they hold up better than absolute numbers.\n",
+            load, ncpu);
+    std::fflush(stdout);
+
+    std::vector<Record> records;
+    std::size_t i = 0;
+    auto t0 = Clock::now();
+    while (i < specs->size()) {
+        std::string transport = (*specs)[i].transport;
+        std::size_t end = i;
+        while (end < specs->size() && (*specs)[end].transport == transport)
+            ++end;
+        TransportRun run(o, transport, pl);
+        auto c = run.connect();
+        for (; i < end; ++i) {
+            Record rec;
+            rec.spec = (*specs)[i];
+            rec.load_avg = load_average();
+            if (!c)
+                rec.error = fmt::format("server for {}: {}", transport, c.error().describe());
+            else
+                run.measure_spec(rec.spec, rec);
+            fmt::print(stderr, "  {} {} {} {} {}: {}\n", transport, pattern_name(rec.spec.pattern),
+                       mode_name(rec.spec.mode), size_label(rec.spec.size),
+                       rec.value     ? "done"
+                       : rec.skipped ? "skipped"
+                                     : "failed",
+                       rec.error.empty() ? "ok" : rec.error);
+            records.push_back(std::move(rec));
+        }
+    }
+    auto secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    fmt::print("{}", format_table(records));
+    fmt::print("# {} measurements in {:.1f} s; load average {:.1f} at the end\n", records.size(),
+               secs, load_average());
+    if (!o.json_path.empty()) {
+        std::ofstream f(o.json_path);
+        f << format_json(records);
+        if (!f) {
+            fmt::print(stderr, "talaria-perf: cannot write {}\n", o.json_path);
+            return 1;
+        }
+    }
+    for (const auto& r : records)
+        if ((!r.value && !r.skipped) || (!o.no_baseline && !r.baseline)) return 1;
+    return 0;
+}
+
+}  // namespace talaria::perf

@@ -1,0 +1,378 @@
+// talaria-perf: names, measurement (calibrate, repeat, median/min/max), table and JSON.
+#include "driver.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace talaria::perf {
+
+std::string_view pattern_name(Pattern p) noexcept {
+    switch (p) {
+        case Pattern::pingpong:
+            return "pingpong";
+        case Pattern::blast:
+            return "blast";
+        case Pattern::put:
+            return "put";
+        case Pattern::get:
+            return "get";
+    }
+    return "?";
+}
+
+std::string_view mode_name(Mode m) noexcept {
+    return m == Mode::busy ? "busy" : "block";
+}
+
+Result<Pattern> parse_pattern(std::string_view s) {
+    for (Pattern p : {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get})
+        if (pattern_name(p) == s) return p;
+    return Error(Errc::invalid_argument,
+                 fmt::format("unknown pattern '{}' (have: pingpong, blast, put, get)", s));
+}
+
+Result<Mode> parse_mode(std::string_view s) {
+    if (s == "busy") return Mode::busy;
+    if (s == "block") return Mode::block;
+    return Error(Errc::invalid_argument, fmt::format("unknown mode '{}' (have: busy, block)", s));
+}
+
+Result<std::size_t> parse_size(std::string_view s) {
+    uint64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || p == s.data())
+        return Error(Errc::invalid_argument, fmt::format("'{}' is not a size (e.g. 8, 4K, 1M)", s));
+    std::string_view suffix(p, static_cast<std::size_t>(s.data() + s.size() - p));
+    uint64_t mult = 1;
+    if (suffix.empty() || suffix == "B") {
+    } else if (suffix == "K" || suffix == "k" || suffix == "KiB" || suffix == "KB") {
+        mult = 1ull << 10;
+    } else if (suffix == "M" || suffix == "MiB" || suffix == "MB") {
+        mult = 1ull << 20;
+    } else if (suffix == "G" || suffix == "GiB" || suffix == "GB") {
+        mult = 1ull << 30;
+    } else {
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("'{}': unknown size suffix '{}' (K, M, G: powers of 1024)", s, suffix));
+    }
+    if (v > (uint64_t(1) << 30) / mult)
+        return Error(Errc::invalid_argument, fmt::format("size '{}' is above 1 GiB", s));
+    return static_cast<std::size_t>(v * mult);
+}
+
+std::string size_label(std::size_t b) {
+    if (b >= (1u << 20) && b % (1u << 20) == 0) return fmt::format("{}Mi", b >> 20);
+    if (b >= (1u << 10) && b % (1u << 10) == 0) return fmt::format("{}Ki", b >> 10);
+    return fmt::format("{}", b);
+}
+
+std::string_view unit_name(Unit u) noexcept {
+    switch (u) {
+        case Unit::us:
+            return "us";
+        case Unit::ops_per_s:
+            return "ops/s";
+        case Unit::gb_per_s:
+            return "GB/s";
+    }
+    return "?";
+}
+
+Unit unit_of(Pattern p) noexcept {
+    switch (p) {
+        case Pattern::pingpong:
+            return Unit::us;
+        case Pattern::blast:
+            return Unit::ops_per_s;
+        case Pattern::put:
+        case Pattern::get:
+            return Unit::gb_per_s;
+    }
+    return Unit::us;
+}
+
+double to_unit(const Spec& s, uint64_t iters, Duration elapsed) noexcept {
+    double secs = std::max(1e-9, std::chrono::duration<double>(elapsed).count());
+    switch (unit_of(s.pattern)) {
+        case Unit::us:
+            return secs * 1e6 / double(iters);
+        case Unit::ops_per_s:
+            return double(iters) / secs;
+        case Unit::gb_per_s:
+            return double(iters) * double(s.size) / secs / 1e9;
+    }
+    return 0;
+}
+
+namespace {
+
+/// Iterations per repetition: fixed, or grown until a run takes an eighth of the target and
+/// scaled up. The calibration runs (or a short run when fixed) double as the warm-up.
+Result<uint64_t> calibrate(Runner& r, const Spec& s, const RepeatOptions& opt) {
+    if (opt.fixed_iters) {
+        TALARIA_TRY(d, r.run(s, std::min<uint64_t>(opt.fixed_iters, 1000)));
+        (void)d;
+        return opt.fixed_iters;
+    }
+    auto target = std::chrono::duration<double>(opt.rep_time).count();
+    for (uint64_t n = 1;;) {
+        TALARIA_TRY(d, r.run(s, n));
+        double secs = std::chrono::duration<double>(d).count();
+        if (secs >= target / 8 || n >= opt.max_iters) {
+            double per = secs / double(n);
+            auto iters = static_cast<uint64_t>(std::ceil(target / std::max(per, 1e-9)));
+            return std::clamp<uint64_t>(iters, 1, opt.max_iters);
+        }
+        n = std::min<uint64_t>(opt.max_iters, secs < target / 100 ? n * 10 : n * 2);
+    }
+}
+
+Stats summarize(std::vector<double> v, uint64_t iters) {
+    std::sort(v.begin(), v.end());
+    Stats st;
+    std::size_t n = v.size();
+    st.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    st.min = v.front();
+    st.max = v.back();
+    st.iters = iters;
+    st.reps = static_cast<unsigned>(n);
+    return st;
+}
+
+}  // namespace
+
+Result<Stats> measure(Runner& r, const Spec& s, const RepeatOptions& opt) {
+    TALARIA_CHECK(r.prepare(s));
+    auto body = [&]() -> Result<Stats> {
+        TALARIA_TRY(iters, calibrate(r, s, opt));
+        std::vector<double> v;
+        for (unsigned i = 0; i < std::max(1u, opt.reps); ++i) {
+            TALARIA_TRY(d, r.run(s, iters));
+            v.push_back(to_unit(s, iters, d));
+        }
+        return summarize(std::move(v), iters);
+    };
+    auto result = body();
+    auto f = r.finish(s);
+    if (!result) return result;
+    if (!f) return std::move(f).error();
+    return result;
+}
+
+PairResult measure_pair(Runner& base, Runner& layer, const Spec& s, const RepeatOptions& opt) {
+    PairResult out;
+    // Each side: prepared? calibrated iterations, samples, first error.
+    struct Side {
+        Runner& r;
+        bool prepared = false;
+        bool ok = false;
+        uint64_t iters = 0;
+        std::vector<double> v;
+        Error err{Errc::internal, "not measured"};
+        void fail(Error e) {
+            ok = false;
+            err = std::move(e);
+        }
+    };
+    Side b{base}, l{layer};
+    if (auto p = base.prepare(s); !p) {
+        b.fail(std::move(p).error());
+    } else {
+        b.prepared = b.ok = true;
+        if (auto c = calibrate(base, s, opt); c)
+            b.iters = *c;
+        else
+            b.fail(std::move(c).error());
+    }
+    if (auto p = layer.prepare(s); !p) {
+        l.fail(std::move(p).error());
+    } else {
+        l.prepared = l.ok = true;
+        if (auto c = calibrate(layer, s, opt); c)
+            l.iters = *c;
+        else
+            l.fail(std::move(c).error());
+        if (l.ok)
+            if (auto sp = layer.suspend(s); !sp) l.fail(std::move(sp).error());
+    }
+    for (unsigned i = 0; i < std::max(1u, opt.reps) && (b.ok || l.ok); ++i) {
+        if (b.ok) {
+            if (auto d = base.run(s, b.iters); d)
+                b.v.push_back(to_unit(s, b.iters, *d));
+            else
+                b.fail(std::move(d).error());
+        }
+        if (l.ok) {
+            auto rep = [&]() -> Result<void> {
+                TALARIA_CHECK(layer.resume(s));
+                TALARIA_TRY(d, layer.run(s, l.iters));
+                l.v.push_back(to_unit(s, l.iters, d));
+                return layer.suspend(s);
+            }();
+            if (!rep) l.fail(std::move(rep).error());
+        }
+    }
+    if (l.prepared)
+        if (auto f = layer.finish(s); !f && l.ok) l.fail(std::move(f).error());
+    if (b.prepared)
+        if (auto f = base.finish(s); !f && b.ok) b.fail(std::move(f).error());
+    if (b.ok)
+        out.baseline = summarize(std::move(b.v), b.iters);
+    else
+        out.baseline = std::move(b.err);
+    if (l.ok)
+        out.value = summarize(std::move(l.v), l.iters);
+    else
+        out.value = std::move(l.err);
+    return out;
+}
+
+double load_average() noexcept {
+    double v = -1;
+    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+        if (std::fscanf(f, "%lf", &v) != 1) v = -1;
+        std::fclose(f);
+    }
+    return v;
+}
+
+double Record::ratio() const noexcept {
+    if (!value || !baseline || baseline->median == 0) return NAN;
+    return value->median / baseline->median;
+}
+
+double Record::best_ratio() const noexcept {
+    if (!value || !baseline) return NAN;
+    bool latency = unit_of(spec.pattern) == Unit::us;
+    double b = latency ? baseline->min : baseline->max;
+    double v = latency ? value->min : value->max;
+    return b == 0 ? NAN : v / b;
+}
+
+std::optional<std::pair<bool, double>> Record::goal() const noexcept {
+    // The goals of the issue, against the same run's raw baseline.
+    if (spec.layer != "na") return std::nullopt;
+    if (spec.pattern == Pattern::pingpong && spec.mode == Mode::busy && spec.size == 8) {
+        if (spec.transport == "sm") return std::pair{true, 1.5};
+        if (spec.transport == "tcp") return std::pair{true, 1.2};
+    }
+    if (spec.pattern == Pattern::put || spec.pattern == Pattern::get) {
+        if (spec.transport == "sm" && (spec.size == (1u << 20) || spec.size == (16u << 20)))
+            return std::pair{false, 0.85};
+        if (spec.transport == "tcp" && spec.size == (16u << 20)) return std::pair{false, 0.80};
+    }
+    return std::nullopt;
+}
+
+std::optional<bool> Record::goal_met() const noexcept {
+    auto g = goal();
+    double r = ratio();
+    if (!g || std::isnan(r)) return std::nullopt;
+    return g->first ? r <= g->second : r >= g->second;
+}
+
+namespace {
+
+std::string num(double v) {
+    if (std::isnan(v)) return "-";
+    double a = std::fabs(v);
+    if (a >= 1e6) return fmt::format("{:.3g}", v);
+    if (a >= 100) return fmt::format("{:.0f}", v);
+    if (a >= 10) return fmt::format("{:.1f}", v);
+    if (a >= 1) return fmt::format("{:.2f}", v);
+    return fmt::format("{:.3f}", v);
+}
+
+std::string goal_text(const Record& r) {
+    auto g = r.goal();
+    if (!g) return "";
+    auto met = r.goal_met();
+    return fmt::format("{}{}x {}", g->first ? "<=" : ">=", g->second,
+                       !met ? "?" : (*met ? "ok" : "MISSED"));
+}
+
+}  // namespace
+
+std::string format_table(const std::vector<Record>& records) {
+    std::string out = fmt::format(
+        "{:<5} {:<4} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<12} "
+        "{}\n",
+        "layer", "tran", "pattern", "mode", "size", "infl", "unit", "median", "min", "max",
+        "baseline", "ratio", "best", "goal", "baseline is");
+    for (const auto& r : records) {
+        const Spec& s = r.spec;
+        std::string head =
+            fmt::format("{:<5} {:<4} {:<8} {:<5} {:>6} {:>4} {:<5} ", s.layer, s.transport,
+                        pattern_name(s.pattern), mode_name(s.mode), size_label(s.size), s.inflight,
+                        unit_name(unit_of(s.pattern)));
+        if (!r.value) {
+            out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<12} {}: {}\n", "-",
+                                      "-", "-", r.baseline ? num(r.baseline->median) : "-", "-",
+                                      "-", "", r.skipped ? "skipped" : "error", r.error);
+            continue;
+        }
+        out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<12} {}{}\n",
+                                  num(r.value->median), num(r.value->min), num(r.value->max),
+                                  r.baseline ? num(r.baseline->median) : "-", num(r.ratio()),
+                                  num(r.best_ratio()), goal_text(r), r.baseline_name,
+                                  r.error.empty() ? "" : " (error: " + r.error + ")");
+    }
+    return out;
+}
+
+std::string format_json(const std::vector<Record>& records) {
+    auto opt = [](std::optional<double> v) -> nlohmann::json {
+        if (!v || std::isnan(*v)) return nullptr;
+        return *v;
+    };
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : records) {
+        const Spec& s = r.spec;
+        nlohmann::json j;
+        j["layer"] = s.layer;
+        j["transport"] = s.transport;
+        j["pattern"] = pattern_name(s.pattern);
+        j["mode"] = mode_name(s.mode);
+        j["size"] = s.size;
+        j["inflight"] = s.inflight;
+        j["unit"] = unit_name(unit_of(s.pattern));
+        j["median"] = opt(r.value ? std::optional(r.value->median) : std::nullopt);
+        j["min"] = opt(r.value ? std::optional(r.value->min) : std::nullopt);
+        j["max"] = opt(r.value ? std::optional(r.value->max) : std::nullopt);
+        j["baseline"] = opt(r.baseline ? std::optional(r.baseline->median) : std::nullopt);
+        j["baseline_min"] = opt(r.baseline ? std::optional(r.baseline->min) : std::nullopt);
+        j["baseline_max"] = opt(r.baseline ? std::optional(r.baseline->max) : std::nullopt);
+        j["ratio"] = opt(r.ratio());
+        j["best_ratio"] = opt(r.best_ratio());
+        j["baseline_name"] = r.baseline_name;
+        j["iterations"] = r.value ? r.value->iters : 0;
+        j["baseline_iterations"] = r.baseline ? r.baseline->iters : 0;
+        j["reps"] = r.value ? r.value->reps : 0;
+        j["thread_safe"] = r.thread_safe;
+        j["load_avg"] = opt(r.load_avg >= 0 ? std::optional(r.load_avg) : std::nullopt);
+        if (s.pattern == Pattern::blast) {
+            // Message rate is the unit; bandwidth of the same runs alongside.
+            j["bandwidth_GBps"] =
+                opt(r.value ? std::optional(r.value->median * double(s.size) / 1e9) : std::nullopt);
+            j["baseline_bandwidth_GBps"] =
+                opt(r.baseline ? std::optional(r.baseline->median * double(s.size) / 1e9)
+                               : std::nullopt);
+        }
+        if (auto g = r.goal()) {
+            j["goal"] = fmt::format("{}{}", g->first ? "<=" : ">=", g->second);
+            auto met = r.goal_met();
+            j["goal_met"] = met ? nlohmann::json(*met) : nlohmann::json(nullptr);
+        }
+        if (!r.error.empty()) j[r.skipped ? "skipped" : "error"] = r.error;
+        arr.push_back(std::move(j));
+    }
+    return arr.dump(2) + "\n";
+}
+
+}  // namespace talaria::perf

@@ -1,0 +1,124 @@
+// talaria-perf: the driver's shared vocabulary. A Spec names one measurement (layer, transport,
+// pattern, mode, size, inflight); a Runner executes repetitions of specs on the client side. The
+// driver measures every spec twice: with the layer's back end and with the raw baseline of the
+// same transport, in the same run, against the same server process.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "talaria/util/clock.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria::perf {
+
+enum class Pattern : uint8_t { pingpong, blast, put, get };
+enum class Mode : uint8_t { busy, block };
+
+std::string_view pattern_name(Pattern p) noexcept;
+std::string_view mode_name(Mode m) noexcept;
+Result<Pattern> parse_pattern(std::string_view s);
+Result<Mode> parse_mode(std::string_view s);
+/// "8", "4K", "4KiB", "1M", "16MiB", "1G" -> bytes.
+Result<std::size_t> parse_size(std::string_view s);
+/// 8 -> "8", 4096 -> "4Ki", 16777216 -> "16Mi".
+std::string size_label(std::size_t bytes);
+
+/// One measurement.
+struct Spec {
+    std::string layer;      ///< "na" (later "rpc", "bulk")
+    std::string transport;  ///< "sm", "tcp"
+    Pattern pattern = Pattern::pingpong;
+    Mode mode = Mode::busy;
+    std::size_t size = 8;
+    unsigned inflight = 1;
+};
+
+/// What a measurement reports: latency per round trip, message rate, or bandwidth.
+enum class Unit : uint8_t { us, ops_per_s, gb_per_s };
+std::string_view unit_name(Unit u) noexcept;
+Unit unit_of(Pattern p) noexcept;
+/// Convert `iters` operations of a spec taking `elapsed` into the spec's unit.
+double to_unit(const Spec& s, uint64_t iters, Duration elapsed) noexcept;
+
+/// Executes one side of measurements. Both the layer back ends and the raw baselines are
+/// Runners, so the driver calibrates and repeats them the same way.
+class Runner {
+  public:
+    virtual ~Runner() = default;
+    /// Human-readable name of what is measured for `s` ("na", "raw shm spin ping-pong", ...).
+    [[nodiscard]] virtual std::string describe(const Spec& s) const = 0;
+    /// Set-up outside the timed region (register memory, map shared memory...).
+    virtual Result<void> prepare(const Spec& s) = 0;
+    /// Run `iters` operations of `s`; returns the time they took.
+    virtual Result<Duration> run(const Spec& s, uint64_t iters) = 0;
+    /// Undo prepare().
+    virtual Result<void> finish(const Spec& s) = 0;
+    /// Around each repetition when interleaved with a baseline that shares the server: step
+    /// aside (e.g. end the server's layer phase) and come back. Prepared state is kept.
+    virtual Result<void> suspend(const Spec&) { return ok(); }
+    virtual Result<void> resume(const Spec&) { return ok(); }
+};
+
+struct Stats {
+    double median = 0;
+    double min = 0;
+    double max = 0;
+    uint64_t iters = 0;  ///< per repetition
+    unsigned reps = 0;
+};
+
+/// How many repetitions, and how long each should take.
+struct RepeatOptions {
+    unsigned reps = 11;
+    Duration rep_time = std::chrono::milliseconds(40);
+    uint64_t fixed_iters = 0;  ///< 0: calibrate to rep_time
+    uint64_t max_iters = 2'000'000;
+};
+
+/// Calibrate (unless fixed), warm up, then run `opt.reps` repetitions of `s` on `r`.
+Result<Stats> measure(Runner& r, const Spec& s, const RepeatOptions& opt);
+
+/// Measure `s` on the baseline and on the layer with their repetitions interleaved
+/// (baseline, layer, baseline, layer...), so that both see the same machine: on a shared
+/// host the ratio is then far steadier than either number.
+struct PairResult {
+    Result<Stats> baseline = Error(Errc::internal, "not measured");
+    Result<Stats> value = Error(Errc::internal, "not measured");
+};
+PairResult measure_pair(Runner& baseline, Runner& layer, const Spec& s, const RepeatOptions& opt);
+
+/// One line of the report.
+struct Record {
+    Spec spec;
+    std::string baseline_name;
+    std::optional<Stats> value;
+    std::optional<Stats> baseline;
+    std::string error;     ///< non-empty when the measurement or its baseline failed
+    bool skipped = false;  ///< the layer cannot run this spec (e.g. message size over its max)
+    bool thread_safe = true;
+    double load_avg = -1;  ///< 1-minute load average when the measurement started
+
+    [[nodiscard]] double ratio() const noexcept;
+    /// Best against best (min/min for latency, max/max for rates): on a busy host the least
+    /// disturbed repetitions, a steadier view than the medians.
+    [[nodiscard]] double best_ratio() const noexcept;
+    /// The goal for this spec, if it has one: "<=1.5x" or ">=0.85x".
+    [[nodiscard]] std::optional<std::pair<bool, double>> goal() const noexcept;  // {at_most, bound}
+    [[nodiscard]] std::optional<bool> goal_met() const noexcept;
+};
+
+/// The 1-minute load average (/proc/loadavg), or -1.
+double load_average() noexcept;
+
+/// The readable table.
+std::string format_table(const std::vector<Record>& records);
+/// The --json array.
+std::string format_json(const std::vector<Record>& records);
+
+}  // namespace talaria::perf

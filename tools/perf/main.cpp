@@ -1,0 +1,145 @@
+// talaria-perf: command line.
+//   talaria-perf                                   the default set on sm and tcp (< 1 minute)
+//   talaria-perf na --transport sm,tcp [options]   measure the na layer (starts its own server)
+//   talaria-perf serve na --transport tcp --listen tcp://0.0.0.0:5000
+//   talaria-perf na --transport tcp --connect tcp://10.0.0.2:5000 [--ctl 10.0.0.2:5001]
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "app.hpp"
+#include "backend.hpp"
+#include "talaria/util/log.hpp"
+
+int main(int argc, char** argv) {
+    using namespace talaria::perf;
+    CLI::App app{
+        "talaria-perf: Talaria benchmarks with raw baselines measured in the same run.\n"
+        "Without arguments: the default set on sm and tcp, against a server it starts itself."};
+    app.require_subcommand(0, 1);
+
+    ClientOptions c;
+    for (int i = 0; i < argc; ++i)
+        c.command_line += (i ? " " : "") + std::string(argv[i]);
+    std::string log_spec;
+    unsigned rep_ms = 40;
+    std::string pvm_iov = "0";
+
+    // Client options live on the top-level app; each layer subcommand falls through to them.
+    app.add_option("--transport,-t", c.transports, "Transports to measure (sm, tcp)")
+        ->delimiter(',');
+    app.add_option("--pattern,-p", c.patterns, "pingpong, blast, put, get (default: all)")
+        ->delimiter(',');
+    app.add_option("--mode,-m", c.modes, "busy (progress(0) loop), block (long progress timeout)")
+        ->delimiter(',');
+    app.add_option("--size,-s", c.sizes,
+                   "Sizes, e.g. 8,4K,1M,16M (default: 8 pingpong; 8,4K blast; put/get 1M,16M on "
+                   "sm, 16M on tcp)")
+        ->delimiter(',');
+    app.add_option("--inflight,-n", c.inflight, "Messages in flight for blast")
+        ->capture_default_str();
+    app.add_option("--rma-inflight", c.rma_inflight, "Operations in flight for put/get")
+        ->capture_default_str();
+    app.add_option("--reps,-r", c.repeat.reps, "Repetitions of each measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 101u));
+    app.add_option("--iters,-i", c.repeat.fixed_iters,
+                   "Iterations per repetition (default: calibrated to --rep-ms)");
+    app.add_option("--rep-ms", rep_ms, "Target duration of one repetition")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 60000u));
+    app.add_option("--json", c.json_path, "Write the results as a JSON array to this file");
+    app.add_option("--connect", c.connect,
+                   "Measure against a server started separately (its address=), e.g. "
+                   "tcp://10.0.0.2:5000");
+    app.add_option("--ctl", c.ctl,
+                   "That server's control address (its ctl=; default for tcp: host:port+1)");
+    app.add_option("--url", c.url, "Address the client opens its transport with");
+    app.add_option("--client-cpu", c.client_cpu, "Pin the client to this CPU (-1: do not pin)");
+    app.add_option("--server-cpu", c.server_cpu, "Pin the spawned server to this CPU");
+    app.add_option("--pvm-iov", pvm_iov,
+                   "process_vm_* baseline iovec size (0: one iovec per transfer)");
+    unsigned block_spin_us = 30;
+    app.add_option("--block-spin-us", block_spin_us,
+                   "Block-mode shm baselines spin this long before FUTEX_WAIT (0: sleep at once)")
+        ->capture_default_str()
+        ->check(CLI::Range(0u, 1000000u));
+    bool single = false;
+    app.add_flag("--single-thread", single,
+                 "Open transports with thread_safe=false (default: the library default, true)");
+    app.add_option("--realtime", c.realtime,
+                   "Run client and spawned server SCHED_FIFO at this priority, so that other "
+                   "work on a shared host does not preempt busy polling (it starves that work "
+                   "meanwhile: use for short runs)")
+        ->check(CLI::Range(1, 99));
+    app.add_flag("--no-baseline", c.no_baseline,
+                 "Skip the raw baselines (to profile the layer alone)");
+    app.add_option("--log", log_spec, "Log levels, like TALARIA_LOG (e.g. warn,perf=info)");
+
+    std::vector<CLI::App*> layer_cmds;
+    for (const auto& layer : layers()) {
+        auto* sub = app.add_subcommand(std::string(layer.name),
+                                       fmt::format("Measure the {} layer", layer.name));
+        sub->fallthrough();
+        layer_cmds.push_back(sub);
+    }
+
+    ServeOptions s;
+    auto* serve = app.add_subcommand("serve", "Run the server side (prints its addresses)");
+    serve->require_subcommand(1);
+    serve->add_option("--transport,-t", s.transport, "The transport to serve (sm or tcp)")
+        ->required();
+    serve->add_option("--listen", s.listen,
+                      "Address to open the transport with (default sm:// or "
+                      "tcp://127.0.0.1:0)");
+    serve->add_option("--ctl-listen", s.ctl_listen,
+                      "Control address (default: tcp port + 1, or an ephemeral loopback port)");
+    serve->add_option("--cpu", s.cpu, "Pin the server to this CPU");
+    serve->add_flag("--once", s.once, "Exit after one client session");
+    serve->add_option("--realtime", s.realtime, "Run SCHED_FIFO at this priority")
+        ->check(CLI::Range(1, 99));
+    bool serve_single = false;
+    serve->add_flag("--single-thread", serve_single, "Open the transport with thread_safe=false");
+    serve->add_option("--log", log_spec, "Log levels, like TALARIA_LOG");
+    std::vector<CLI::App*> serve_layers;
+    for (const auto& layer : layers()) {
+        auto* sub = serve->add_subcommand(std::string(layer.name),
+                                          fmt::format("Serve the {} layer", layer.name));
+        sub->fallthrough();
+        serve_layers.push_back(sub);
+    }
+
+    CLI11_PARSE(app, argc, argv);
+    std::signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as an error, not a signal
+
+    if (!log_spec.empty()) {
+        if (!talaria::log::configure(log_spec)) {
+            fmt::print(stderr, "talaria-perf: bad --log spec '{}'\n", log_spec);
+            return 2;
+        }
+        ::setenv("TALARIA_LOG", log_spec.c_str(), 1);  // the spawned server inherits it
+    }
+
+    if (serve->parsed()) {
+        for (std::size_t i = 0; i < serve_layers.size(); ++i)
+            if (serve_layers[i]->parsed()) s.layer = serve_layers[i]->get_name();
+        s.thread_safe = !serve_single;
+        return run_serve(s);
+    }
+    for (std::size_t i = 0; i < layer_cmds.size(); ++i)
+        if (layer_cmds[i]->parsed()) c.layer = layer_cmds[i]->get_name();
+    c.thread_safe = !single;
+    c.repeat.rep_time = std::chrono::milliseconds(rep_ms);
+    auto iov = parse_size(pvm_iov);
+    if (!iov) {
+        fmt::print(stderr, "talaria-perf: --pvm-iov: {}\n", iov.error().describe());
+        return 2;
+    }
+    c.baseline.pvm_iov_bytes = *iov;
+    c.baseline.block_spin = std::chrono::microseconds(block_spin_us);
+    return run_client(c);
+}
