@@ -29,8 +29,8 @@ inline bool deadline_passed(TimePoint deadline) noexcept {
     return Clock::now() >= deadline;
 }
 
-/// A deadline `timeout` from now; a negative timeout means "never", zero means kPollOnce. Saturates (a huge
-/// timeout such as Duration::max() means "never" too, instead of wrapping into the past).
+/// A deadline `timeout` from now; a negative timeout means "never", zero means kPollOnce. Saturates
+/// (a huge timeout such as Duration::max() means "never" too, instead of wrapping into the past).
 inline TimePoint deadline_after(Duration timeout) noexcept {
     if (timeout < Duration::zero()) return TimePoint::max();
     if (timeout == Duration::zero()) return kPollOnce;
