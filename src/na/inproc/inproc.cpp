@@ -21,7 +21,7 @@ namespace inproc {
 
 namespace {
 
-// Serialized forms (see docs/protocol-inproc.md). Little-endian.
+// Serialized forms (see docs/protocol.md (inproc)). Little-endian.
 constexpr uint8_t kAddrMagic[3] = {'T', 'I', 'A'};
 constexpr uint8_t kMemMagic[3] = {'T', 'I', 'M'};
 constexpr uint8_t kVersion = 1;

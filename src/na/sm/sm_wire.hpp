@@ -1,7 +1,7 @@
 // The sm transport's bytes: the shared segment and ring layout, the ring slot header, the
 // handshake messages on the UNIX socket, and the serialized address and memory handle. Every
 // decoder here is pure (bytes in, value or rejection out) so that fuzz_sm_header can drive it;
-// everything that comes from a peer goes through one of them before use. docs/protocol-sm.md
+// everything that comes from a peer goes through one of them before use. docs/protocol.md (sm)
 // describes the same layout for humans.
 #pragma once
 

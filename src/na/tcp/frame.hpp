@@ -1,4 +1,4 @@
-// The tcp transport's wire format (docs/protocol-tcp.md): a fixed 56-byte little-endian frame
+// The tcp transport's wire format (docs/protocol.md (tcp)): a fixed 56-byte little-endian frame
 // header, optionally followed by a payload. Everything here is pure (no I/O, no allocation) so
 // that the fuzz target can drive the decoders with arbitrary bytes.
 #pragma once

@@ -1,7 +1,7 @@
 // The tcp transport: epoll over non-blocking TCP sockets, one listening socket, connections made
 // on first use. Setup (addresses, registration, sockets) is in tcp_setup.cpp; the data path
 // (posting, sending, the receive state machine, progress) in tcp_io.cpp. Wire format: frame.hpp
-// and docs/protocol-tcp.md.
+// and docs/protocol.md (tcp).
 #pragma once
 
 #include <sys/uio.h>

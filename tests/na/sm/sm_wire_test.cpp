@@ -19,7 +19,7 @@ TEST(SmWire, LayoutConstants) {
     EXPECT_EQ(kSlotsOffset[1], kSlotsOffset[0] + kRingBytes);
     EXPECT_GE(kSegmentSize, kSlotsOffset[1] + kRingBytes);
     EXPECT_EQ(kSegmentSize % 4096, 0u);
-    // The numbers docs/protocol-sm.md gives.
+    // The numbers docs/protocol.md (sm) gives.
     EXPECT_EQ(kSlotSize, 4160u);
     EXPECT_EQ(kRingCtlOffset[0], 64u);
     EXPECT_EQ(kRingCtlOffset[1], 256u);
