@@ -51,6 +51,32 @@ TEST(ObjectPool, CapacityAndExhaustion) {
     EXPECT_EQ(pool.in_use(), 0u);
 }
 
+TEST(ObjectPool, AcquireDefaultRunsMemberInitializers) {
+    struct WithInit {
+        int a = 7;
+        std::string s = "init";
+        uint64_t raw;  // left indeterminate by acquire_default(): never read here
+    };
+    ObjectPool<WithInit> pool(2);
+    WithInit* x = pool.acquire_default();
+    ASSERT_NE(x, nullptr);
+    EXPECT_EQ(x->a, 7);
+    EXPECT_EQ(x->s, "init");
+    x->a = 1;
+    x->s = "dirty";
+    WithInit* y = pool.acquire_default();
+    ASSERT_NE(y, nullptr);
+    EXPECT_EQ(pool.acquire_default(), nullptr) << "exhausted pool must report back-pressure";
+    pool.release(x);
+    WithInit* z = pool.acquire_default();
+    EXPECT_EQ(z, x) << "the freed slot is reused";
+    EXPECT_EQ(z->a, 7) << "a reused slot is initialized afresh";
+    EXPECT_EQ(z->s, "init");
+    pool.release(y);
+    pool.release(z);
+    EXPECT_EQ(pool.in_use(), 0u);
+}
+
 TEST(ObjectPool, ZeroCapacity) {
     ObjectPool<int> pool(0);
     EXPECT_EQ(pool.acquire(1), nullptr);

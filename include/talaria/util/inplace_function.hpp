@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -31,10 +32,14 @@ class InplaceFunction<R(Args...), Capacity> {
         invoke_ = [](void* s, Args&&... args) -> R {
             return (*static_cast<Fn*>(s))(std::forward<Args>(args)...);
         };
-        manage_ = [](void* dst, void* src) noexcept {
-            if (dst) ::new (dst) Fn(std::move(*static_cast<Fn*>(src)));
-            static_cast<Fn*>(src)->~Fn();
-        };
+        // Trivially copyable callables (lambdas capturing pointers and integers, the common
+        // case on the fast path) move by copying the buffer: no indirect call, nothing to
+        // destroy.
+        if constexpr (!(std::is_trivially_copyable_v<Fn> && std::is_trivially_destructible_v<Fn>))
+            manage_ = [](void* dst, void* src) noexcept {
+                if (dst) ::new (dst) Fn(std::move(*static_cast<Fn*>(src)));
+                static_cast<Fn*>(src)->~Fn();
+            };
     }
 
     InplaceFunction(InplaceFunction&& o) noexcept { move_from(o); }
@@ -61,13 +66,15 @@ class InplaceFunction<R(Args...), Capacity> {
 
   private:
     void move_from(InplaceFunction& o) noexcept {
-        if (o.manage_) {
+        if (!o.invoke_) return;
+        if (o.manage_)
             o.manage_(&storage_, &o.storage_);
-            invoke_ = o.invoke_;
-            manage_ = o.manage_;
-            o.invoke_ = nullptr;
-            o.manage_ = nullptr;
-        }
+        else
+            std::memcpy(&storage_, &o.storage_, Capacity);
+        invoke_ = o.invoke_;
+        manage_ = o.manage_;
+        o.invoke_ = nullptr;
+        o.manage_ = nullptr;
     }
 
     alignas(std::max_align_t) unsigned char storage_[Capacity];

@@ -40,6 +40,17 @@ class ObjectPool {
         return ::new (static_cast<void*>(s->storage)) T(std::forward<Args>(args)...);
     }
 
+    /// Like acquire() with no arguments, but default-initializes the T (`new T`, not `new T()`):
+    /// a class with member initializers gets exactly those, without first zero-filling the whole
+    /// object; members without initializers are left indeterminate.
+    T* acquire_default() {
+        if (!free_) return nullptr;
+        Slot* s = free_;
+        free_ = s->next;
+        ++in_use_;
+        return ::new (static_cast<void*>(s->storage)) T;
+    }
+
     /// Destroy `p` (from this pool) and return its slot.
     void release(T* p) noexcept {
         assert(owns(p));
