@@ -68,6 +68,24 @@ class AddrImpl {
     virtual ~AddrImpl() = default;
     [[nodiscard]] Transport* transport() const noexcept { return transport_; }
 
+    /// For transports that intern weakly (their table holds raw pointers): take one more
+    /// reference unless the count already dropped to zero, i.e. the address is being destroyed
+    /// (its destructor is about to remove it from the table). Wrap the reference taken with
+    /// Addr::adopt. Call only while the object is known to be allocated (e.g. under the lock
+    /// its destructor must take to leave the table).
+    bool try_ref() noexcept {
+        uint32_t n = refs_.load(std::memory_order_relaxed);
+        while (n != 0)
+            if (refs_.compare_exchange_weak(n, n + 1, std::memory_order_acquire,
+                                            std::memory_order_relaxed))
+                return true;
+        return false;
+    }
+    /// The current reference count (a snapshot: other threads may change it at once).
+    [[nodiscard]] uint32_t ref_count() const noexcept {
+        return refs_.load(std::memory_order_acquire);
+    }
+
   private:
     friend class Addr;
     std::atomic<uint32_t> refs_{0};
@@ -81,6 +99,13 @@ class Addr {
     /// Takes a new reference on `p` (may be nullptr).
     explicit Addr(AddrImpl* p) noexcept : p_(p) {
         if (p_) p_->refs_.fetch_add(1, std::memory_order_relaxed);
+    }
+    /// Wraps a reference the caller already holds (from AddrImpl::try_ref) without taking
+    /// another one: the returned Addr releases it.
+    [[nodiscard]] static Addr adopt(AddrImpl* p) noexcept {
+        Addr a;
+        a.p_ = p;
+        return a;
     }
     Addr(const Addr& o) noexcept : Addr(o.p_) {}
     Addr(Addr&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }

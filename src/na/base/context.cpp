@@ -3,8 +3,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <mutex>
 
 #include "na/base/op.hpp"
 #include "talaria/na/na.hpp"
@@ -12,12 +14,19 @@
 
 namespace talaria::na {
 
+// Cost per completion matters (several per message on a busy-polled round trip), so:
+//  - `mu` is a spin lock (critical sections are a few pointer updates), absent when !thread_safe;
+//  - `ready` (ops on cq) and `waiting` are written only under `mu`, with plain atomic stores:
+//    enqueue() and prepare_block() both run under `mu`, so one of them sees the other's write
+//    (the Dekker handshake that seq_cst read-modify-writes used to carry costs nothing extra);
+//  - trigger() takes the lock once per batch of completions, not once per completion.
 struct Context::Impl {
     explicit Impl(bool thread_safe) : mu(thread_safe) {}
-    MaybeMutex mu;
+    MaybeSpinLock mu;
     IntrusiveList<Op> cq;
-    std::atomic<std::size_t> ready{0};
-    std::atomic<bool> waiting{false};
+    std::atomic<std::size_t> ready{0};  ///< ops on cq (written under mu; read anywhere)
+    std::atomic<std::size_t> batch{0};  ///< ops taken by trigger() whose callbacks have not run
+    std::atomic<bool> waiting{false};   ///< written under mu
     int evfd = -1;
     int wait_epfd = -1;  // epoll over evfd + the transport's progress fd, for wait_fd()
 };
@@ -54,24 +63,65 @@ Result<void> Context::progress(Duration timeout) {
     return transport_->progress(*this, deadline_after(timeout));
 }
 
-unsigned Context::trigger(unsigned max) {
+namespace {
+
+/// Context::trigger() once something is queued (kept out of line: an idle busy-poll loop calls
+/// trigger() between polls, and should pay one load for it). `Im` is Context::Impl.
+template <class Im>
+[[gnu::noinline]] unsigned run_completions(Im& im, unsigned max) {
     unsigned n = 0;
+    IntrusiveList<Op> batch;
+    // If a callback throws, the ops not yet run go back to the front of the queue, in order.
+    struct Restore {
+        Im& im;
+        IntrusiveList<Op>& batch;
+        ~Restore() {
+            if (batch.empty()) return;
+            std::lock_guard g(im.mu);
+            batch.splice_back(im.cq);
+            im.cq.splice_back(batch);
+            im.ready.store(im.cq.size(), std::memory_order_release);
+            im.batch.store(0, std::memory_order_relaxed);
+        }
+    } restore{im, batch};
     while (n < max) {
-        if (impl_->ready.load(std::memory_order_acquire) == 0) break;
-        impl_->mu.lock();
-        Op* op = impl_->cq.pop_front();
-        if (op) impl_->ready.fetch_sub(1, std::memory_order_relaxed);
-        impl_->mu.unlock();
-        if (!op) break;
-        // Move what the callback needs out of the op, give the op back, then call: the callback
-        // may post new operations and reuse the slot.
-        Callback cb = std::move(op->cb);
-        Completion c = std::move(op->completion);
-        op->releaser->release(op);
-        if (cb) cb(c);
-        ++n;
+        if (im.ready.load(std::memory_order_acquire) == 0) break;
+        // Take up to `max - n` completions under one lock (callbacks that complete further
+        // operations add to the queue, and the next round takes those).
+        {
+            std::lock_guard g(im.mu);
+            std::size_t k = std::min<std::size_t>(im.cq.size(), max - n);
+            if (k == 0) break;  // another thread triggered it empty (outside the contract)
+            if (k == im.cq.size()) {
+                batch.splice_back(im.cq);
+            } else {
+                for (std::size_t i = 0; i < k; ++i)
+                    batch.push_back(*im.cq.pop_front());
+            }
+            im.batch.store(k, std::memory_order_relaxed);
+            im.ready.store(im.cq.size(), std::memory_order_relaxed);
+        }
+        while (Op* op = batch.pop_front()) {
+            im.batch.store(batch.size(), std::memory_order_relaxed);
+            // Move what the callback needs out of the op, give the op back, then call: the
+            // callback may post new operations and reuse the slot.
+            Callback cb = std::move(op->cb);
+            Completion c = std::move(op->completion);
+            op->releaser->release(op);
+            if (cb) cb(c);
+            ++n;
+        }
     }
     return n;
+}
+
+}  // namespace
+
+unsigned Context::trigger(unsigned max) {
+    // The busy-poll loop calls this between polls: nothing queued costs one load.
+    if (impl_->ready.load(std::memory_order_acquire) == 0 || max == 0) [[likely]]
+        return 0;
+    return run_completions(*impl_, max);
 }
 
 int Context::wait_fd() const noexcept {
@@ -88,15 +138,20 @@ bool Context::try_wait() {
 }
 
 bool Context::has_completions() const noexcept {
-    return impl_->ready.load(std::memory_order_acquire) != 0;
+    return impl_->ready.load(std::memory_order_acquire) != 0 ||
+           impl_->batch.load(std::memory_order_relaxed) != 0;
 }
 
 void Context::enqueue(Op* op) noexcept {
-    impl_->mu.lock();
-    impl_->cq.push_back(*op);
-    impl_->ready.fetch_add(1, std::memory_order_seq_cst);
-    impl_->mu.unlock();
-    if (impl_->waiting.load(std::memory_order_seq_cst)) {
+    Impl& im = *impl_;
+    bool wake;
+    {
+        std::lock_guard g(im.mu);
+        im.cq.push_back(*op);
+        im.ready.store(im.cq.size(), std::memory_order_release);
+        wake = im.waiting.load(std::memory_order_relaxed);
+    }
+    if (wake) [[unlikely]] {
         uint64_t one = 1;
         [[maybe_unused]] ssize_t r = ::write(impl_->evfd, &one, sizeof one);
     }
@@ -113,15 +168,17 @@ void Context::drain_event_fd() noexcept {
 }
 
 bool Context::prepare_block() noexcept {
-    impl_->waiting.store(true, std::memory_order_seq_cst);
-    if (impl_->ready.load(std::memory_order_seq_cst) != 0) {
-        impl_->waiting.store(false, std::memory_order_relaxed);
-        return false;
-    }
+    // Under the lock enqueue() holds: either it ran first (we see its completion) or it runs
+    // after us (it sees `waiting` and signals the eventfd).
+    Impl& im = *impl_;
+    std::lock_guard g(im.mu);
+    if (im.ready.load(std::memory_order_relaxed) != 0) return false;
+    im.waiting.store(true, std::memory_order_relaxed);
     return true;
 }
 
 void Context::end_block() noexcept {
+    std::lock_guard g(impl_->mu);
     impl_->waiting.store(false, std::memory_order_relaxed);
 }
 

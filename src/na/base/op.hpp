@@ -2,6 +2,9 @@
 // posted operation; transports derive their own op type from it and allocate from an OpPool.
 #pragma once
 
+#include <sched.h>
+
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -50,25 +53,83 @@ class MaybeMutex {
     bool enabled_;
 };
 
+/// A spin lock that locks only when enabled, for critical sections of a few dozen instructions
+/// that never block (completion queues, op pools, ring bookkeeping). Uncontended, lock() is one
+/// atomic exchange and unlock() a plain release store: half the atomic read-modify-writes of a
+/// std::mutex pair, which matters on a path taken several times per message. A waiter spins
+/// briefly, then yields its CPU, so a holder preempted on a loaded machine still gets to run.
+class MaybeSpinLock {
+  public:
+    explicit MaybeSpinLock(bool enabled) noexcept : enabled_(enabled) {}
+    MaybeSpinLock(const MaybeSpinLock&) = delete;
+    MaybeSpinLock& operator=(const MaybeSpinLock&) = delete;
+    void lock() noexcept {
+        if (!enabled_) return;
+        if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]]
+            return;
+        lock_contended();
+    }
+    void unlock() noexcept {
+        if (enabled_) locked_.store(false, std::memory_order_release);
+    }
+    bool try_lock() noexcept {
+        if (!enabled_) return true;
+        return !locked_.load(std::memory_order_relaxed) &&
+               !locked_.exchange(true, std::memory_order_acquire);
+    }
+    [[nodiscard]] bool enabled() const noexcept { return enabled_; }
+
+  private:
+    void lock_contended() noexcept {
+        for (unsigned spins = 0;; ++spins) {
+            // Test before test-and-set: wait on a shared copy of the line, not by bouncing it.
+            while (locked_.load(std::memory_order_relaxed)) {
+                if (++spins < 128) {
+#if defined(__x86_64__) || defined(__i386__)
+                    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+                    asm volatile("yield" ::: "memory");
+#endif
+                } else {
+                    ::sched_yield();
+                }
+            }
+            if (!locked_.exchange(true, std::memory_order_acquire)) return;
+        }
+    }
+
+    std::atomic<bool> locked_{false};
+    bool enabled_;
+};
+
 /// A fixed pool of T (derived from Op). acquire() stamps a fresh generation; release() is
 /// called by Context::trigger() after the callback was moved out. Thread-safe when asked.
+///
+/// A transport that already holds its own lock around every acquire(), lookup() and release()
+/// of its own can pass thread_safe=false and a `releaser`: ops then name `releaser` (which must
+/// take that lock and call release()) instead of the pool, and the pool takes no lock of its own.
 template <class T>
 class OpPool final : public OpReleaser {
   public:
-    OpPool(std::size_t capacity, bool thread_safe) : pool_(capacity), mu_(thread_safe) {}
+    OpPool(std::size_t capacity, bool thread_safe, OpReleaser* releaser = nullptr)
+        : pool_(capacity), mu_(thread_safe), releaser_(releaser ? releaser : this) {}
 
     /// nullptr when max_ops operations are already in flight (report Errc::again).
     T* acquire(Context& ctx, Callback&& cb, OpType type) {
-        std::lock_guard g(mu_);
-        T* op = pool_.acquire();
-        if (!op) return nullptr;
+        T* op;
+        {
+            std::lock_guard g(mu_);
+            // Default-initialized: the member initializers run, without zero-filling the whole
+            // object first.
+            op = pool_.acquire_default();
+            if (!op) return nullptr;
+            op->completion.type = type;
+            op->ctx = &ctx;
+            op->gen = ++gen_;
+            op->releaser = releaser_;
+        }
+        // lookup() never reads the callback: move it in outside the lock.
         op->cb = std::move(cb);
-        op->completion = Completion{};
-        op->completion.type = type;
-        op->ctx = &ctx;
-        op->gen = ++gen_;
-        op->releaser = this;
-        op->completed = false;
         return op;
     }
     void release(Op* op) noexcept override {
@@ -82,7 +143,7 @@ class OpPool final : public OpReleaser {
         if (!op || !pool_.owns(op)) return nullptr;
         // A free slot's storage is overwritten by the free-list link, so compare the
         // generation only for slots in use: gen values are never reused.
-        if (op->releaser != this || op->gen != id.gen || op->completed) return nullptr;
+        if (op->releaser != releaser_ || op->gen != id.gen || op->completed) return nullptr;
         return op;
     }
     [[nodiscard]] std::size_t in_use() noexcept {
@@ -92,7 +153,8 @@ class OpPool final : public OpReleaser {
 
   private:
     ObjectPool<T> pool_;
-    MaybeMutex mu_;
+    MaybeSpinLock mu_;
+    OpReleaser* releaser_;
     uint64_t gen_ = 0;
 };
 

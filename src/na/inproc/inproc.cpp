@@ -119,7 +119,8 @@ InprocContext::~InprocContext() {
 // --- transport set-up ----------------------------------------------------------------------------
 
 InprocTransport::InprocTransport(std::string name, const Options& o, int epfd, int timerfd)
-    : name_(std::move(name)),
+    : addrs_(o.thread_safe),
+      name_(std::move(name)),
       opts_(o),
       epfd_(epfd),
       timerfd_(timerfd),
@@ -214,12 +215,11 @@ void InprocTransport::context_closing(InprocContext& ctx) noexcept {
 // --- addresses -----------------------------------------------------------------------------------
 
 Addr InprocTransport::intern_locked(std::string_view name) {
-    auto it = addrs_.find(name);
-    if (it != addrs_.end()) return it->second;
-    std::string n(name);
-    Addr a(new InprocAddr(this, n));
-    if (n == name_) a.as<InprocAddr>()->port = port_;
-    addrs_.emplace(std::move(n), a);
+    if (Addr a = addrs_.find(name)) return a;
+    auto* p = new InprocAddr(this, &addrs_, std::string(name));
+    Addr a(p);
+    if (name == name_) p->port = port_;
+    addrs_.add(name, p);
     return a;
 }
 

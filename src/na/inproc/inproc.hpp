@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "na/base/addr_table.hpp"
 #include "na/base/op.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
@@ -47,13 +48,25 @@ struct Port {
 };
 
 /// An interned peer address: the peer's name and its port, resolved at first use.
+///
+/// Interned weakly (see na/base/addr_table.hpp): the endpoint's table holds a raw pointer, and
+/// the address lives while a user Addr, a pending op (InprocOp::peer, a completion's source)
+/// or a queued message (Incoming::source) holds it. Its destructor may run on any thread, also
+/// under the endpoint's lock: it takes only the table's leaf lock to erase its entry.
 class InprocAddr final : public AddrImpl {
   public:
-    InprocAddr(Transport* t, std::string n) : AddrImpl(t), name(std::move(n)) {}
+    InprocAddr(Transport* t, AddrTable* table, std::string n)
+        : AddrImpl(t), name(std::move(n)), table_(table) {}
+    ~InprocAddr() override { table_->remove(name, this); }
+    InprocAddr(const InprocAddr&) = delete;
+    InprocAddr& operator=(const InprocAddr&) = delete;
     const std::string name;
     // Guarded by the owning endpoint's lock.
     std::weak_ptr<Port> port;
     bool resolved_once = false;  ///< a later failure to resolve means disconnected
+
+  private:
+    AddrTable* table_;
 };
 
 /// A registration (local) or a handle deserialized from a peer (remote). The owner checks every
@@ -164,6 +177,8 @@ class InprocTransport final : public Transport {
     [[nodiscard]] Port& port() const noexcept { return *port_; }
     [[nodiscard]] std::shared_ptr<Port> port_shared() const noexcept { return port_; }
     [[nodiscard]] const std::string& endpoint_name() const noexcept { return name_; }
+    /// Interned addresses alive now; for tests and diagnostics.
+    [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     FaultState& faults() noexcept { return faults_; }  ///< under port().mu
 
   private:
@@ -176,12 +191,6 @@ class InprocTransport final : public Transport {
         uint64_t base;
         uint64_t length;
         Access access;
-    };
-    struct StrHash {
-        using is_transparent = void;
-        std::size_t operator()(std::string_view s) const noexcept {
-            return std::hash<std::string_view>{}(s);
-        }
     };
 
     Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
@@ -200,6 +209,8 @@ class InprocTransport final : public Transport {
     void arm_timer_locked() noexcept;
     void run_due_deliveries();
 
+    // First member, so destroyed last: every Addr the members below hold leaves it on the way.
+    AddrTable addrs_;  ///< interned peers, weakly (see InprocAddr); find+add under port_->mu
     const std::string name_;
     const Options opts_;
     const int epfd_;
@@ -213,7 +224,6 @@ class InprocTransport final : public Transport {
     std::deque<Incoming> expected_queued_;
     IntrusiveList<InprocOp> delayed_;
     bool delivering_ = false;
-    std::unordered_map<std::string, Addr, StrHash, std::equal_to<>> addrs_;
     std::unordered_map<uint64_t, Reg> regs_;
     FaultState faults_;
 };

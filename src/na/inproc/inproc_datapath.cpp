@@ -121,9 +121,11 @@ void InprocTransport::deliver_locked(const std::string& src_name, bool expected,
 }
 
 void InprocTransport::peer_lost_locked(const std::string& peer) noexcept {
-    auto it = addrs_.find(peer);
-    if (it == addrs_.end()) return;  // never heard of it: nothing can be waiting on it
-    AddrImpl* a = it->second.impl();
+    // Not interned (or dying): nothing holds it, so nothing can be waiting on it. The reference
+    // keeps the pointer compared below from being reused meanwhile.
+    Addr held = addrs_.find(peer);
+    if (!held) return;
+    AddrImpl* a = held.impl();
     unsigned failed = 0;
     auto fail = [&](IntrusiveList<InprocOp>& list) {
         list.for_each_safe([&](InprocOp& op) {

@@ -27,6 +27,35 @@ constexpr uint64_t kFdPollIntervalNs = 100'000;
 constexpr std::size_t kIovChunk = std::size_t(1) << 30;
 constexpr std::size_t kIovBatch = 16;
 
+/// memcpy for non-overlapping buffers, inline for the small messages of a busy round trip (a
+/// library call costs more than copying 8 bytes).
+inline void copy_msg(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+    if (n > 16) [[unlikely]] {
+        std::memcpy(dst, src, n);
+    } else if (n >= 8) {
+        uint64_t a;
+        uint64_t b;
+        std::memcpy(&a, src, 8);
+        std::memcpy(&b, src + n - 8, 8);
+        std::memcpy(dst, &a, 8);
+        std::memcpy(dst + n - 8, &b, 8);
+    } else if (n >= 4) {
+        uint32_t a;
+        uint32_t b;
+        std::memcpy(&a, src, 4);
+        std::memcpy(&b, src + n - 4, 4);
+        std::memcpy(dst, &a, 4);
+        std::memcpy(dst + n - 4, &b, 4);
+    } else if (n != 0) {
+        std::byte first = src[0];
+        std::byte mid = src[n / 2];
+        std::byte last = src[n - 1];
+        dst[0] = first;
+        dst[n / 2] = mid;
+        dst[n - 1] = last;
+    }
+}
+
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -102,6 +131,11 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
     return id;
 }
 
+void SmTransport::Releaser::release(Op* op) noexcept {
+    std::lock_guard g(t->mu_);
+    t->pool_.release(op);
+}
+
 Errc SmTransport::fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
                             std::size_t len) noexcept {
     op->completion.tag = tag;
@@ -109,7 +143,7 @@ Errc SmTransport::fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const
     op->completion.size = len;
     op->completion.source = std::move(source);  // one refcount increment per message
     if (len > op->len) return Errc::message_too_large;
-    if (len) std::memcpy(op->data, data, len);
+    copy_msg(op->data, data, len);
     return Errc::ok;
 }
 
@@ -219,7 +253,7 @@ bool SmTransport::ring_push(Conn* c, const SmOp& op) noexcept {
         if (tail - head >= kRingSlots) return false;
     }
     std::byte* slot = c->tx_slots + (tail % kRingSlots) * kSlotSize;
-    if (op.len) std::memcpy(slot + kSlotHeaderSize, op.data, op.len);
+    copy_msg(slot + kSlotHeaderSize, op.data, op.len);
     std::byte hdr[kSlotHeaderSize];
     encode_slot_header(hdr, SlotHeader{uint32_t(op.len), op.tag, op.kind, op.dest_ctx, 0});
     std::memcpy(slot, hdr, kSlotSeqOffset);  // everything but the sequence word
@@ -234,8 +268,9 @@ bool SmTransport::ring_push(Conn* c, const SmOp& op) noexcept {
     return true;
 }
 
-bool SmTransport::ring_ready(const Conn* c) noexcept {
+inline bool SmTransport::ring_ready(const Conn* c) noexcept {
     auto* slot = const_cast<std::byte*>(c->rx_slots) + (c->rx_head % kRingSlots) * kSlotSize;
+    // seq_cst: arm_locked() re-checks with it after its flag stores (Dekker with ring_push).
     return slot_seq(slot).load(std::memory_order_seq_cst) == uint32_t(c->rx_head + 1);
 }
 
@@ -259,10 +294,40 @@ void SmTransport::ring_drain(Conn* c) noexcept {
         ++head;
     }
     if (head == c->rx_head) return;
+    const bool was_full = head == end;
     c->rx_head = head;
-    c->rx->head.store(head, std::memory_order_seq_cst);  // Dekker with a producer arming
-    if (c->rx->space_wanted.load(std::memory_order_seq_cst) != 0) [[unlikely]] {
+    // Free the slots. A producer that found the ring full sets space_wanted, then re-reads head
+    // (seq_cst): a Dekker handshake, which needs a store-load fence here too. Paying it for every
+    // message would put an atomic read-modify-write on the busy round trip, so: only when we
+    // drained a whole ringful (the ring may have been full) do we store seq_cst; otherwise a
+    // release store, and the rare producer that armed just as we freed space is caught by
+    // check_space_wanted_locked(), run with a fence every few dozen polls and before we sleep.
+    if (was_full) [[unlikely]] {
+        c->rx->head.store(head, std::memory_order_seq_cst);
+    } else {
+        c->rx->head.store(head, std::memory_order_release);
+    }
+    if (c->rx->space_wanted.load(was_full ? std::memory_order_seq_cst
+                                          : std::memory_order_relaxed) != 0) [[unlikely]] {
         if (c->rx->space_wanted.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    }
+}
+
+void SmTransport::check_space_wanted_locked() noexcept {
+    // Pairs with the producer's seq_cst space_wanted store and head re-load: after this fence,
+    // either we see its flag or it sees every head we published before it.
+#if defined(__SANITIZE_THREAD__)
+    // GCC's TSan does not support fences (-Wtsan): a seq_cst read-modify-write is the same full
+    // barrier on the hardware, and TSan checks data races, not this ordering.
+    fence_word_.fetch_add(1, std::memory_order_seq_cst);
+#else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+    for (Conn* c : active_) {
+        if (c->broken) continue;
+        if (c->rx->space_wanted.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+            if (c->rx->space_wanted.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+        }
     }
 }
 
@@ -333,8 +398,8 @@ void SmTransport::retry_sends_locked() noexcept {
 void SmTransport::poll_rings_locked() noexcept {
     for (std::size_t i = 0; i < active_.size(); ++i) {
         Conn* c = active_[i];
-        if (!c->broken) [[likely]]
-            ring_drain(c);
+        // An empty ring costs one load of its next slot's sequence word (no call).
+        if (!c->broken && ring_ready(c)) ring_drain(c);
     }
     if (pending_sends_ != 0) [[unlikely]]
         retry_sends_locked();
@@ -348,6 +413,9 @@ bool SmTransport::arm_locked() noexcept {
         c->rx->waiting.store(1, std::memory_order_seq_cst);
         if (!c->pending_sends.empty()) c->tx->space_wanted.store(1, std::memory_order_seq_cst);
     }
+    // A producer waiting for space we freed with a release store must hear of it before we
+    // sleep (the waiting stores above are seq_cst; the fence makes the pairing explicit).
+    check_space_wanted_locked();
     if (!broken_.empty()) return false;
     for (Conn* c : active_) {
         if (ring_ready(c)) return false;
@@ -387,6 +455,7 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
             // Busy: no clock read here, but look at the sockets every so often all the same.
             if (periodic) [[unlikely]] {
                 std::lock_guard g(mu_);
+                check_space_wanted_locked();
                 uint64_t t = now_ns();
                 if (t - last_fd_poll_ns_ >= kFdPollIntervalNs) {
                     last_fd_poll_ns_ = t;
@@ -397,15 +466,17 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
         }
         if (deadline == TimePoint::min()) {
             // "Poll once", said without a clock read (reading it costs as much as a poll).
-            if (periodic) {
+            if (periodic) [[unlikely]] {
                 std::lock_guard g(mu_);
+                check_space_wanted_locked();
                 uint64_t t = now_ns();
                 if (t - last_fd_poll_ns_ >= kFdPollIntervalNs || !broken_.empty()) {
                     last_fd_poll_ns_ = t;
                     poll_fds_locked();
                 }
+                return ctx.has_completions() ? ok() : Result<void>(Errc::timeout);
             }
-            return ctx.has_completions() ? ok() : Result<void>(Errc::timeout);
+            return Errc::timeout;  // nothing was queued by the poll above (checked just now)
         }
         TimePoint now = Clock::now();
         {
@@ -413,6 +484,8 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
                 std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch())
                     .count());
             std::lock_guard g(mu_);
+            if (periodic) [[unlikely]]
+                check_space_wanted_locked();
             if (t - last_fd_poll_ns_ >= kFdPollIntervalNs || !broken_.empty()) {
                 last_fd_poll_ns_ = t;
                 poll_fds_locked();

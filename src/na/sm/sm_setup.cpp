@@ -151,10 +151,11 @@ std::size_t remove_stale_files(std::string_view dir_name) {
 // --- open / close --------------------------------------------------------------------------------
 
 SmTransport::SmTransport(const Options& o, std::string name)
-    : opts_(o),
+    : addrs_(o.thread_safe),
+      opts_(o),
       name_(std::move(name)),
       mu_(o.thread_safe),
-      pool_(o.max_ops, o.thread_safe),
+      pool_(o.max_ops, false, &releaser_),
       ctxs_(o.max_contexts) {}
 
 Result<std::unique_ptr<Transport>> SmTransport::open(std::string_view rest, const Options& o) {
@@ -251,14 +252,15 @@ Result<void> SmTransport::init() {
             return errno_error("sm: epoll_ctl(listening socket)", errno);
     }
 
-    auto* self = new Peer(this, name_);
+    auto* self = new Peer(this, &addrs_, name_);
     self->self = true;
     self->identified = true;
     self->probed = true;
     self->pid = uint32_t(pid_);
     self->instance = instance_;
     self_ = Addr(self);
-    peers_.emplace(name_, self_);
+    pins_.push_back(self_);
+    addrs_.add(name_, self);
     TALARIA_LOG(sm, debug, "opened sm://{} (pid {}, instance {:#x}, listen {})", name_, pid_,
                 instance_, opts_.listen);
     return ok();
@@ -279,9 +281,7 @@ SmTransport::~SmTransport() {
     drop(expected_recvs_);
     for (auto& cs : ctxs_)
         drop(cs.recvs);
-    for (auto& [n, a] : peers_)
-        drop(a.as<Peer>()->pending_rma);
-    for (auto& a : dead_peers_)
+    for (auto& a : pins_)
         drop(a.as<Peer>()->pending_rma);
     for (auto& cs : ctxs_)
         cs.msgs.clear();
@@ -292,8 +292,7 @@ SmTransport::~SmTransport() {
     if (epfd_ >= 0) ::close(epfd_);
     if (lock_fd_ >= 0) ::close(lock_fd_);
     self_.reset();
-    peers_.clear();
-    dead_peers_.clear();
+    pins_.clear();  // peers still held by a user (against the contract) stay in addrs_
 }
 
 // --- contexts ------------------------------------------------------------------------------------
@@ -343,18 +342,47 @@ void SmTransport::context_destroyed(SmContext* c) noexcept {
     drop_ctx(expected_recvs_);
     for (auto& [id, conn] : conns_)
         pending_sends_ -= drop_ctx(conn->pending_sends);
-    for (auto& [n, a] : peers_)
+    for (auto& a : pins_)
         drop_ctx(a.as<Peer>()->pending_rma);
 }
 
 // --- addresses -----------------------------------------------------------------------------------
 
 Result<Peer*> SmTransport::intern_locked(std::string_view name) {
-    auto it = peers_.find(std::string(name));
-    if (it != peers_.end()) return it->second.as<Peer>();
-    auto* p = new Peer(this, std::string(name));
-    peers_.emplace(std::string(name), Addr(p));
+    // Every live Peer is pinned, so the reference find() takes is never the only one: dropping
+    // it here cannot free the peer. A dead peer was unlinked from the table (fail_peer_locked).
+    if (Addr a = addrs_.find(name)) return a.as<Peer>();
+    auto* p = new Peer(this, &addrs_, std::string(name));
+    pins_.push_back(Addr(p));
+    addrs_.add(name, p);
     return p;
+}
+
+void SmTransport::sweep_peers_locked() {
+    if (pins_.size() < sweep_at_) return;
+    // Peers a posted recv_expected points at (SmOp::peer holds no reference). Other ops point
+    // at peers with a connection (sends) or hold the user's reference while they run (put/get
+    // to a peer without a connection wait on its pending_rma, which a connection serves).
+    std::vector<const Peer*> used;
+    for (const SmOp& op : expected_recvs_)
+        used.push_back(op.peer);
+    std::sort(used.begin(), used.end());
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pins_.size(); ++i) {
+        auto* p = pins_[i].as<Peer>();
+        // Under mu_ a count of 1 (our pin) is stable: new references come only from intern
+        // (under mu_) and from connections (p has none).
+        bool unused = p->ref_count() == 1 && p->conns.empty() && !p->send_conn &&
+                      p->pending_rma.empty() && !std::binary_search(used.begin(), used.end(), p);
+        if (unused) {
+            pins_[i].reset();  // destroys p (which leaves the table)
+        } else {
+            if (kept != i) pins_[kept] = std::move(pins_[i]);
+            ++kept;
+        }
+    }
+    pins_.resize(kept);
+    sweep_at_ = std::max<std::size_t>(64, 2 * kept);
 }
 
 Result<Addr> SmTransport::addr_lookup(std::string_view address) {
@@ -366,6 +394,7 @@ Result<Addr> SmTransport::addr_lookup(std::string_view address) {
                                  "1-{} characters of [A-Za-z0-9._-]",
                                  address, kMaxNameLen));
     std::lock_guard g(mu_);
+    sweep_peers_locked();
     TALARIA_TRY(p, intern_locked(name));
     return Addr(p);
 }
@@ -398,6 +427,7 @@ Result<std::size_t> SmTransport::addr_serialize(const Addr& a, std::span<std::by
 Result<Addr> SmTransport::addr_deserialize(std::span<const std::byte> in) {
     TALARIA_TRY(name, decode_addr(in));
     std::lock_guard g(mu_);
+    sweep_peers_locked();
     TALARIA_TRY(p, intern_locked(name));
     return Addr(p);
 }
@@ -717,6 +747,10 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
     c->tx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[1]);
     c->tx_slots = base + kSlotsOffset[1];
 
+    // Hellos create peers too (a peer may connect under ever new names): sweep here as well.
+    // Safe: whoever is up the stack holds a reference on any Peer* it keeps (or its
+    // connection does).
+    sweep_peers_locked();
     Peer* p = *intern_locked(m.name);
     if (p->self && (m.pid != uint32_t(pid_) || m.instance != instance_)) {
         fail_conn_later(c, Errc::protocol_error,
@@ -920,11 +954,9 @@ void SmTransport::fail_peer_locked(Peer* p, Errc why) {
         op->list = nullptr;
         complete_op(op, why);
     }
-    auto it = peers_.find(p->name);
-    if (it != peers_.end() && it->second.impl() == p) {
-        dead_peers_.push_back(std::move(it->second));
-        peers_.erase(it);
-    }
+    // Lookups from now on make a new Peer; this one stays (pinned) while anything uses it,
+    // and the next sweep frees it once nothing does.
+    addrs_.unlink(p->name, p);
     TALARIA_LOG(sm, info, "sm://{}: peer sm://{} (pid {}) is gone: {}", name_, p->name, p->pid,
                 errc_name(why));
 }

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "na/base/addr_table.hpp"
 #include "na/base/op.hpp"
 #include "na/sm/sm_wire.hpp"
 #include "talaria/na/na.hpp"
@@ -46,8 +47,19 @@ struct SmOp : Op {
 };
 
 /// A peer endpoint, interned by name: one Peer per live peer, so Addr equality is identity.
+///
+/// Interned weakly (see na/base/addr_table.hpp): the table holds a raw pointer. The transport
+/// pins every Peer it creates (SmTransport::pins_) because connections (Conn::peer) and posted
+/// ops (SmOp::peer) point at it without a reference; sweep_peers_locked() drops the pin of a
+/// peer nobody else references (count 1) with no connection and no op pointing at it, which
+/// destroys it. The destructor may run on any thread, also under mu_: it only takes the
+/// table's leaf lock to erase its entry.
 struct Peer final : AddrImpl {
-    Peer(Transport* t, std::string n) : AddrImpl(t), name(std::move(n)) {}
+    Peer(Transport* t, AddrTable* table, std::string n)
+        : AddrImpl(t), name(std::move(n)), table_(table) {}
+    ~Peer() override { table_->remove(name, this); }
+    Peer(const Peer&) = delete;
+    Peer& operator=(const Peer&) = delete;
     std::string name;
     bool identified = false;  ///< pid/instance known (handshake done, or self)
     bool dead = false;        ///< a connection broke: everything to/from it fails
@@ -61,6 +73,9 @@ struct Peer final : AddrImpl {
     Conn* send_conn = nullptr;        ///< the connection our messages to it go through
     std::vector<Conn*> conns;         ///< every connection with it (at most two: one per direction)
     IntrusiveList<SmOp> pending_rma;  ///< put/get waiting for the handshake
+
+  private:
+    AddrTable* table_;
 };
 
 /// One connection: a socket plus a mapped segment holding a ring per direction.
@@ -155,13 +170,20 @@ class SmTransport final : public Transport {
 
     // --- for SmContext ---
     void context_destroyed(SmContext* c) noexcept;
+    /// Interned addresses alive now (self and peers not swept yet included); for tests.
+    [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
 
   private:
     SmTransport(const Options& o, std::string name);
 
     // setup (sm_setup.cpp)
     Result<void> init();
+    /// The peer named `name` (created and pinned if absent or dead). The pointer stays valid
+    /// under mu_ until the next sweep_peers_locked().
     Result<Peer*> intern_locked(std::string_view name);
+    /// Free the peers nobody uses, when pins_ doubled since the last sweep (amortized O(1)).
+    /// Call only where no raw Peer* is held without a reference (public entry points).
+    void sweep_peers_locked();
     Result<Conn*> connect_locked(Peer* peer);
     void accept_locked();
     void on_socket_readable_locked(Conn* c);
@@ -191,8 +213,10 @@ class SmTransport final : public Transport {
     /// Consume the messages in c's receive ring (at most a ringful).
     void ring_drain(Conn* c) noexcept;
     /// Is the next message of c's receive ring published?
-    static bool ring_ready(const Conn* c) noexcept;
+    [[gnu::always_inline]] static bool ring_ready(const Conn* c) noexcept;
     void deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept;
+    /// Fence, then wake any producer waiting for ring space (see ring_drain()).
+    void check_space_wanted_locked() noexcept;
     void retry_sends_locked() noexcept;
     void poll_rings_locked() noexcept;
     void ring_bell(Conn* c) noexcept;
@@ -210,12 +234,25 @@ class SmTransport final : public Transport {
         IntrusiveList<Stashed> msgs;  ///< unexpected messages with no receive yet
     };
 
+    // First member, so destroyed last: every Addr the members below hold leaves it on the way.
+    AddrTable addrs_;  ///< interned peers by name, weakly (see Peer); find+add under mu_
     Options opts_;
     std::string name_;
     uint64_t instance_ = 0;
     alignas(8) uint64_t probe_word_ = 0;  ///< holds instance_: peers read it to check us
     pid_t pid_ = 0;
-    MaybeMutex mu_;
+    /// Guards all of the transport's state. A spin lock: the hot path takes it several times per
+    /// message for a few dozen instructions; the rare long holders (handshakes) only make a
+    /// contender spin, then yield.
+    MaybeSpinLock mu_;
+    /// Gives a triggered op back to pool_ under mu_. The pool has no lock of its own: every
+    /// acquire (post_*) already runs under mu_, so a post costs one lock, not two.
+    struct Releaser final : OpReleaser {
+        explicit Releaser(SmTransport* owner) noexcept : t(owner) {}
+        void release(Op* op) noexcept override;
+        SmTransport* t;
+    };
+    Releaser releaser_{this};
     OpPool<SmOp> pool_;
     int epfd_ = -1;
     int wake_fd_ = -1;    ///< our eventfd: peers write it to wake us
@@ -225,16 +262,19 @@ class SmTransport final : public Transport {
     uint64_t next_conn_id_ = 1;
     uint64_t next_seg_id_ = 1;
     bool armed_ = false;
+#if defined(__SANITIZE_THREAD__)
+    std::atomic<uint32_t> fence_word_{0};  ///< check_space_wanted_locked() under TSan
+#endif
     uint64_t last_fd_poll_ns_ = 0;
     uint32_t busy_polls_ = 0;
     std::size_t pending_sends_ = 0;  ///< ops on any Conn::pending_sends
 
     Addr self_;
-    std::unordered_map<std::string, Addr> peers_;  ///< live peers by name (holds a reference)
-    std::vector<Addr> dead_peers_;                 ///< kept alive until close
-    std::unordered_map<uint64_t, Conn*> conns_;    ///< every open connection by id
-    std::vector<Conn*> active_;                    ///< connections whose rings we poll
-    std::vector<uint64_t> broken_;                 ///< conn ids to fail at the next safe point
+    std::vector<Addr> pins_;     ///< one reference on every Peer we created (see Peer)
+    std::size_t sweep_at_ = 64;  ///< sweep_peers_locked() runs when pins_ reaches this
+    std::unordered_map<uint64_t, Conn*> conns_;  ///< every open connection by id
+    std::vector<Conn*> active_;                  ///< connections whose rings we poll
+    std::vector<uint64_t> broken_;               ///< conn ids to fail at the next safe point
     std::vector<CtxState> ctxs_;
     IntrusiveList<SmOp> expected_recvs_;    ///< posted recv_expected, matched on (peer, tag)
     IntrusiveList<Stashed> expected_msgs_;  ///< expected messages with no receive yet

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "na/base/addr_table.hpp"
 #include "na/base/op.hpp"
 #include "na/base/url.hpp"
 #include "na/tcp/frame.hpp"
@@ -88,13 +89,33 @@ struct QueuedMsg : ListHook<> {
 
 /// One peer. `conn` is the connection we send on (set by our own connect, or by the first
 /// connection the peer opened to us); guarded by the transport lock.
+///
+/// Interned weakly (see na/base/addr_table.hpp): the transport's table holds a raw pointer.
+/// It lives while a user Addr, a connection (Conn::peer, so a peer with `conn` set is alive),
+/// a pending op (TcpOp::match_source), a queued message (QueuedMsg::source), a remote memory
+/// handle (TcpMem::owner_addr) or the transport's self_ holds it. An anonymous client
+/// ("tcp://~<id>") thus vanishes once its connections are closed and nobody holds its Addr.
+/// The destructor may run on any thread, also under the transport lock: it only takes the
+/// table's leaf lock to erase its own entries.
 struct TcpAddr final : AddrImpl {
-    TcpAddr(Transport* t, std::string s) : AddrImpl(t), str(std::move(s)) {}
+    TcpAddr(Transport* t, AddrTable* table, std::string s)
+        : AddrImpl(t), str(std::move(s)), table_(table) {}
+    ~TcpAddr() override;
+    TcpAddr(const TcpAddr&) = delete;
+    TcpAddr& operator=(const TcpAddr&) = delete;
     std::string str;  ///< canonical "tcp://host:port" or "tcp://~<instance>" (anonymous)
     SockAddr sa;
     bool anonymous = false;
     Conn* conn = nullptr;
+    /// Other strings it was looked up by (table aliases), under the transport lock.
+    std::vector<std::string> aliases;
+
+  private:
+    AddrTable* table_;
 };
+
+/// Most aliases remembered per address (more lookups by other names just resolve again).
+inline constexpr std::size_t kMaxAliases = 4;
 
 /// A registration (local) or a deserialized peer's handle (remote).
 struct TcpMem final : MemImpl {
@@ -159,6 +180,8 @@ class TcpTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }
+    /// Interned addresses alive now (self included); for tests and diagnostics.
+    [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
@@ -207,7 +230,8 @@ class TcpTransport final : public Transport {
 
     // setup (tcp_setup.cpp)
     Result<Addr> lookup_locked(std::string_view address, bool numeric_only);
-    TcpAddr* intern_locked(const std::string& canonical);
+    /// The address interned under `canonical`, created if absent (or dying).
+    Addr intern_locked(const std::string& canonical);
     Result<Conn*> connect_locked(TcpAddr* peer);
     void accept_ready();
     Conn* new_conn(int fd, bool outgoing);
@@ -246,6 +270,8 @@ class TcpTransport final : public Transport {
     void close_conn(Conn* c, Errc status, const std::string& why);
     void reap_dead();
 
+    // First member, so destroyed last: every Addr the members below hold leaves it on the way.
+    AddrTable addrs_;  ///< interned peers, weakly (raw pointers; see TcpAddr)
     Options opts_;
     MaybeMutex mu_;
     OpPool<TcpOp> ops_;
@@ -253,7 +279,6 @@ class TcpTransport final : public Transport {
     int listen_fd_ = -1;
     uint64_t instance_ = 0;
     Addr self_;
-    std::unordered_map<std::string, Addr> addrs_;  ///< interned peers (holds a reference each)
     std::unordered_map<uint64_t, TcpMem*> regions_;
     std::vector<CtxSlot> slots_;
     IntrusiveList<TcpOp> posted_expected_;

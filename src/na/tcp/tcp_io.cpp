@@ -611,9 +611,8 @@ bool TcpTransport::finish_frame(Conn* c) {
             }
             Addr peer;
             if (hello->address.empty()) {
-                TcpAddr* a = intern_locked(fmt::format("tcp://~{:016x}", hello->instance));
-                a->anonymous = true;
-                peer = Addr(a);
+                peer = intern_locked(fmt::format("tcp://~{:016x}", hello->instance));
+                peer.as<TcpAddr>()->anonymous = true;
             } else {
                 auto r = lookup_locked(hello->address, true);
                 if (!r || r->as<TcpAddr>()->anonymous) {

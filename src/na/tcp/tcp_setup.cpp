@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -152,7 +153,11 @@ void TcpTransport::context_destroyed(uint8_t id) noexcept {
 // --- transport lifetime -------------------------------------------------------------------------
 
 TcpTransport::TcpTransport(const Options& o)
-    : opts_(o), mu_(o.thread_safe), ops_(o.max_ops, o.thread_safe), slots_(o.max_contexts) {}
+    : addrs_(o.thread_safe),
+      opts_(o),
+      mu_(o.thread_safe),
+      ops_(o.max_ops, o.thread_safe),
+      slots_(o.max_contexts) {}
 
 TcpTransport::~TcpTransport() {
     while (Conn* c = conns_.pop_front()) {
@@ -174,10 +179,8 @@ TcpTransport::~TcpTransport() {
     posted_expected_.clear();
     while (QueuedMsg* m = queued_expected_.pop_front())
         msg_free(m);
-    for (auto& [k, a] : addrs_)
-        a.as<TcpAddr>()->conn = nullptr;
+    // Every connection is gone (each dropped its peer reference), so no address points at one.
     self_.reset();
-    addrs_.clear();
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (epfd_ >= 0) ::close(epfd_);
 }
@@ -190,10 +193,10 @@ Result<void> TcpTransport::init(std::string_view rest) {
     if (!opts_.listen) {
         // A client: validate the host part but do not bind; identify by instance id.
         if (!rest.empty()) TALARIA_CHECK(parse_host_port(rest, true));
-        auto* self = new TcpAddr(this, fmt::format("tcp://~{:016x}", instance_));
+        auto* self = new TcpAddr(this, &addrs_, fmt::format("tcp://~{:016x}", instance_));
         self->anonymous = true;
         self_ = Addr(self);
-        addrs_.emplace(self->str, self_);
+        addrs_.add(self->str, self);
         return ok();
     }
 
@@ -222,10 +225,10 @@ Result<void> TcpTransport::init(std::string_view rest) {
         adv = lo;
         adv.set_port(bound.port());
     }
-    auto* self = new TcpAddr(this, std::string(kScheme) + adv.to_string());
+    auto* self = new TcpAddr(this, &addrs_, std::string(kScheme) + adv.to_string());
     self->sa = adv;
     self_ = Addr(self);
-    addrs_.emplace(self->str, self_);
+    addrs_.add(self->str, self);
 
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -238,12 +241,19 @@ Result<void> TcpTransport::init(std::string_view rest) {
 
 // --- addresses ----------------------------------------------------------------------------------
 
-TcpAddr* TcpTransport::intern_locked(const std::string& canonical) {
-    auto it = addrs_.find(canonical);
-    if (it != addrs_.end()) return it->second.as<TcpAddr>();
-    auto* a = new TcpAddr(this, canonical);
-    addrs_.emplace(canonical, Addr(a));
-    return a;
+TcpAddr::~TcpAddr() {
+    // No lock of the transport here (we may be running under it): only the table's leaf lock.
+    for (const std::string& s : aliases)
+        table_->unlink(s, this);
+    table_->remove(str, this);
+}
+
+Addr TcpTransport::intern_locked(const std::string& canonical) {
+    if (Addr a = addrs_.find(canonical)) return a;
+    auto* a = new TcpAddr(this, &addrs_, canonical);
+    Addr out(a);
+    addrs_.add(canonical, a);
+    return out;
 }
 
 Result<Addr> TcpTransport::lookup_locked(std::string_view address, bool numeric_only) {
@@ -255,7 +265,7 @@ Result<Addr> TcpTransport::lookup_locked(std::string_view address, bool numeric_
                      fmt::format("'{}' is not a tcp address (expected tcp://host:port)", address));
     }
     std::string full = std::string(kScheme) + std::string(rest);
-    if (auto it = addrs_.find(full); it != addrs_.end()) return it->second;
+    if (Addr a = addrs_.find(full)) return a;
     if (!rest.empty() && rest.front() == '~')
         return Error(Errc::unreachable,
                      fmt::format("'{}' names a client that does not listen and is not connected "
@@ -269,12 +279,16 @@ Result<Addr> TcpTransport::lookup_locked(std::string_view address, bool numeric_
                                  "reports with addr_to_string(addr_self()))",
                                  address));
     std::string canonical = std::string(kScheme) + sa->to_string();
-    TcpAddr* a = intern_locked(canonical);
+    Addr out = intern_locked(canonical);
+    auto* a = out.as<TcpAddr>();
     a->sa = *sa;
-    Addr out = addrs_.find(canonical)->second;
     // Remember a name under which it was looked up, so that the next lookup of the same string
-    // does not resolve again.
-    if (full != canonical) addrs_.emplace(std::move(full), out);
+    // does not resolve again (a few per address: the table must not grow without bound).
+    if (full != canonical && a->aliases.size() < kMaxAliases &&
+        std::find(a->aliases.begin(), a->aliases.end(), full) == a->aliases.end()) {
+        addrs_.alias(full, a);
+        a->aliases.push_back(std::move(full));
+    }
     return out;
 }
 
