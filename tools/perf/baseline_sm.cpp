@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "baseline.hpp"
+#include "talaria/util/cpu.hpp"
 #include "talaria/util/log.hpp"
 
 namespace talaria::perf {
@@ -27,14 +28,6 @@ constexpr std::size_t kLine = 128;  // two cache lines: keeps the adjacent-line 
 
 constexpr std::size_t round_up(std::size_t v, std::size_t a) noexcept {
     return (v + a - 1) / a * a;
-}
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
 }
 
 /// A counter one side publishes and the other waits on, with a "someone sleeps" flag so that

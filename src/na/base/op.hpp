@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "talaria/na/na.hpp"
+#include "talaria/util/cpu.hpp"
 #include "talaria/util/intrusive_list.hpp"
 #include "talaria/util/pool.hpp"
 
@@ -85,11 +86,7 @@ class MaybeSpinLock {
             // Test before test-and-set: wait on a shared copy of the line, not by bouncing it.
             while (locked_.load(std::memory_order_relaxed)) {
                 if (++spins < 128) {
-#if defined(__x86_64__) || defined(__i386__)
-                    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-                    asm volatile("yield" ::: "memory");
-#endif
+                    cpu_relax();
                 } else {
                     ::sched_yield();
                 }

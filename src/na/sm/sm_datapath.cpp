@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "na/sm/sm_transport.hpp"
+#include "talaria/util/cpu.hpp"
 #include "talaria/util/log.hpp"
 
 namespace talaria::na::sm {
@@ -54,14 +55,6 @@ inline void copy_msg(std::byte* dst, const std::byte* src, std::size_t n) noexce
         dst[n / 2] = mid;
         dst[n - 1] = last;
     }
-}
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
 }
 
 }  // namespace
