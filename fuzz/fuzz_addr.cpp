@@ -21,38 +21,18 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_common.hpp"
 #include "talaria/na/na.hpp"
-#include "talaria/util/log.hpp"
 
 namespace {
 
 using talaria::na::Addr;
 using talaria::na::Transport;
 
-[[noreturn]] void fail(const Transport& t, const char* what, std::string_view detail = {}) {
-    std::fprintf(stderr, "fuzz_addr: %.*s transport: %s%s%.*s\n", int(t.name().size()),
-                 t.name().data(), what, detail.empty() ? "" : ": ", int(detail.size()),
-                 detail.data());
-    std::abort();
-}
+constexpr const char* kTarget = "fuzz_addr";
 
-std::vector<std::unique_ptr<Transport>>& transports() {
-    static auto* ts = [] {
-        // Bad input is the normal case here: keep the expected warnings out of the way unless
-        // the user asked for logging.
-        if (!std::getenv("TALARIA_LOG")) talaria::log::configure("error");
-        auto* v = new std::vector<std::unique_ptr<Transport>>;
-        for (const char* url : {"inproc://fuzz", "sm://", "tcp://127.0.0.1:0"}) {
-            auto t = talaria::na::open(url);
-            if (t)
-                v->push_back(std::move(*t));
-            else
-                std::fprintf(stderr, "fuzz_addr: skipping %s: %s\n", url,
-                             t.error().describe().c_str());
-        }
-        return v;
-    }();
-    return *ts;
+[[noreturn]] void fail(const Transport& t, const char* what, std::string_view detail = {}) {
+    talaria::fuzz::fail(kTarget, t, what, detail);
 }
 
 // True when `s`, as the tcp transport would parse it, names its host numerically (or not at
@@ -113,7 +93,7 @@ void lookup(Transport& t, std::string_view s) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data), size);
     std::string_view text(reinterpret_cast<const char*>(data), size);
-    for (auto& t : transports()) {
+    for (auto& t : talaria::fuzz::transports(kTarget)) {
         auto r = t->addr_deserialize(in);
         if (r) check_addr(*t, *r);
         lookup(*t, text);

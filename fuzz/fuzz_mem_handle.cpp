@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_common.hpp"
 #include "talaria/na/na.hpp"
-#include "talaria/util/log.hpp"
 
 namespace {
 
@@ -27,28 +27,10 @@ using talaria::na::Access;
 using talaria::na::MemHandle;
 using talaria::na::Transport;
 
-[[noreturn]] void fail(const Transport& t, const char* what, std::string_view detail = {}) {
-    std::fprintf(stderr, "fuzz_mem_handle: %.*s transport: %s%s%.*s\n", int(t.name().size()),
-                 t.name().data(), what, detail.empty() ? "" : ": ", int(detail.size()),
-                 detail.data());
-    std::abort();
-}
+constexpr const char* kTarget = "fuzz_mem_handle";
 
-std::vector<std::unique_ptr<Transport>>& transports() {
-    static auto* ts = [] {
-        if (!std::getenv("TALARIA_LOG")) talaria::log::configure("error");
-        auto* v = new std::vector<std::unique_ptr<Transport>>;
-        for (const char* url : {"inproc://fuzz", "sm://", "tcp://127.0.0.1:0"}) {
-            auto t = talaria::na::open(url);
-            if (t)
-                v->push_back(std::move(*t));
-            else
-                std::fprintf(stderr, "fuzz_mem_handle: skipping %s: %s\n", url,
-                             t.error().describe().c_str());
-        }
-        return v;
-    }();
-    return *ts;
+[[noreturn]] void fail(const Transport& t, const char* what, std::string_view detail = {}) {
+    talaria::fuzz::fail(kTarget, t, what, detail);
 }
 
 bool valid_access(Access a) {
@@ -80,7 +62,7 @@ void check_handle(Transport& t, const MemHandle& h) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data), size);
-    for (auto& t : transports()) {
+    for (auto& t : talaria::fuzz::transports(kTarget)) {
         auto r = t->mem_deserialize(in);
         if (r) check_handle(*t, *r);
     }

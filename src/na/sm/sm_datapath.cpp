@@ -340,18 +340,7 @@ void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* 
             complete_op(op, fill_recv(op, Addr(p), h.tag, h.ctx, payload, h.len));
             return;
         }
-        Stashed* s = stash_alloc();
-        if (!s) [[unlikely]] {
-            TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
-                        p->name);
-            return;
-        }
-        s->source = Addr(p);
-        s->tag = h.tag;
-        s->ctx = h.ctx;
-        s->len = h.len;
-        std::memcpy(s->data, payload, h.len);
-        cs.msgs.push_back(*s);
+        if (Stashed* s = stash_copy_locked(p, h, payload)) cs.msgs.push_back(*s);
         return;
     }
     for (SmOp& op : expected_recvs_) {
@@ -361,18 +350,24 @@ void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* 
         complete_op(&op, fill_recv(&op, Addr(p), h.tag, h.ctx, payload, h.len));
         return;
     }
+    if (Stashed* s = stash_copy_locked(p, h, payload)) expected_msgs_.push_back(*s);
+}
+
+Stashed* SmTransport::stash_copy_locked(Peer* p, const SlotHeader& h,
+                                        const std::byte* payload) noexcept {
+    // A message nobody has posted a receive for yet: copy it out so the ring slot is freed.
     Stashed* s = stash_alloc();
     if (!s) [[unlikely]] {
         TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
                     p->name);
-        return;
+        return nullptr;
     }
     s->source = Addr(p);
     s->tag = h.tag;
     s->ctx = h.ctx;
     s->len = h.len;
     std::memcpy(s->data, payload, h.len);
-    expected_msgs_.push_back(*s);
+    return s;
 }
 
 void SmTransport::retry_sends_locked() noexcept {

@@ -224,6 +224,8 @@ class SmTransport final : public Transport {
     bool arm_locked() noexcept;
     void disarm_locked() noexcept;
     Stashed* stash_alloc() noexcept;
+    /// Copy an early message out of its ring slot; nullptr (logged) when out of memory.
+    Stashed* stash_copy_locked(Peer* p, const SlotHeader& h, const std::byte* payload) noexcept;
     void stash_free(Stashed* s) noexcept;
     static Errc fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
                           std::size_t len) noexcept;
