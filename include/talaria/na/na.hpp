@@ -52,6 +52,7 @@ enum class OpType : uint8_t {
     recv_expected,
     put,
     get,
+    user,  ///< a callback queued with Context::post()
 };
 std::string_view op_type_name(OpType t) noexcept;
 
@@ -368,6 +369,12 @@ class Context {
 
     /// Completions queued and not yet triggered.
     [[nodiscard]] bool has_completions() const noexcept;
+
+    /// Queue `cb` to run from trigger() like a completion (type OpType::user, status ok), from
+    /// any thread: it wakes a thread blocked in progress() on this context. Upper layers use it
+    /// to hand work to the thread that drives a context (a cancel, a response made elsewhere).
+    /// Allocates (rarely used; not on a message path).
+    Result<void> post(Callback cb);
 
     // --- for transports --------------------------------------------------------------------
     /// Queue a finished operation (thread-safe when the transport is). Wakes a waiter.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <new>
 
 #include "na/base/op.hpp"
 #include "talaria/na/na.hpp"
@@ -20,6 +21,11 @@ namespace talaria::na {
 //    enqueue() and prepare_block() both run under `mu`, so one of them sees the other's write
 //    (the Dekker handshake that seq_cst read-modify-writes used to carry costs nothing extra);
 //  - trigger() takes the lock once per batch of completions, not once per completion.
+/// An op queued by Context::post(): heap-allocated, freed when released.
+struct UserOp final : Op, OpReleaser {
+    void release(Op* op) noexcept override { delete static_cast<UserOp*>(op); }
+};
+
 struct Context::Impl {
     explicit Impl(bool thread_safe) : mu(thread_safe) {}
     MaybeSpinLock mu;
@@ -135,6 +141,18 @@ bool Context::try_wait() {
         return false;
     }
     return true;
+}
+
+Result<void> Context::post(Callback cb) {
+    auto* op = new (std::nothrow) UserOp;
+    if (!op) return Error{Errc::no_memory, "Context::post: out of memory"};
+    op->cb = std::move(cb);
+    op->completion.type = OpType::user;
+    op->ctx = this;
+    op->releaser = op;
+    op->completed = true;
+    enqueue(op);
+    return ok();
 }
 
 bool Context::has_completions() const noexcept {

@@ -39,6 +39,8 @@ std::string_view op_type_name(OpType t) noexcept {
             return "put";
         case OpType::get:
             return "get";
+        case OpType::user:
+            return "user";
     }
     return "unknown";
 }

@@ -10,6 +10,7 @@
 
 #include "talaria/na/na.hpp"
 #include "talaria/util/cpu.hpp"
+#include "talaria/util/spin_lock.hpp"
 #include "talaria/util/intrusive_list.hpp"
 #include "talaria/util/pool.hpp"
 
@@ -34,69 +35,6 @@ struct Op : ListHook<> {
     bool completed = false;  ///< set when queued for completion (guards double completion)
 
     [[nodiscard]] OpId id() noexcept { return {this, gen}; }
-};
-
-/// A mutex that locks only when the transport is thread-safe.
-class MaybeMutex {
-  public:
-    explicit MaybeMutex(bool enabled) noexcept : enabled_(enabled) {}
-    void lock() {
-        if (enabled_) m_.lock();
-    }
-    void unlock() {
-        if (enabled_) m_.unlock();
-    }
-    bool try_lock() { return enabled_ ? m_.try_lock() : true; }
-    [[nodiscard]] bool enabled() const noexcept { return enabled_; }
-
-  private:
-    std::mutex m_;
-    bool enabled_;
-};
-
-/// A spin lock that locks only when enabled, for critical sections of a few dozen instructions
-/// that never block (completion queues, op pools, ring bookkeeping). Uncontended, lock() is one
-/// atomic exchange and unlock() a plain release store: half the atomic read-modify-writes of a
-/// std::mutex pair, which matters on a path taken several times per message. A waiter spins
-/// briefly, then yields its CPU, so a holder preempted on a loaded machine still gets to run.
-class MaybeSpinLock {
-  public:
-    explicit MaybeSpinLock(bool enabled) noexcept : enabled_(enabled) {}
-    MaybeSpinLock(const MaybeSpinLock&) = delete;
-    MaybeSpinLock& operator=(const MaybeSpinLock&) = delete;
-    void lock() noexcept {
-        if (!enabled_) return;
-        if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]]
-            return;
-        lock_contended();
-    }
-    void unlock() noexcept {
-        if (enabled_) locked_.store(false, std::memory_order_release);
-    }
-    bool try_lock() noexcept {
-        if (!enabled_) return true;
-        return !locked_.load(std::memory_order_relaxed) &&
-               !locked_.exchange(true, std::memory_order_acquire);
-    }
-    [[nodiscard]] bool enabled() const noexcept { return enabled_; }
-
-  private:
-    void lock_contended() noexcept {
-        for (unsigned spins = 0;; ++spins) {
-            // Test before test-and-set: wait on a shared copy of the line, not by bouncing it.
-            while (locked_.load(std::memory_order_relaxed)) {
-                if (++spins < 128) {
-                    cpu_relax();
-                } else {
-                    ::sched_yield();
-                }
-            }
-            if (!locked_.exchange(true, std::memory_order_acquire)) return;
-        }
-    }
-
-    std::atomic<bool> locked_{false};
-    bool enabled_;
 };
 
 /// A fixed pool of T (derived from Op). acquire() stamps a fresh generation; release() is

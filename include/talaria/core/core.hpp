@@ -1,0 +1,252 @@
+// The RPC core: registration, forward/respond, one-way calls, large arguments and results,
+// deadlines, cancel, several contexts, peer failure, counters. Errors are values here; the
+// C++ API (talaria/talaria.hpp) builds futures, coroutines and exceptions on top.
+//
+// Model (Mercury's hg_core, with eRPC's response matching):
+//  - An Engine owns one na::Transport and N Contexts (na contexts 0..N-1). Each Context keeps
+//    `recv_depth` unexpected receives posted, a table of its outgoing calls, a deadline heap,
+//    and is driven by one thread at a time through progress() + trigger().
+//  - A call is sent as an na unexpected message to (peer, target context). Its response comes
+//    back as an unexpected message to the caller's context, flagged as a response, and is
+//    matched by the core against the call table by sequence number (slot + generation). So a
+//    response that arrives after its call timed out or was canceled is simply dropped: nothing
+//    is left behind in the transport (a posted expected receive would strand it there).
+//  - Peer failure: while calls to a peer are in flight the context keeps one na expected
+//    receive posted from that peer with a tag nobody sends (its "watch"); the transport fails it
+//    with `disconnected` when the peer dies, and the core then fails every call to that peer.
+//  - Arguments or results longer than the eager size travel as a descriptor of registered
+//    memory: the receiver pulls the bytes with an na get and acknowledges (docs/protocol.md).
+//
+// Callbacks (ResponseFn, handlers) run from Context::trigger() on the thread that triggers.
+// Ownership: forward() copies the argument bytes (into the send buffer, or into a buffer the
+// core owns until the peer has pulled them); respond() copies the result bytes the same way.
+#pragma once
+
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "talaria/na/na.hpp"
+#include "talaria/util/clock.hpp"
+#include "talaria/util/inplace_function.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria::core {
+
+/// Identifies a procedure on the wire. Derived from its name by rpc_id(), so every process
+/// computes the same id without exchanging anything.
+using RpcId = uint32_t;
+
+/// 32-bit FNV-1a of the name's bytes (docs/protocol.md). Ids 0 and 0xFFFFFF00 and above are
+/// reserved for the core; a name hashing there is moved out by xor with 0x80000001.
+constexpr RpcId rpc_id(std::string_view name) noexcept {
+    uint32_t h = 2166136261u;
+    for (char c : name) {
+        h ^= static_cast<uint8_t>(c);
+        h *= 16777619u;
+    }
+    if (h == 0 || h >= 0xFFFFFF00u) h ^= 0x80000001u;  // keep clear of the reserved ids
+    return h;
+}
+
+class Engine;
+class Context;
+class Request;
+
+struct Options {
+    na::Options na;                ///< listen, thread_safe, max_ops, max_contexts
+    uint8_t contexts = 1;          ///< contexts 0 .. contexts-1 (at most na.max_contexts)
+    unsigned recv_depth = 16;      ///< unexpected receives kept posted per context
+    uint32_t max_inflight = 4096;  ///< outgoing calls in flight per context (<= 32768)
+    bool checksum = false;         ///< crc32c over every message sent (received ones are
+                                   ///< checked whenever the sender added one)
+    Duration ack_linger = std::chrono::seconds(60);  ///< how long a large result waits for
+                                                     ///< the caller to pull it
+    std::size_t eager_limit = 0;  ///< cap the eager size below the transport's (0: none)
+    std::size_t max_payload = std::size_t{1} << 30;  ///< largest argument/result accepted
+                                                     ///< from a peer (pulled into memory)
+};
+
+/// Per-engine counters (sums over contexts). Bulk counters are fed by the bulk layer through
+/// Engine::note_bulk().
+struct Counters {
+    uint64_t rpcs_sent = 0;      ///< requests forwarded (incl. one-way)
+    uint64_t rpcs_received = 0;  ///< requests received and dispatched
+    uint64_t responses_sent = 0;
+    uint64_t responses_received = 0;
+    uint64_t bytes_sent = 0;  ///< argument + result payload bytes sent (eager or pulled)
+    uint64_t bytes_received = 0;
+    uint64_t bulk_ops = 0;  ///< na put/get issued (by the core for large payloads, and
+                            ///< by bulk transfers)
+    uint64_t bulk_bytes = 0;
+    uint64_t timeouts = 0;
+    uint64_t canceled = 0;
+    uint64_t errors = 0;     ///< calls failed, bad messages dropped, handler errors
+    uint64_t in_flight = 0;  ///< outgoing calls not yet completed (a snapshot)
+};
+
+/// Options of one call.
+struct CallOptions {
+    uint8_t target_context = 0;  ///< the remote context that runs the handler
+    Duration timeout{0};         ///< 0: no deadline
+    bool one_way = false;        ///< no response: completes once sent (or once pulled, if large)
+};
+
+/// Completes a call, once: the result bytes (valid during the callback only), or the error:
+/// timeout, canceled, disconnected, unreachable, not_found (no such RPC at the target), the
+/// handler's error, shutdown, ...
+using ResponseFn = InplaceFunction<void(Result<std::span<const std::byte>>&&), 48>;
+
+/// Names an outgoing call, for cancel().
+struct CallId {
+    uint32_t seq = 0;
+    [[nodiscard]] bool valid() const noexcept { return seq != 0; }
+};
+
+/// A handler. It runs from trigger() on the context that received the call, with the request;
+/// it may respond before returning, or move the Request out and respond later from any thread.
+using Handler = std::function<void(Request&)>;
+
+/// One received call. Move-only. If destroyed without a response (and not one-way), it responds
+/// with Errc::internal ("the handler dropped the request") so no caller ever hangs.
+class Request {
+  public:
+    Request() noexcept = default;
+    Request(Request&& o) noexcept;
+    Request& operator=(Request&& o) noexcept;
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    ~Request();
+
+    [[nodiscard]] bool valid() const noexcept { return ctx_ != nullptr; }
+    [[nodiscard]] RpcId rpc_id() const noexcept { return rpc_id_; }
+    [[nodiscard]] const na::Addr& source() const noexcept { return source_; }
+    /// The context that received it (the handler runs there).
+    [[nodiscard]] Context& context() const noexcept { return *ctx_; }
+    [[nodiscard]] bool one_way() const noexcept { return one_way_; }
+    /// The argument bytes: valid during the handler call only (not after a move of the Request
+    /// out of the handler; decode them first).
+    [[nodiscard]] std::span<const std::byte> input() const noexcept { return input_; }
+
+    /// Send the result (copied). Once; from any thread. One-way requests: not_supported.
+    Result<void> respond(std::span<const std::byte> output);
+    /// Send an error with a message for the caller.
+    Result<void> respond_error(Errc code, std::string_view message);
+    [[nodiscard]] bool responded() const noexcept { return responded_; }
+
+  private:
+    friend class Context;
+    Result<void> send_response(Errc status, std::span<const std::byte> output);
+
+    Context* ctx_ = nullptr;
+    na::Addr source_;
+    std::span<const std::byte> input_;
+    RpcId rpc_id_ = 0;
+    uint32_t seq_ = 0;
+    uint8_t reply_ctx_ = 0;
+    bool one_way_ = false;
+    bool responded_ = false;
+};
+
+/// One context of an Engine: posted receives, outgoing calls and their deadlines.
+class Context {
+  public:
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    [[nodiscard]] uint8_t id() const noexcept;
+    [[nodiscard]] Engine& engine() const noexcept { return *engine_; }
+    [[nodiscard]] na::Context& na_context() const noexcept;
+
+    /// Send a call of `id` with argument bytes `args` to `dest`. `done` runs exactly once, from
+    /// this context's trigger(), unless forward() itself fails (then it never runs).
+    /// Any thread may call it.
+    Result<CallId> forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
+                           const CallOptions& opts, ResponseFn done);
+    /// Cancel a call: `done` then runs with canceled (from trigger()), unless it already
+    /// completed (not_found). Any thread.
+    Result<void> cancel(CallId call);
+
+    /// Make progress until something is ready for trigger() or `timeout` passes (timeout).
+    /// 0 polls once; negative waits forever. Wakes early for deadlines of calls.
+    Result<void> progress(Duration timeout);
+    /// Run ready callbacks (responses, handlers, expired deadlines); returns how many ran.
+    unsigned trigger(unsigned max = UINT_MAX);
+    /// Blocking in your own loop: wait_fd() readable means progress() has work; call
+    /// try_wait() first, and block only when it returns true.
+    [[nodiscard]] int wait_fd() const noexcept;
+    bool try_wait();
+    /// The nearest call deadline of this context (TimePoint::max() if none): cap any external
+    /// wait on wait_fd() by it.
+    [[nodiscard]] TimePoint next_deadline() const noexcept;
+
+    /// Outgoing calls of this context not yet completed.
+    [[nodiscard]] std::size_t in_flight() const noexcept;
+
+    struct Impl;
+
+  private:
+    friend class Engine;
+    friend class Request;
+    Context(Engine* e, std::unique_ptr<Impl> impl);
+    Engine* engine_;
+    std::unique_ptr<Impl> impl_;
+};
+
+/// An RPC endpoint: one transport, its contexts, the registered procedures and the counters.
+class Engine {
+  public:
+    /// Open the transport named by `address` ("tcp://127.0.0.1:0", "sm://", "inproc://x", ...)
+    /// and create its contexts with their receives posted.
+    static Result<std::unique_ptr<Engine>> open(std::string_view address, const Options& opts = {});
+    /// Completes every outgoing call still in flight with Errc::shutdown (callbacks run here,
+    /// on the destroying thread), cancels and drains the transport's operations, then closes.
+    /// No other thread may use the engine meanwhile.
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    [[nodiscard]] na::Transport& transport() const noexcept;
+    [[nodiscard]] uint8_t context_count() const noexcept;
+    [[nodiscard]] Context& context(uint8_t i) const noexcept;
+
+    /// Register `handler` for `id` (normally rpc_id(name)); the name is kept for messages.
+    /// already_exists if the id is taken (by this name or another that hashes the same).
+    /// Any thread, any time: calls arriving for an id not (yet) registered are answered with
+    /// not_found.
+    Result<void> register_rpc(RpcId id, std::string_view name, Handler handler);
+    Result<void> deregister_rpc(RpcId id);
+    /// The name registered for `id` (empty if none).
+    [[nodiscard]] std::string rpc_name(RpcId id) const;
+
+    Result<na::Addr> lookup(std::string_view address);
+    [[nodiscard]] na::Addr self() const;
+    [[nodiscard]] std::string self_string() const;
+
+    /// Largest argument/result payload sent inline; larger ones go by a pull.
+    [[nodiscard]] std::size_t eager_size() const noexcept;
+    [[nodiscard]] const Options& options() const noexcept;
+
+    [[nodiscard]] Counters counters() const;
+    /// The counters as a JSON object (one line).
+    [[nodiscard]] std::string counters_json() const;
+    /// Account a bulk transfer (called by the bulk layer): `ops` na put/get moving `bytes`.
+    void note_bulk(uint64_t ops, uint64_t bytes, bool ok) noexcept;
+
+    struct Impl;
+
+  private:
+    Engine() = default;
+    friend class Context;
+    friend class Request;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace talaria::core

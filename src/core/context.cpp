@@ -1,0 +1,596 @@
+// Core contexts: outgoing calls, their deadlines, cancel, peer watches, progress and trigger.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/core_impl.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::core {
+
+using namespace std::chrono_literals;
+
+namespace {
+constexpr uint32_t kNoSlot = UINT32_MAX;
+constexpr auto kSweepPeriod = 1s;
+/// A peer with no call in flight for this many sweeps gives up its watch.
+constexpr unsigned kIdleSweeps = 2;
+}  // namespace
+
+Context::Impl::Impl(Engine::Impl* e, std::unique_ptr<na::Context> n)
+    : eng(e),
+      na(std::move(n)),
+      t(&na->transport()),
+      id(na->id()),
+      thread_safe(e->opts.na.thread_safe),
+      checksum(e->opts.checksum),
+      mu(e->opts.na.thread_safe),
+      pool_mu(e->opts.na.thread_safe) {}
+
+Context::Impl::~Impl() {
+    // Whatever the transport still holds refers to our buffers: the engine drained it first.
+    peers.clear();
+    recvs.clear();
+    all_bufs.clear();
+}
+
+Result<void> Context::Impl::start(unsigned recv_depth, uint32_t max_inflight) {
+    slots.resize(max_inflight);
+    for (uint32_t i = 0; i < max_inflight; ++i)
+        slots[i].next_free = i + 1 < max_inflight ? i + 1 : kNoSlot;
+    free_head = 0;
+    heap.reserve(64);
+    for (unsigned i = 0; i < recv_depth; ++i) {
+        auto rs = std::make_unique<RecvSlot>();
+        TALARIA_TRY(buf, t->msg_buf_alloc(t->max_unexpected_size()));
+        rs->buf = std::move(buf);
+        rs->impl = this;
+        recvs.push_back(std::move(rs));
+    }
+    for (auto& rs : recvs) {
+        post_recv(*rs);
+        if (!rs->posted)
+            return Error{Errc::no_memory,
+                         fmt::format("context {}: could not post its receives (raise "
+                                     "na::Options::max_ops above {})",
+                                     id, eng->opts.na.max_ops)};
+    }
+    return ok();
+}
+
+// --- send buffers -----------------------------------------------------------------------------
+
+SendBuf* Context::Impl::acquire_buf() {
+    {
+        std::lock_guard g(pool_mu);
+        if (!free_bufs.empty()) {
+            SendBuf* sb = free_bufs.back();
+            free_bufs.pop_back();
+            return sb;
+        }
+    }
+    auto buf = t->msg_buf_alloc(t->max_unexpected_size());
+    if (!buf) return nullptr;
+    auto sb = std::make_unique<SendBuf>();
+    sb->buf = std::move(*buf);
+    sb->impl = this;
+    SendBuf* raw = sb.get();
+    std::lock_guard g(pool_mu);
+    all_bufs.push_back(std::move(sb));
+    return raw;
+}
+
+void Context::Impl::release_buf(SendBuf* sb) noexcept {
+    sb->seq = 0;
+    std::lock_guard g(pool_mu);
+    free_bufs.push_back(sb);
+}
+
+Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
+                                         std::span<const std::byte> payload, uint32_t call_seq) {
+    SendBuf* sb = acquire_buf();
+    if (!sb) return Error{Errc::no_memory, fmt::format("context {}: no message buffer", id)};
+    std::byte* p = sb->buf.data();
+    if (!payload.empty()) std::memcpy(p + wire::kHeaderSize, payload.data(), payload.size());
+    h.payload_len = static_cast<uint32_t>(payload.size());
+    if (checksum) h.flags |= wire::kChecksum;
+    wire::encode_header(h, p, {p + wire::kHeaderSize, payload.size()});
+    sb->seq = call_seq;
+    auto r = t->post_send_unexpected(
+        *na, [sb](const na::Completion& c) { sb->impl->on_call_sent_buf(sb, c.status); }, sb->buf,
+        wire::kHeaderSize + payload.size(), dest, h.target_ctx, wire::kMessageTag);
+    if (!r) {
+        release_buf(sb);
+        return std::move(r).error();
+    }
+    return ok();
+}
+
+void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
+    uint32_t seq = sb->seq;
+    release_buf(sb);
+    if (seq != 0) {
+        on_call_sent(seq, status);
+    } else if (status != Errc::ok && status != Errc::canceled) {
+        CtxCounters::add(counters.errors);
+        TALARIA_LOG(core, debug, "context {}: a response or ack failed to send: {}", id,
+                    errc_name(status));
+    }
+}
+
+// --- calls ------------------------------------------------------------------------------------
+
+Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
+    Peer* p = last_peer;
+    if (!p || !(p->addr == dest)) {
+        auto& slot = peers[dest.impl()];
+        if (!slot) {
+            slot = std::make_unique<Peer>();
+            slot->addr = dest;
+        }
+        p = slot.get();
+        last_peer = p;
+    }
+    p->retiring = false;
+    p->idle_sweeps = 0;
+    if (!p->watch_posted) post_watch_locked(p);
+    return p;
+}
+
+void Context::Impl::post_watch_locked(Peer* p) {
+    if (closing.load(std::memory_order_relaxed)) return;
+    if (!p->watch_buf.valid()) {
+        auto b = t->msg_buf_alloc(16);
+        if (!b) return;  // the call still works; only prompt failure detection is lost
+        p->watch_buf = std::move(*b);
+    }
+    auto r = t->post_recv_expected(
+        *na, [this, p](const na::Completion& c) { on_watch(p, c); }, p->watch_buf, p->addr,
+        wire::kWatchTag);
+    if (r) {
+        p->watch = *r;
+        p->watch_posted = true;
+    } else {
+        TALARIA_LOG(core, debug, "context {}: no watch on a peer: {}", id, r.error().describe());
+    }
+}
+
+void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
+    std::vector<ResponseFn> failed;
+    std::vector<std::unique_ptr<LargeOut>> garbage;
+    std::string who;
+    {
+        std::lock_guard g(mu);
+        p->watch_posted = false;
+        bool is_closing = closing.load(std::memory_order_relaxed);
+        if (c.status == Errc::canceled || c.status == Errc::ok) {
+            // Canceled: we retired it (idle peer) or are closing. Ok: someone sent our watch
+            // tag; keep watching.
+            if (!is_closing && (!p->retiring || p->inflight > 0)) {
+                post_watch_locked(p);
+            } else if (p->inflight == 0) {
+                if (last_peer == p) last_peer = nullptr;
+                peers.erase(p->addr.impl());  // frees p
+            }
+            return;
+        }
+        // The transport failed the peer: fail every call to it.
+        for (uint32_t i = 0; i < slots.size(); ++i) {
+            if (slots[i].seq != 0 && slots[i].peer == p) {
+                garbage.emplace_back();
+                failed.push_back(release_slot_locked(i, garbage.back()));
+            }
+        }
+        who = t->addr_to_string(p->addr);
+    }
+    if (!failed.empty())
+        TALARIA_LOG(core, info, "context {}: peer {} failed ({}): {} calls fail", id, who,
+                    errc_name(c.status), failed.size());
+    Errc code = c.status == Errc::unreachable ? Errc::unreachable : Errc::disconnected;
+    for (auto& fn : failed) {
+        CtxCounters::add(counters.errors);
+        if (fn)
+            fn(Error{code,
+                     fmt::format("the peer {} {}", who,
+                                 code == Errc::unreachable ? "cannot be reached"
+                                                           : "disconnected (closed or died)")});
+    }
+}
+
+ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage) {
+    CallSlot& s = slots[idx];
+    ResponseFn fn = std::move(s.done);
+    s.done = nullptr;
+    if (s.heap >= 0) heap_remove_locked(idx);
+    if (s.peer) {
+        --s.peer->inflight;
+        s.peer = nullptr;
+    }
+    garbage = std::move(s.large);
+    s.seq = 0;
+    s.next_free = free_head;
+    free_head = idx;
+    inflight.store(inflight.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    return fn;
+}
+
+Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
+                                      std::span<const std::byte> args, const CallOptions& opts,
+                                      ResponseFn done) {
+    if (!dest || dest.impl()->transport() != t)
+        return Error{Errc::invalid_argument,
+                     "forward: the destination address is empty or belongs to another transport"};
+    if (closing.load(std::memory_order_relaxed))
+        return Error{Errc::shutdown, "forward: the engine is shutting down"};
+    const bool large = args.size() > eng->eager;
+    if (large && args.size() > eng->opts.max_payload)
+        return Error{Errc::message_too_large,
+                     fmt::format("forward: {} bytes of arguments exceed Options::max_payload ({})",
+                                 args.size(), eng->opts.max_payload)};
+
+    // Large arguments: register a copy the target pulls, before taking the lock.
+    std::unique_ptr<LargeOut> lo;
+    std::vector<std::byte> desc;
+    if (large) {
+        auto r = make_large(args, desc);
+        if (!r) return std::move(r).error();
+        lo = std::move(*r);
+    }
+
+    uint32_t idx;
+    uint32_t seq;
+    {
+        std::lock_guard g(mu);
+        if (free_head == kNoSlot)
+            return Error{Errc::again, fmt::format("context {}: {} calls already in flight "
+                                                  "(Options::max_inflight); retry after progress",
+                                                  id, slots.size())};
+        idx = free_head;
+        CallSlot& s = slots[idx];
+        free_head = s.next_free;
+        if (++s.gen == 0) s.gen = 1;
+        seq = (uint32_t(s.gen) << 16) | idx;
+        s.seq = seq;
+        s.rpc_id = rpc;
+        s.one_way = opts.one_way;
+        s.done = std::move(done);
+        s.large = std::move(lo);
+        s.peer = peer_for_locked(dest);
+        ++s.peer->inflight;
+        if (opts.timeout > Duration::zero()) {
+            s.deadline = Clock::now() + opts.timeout;
+            heap_push_locked(idx);
+        }
+        inflight.store(inflight.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    }
+
+    wire::Header h;
+    h.flags = (opts.one_way ? wire::kOneWay : 0) | (large ? wire::kMore : 0);
+    h.rpc_id = rpc;
+    h.seq = seq;
+    h.target_ctx = opts.target_context;
+    h.reply_ctx = id;
+    auto r = send_message(dest, h, large ? std::span<const std::byte>(desc) : args, seq);
+    if (!r) {
+        // Undo, unless a deadline or cancel on another thread already completed it.
+        std::unique_ptr<LargeOut> garbage;
+        ResponseFn fn;
+        {
+            std::lock_guard g(mu);
+            if (slots[idx].seq == seq) fn = release_slot_locked(idx, garbage);
+        }
+        if (fn) return std::move(r).error();  // `done` never runs
+        return CallId{seq};                   // it already ran (with timeout or canceled)
+    }
+    CtxCounters::add(counters.rpcs_sent);
+    CtxCounters::add(counters.bytes_sent, args.size());
+    return CallId{seq};
+}
+
+void Context::Impl::on_call_sent(uint32_t seq, Errc status) {
+    if (status == Errc::ok) {
+        // A one-way call is done once sent, unless the target must still pull its arguments
+        // (then its ack completes it).
+        uint32_t idx = seq & 0xFFFF;
+        bool done_now = false;
+        {
+            std::lock_guard g(mu);
+            done_now = idx < slots.size() && slots[idx].seq == seq && slots[idx].one_way &&
+                       !slots[idx].large;
+        }
+        if (done_now) complete_call(seq, nullptr, std::span<const std::byte>{}, false);
+        return;
+    }
+    complete_call(seq, nullptr,
+                  Error{status == Errc::canceled ? Errc::canceled : status,
+                        fmt::format("the call could not be sent: {}", errc_name(status))},
+                  false);
+}
+
+bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
+                                  Result<std::span<const std::byte>> r, bool count_response) {
+    uint32_t idx = seq & 0xFFFF;
+    ResponseFn fn;
+    std::unique_ptr<LargeOut> garbage;
+    {
+        std::lock_guard g(mu);
+        if (idx >= slots.size() || slots[idx].seq != seq) return false;
+        if (source && !(slots[idx].peer && slots[idx].peer->addr == *source)) return false;
+        fn = release_slot_locked(idx, garbage);
+    }
+    if (count_response) CtxCounters::add(counters.responses_received);
+    if (!r) CtxCounters::add(counters.errors);
+    if (fn) fn(std::move(r));
+    return true;
+}
+
+void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte> payload,
+                                const na::Addr& source) {
+    if (h.flags & wire::kMore) {
+        // Check that the call still waits before pulling anything.
+        uint32_t idx = h.seq & 0xFFFF;
+        bool live;
+        {
+            std::lock_guard g(mu);
+            live = idx < slots.size() && slots[idx].seq == h.seq && slots[idx].peer &&
+                   slots[idx].peer->addr == source;
+        }
+        if (live) {
+            start_pull(h, payload, source);
+        } else {
+            send_ack(source, h, false);  // let the target release the result now
+        }
+        return;
+    }
+    bool matched;
+    if (h.status == 0) {
+        CtxCounters::add(counters.bytes_received, payload.size());
+        matched = complete_call(h.seq, &source, payload, true);
+    } else {
+        std::string_view text(reinterpret_cast<const char*>(payload.data()), payload.size());
+        matched = complete_call(h.seq, &source,
+                                Error{static_cast<Errc>(h.status), std::string(text)}, true);
+    }
+    if (!matched)
+        TALARIA_LOG(core, debug,
+                    "context {}: dropping a response to call {:#x}, which already completed "
+                    "(deadline or cancel)",
+                    id, h.seq);
+}
+
+Result<void> Context::Impl::cancel(CallId call) {
+    uint32_t idx = call.seq & 0xFFFF;
+    std::unique_ptr<LargeOut> garbage;
+    {
+        std::lock_guard g(mu);
+        if (!call.valid() || idx >= slots.size() || slots[idx].seq != call.seq)
+            return Error{Errc::not_found, "cancel: the call already completed"};
+        ResponseFn fn = release_slot_locked(idx, garbage);
+        defer_locked(std::move(fn), Error{Errc::canceled, "the call was canceled"});
+    }
+    CtxCounters::add(counters.canceled);
+    // Wake the thread driving this context so the completion runs promptly.
+    (void)na->post([this](const na::Completion&) { run_deferred(); });
+    return ok();
+}
+
+void Context::Impl::defer_locked(ResponseFn fn, Error e) {
+    deferred.emplace_back(std::move(fn), std::move(e));
+    has_deferred.store(true, std::memory_order_release);
+}
+
+unsigned Context::Impl::run_deferred() {
+    if (!has_deferred.load(std::memory_order_acquire)) return 0;
+    std::vector<std::pair<ResponseFn, Error>> batch;
+    {
+        std::lock_guard g(mu);
+        batch.swap(deferred);
+        has_deferred.store(false, std::memory_order_relaxed);
+    }
+    for (auto& [fn, e] : batch)
+        if (fn) fn(std::move(e));
+    return static_cast<unsigned>(batch.size());
+}
+
+// --- deadlines --------------------------------------------------------------------------------
+
+void Context::Impl::publish_deadline_locked() {
+    next_deadline_ns.store(heap.empty() ? INT64_MAX : to_ns(slots[heap[0]].deadline),
+                           std::memory_order_release);
+}
+
+void Context::Impl::heap_fix_locked(std::size_t i) {
+    auto less = [&](std::size_t a, std::size_t b) {
+        return slots[heap[a]].deadline < slots[heap[b]].deadline;
+    };
+    auto swap_at = [&](std::size_t a, std::size_t b) {
+        std::swap(heap[a], heap[b]);
+        slots[heap[a]].heap = static_cast<int32_t>(a);
+        slots[heap[b]].heap = static_cast<int32_t>(b);
+    };
+    while (i > 0 && less(i, (i - 1) / 2)) {
+        swap_at(i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+    for (;;) {
+        std::size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < heap.size() && less(l, m)) m = l;
+        if (r < heap.size() && less(r, m)) m = r;
+        if (m == i) break;
+        swap_at(i, m);
+        i = m;
+    }
+}
+
+void Context::Impl::heap_push_locked(uint32_t idx) {
+    heap.push_back(idx);
+    slots[idx].heap = static_cast<int32_t>(heap.size() - 1);
+    heap_fix_locked(heap.size() - 1);
+    publish_deadline_locked();
+}
+
+void Context::Impl::heap_remove_locked(uint32_t idx) {
+    auto i = static_cast<std::size_t>(slots[idx].heap);
+    slots[idx].heap = -1;
+    uint32_t last = heap.back();
+    heap.pop_back();
+    if (i < heap.size()) {
+        heap[i] = last;
+        slots[last].heap = static_cast<int32_t>(i);
+        heap_fix_locked(i);
+    }
+    publish_deadline_locked();
+}
+
+unsigned Context::Impl::expire_timers() {
+    if (next_deadline_ns.load(std::memory_order_acquire) == INT64_MAX) return 0;
+    auto now = Clock::now();
+    if (to_ns(now) < next_deadline_ns.load(std::memory_order_acquire)) return 0;
+    std::vector<ResponseFn> expired;
+    std::vector<std::unique_ptr<LargeOut>> garbage;
+    {
+        std::lock_guard g(mu);
+        while (!heap.empty() && slots[heap[0]].deadline <= now) {
+            garbage.emplace_back();
+            expired.push_back(release_slot_locked(heap[0], garbage.back()));
+        }
+    }
+    for (auto& fn : expired) {
+        CtxCounters::add(counters.timeouts);
+        if (fn) fn(Error{Errc::timeout, "the call's deadline passed before its response came"});
+    }
+    return static_cast<unsigned>(expired.size());
+}
+
+// --- housekeeping -----------------------------------------------------------------------------
+
+void Context::Impl::sweep(TimePoint now) {
+    next_sweep = now + kSweepPeriod;
+    expire_pending(now);
+    std::lock_guard g(mu);
+    for (auto& [key, p] : peers) {
+        if (p->inflight != 0 || !p->watch_posted || p->retiring) continue;
+        if (++p->idle_sweeps < kIdleSweeps) continue;
+        p->retiring = true;
+        (void)t->cancel(p->watch);  // on_watch erases it
+    }
+}
+
+// --- shutdown ---------------------------------------------------------------------------------
+
+void Context::Impl::begin_shutdown() {
+    closing.store(true, std::memory_order_relaxed);
+    std::vector<ResponseFn> failed;
+    std::vector<std::unique_ptr<LargeOut>> garbage;
+    {
+        std::lock_guard g(mu);
+        for (uint32_t i = 0; i < slots.size(); ++i) {
+            if (slots[i].seq == 0) continue;
+            garbage.emplace_back();
+            failed.push_back(release_slot_locked(i, garbage.back()));
+        }
+        for (auto& [key, p] : peers)
+            if (p->watch_posted) (void)t->cancel(p->watch);
+    }
+    run_deferred();
+    for (auto& fn : failed)
+        if (fn) fn(Error{Errc::shutdown, "the engine was destroyed with the call in flight"});
+    {
+        std::lock_guard g(pend_mu);
+        pending.clear();
+    }
+    for (auto& rs : recvs)
+        if (rs->posted) (void)t->cancel(rs->op);
+}
+
+bool Context::Impl::drained() const {
+    for (auto& rs : recvs)
+        if (rs->posted) return false;
+    for (auto& [key, p] : peers)
+        if (p->watch_posted) return false;
+    if (pulls.load() != 0) return false;
+    return free_bufs.size() == all_bufs.size();
+}
+
+// --- Context ----------------------------------------------------------------------------------
+
+Context::Context(Engine* e, std::unique_ptr<Impl> impl) : engine_(e), impl_(std::move(impl)) {
+    impl_->self = this;
+}
+Context::~Context() = default;
+
+uint8_t Context::id() const noexcept {
+    return impl_->id;
+}
+na::Context& Context::na_context() const noexcept {
+    return *impl_->na;
+}
+
+Result<CallId> Context::forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
+                                const CallOptions& opts, ResponseFn done) {
+    return impl_->forward(dest, id, args, opts, std::move(done));
+}
+
+Result<void> Context::cancel(CallId call) {
+    return impl_->cancel(call);
+}
+
+Result<void> Context::progress(Duration timeout) {
+    Impl& im = *impl_;
+    if (im.na->has_completions() || im.has_deferred.load(std::memory_order_acquire)) return ok();
+    int64_t dl = im.next_deadline_ns.load(std::memory_order_acquire);
+    if (dl == INT64_MAX) {
+        auto r = im.na->progress(timeout);  // no clock read when busy polling
+        // An idle context (blocking mode) triggers rarely: do the housekeeping here.
+        if (!r && r.code() == Errc::timeout && timeout > Duration::zero()) im.maybe_sweep_idle();
+        return r;
+    }
+    int64_t now = to_ns(Clock::now());
+    if (now >= dl) return ok();
+    Duration until{dl - now};
+    bool capped = timeout < Duration::zero() || until < timeout;
+    auto r = im.na->progress(capped ? until : timeout);
+    if (!r && r.code() == Errc::timeout && capped) return ok();  // a deadline is due
+    return r;
+}
+
+void Context::Impl::maybe_sweep_idle() {
+    auto now = Clock::now();
+    if (now >= next_sweep) sweep(now);
+}
+
+unsigned Context::trigger(unsigned max) {
+    Impl& im = *impl_;
+    unsigned n = im.na->trigger(max);
+    n += im.expire_timers();
+    n += im.run_deferred();
+    // Housekeeping about once a second, reading the clock once every 1024 calls.
+    if ((++im.trigger_calls & 1023) == 0) {
+        auto now = Clock::now();
+        if (now >= im.next_sweep) im.sweep(now);
+    }
+    return n;
+}
+
+int Context::wait_fd() const noexcept {
+    return impl_->na->wait_fd();
+}
+
+bool Context::try_wait() {
+    if (impl_->has_deferred.load(std::memory_order_acquire)) return false;
+    if (next_deadline() <= Clock::now()) return false;
+    return impl_->na->try_wait();
+}
+
+TimePoint Context::next_deadline() const noexcept {
+    int64_t dl = impl_->next_deadline_ns.load(std::memory_order_acquire);
+    if (dl == INT64_MAX) return TimePoint::max();
+    return TimePoint(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(dl)));
+}
+
+std::size_t Context::in_flight() const noexcept {
+    return impl_->inflight.load(std::memory_order_relaxed);
+}
+
+}  // namespace talaria::core

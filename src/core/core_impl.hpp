@@ -1,0 +1,239 @@
+// The RPC core's private state: Engine::Impl, Context::Impl and what they own.
+//
+// Locking (all per context; nothing is shared between contexts on a message path):
+//  - `mu` (a spin lock, absent in single-threaded mode) guards the call table, the deadline
+//    heap, the peer map and the deferred completions. Never held while a user callback runs.
+//  - `pool_mu` guards the free list of send buffers (responses may be sent from any thread).
+//  - `pend_mu` guards large results waiting for their caller to pull them (slow path).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/wire.hpp"
+#include "talaria/core/core.hpp"
+#include "talaria/util/spin_lock.hpp"
+
+namespace talaria::core {
+
+/// A registered procedure. Entries are never freed while the engine lives (a handler may be
+/// running on another context when it is deregistered); re-registering installs a new entry.
+struct RpcEntry {
+    RpcId id = 0;
+    std::string name;
+    Handler handler;
+    std::atomic<bool> live{true};
+};
+
+/// Id -> entry: lock-free lookups (one probe in practice), inserts under a mutex.
+class Registry {
+  public:
+    Registry();
+    [[nodiscard]] RpcEntry* find(RpcId id) const noexcept;
+    Result<void> add(RpcId id, std::string_view name, Handler h);
+    Result<void> remove(RpcId id);
+
+  private:
+    static constexpr std::size_t kCapacity = 4096;  // power of two
+    std::unique_ptr<std::atomic<RpcEntry*>[]> table_;
+    std::mutex mu_;
+    std::vector<std::unique_ptr<RpcEntry>> all_;
+};
+
+/// Counters of one context. Relaxed atomics: each context's are written mostly by its own
+/// thread, so they cost no cache-line traffic between contexts.
+struct CtxCounters {
+    std::atomic<uint64_t> rpcs_sent{0}, rpcs_received{0}, responses_sent{0}, responses_received{0},
+        bytes_sent{0}, bytes_received{0}, bulk_ops{0}, bulk_bytes{0}, timeouts{0}, canceled{0},
+        errors{0};
+    static void add(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
+        c.fetch_add(n, std::memory_order_relaxed);
+    }
+};
+
+/// Registered memory holding a payload a peer pulls (large arguments or results).
+struct LargeOut {
+    std::vector<std::byte> data;
+    na::MemHandle mem;
+};
+
+/// A peer this context has calls in flight to, with its watch: an expected receive that only
+/// ever completes when the transport fails the peer.
+struct Peer {
+    na::Addr addr;
+    uint32_t inflight = 0;
+    bool watch_posted = false;
+    bool retiring = false;  ///< the watch is being canceled because the peer went idle
+    unsigned idle_sweeps = 0;
+    na::OpId watch;
+    na::MsgBuffer watch_buf;
+};
+
+/// One outgoing call.
+struct CallSlot {
+    uint32_t seq = 0;  ///< 0 while free
+    uint16_t gen = 0;
+    bool one_way = false;
+    int32_t heap = -1;  ///< index in the deadline heap, -1 if no deadline
+    uint32_t next_free = 0;
+    RpcId rpc_id = 0;
+    Peer* peer = nullptr;
+    TimePoint deadline{};
+    ResponseFn done;
+    std::unique_ptr<LargeOut> large;  ///< arguments the target pulls
+};
+
+/// A send buffer and what its completion must do.
+struct SendBuf {
+    na::MsgBuffer buf;
+    Context::Impl* impl = nullptr;
+    uint32_t seq = 0;  ///< the call this message belongs to (0: not a call)
+};
+
+/// A posted unexpected receive.
+struct RecvSlot {
+    na::MsgBuffer buf;
+    Context::Impl* impl = nullptr;
+    na::OpId op;
+    bool posted = false;
+};
+
+/// A large result waiting for the caller to pull it and acknowledge.
+struct PendingResult {
+    na::Addr dest;
+    uint32_t seq = 0;
+    TimePoint expires{};
+    std::unique_ptr<LargeOut> out;
+};
+
+/// Pulling a kMore payload: request arguments (at the target) or a result (at the caller).
+struct PullJob {
+    Context::Impl* impl = nullptr;
+    wire::Header header;
+    na::Addr source;
+    uint32_t data_crc = 0;
+    std::vector<std::byte> data;
+    na::MemHandle local;
+    na::MemHandle remote;
+};
+
+struct Engine::Impl {
+    // Declared first, destroyed last: everything below refers to it.
+    std::unique_ptr<na::Transport> transport;
+    Options opts;
+    std::size_t eager = 0;
+    na::Addr self;
+    std::string self_string;
+    Registry registry;
+    std::vector<std::unique_ptr<Context>> contexts;
+    std::atomic<uint64_t> bulk_ops{0}, bulk_bytes{0}, bulk_errors{0};
+};
+
+struct Context::Impl {
+    Impl(Engine::Impl* e, std::unique_ptr<na::Context> n);
+    ~Impl();
+
+    Engine::Impl* eng;
+    Context* self = nullptr;
+    std::unique_ptr<na::Context> na;
+    na::Transport* t;
+    uint8_t id;
+    bool thread_safe;
+    bool checksum;
+    std::atomic<bool> closing{false};
+
+    // --- calls (under mu) -----------------------------------------------------------------
+    MaybeSpinLock mu;
+    std::vector<CallSlot> slots;
+    uint32_t free_head = 0;
+    std::atomic<std::size_t> inflight{0};
+    std::vector<uint32_t> heap;                        ///< slot indices, min-heap by deadline
+    std::atomic<int64_t> next_deadline_ns{INT64_MAX};  ///< deadline of heap[0], ns since epoch
+    std::unordered_map<na::AddrImpl*, std::unique_ptr<Peer>> peers;
+    Peer* last_peer = nullptr;
+    std::vector<std::pair<ResponseFn, Error>> deferred;
+    std::atomic<bool> has_deferred{false};
+
+    // --- buffers ----------------------------------------------------------------------------
+    MaybeSpinLock pool_mu;
+    std::vector<SendBuf*> free_bufs;
+    std::vector<std::unique_ptr<SendBuf>> all_bufs;
+    std::vector<std::unique_ptr<RecvSlot>> recvs;
+    std::atomic<int> pulls{0};  ///< PullJobs in flight
+
+    std::mutex pend_mu;
+    std::vector<PendingResult> pending;
+
+    CtxCounters counters;
+    unsigned trigger_calls = 0;
+    TimePoint next_sweep{};
+
+    // --- setup / teardown (context.cpp) -----------------------------------------------------
+    Result<void> start(unsigned recv_depth, uint32_t max_inflight);
+    /// Fail every call with shutdown, cancel receives and watches (engine destruction).
+    void begin_shutdown();
+    [[nodiscard]] bool drained() const;
+
+    // --- calls (context.cpp) -----------------------------------------------------------------
+    Result<CallId> forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
+                           const CallOptions& opts, ResponseFn done);
+    Result<void> cancel(CallId call);
+    void on_call_sent(uint32_t seq, Errc status);
+    void on_response(const wire::Header& h, std::span<const std::byte> payload,
+                     const na::Addr& source);
+    /// Complete the call `seq` from `source` with `r` if it is still pending.
+    bool complete_call(uint32_t seq, const na::Addr* source, Result<std::span<const std::byte>> r,
+                       bool count_response);
+    Peer* peer_for_locked(const na::Addr& dest);
+    void post_watch_locked(Peer* p);
+    void on_watch(Peer* p, const na::Completion& c);
+    /// Take the completion out of a slot and free it (under mu). Large args are moved to
+    /// `garbage` so they are deregistered outside the lock.
+    ResponseFn release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage);
+    void heap_push_locked(uint32_t idx);
+    void heap_remove_locked(uint32_t idx);
+    void heap_fix_locked(std::size_t i);
+    void publish_deadline_locked();
+    unsigned expire_timers();
+    unsigned run_deferred();
+    void defer_locked(ResponseFn fn, Error e);
+    void sweep(TimePoint now);
+    void maybe_sweep_idle();
+
+    // --- messages (request.cpp) ----------------------------------------------------------------
+    void post_recv(RecvSlot& rs);
+    void on_recv(RecvSlot& rs, const na::Completion& c);
+    void handle_message(std::span<const std::byte> msg, const na::Addr& source);
+    void dispatch(const wire::Header& h, std::span<const std::byte> input, const na::Addr& source);
+    Result<void> send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc_id, uint8_t dest_ctx,
+                            Errc status, std::span<const std::byte> out);
+    /// Send header + payload from a pooled buffer (payload fits the eager size).
+    Result<void> send_message(const na::Addr& dest, wire::Header h,
+                              std::span<const std::byte> payload, uint32_t call_seq);
+    void send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack);
+    void on_ack(const wire::Header& h, const na::Addr& source);
+    /// Register `data` (copied) for peers to pull and write its descriptor.
+    Result<std::unique_ptr<LargeOut>> make_large(std::span<const std::byte> data,
+                                                 std::vector<std::byte>& descriptor);
+    void start_pull(const wire::Header& h, std::span<const std::byte> payload,
+                    const na::Addr& source);
+    void on_pulled(PullJob* job, const na::Completion& c);
+    /// The pulled payload of a request or a response failed: tell whoever waits.
+    void pull_failed(const wire::Header& h, const na::Addr& source, Error e);
+    void on_call_sent_buf(SendBuf* sb, Errc status);
+    SendBuf* acquire_buf();
+    void release_buf(SendBuf* sb) noexcept;
+    void expire_pending(TimePoint now);
+};
+
+inline int64_t to_ns(TimePoint t) noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace talaria::core

@@ -1,0 +1,354 @@
+// Core contexts, receiving side: posted receives, dispatch to handlers, responses, large
+// payloads (pull + ack), and core::Request.
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/core_impl.hpp"
+#include "talaria/util/crc32c.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::core {
+
+// --- receives ---------------------------------------------------------------------------------
+
+void Context::Impl::post_recv(RecvSlot& rs) {
+    if (closing.load(std::memory_order_relaxed)) return;
+    RecvSlot* p = &rs;
+    auto r = t->post_recv_unexpected(
+        *na, [p](const na::Completion& c) { p->impl->on_recv(*p, c); }, rs.buf);
+    if (r) {
+        rs.op = *r;
+        rs.posted = true;
+    } else {
+        // The transport queues what arrives meanwhile; the next completion reposts.
+        CtxCounters::add(counters.errors);
+        TALARIA_LOG(core, warn, "context {}: could not post a receive: {}", id,
+                    r.error().describe());
+    }
+}
+
+void Context::Impl::on_recv(RecvSlot& rs, const na::Completion& c) {
+    rs.posted = false;
+    if (closing.load(std::memory_order_relaxed)) return;
+    if (c.status == Errc::ok) {
+        handle_message({rs.buf.data(), c.size}, c.source);
+    } else if (c.status != Errc::canceled) {
+        CtxCounters::add(counters.errors);
+        TALARIA_LOG(core, warn, "context {}: a receive failed: {}", id, errc_name(c.status));
+    }
+    // Repost every receive that is down (one may have failed to post earlier).
+    for (auto& r : recvs)
+        if (!r->posted) post_recv(*r);
+}
+
+void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Addr& source) {
+    auto h = wire::decode_header(msg);
+    if (!h) [[unlikely]] {
+        CtxCounters::add(counters.errors);
+        TALARIA_LOG(core, warn, "context {}: dropping a message from {}: {}", id,
+                    t->addr_to_string(source), h.error().describe());
+        return;
+    }
+    auto payload = msg.subspan(wire::kHeaderSize);
+    if (h->flags & wire::kResponse) return on_response(*h, payload, source);
+    if (h->flags & wire::kAck) return on_ack(*h, source);
+    CtxCounters::add(counters.rpcs_received);
+    if (h->flags & wire::kMore) return start_pull(*h, payload, source);
+    CtxCounters::add(counters.bytes_received, payload.size());
+    dispatch(*h, payload, source);
+}
+
+void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> input,
+                             const na::Addr& source) {
+    Request req;
+    req.ctx_ = self;
+    req.source_ = source;
+    req.input_ = input;
+    req.rpc_id_ = h.rpc_id;
+    req.seq_ = h.seq;
+    req.reply_ctx_ = h.reply_ctx;
+    req.one_way_ = (h.flags & wire::kOneWay) != 0;
+    RpcEntry* e = eng->registry.find(h.rpc_id);
+    if (!e) [[unlikely]] {
+        CtxCounters::add(counters.errors);
+        if (req.one_way_) {
+            TALARIA_LOG(core, warn, "context {}: one-way call of unregistered RPC {:#010x} from {}",
+                        id, h.rpc_id, t->addr_to_string(source));
+            req.ctx_ = nullptr;
+            return;
+        }
+        (void)req.respond_error(
+            Errc::not_found,
+            fmt::format("no RPC with id {:#010x} is registered at {}", h.rpc_id, eng->self_string));
+        return;
+    }
+    try {
+        e->handler(req);
+    } catch (const std::exception& ex) {
+        CtxCounters::add(counters.errors);
+        if (req.valid() && !req.responded() && !req.one_way())
+            (void)req.respond_error(Errc::internal,
+                                    fmt::format("handler '{}' threw: {}", e->name, ex.what()));
+    } catch (...) {
+        CtxCounters::add(counters.errors);
+        if (req.valid() && !req.responded() && !req.one_way())
+            (void)req.respond_error(
+                Errc::internal,
+                fmt::format("handler '{}' threw a non-standard exception", e->name));
+    }
+    // A request the handler neither answered nor kept is answered by its destructor.
+}
+
+// --- responses and acks -----------------------------------------------------------------------
+
+Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc,
+                                       uint8_t dest_ctx, Errc status,
+                                       std::span<const std::byte> out) {
+    wire::Header h;
+    h.flags = wire::kResponse;
+    h.rpc_id = rpc;
+    h.seq = seq;
+    h.target_ctx = dest_ctx;
+    h.reply_ctx = id;
+    h.status = static_cast<uint16_t>(status);
+    if (status != Errc::ok && out.size() > eng->eager) out = out.first(eng->eager);
+    if (out.size() <= eng->eager) {
+        auto r = send_message(dest, h, out, 0);
+        if (!r) return r;
+    } else {
+        if (out.size() > eng->opts.max_payload)
+            return Error{Errc::message_too_large,
+                         fmt::format("respond: {} bytes of result exceed Options::max_payload "
+                                     "({})",
+                                     out.size(), eng->opts.max_payload)};
+        std::vector<std::byte> desc;
+        TALARIA_TRY(lo, make_large(out, desc));
+        h.flags |= wire::kMore;
+        {
+            std::lock_guard g(pend_mu);
+            pending.push_back(
+                PendingResult{dest, seq, Clock::now() + eng->opts.ack_linger, std::move(lo)});
+        }
+        auto r = send_message(dest, h, desc, 0);
+        if (!r) {
+            std::lock_guard g(pend_mu);
+            for (auto it = pending.begin(); it != pending.end(); ++it)
+                if (it->seq == seq && it->dest == dest) {
+                    pending.erase(it);
+                    break;
+                }
+            return r;
+        }
+    }
+    CtxCounters::add(counters.responses_sent);
+    if (status == Errc::ok) CtxCounters::add(counters.bytes_sent, out.size());
+    return ok();
+}
+
+void Context::Impl::send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack) {
+    wire::Header h;
+    h.flags = wire::kAck | (one_way_ack ? wire::kOneWay : 0);
+    h.rpc_id = of.rpc_id;
+    h.seq = of.seq;
+    h.target_ctx = of.reply_ctx;
+    h.reply_ctx = id;
+    if (auto r = send_message(dest, h, {}, 0); !r)
+        TALARIA_LOG(core, debug, "context {}: ack not sent: {}", id, r.error().describe());
+}
+
+void Context::Impl::on_ack(const wire::Header& h, const na::Addr& source) {
+    if (h.flags & wire::kOneWay) {
+        // The target pulled the large arguments of our one-way call: it is complete.
+        complete_call(h.seq, &source, std::span<const std::byte>{}, false);
+        return;
+    }
+    // The caller pulled a large result: release it.
+    std::unique_ptr<LargeOut> garbage;
+    {
+        std::lock_guard g(pend_mu);
+        for (auto it = pending.begin(); it != pending.end(); ++it) {
+            if (it->seq == h.seq && it->dest == source) {
+                garbage = std::move(it->out);
+                pending.erase(it);
+                break;
+            }
+        }
+    }
+}
+
+void Context::Impl::expire_pending(TimePoint now) {
+    std::vector<PendingResult> expired;
+    {
+        std::lock_guard g(pend_mu);
+        for (auto it = pending.begin(); it != pending.end();) {
+            if (it->expires <= now) {
+                expired.push_back(std::move(*it));
+                it = pending.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    if (!expired.empty())
+        TALARIA_LOG(core, info,
+                    "context {}: {} large results were never pulled by their callers; released", id,
+                    expired.size());
+}
+
+// --- large payloads ---------------------------------------------------------------------------
+
+Result<std::unique_ptr<LargeOut>> Context::Impl::make_large(std::span<const std::byte> data,
+                                                            std::vector<std::byte>& descriptor) {
+    auto lo = std::make_unique<LargeOut>();
+    lo->data.assign(data.begin(), data.end());
+    TALARIA_TRY(mem, t->mem_register(lo->data.data(), lo->data.size(), na::Access::read_only));
+    lo->mem = std::move(mem);
+    std::vector<std::byte> ser(t->mem_serialize_size(lo->mem));
+    TALARIA_TRY(n, t->mem_serialize(lo->mem, ser));
+    wire::MoreDescriptor d;
+    d.total = data.size();
+    d.data_crc = checksum ? crc32c(0, data.data(), data.size()) : 0;
+    d.mem = std::span<const std::byte>(ser.data(), n);
+    descriptor.resize(wire::kMoreFixedSize + n);
+    TALARIA_TRY(w, wire::encode_more(d, descriptor));
+    if (wire::kHeaderSize + w > t->max_unexpected_size())
+        return Error{
+            Errc::not_supported,
+            fmt::format("{}: a memory handle of {} bytes does not fit one message", t->name(), n)};
+    return lo;
+}
+
+void Context::Impl::pull_failed(const wire::Header& h, const na::Addr& source, Error e) {
+    CtxCounters::add(counters.errors);
+    if (h.flags & wire::kResponse) {
+        complete_call(h.seq, &source, std::move(e), true);
+        send_ack(source, h, false);  // the target may release the result either way
+    } else if (!(h.flags & wire::kOneWay)) {
+        (void)send_reply(
+            source, h.seq, h.rpc_id, h.reply_ctx, e.code(),
+            std::span(reinterpret_cast<const std::byte*>(e.message().data()), e.message().size()));
+    } else {
+        TALARIA_LOG(core, warn, "context {}: the arguments of a one-way call were lost: {}", id,
+                    e.describe());
+    }
+}
+
+void Context::Impl::start_pull(const wire::Header& h, std::span<const std::byte> payload,
+                               const na::Addr& source) {
+    auto d = wire::decode_more(payload);
+    if (!d) return pull_failed(h, source, std::move(d).error());
+    if (d->total > eng->opts.max_payload)
+        return pull_failed(h, source,
+                           Error{Errc::message_too_large,
+                                 fmt::format("a payload of {} bytes exceeds the receiver's "
+                                             "Options::max_payload ({})",
+                                             d->total, eng->opts.max_payload)});
+    auto remote = t->mem_deserialize(d->mem);
+    if (!remote) return pull_failed(h, source, std::move(remote).error());
+    if ((*remote)->length() < d->total)
+        return pull_failed(h, source,
+                           Error{Errc::protocol_error,
+                                 "a large-payload descriptor names more bytes than its region"});
+    auto job = std::make_unique<PullJob>();
+    job->impl = this;
+    job->header = h;
+    job->source = source;
+    job->data_crc = d->data_crc;
+    job->data.resize(d->total);
+    auto local = t->mem_register(job->data.data(), job->data.size(), na::Access::write_only);
+    if (!local) return pull_failed(h, source, std::move(local).error());
+    job->local = std::move(*local);
+    job->remote = std::move(*remote);
+    PullJob* raw = job.get();
+    auto r = t->post_get(
+        *na, [raw](const na::Completion& c) { raw->impl->on_pulled(raw, c); }, job->local, 0,
+        job->remote, 0, job->data.size(), source);
+    if (!r) return pull_failed(h, source, std::move(r).error());
+    pulls.fetch_add(1);
+    CtxCounters::add(counters.bulk_ops);
+    CtxCounters::add(counters.bulk_bytes, d->total);
+    job.release();  // on_pulled owns it
+}
+
+void Context::Impl::on_pulled(PullJob* raw, const na::Completion& c) {
+    std::unique_ptr<PullJob> job(raw);
+    pulls.fetch_sub(1);
+    if (closing.load(std::memory_order_relaxed)) return;
+    const wire::Header& h = job->header;
+    if (c.status != Errc::ok)
+        return pull_failed(h, job->source,
+                           Error{c.status, fmt::format("pulling a {}-byte payload failed: {}",
+                                                       job->data.size(), errc_name(c.status))});
+    if ((h.flags & wire::kChecksum) &&
+        crc32c(0, job->data.data(), job->data.size()) != job->data_crc)
+        return pull_failed(
+            h, job->source,
+            Error{Errc::protocol_error, "a large payload's checksum does not match: corrupted"});
+    job->local.reset();
+    job->remote.reset();
+    CtxCounters::add(counters.bytes_received, job->data.size());
+    if (h.flags & wire::kResponse) {
+        send_ack(job->source, h, false);
+        complete_call(h.seq, &job->source, std::span<const std::byte>(job->data), true);
+        return;
+    }
+    if (h.flags & wire::kOneWay) send_ack(job->source, h, true);
+    dispatch(h, job->data, job->source);
+}
+
+// --- Request ----------------------------------------------------------------------------------
+
+Request::Request(Request&& o) noexcept
+    : ctx_(o.ctx_),
+      source_(std::move(o.source_)),
+      input_(o.input_),
+      rpc_id_(o.rpc_id_),
+      seq_(o.seq_),
+      reply_ctx_(o.reply_ctx_),
+      one_way_(o.one_way_),
+      responded_(o.responded_) {
+    o.ctx_ = nullptr;
+    o.input_ = {};
+    // The handler's input buffer is reposted once it returns: a moved request keeps no view.
+    input_ = {};
+}
+
+Request& Request::operator=(Request&& o) noexcept {
+    if (this != &o) {
+        this->~Request();
+        new (this) Request(std::move(o));
+    }
+    return *this;
+}
+
+Request::~Request() {
+    if (ctx_ && !responded_ && !one_way_) {
+        std::string msg = fmt::format("the handler of '{}' dropped the request without responding",
+                                      ctx_->engine().rpc_name(rpc_id_));
+        TALARIA_LOG(core, warn, "{}", msg);
+        (void)send_response(Errc::internal,
+                            {reinterpret_cast<const std::byte*>(msg.data()), msg.size()});
+    }
+}
+
+Result<void> Request::respond(std::span<const std::byte> output) {
+    return send_response(Errc::ok, output);
+}
+
+Result<void> Request::respond_error(Errc code, std::string_view message) {
+    if (code == Errc::ok) return Error{Errc::invalid_argument, "respond_error with Errc::ok"};
+    return send_response(code,
+                         {reinterpret_cast<const std::byte*>(message.data()), message.size()});
+}
+
+Result<void> Request::send_response(Errc status, std::span<const std::byte> output) {
+    if (!ctx_) return Error{Errc::invalid_argument, "respond: this request is empty (moved from)"};
+    if (one_way_) return Error{Errc::not_supported, "respond: a one-way call takes no response"};
+    if (responded_) return Error{Errc::invalid_argument, "respond: already responded"};
+    auto r = ctx_->impl_->send_reply(source_, seq_, rpc_id_, reply_ctx_, status, output);
+    if (r || r.code() != Errc::again) responded_ = true;
+    return r;
+}
+
+}  // namespace talaria::core

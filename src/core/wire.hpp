@@ -1,0 +1,65 @@
+// The RPC core's wire format (docs/protocol.md, "RPC messages"): a 24-byte header in front of
+// every message the core sends, and the descriptor of a payload too large to send eagerly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "talaria/na/na.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria::core::wire {
+
+inline constexpr uint16_t kMagic = 0x5254;  // bytes "TR"
+inline constexpr uint8_t kVersion = 1;
+inline constexpr std::size_t kHeaderSize = 24;
+
+/// Header flags.
+enum : uint8_t {
+    kResponse = 0x01,  ///< a response (else a request or an ack)
+    kOneWay = 0x02,    ///< request: no response wanted
+    kMore = 0x04,      ///< the payload is a MoreDescriptor: pull the real bytes
+    kChecksum = 0x08,  ///< crc holds crc32c of the header (crc = 0) and the payload
+    kAck = 0x10,       ///< the receiver of a kMore payload has pulled it
+};
+inline constexpr uint8_t kKnownFlags = 0x1F;
+
+/// The na tag of every core message, and the tag of the peer watch (never sent).
+inline constexpr na::Tag kMessageTag = 0x54520001;
+inline constexpr na::Tag kWatchTag = 0xFFFFFFFF;
+
+struct Header {
+    uint8_t flags = 0;
+    uint32_t rpc_id = 0;
+    uint32_t seq = 0;
+    uint8_t target_ctx = 0;  ///< context of the receiver that handles this message
+    uint8_t reply_ctx = 0;   ///< context of the sender (responses and acks go there)
+    uint16_t status = 0;     ///< responses: an Errc (0 = ok)
+    uint32_t payload_len = 0;
+    uint32_t crc = 0;
+};
+
+/// Write `h` into out[0..kHeaderSize). When h.flags has kChecksum, `payload` must be the bytes
+/// that follow and the crc is computed here.
+void encode_header(Header h, std::byte* out, std::span<const std::byte> payload);
+
+/// Parse and validate a received message: magic, version, known flags, payload length equal to
+/// what arrived, status a known Errc, checksum when flagged. protocol_error says which.
+Result<Header> decode_header(std::span<const std::byte> msg);
+
+/// The payload of a kMore message: where to pull the real payload from.
+///   u64 total length, u32 crc32c of the real payload (0 when not checksummed),
+///   u16 length of the memory handle, the na mem_serialize bytes.
+struct MoreDescriptor {
+    uint64_t total = 0;
+    uint32_t data_crc = 0;
+    std::span<const std::byte> mem;  ///< points into the message
+};
+inline constexpr std::size_t kMoreFixedSize = 14;
+
+Result<MoreDescriptor> decode_more(std::span<const std::byte> payload);
+/// Write a descriptor; returns bytes written or message_too_large if it does not fit.
+Result<std::size_t> encode_more(const MoreDescriptor& d, std::span<std::byte> out);
+
+}  // namespace talaria::core::wire
