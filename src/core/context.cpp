@@ -88,7 +88,8 @@ void Context::Impl::release_buf(SendBuf* sb) noexcept {
 }
 
 Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
-                                         std::span<const std::byte> payload, uint32_t call_seq) {
+                                         std::span<const std::byte> payload, uint32_t call_seq,
+                                         bool one_way) {
     SendBuf* sb = acquire_buf();
     if (!sb) return Error{Errc::no_memory, fmt::format("context {}: no message buffer", id)};
     std::byte* p = sb->buf.data();
@@ -97,6 +98,7 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
     if (checksum) h.flags |= wire::kChecksum;
     wire::encode_header(h, p, {p + wire::kHeaderSize, payload.size()});
     sb->seq = call_seq;
+    sb->one_way = one_way;
     auto r = t->post_send_unexpected(
         *na, [sb](const na::Completion& c) { sb->impl->on_call_sent_buf(sb, c.status); }, sb->buf,
         wire::kHeaderSize + payload.size(), dest, h.target_ctx, wire::kMessageTag);
@@ -109,9 +111,11 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
 
 void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
     uint32_t seq = sb->seq;
+    bool one_way = sb->one_way;
     release_buf(sb);
     if (seq != 0) {
-        on_call_sent(seq, status);
+        // A normal call sent fine waits for its response: nothing to do (no lock taken).
+        if (status != Errc::ok || one_way) on_call_sent(seq, one_way, status);
     } else if (status != Errc::ok && status != Errc::canceled) {
         CtxCounters::add(counters.errors);
         TALARIA_LOG(core, debug, "context {}: a response or ack failed to send: {}", id,
@@ -271,7 +275,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.seq = seq;
     h.target_ctx = opts.target_context;
     h.reply_ctx = id;
-    auto r = send_message(dest, h, large ? std::span<const std::byte>(desc) : args, seq);
+    auto r =
+        send_message(dest, h, large ? std::span<const std::byte>(desc) : args, seq, opts.one_way);
     if (!r) {
         // Undo, unless a deadline or cancel on another thread already completed it.
         std::unique_ptr<LargeOut> garbage;
@@ -288,8 +293,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     return CallId{seq};
 }
 
-void Context::Impl::on_call_sent(uint32_t seq, Errc status) {
-    if (status == Errc::ok) {
+void Context::Impl::on_call_sent(uint32_t seq, bool one_way, Errc status) {
+    if (status == Errc::ok && one_way) {
         // A one-way call is done once sent, unless the target must still pull its arguments
         // (then its ack completes it).
         uint32_t idx = seq & 0xFFFF;
@@ -302,6 +307,7 @@ void Context::Impl::on_call_sent(uint32_t seq, Errc status) {
         if (done_now) complete_call(seq, nullptr, std::span<const std::byte>{}, false);
         return;
     }
+    if (status == Errc::ok) return;
     complete_call(seq, nullptr,
                   Error{status == Errc::canceled ? Errc::canceled : status,
                         fmt::format("the call could not be sent: {}", errc_name(status))},

@@ -93,7 +93,8 @@ struct CallSlot {
 struct SendBuf {
     na::MsgBuffer buf;
     Context::Impl* impl = nullptr;
-    uint32_t seq = 0;  ///< the call this message belongs to (0: not a call)
+    uint32_t seq = 0;      ///< the call this message belongs to (0: not a call)
+    bool one_way = false;  ///< a one-way call: sending it completes it
 };
 
 /// A posted unexpected receive.
@@ -102,6 +103,7 @@ struct RecvSlot {
     Context::Impl* impl = nullptr;
     na::OpId op;
     bool posted = false;
+    bool busy = false;  ///< its message is being handled (a handler may drive progress)
 };
 
 /// A large result waiting for the caller to pull it and acknowledge.
@@ -184,7 +186,7 @@ struct Context::Impl {
     Result<CallId> forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
                            const CallOptions& opts, ResponseFn done);
     Result<void> cancel(CallId call);
-    void on_call_sent(uint32_t seq, Errc status);
+    void on_call_sent(uint32_t seq, bool one_way, Errc status);
     void on_response(const wire::Header& h, std::span<const std::byte> payload,
                      const na::Addr& source);
     /// Complete the call `seq` from `source` with `r` if it is still pending.
@@ -215,7 +217,8 @@ struct Context::Impl {
                             Errc status, std::span<const std::byte> out);
     /// Send header + payload from a pooled buffer (payload fits the eager size).
     Result<void> send_message(const na::Addr& dest, wire::Header h,
-                              std::span<const std::byte> payload, uint32_t call_seq);
+                              std::span<const std::byte> payload, uint32_t call_seq,
+                              bool one_way = false);
     void send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack);
     void on_ack(const wire::Header& h, const na::Addr& source);
     /// Register `data` (copied) for peers to pull and write its descriptor.

@@ -32,14 +32,16 @@ void Context::Impl::on_recv(RecvSlot& rs, const na::Completion& c) {
     rs.posted = false;
     if (closing.load(std::memory_order_relaxed)) return;
     if (c.status == Errc::ok) {
+        rs.busy = true;
         handle_message({rs.buf.data(), c.size}, c.source);
+        rs.busy = false;
     } else if (c.status != Errc::canceled) {
         CtxCounters::add(counters.errors);
         TALARIA_LOG(core, warn, "context {}: a receive failed: {}", id, errc_name(c.status));
     }
     // Repost every receive that is down (one may have failed to post earlier).
     for (auto& r : recvs)
-        if (!r->posted) post_recv(*r);
+        if (!r->posted && !r->busy) post_recv(*r);
 }
 
 void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Addr& source) {
