@@ -82,14 +82,13 @@ SendBuf* Context::Impl::acquire_buf() {
 }
 
 void Context::Impl::release_buf(SendBuf* sb) noexcept {
-    sb->seq = 0;
+    sb->info = {};
     std::lock_guard g(pool_mu);
     free_bufs.push_back(sb);
 }
 
 Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
-                                         std::span<const std::byte> payload, uint32_t call_seq,
-                                         bool one_way) {
+                                         std::span<const std::byte> payload, SendInfo info) {
     SendBuf* sb = acquire_buf();
     if (!sb) return Error{Errc::no_memory, fmt::format("context {}: no message buffer", id)};
     std::byte* p = sb->buf.data();
@@ -97,8 +96,7 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
     h.payload_len = static_cast<uint32_t>(payload.size());
     if (checksum) h.flags |= wire::kChecksum;
     wire::encode_header(h, p, {p + wire::kHeaderSize, payload.size()});
-    sb->seq = call_seq;
-    sb->one_way = one_way;
+    sb->info = info;
     auto r = t->post_send_unexpected(
         *na, [sb](const na::Completion& c) { sb->impl->on_call_sent_buf(sb, c.status); }, sb->buf,
         wire::kHeaderSize + payload.size(), dest, h.target_ctx, wire::kMessageTag);
@@ -110,13 +108,23 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
 }
 
 void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
-    uint32_t seq = sb->seq;
-    bool one_way = sb->one_way;
+    SendInfo info = sb->info;
     release_buf(sb);
-    if (seq != 0) {
-        // A normal call sent fine waits for its response: nothing to do (no lock taken).
-        if (status != Errc::ok || one_way) on_call_sent(seq, one_way, status);
-    } else if (status != Errc::ok && status != Errc::canceled) {
+    if (status == Errc::ok) [[likely]] {
+        if (info.kind == SendInfo::call) {
+            CtxCounters::bump(counters.rpcs_sent);
+            CtxCounters::bump(counters.bytes_sent, info.bytes);
+            // A normal call sent fine waits for its response: nothing more (no lock taken).
+            if (info.one_way) on_call_sent(info.seq, true, status);
+        } else if (info.kind == SendInfo::response) {
+            CtxCounters::bump(counters.responses_sent);
+            CtxCounters::bump(counters.bytes_sent, info.bytes);
+        }
+        return;
+    }
+    if (info.seq != 0) {
+        on_call_sent(info.seq, info.one_way, status);
+    } else if (status != Errc::canceled) {
         CtxCounters::add(counters.errors);
         TALARIA_LOG(core, debug, "context {}: a response or ack failed to send: {}", id,
                     errc_name(status));
@@ -275,8 +283,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.seq = seq;
     h.target_ctx = opts.target_context;
     h.reply_ctx = id;
-    auto r =
-        send_message(dest, h, large ? std::span<const std::byte>(desc) : args, seq, opts.one_way);
+    auto r = send_message(dest, h, large ? std::span<const std::byte>(desc) : args,
+                          SendInfo{seq, opts.one_way, SendInfo::call, args.size()});
     if (!r) {
         // Undo, unless a deadline or cancel on another thread already completed it.
         std::unique_ptr<LargeOut> garbage;
@@ -288,8 +296,6 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         if (fn) return std::move(r).error();  // `done` never runs
         return CallId{seq};                   // it already ran (with timeout or canceled)
     }
-    CtxCounters::add(counters.rpcs_sent);
-    CtxCounters::add(counters.bytes_sent, args.size());
     return CallId{seq};
 }
 
@@ -325,7 +331,7 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
         if (source && !(slots[idx].peer && slots[idx].peer->addr == *source)) return false;
         fn = release_slot_locked(idx, garbage);
     }
-    if (count_response) CtxCounters::add(counters.responses_received);
+    if (count_response) CtxCounters::bump(counters.responses_received);
     if (!r) CtxCounters::add(counters.errors);
     if (fn) fn(std::move(r));
     return true;
@@ -351,7 +357,7 @@ void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte
     }
     bool matched;
     if (h.status == 0) {
-        CtxCounters::add(counters.bytes_received, payload.size());
+        CtxCounters::bump(counters.bytes_received, payload.size());
         matched = complete_call(h.seq, &source, payload, true);
     } else {
         std::string_view text(reinterpret_cast<const char*>(payload.data()), payload.size());
@@ -463,7 +469,7 @@ unsigned Context::Impl::expire_timers() {
         }
     }
     for (auto& fn : expired) {
-        CtxCounters::add(counters.timeouts);
+        CtxCounters::bump(counters.timeouts);
         if (fn) fn(Error{Errc::timeout, "the call's deadline passed before its response came"});
     }
     return static_cast<unsigned>(expired.size());

@@ -52,8 +52,14 @@ struct CtxCounters {
     std::atomic<uint64_t> rpcs_sent{0}, rpcs_received{0}, responses_sent{0}, responses_received{0},
         bytes_sent{0}, bytes_received{0}, bulk_ops{0}, bulk_bytes{0}, timeouts{0}, canceled{0},
         errors{0};
+    /// From any thread.
     static void add(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
         c.fetch_add(n, std::memory_order_relaxed);
+    }
+    /// From the thread that triggers the context only (one writer): a plain add, no locked
+    /// instruction. Every counter of the message path is counted here.
+    static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
+        c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }
 };
 
@@ -89,12 +95,20 @@ struct CallSlot {
     std::unique_ptr<LargeOut> large;  ///< arguments the target pulls
 };
 
+/// What a send's completion must do and count.
+struct SendInfo {
+    enum Kind : uint8_t { other, call, response };
+    uint32_t seq = 0;      ///< the call this message belongs to (0: not a call)
+    bool one_way = false;  ///< a one-way call: sending it completes it
+    Kind kind = other;
+    uint64_t bytes = 0;  ///< payload bytes to count as sent (the real size when pulled)
+};
+
 /// A send buffer and what its completion must do.
 struct SendBuf {
     na::MsgBuffer buf;
     Context::Impl* impl = nullptr;
-    uint32_t seq = 0;      ///< the call this message belongs to (0: not a call)
-    bool one_way = false;  ///< a one-way call: sending it completes it
+    SendInfo info;
 };
 
 /// A posted unexpected receive.
@@ -167,6 +181,7 @@ struct Context::Impl {
     std::vector<SendBuf*> free_bufs;
     std::vector<std::unique_ptr<SendBuf>> all_bufs;
     std::vector<std::unique_ptr<RecvSlot>> recvs;
+    unsigned recvs_down = 0;    ///< receives that failed to post (trigger thread only)
     std::atomic<int> pulls{0};  ///< PullJobs in flight
 
     std::mutex pend_mu;
@@ -217,8 +232,7 @@ struct Context::Impl {
                             Errc status, std::span<const std::byte> out);
     /// Send header + payload from a pooled buffer (payload fits the eager size).
     Result<void> send_message(const na::Addr& dest, wire::Header h,
-                              std::span<const std::byte> payload, uint32_t call_seq,
-                              bool one_way = false);
+                              std::span<const std::byte> payload, SendInfo info = {});
     void send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack);
     void on_ack(const wire::Header& h, const na::Addr& source);
     /// Register `data` (copied) for peers to pull and write its descriptor.

@@ -22,6 +22,7 @@ void Context::Impl::post_recv(RecvSlot& rs) {
         rs.posted = true;
     } else {
         // The transport queues what arrives meanwhile; the next completion reposts.
+        ++recvs_down;
         CtxCounters::add(counters.errors);
         TALARIA_LOG(core, warn, "context {}: could not post a receive: {}", id,
                     r.error().describe());
@@ -31,7 +32,7 @@ void Context::Impl::post_recv(RecvSlot& rs) {
 void Context::Impl::on_recv(RecvSlot& rs, const na::Completion& c) {
     rs.posted = false;
     if (closing.load(std::memory_order_relaxed)) return;
-    if (c.status == Errc::ok) {
+    if (c.status == Errc::ok) [[likely]] {
         rs.busy = true;
         handle_message({rs.buf.data(), c.size}, c.source);
         rs.busy = false;
@@ -39,9 +40,13 @@ void Context::Impl::on_recv(RecvSlot& rs, const na::Completion& c) {
         CtxCounters::add(counters.errors);
         TALARIA_LOG(core, warn, "context {}: a receive failed: {}", id, errc_name(c.status));
     }
-    // Repost every receive that is down (one may have failed to post earlier).
-    for (auto& r : recvs)
-        if (!r->posted && !r->busy) post_recv(*r);
+    post_recv(rs);
+    if (recvs_down != 0) [[unlikely]] {
+        // Some receive failed to post earlier: retry them all now.
+        recvs_down = 0;
+        for (auto& r : recvs)
+            if (!r->posted && !r->busy) post_recv(*r);
+    }
 }
 
 void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Addr& source) {
@@ -55,9 +60,9 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
     auto payload = msg.subspan(wire::kHeaderSize);
     if (h->flags & wire::kResponse) return on_response(*h, payload, source);
     if (h->flags & wire::kAck) return on_ack(*h, source);
-    CtxCounters::add(counters.rpcs_received);
+    CtxCounters::bump(counters.rpcs_received);
     if (h->flags & wire::kMore) return start_pull(*h, payload, source);
-    CtxCounters::add(counters.bytes_received, payload.size());
+    CtxCounters::bump(counters.bytes_received, payload.size());
     dispatch(*h, payload, source);
 }
 
@@ -65,7 +70,7 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
                              const na::Addr& source) {
     Request req;
     req.ctx_ = self;
-    req.source_ = source;
+    req.lent_source_ = &source;
     req.input_ = input;
     req.rpc_id_ = h.rpc_id;
     req.seq_ = h.seq;
@@ -115,8 +120,9 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
     h.reply_ctx = id;
     h.status = static_cast<uint16_t>(status);
     if (status != Errc::ok && out.size() > eng->eager) out = out.first(eng->eager);
+    const uint64_t counted = status == Errc::ok ? out.size() : 0;
     if (out.size() <= eng->eager) {
-        auto r = send_message(dest, h, out, 0);
+        auto r = send_message(dest, h, out, SendInfo{0, false, SendInfo::response, counted});
         if (!r) return r;
     } else {
         if (out.size() > eng->opts.max_payload)
@@ -132,7 +138,7 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
             pending.push_back(
                 PendingResult{dest, seq, Clock::now() + eng->opts.ack_linger, std::move(lo)});
         }
-        auto r = send_message(dest, h, desc, 0);
+        auto r = send_message(dest, h, desc, SendInfo{0, false, SendInfo::response, counted});
         if (!r) {
             std::lock_guard g(pend_mu);
             for (auto it = pending.begin(); it != pending.end(); ++it)
@@ -143,8 +149,6 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
             return r;
         }
     }
-    CtxCounters::add(counters.responses_sent);
-    if (status == Errc::ok) CtxCounters::add(counters.bytes_sent, out.size());
     return ok();
 }
 
@@ -155,7 +159,7 @@ void Context::Impl::send_ack(const na::Addr& dest, const wire::Header& of, bool 
     h.seq = of.seq;
     h.target_ctx = of.reply_ctx;
     h.reply_ctx = id;
-    if (auto r = send_message(dest, h, {}, 0); !r)
+    if (auto r = send_message(dest, h, {}); !r)
         TALARIA_LOG(core, debug, "context {}: ack not sent: {}", id, r.error().describe());
 }
 
@@ -268,8 +272,8 @@ void Context::Impl::start_pull(const wire::Header& h, std::span<const std::byte>
         job->remote, 0, job->data.size(), source);
     if (!r) return pull_failed(h, source, std::move(r).error());
     pulls.fetch_add(1);
-    CtxCounters::add(counters.bulk_ops);
-    CtxCounters::add(counters.bulk_bytes, d->total);
+    CtxCounters::bump(counters.bulk_ops);
+    CtxCounters::bump(counters.bulk_bytes, d->total);
     job.release();  // on_pulled owns it
 }
 
@@ -289,7 +293,7 @@ void Context::Impl::on_pulled(PullJob* raw, const na::Completion& c) {
             Error{Errc::protocol_error, "a large payload's checksum does not match: corrupted"});
     job->local.reset();
     job->remote.reset();
-    CtxCounters::add(counters.bytes_received, job->data.size());
+    CtxCounters::bump(counters.bytes_received, job->data.size());
     if (h.flags & wire::kResponse) {
         send_ack(job->source, h, false);
         complete_call(h.seq, &job->source, std::span<const std::byte>(job->data), true);
@@ -303,7 +307,7 @@ void Context::Impl::on_pulled(PullJob* raw, const na::Completion& c) {
 
 Request::Request(Request&& o) noexcept
     : ctx_(o.ctx_),
-      source_(std::move(o.source_)),
+      source_(o.lent_source_ ? *o.lent_source_ : std::move(o.source_)),
       input_(o.input_),
       rpc_id_(o.rpc_id_),
       seq_(o.seq_),
@@ -312,6 +316,7 @@ Request::Request(Request&& o) noexcept
       responded_(o.responded_) {
     o.ctx_ = nullptr;
     o.input_ = {};
+    o.lent_source_ = nullptr;
     // The handler's input buffer is reposted once it returns: a moved request keeps no view.
     input_ = {};
 }
@@ -348,7 +353,7 @@ Result<void> Request::send_response(Errc status, std::span<const std::byte> outp
     if (!ctx_) return Error{Errc::invalid_argument, "respond: this request is empty (moved from)"};
     if (one_way_) return Error{Errc::not_supported, "respond: a one-way call takes no response"};
     if (responded_) return Error{Errc::invalid_argument, "respond: already responded"};
-    auto r = ctx_->impl_->send_reply(source_, seq_, rpc_id_, reply_ctx_, status, output);
+    auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output);
     if (r || r.code() != Errc::again) responded_ = true;
     return r;
 }

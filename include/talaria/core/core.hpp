@@ -126,7 +126,9 @@ class Request {
 
     [[nodiscard]] bool valid() const noexcept { return ctx_ != nullptr; }
     [[nodiscard]] RpcId rpc_id() const noexcept { return rpc_id_; }
-    [[nodiscard]] const na::Addr& source() const noexcept { return source_; }
+    [[nodiscard]] const na::Addr& source() const noexcept {
+        return lent_source_ ? *lent_source_ : source_;
+    }
     /// The context that received it (the handler runs there).
     [[nodiscard]] Context& context() const noexcept { return *ctx_; }
     [[nodiscard]] bool one_way() const noexcept { return one_way_; }
@@ -145,6 +147,9 @@ class Request {
     Result<void> send_response(Errc status, std::span<const std::byte> output);
 
     Context* ctx_ = nullptr;
+    // While the handler runs, the source is lent by the receive (no reference count taken);
+    // moving the request out of the handler takes a reference.
+    const na::Addr* lent_source_ = nullptr;
     na::Addr source_;
     std::span<const std::byte> input_;
     RpcId rpc_id_ = 0;
