@@ -550,10 +550,14 @@ Result<void> Context::cancel(CallId call) {
 
 Result<void> Context::progress(Duration timeout) {
     Impl& im = *impl_;
-    if (im.na->has_completions() || im.has_deferred.load(std::memory_order_acquire)) return ok();
+    if (im.has_deferred.load(std::memory_order_acquire)) [[unlikely]]
+        return ok();
     int64_t dl = im.next_deadline_ns.load(std::memory_order_acquire);
-    if (dl == INT64_MAX) {
-        auto r = im.na->progress(timeout);  // no clock read when busy polling
+    if (dl == INT64_MAX) [[likely]] {
+        // The busy-poll path: straight to the transport (which returns at once when
+        // completions are queued), no clock read.
+        if (timeout == Duration::zero()) return im.na->progress(timeout);
+        auto r = im.na->progress(timeout);
         // An idle context (blocking mode) triggers rarely: do the housekeeping here.
         if (!r && r.code() == Errc::timeout && timeout > Duration::zero()) im.maybe_sweep_idle();
         return r;
@@ -575,10 +579,12 @@ void Context::Impl::maybe_sweep_idle() {
 unsigned Context::trigger(unsigned max) {
     Impl& im = *impl_;
     unsigned n = im.na->trigger(max);
-    n += im.expire_timers();
-    n += im.run_deferred();
+    // Each check is one load when nothing is due (the busy-poll loop calls this constantly).
+    if (im.next_deadline_ns.load(std::memory_order_relaxed) != INT64_MAX) n += im.expire_timers();
+    if (im.has_deferred.load(std::memory_order_relaxed)) [[unlikely]]
+        n += im.run_deferred();
     // Housekeeping about once a second, reading the clock once every 1024 calls.
-    if ((++im.trigger_calls & 1023) == 0) {
+    if ((++im.trigger_calls & 1023) == 0) [[unlikely]] {
         auto now = Clock::now();
         if (now >= im.next_sweep) im.sweep(now);
     }
