@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "core/core_impl.hpp"
 #include "talaria/util/log.hpp"
@@ -172,6 +173,7 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
     std::vector<ResponseFn> failed;
     std::vector<std::unique_ptr<LargeOut>> garbage;
     std::string who;
+    na::Addr p_addr;
     {
         std::lock_guard g(mu);
         p->watch_posted = false;
@@ -195,6 +197,12 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
             }
         }
         who = t->addr_to_string(p->addr);
+        p_addr = p->addr;
+    }
+    {
+        // Nobody will pull the arguments of calls to a dead peer.
+        std::lock_guard g(pend_mu);
+        std::erase_if(held, [&](const PendingResult& h) { return h.dest == p_addr; });
     }
     if (!failed.empty())
         TALARIA_LOG(core, info, "context {}: peer {} failed ({}): {} calls fail", id, who,
@@ -351,6 +359,7 @@ void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte
         if (live) {
             start_pull(h, payload, source);
         } else {
+            release_held(h.seq, source);
             send_ack(source, h, false);  // let the target release the result now
         }
         return;
@@ -364,6 +373,7 @@ void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte
         matched = complete_call(h.seq, &source,
                                 Error{static_cast<Errc>(h.status), std::string(text)}, true);
     }
+    if (!matched) release_held(h.seq, source);
     if (!matched)
         TALARIA_LOG(core, debug,
                     "context {}: dropping a response to call {:#x}, which already completed "
@@ -374,13 +384,16 @@ void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte
 Result<void> Context::Impl::cancel(CallId call) {
     uint32_t idx = call.seq & 0xFFFF;
     std::unique_ptr<LargeOut> garbage;
+    na::Addr dest;
     {
         std::lock_guard g(mu);
         if (!call.valid() || idx >= slots.size() || slots[idx].seq != call.seq)
             return Error{Errc::not_found, "cancel: the call already completed"};
+        if (slots[idx].large) dest = slots[idx].peer->addr;
         ResponseFn fn = release_slot_locked(idx, garbage);
         defer_locked(std::move(fn), Error{Errc::canceled, "the call was canceled"});
     }
+    if (garbage) hold_args(call.seq, std::move(dest), std::move(garbage));
     CtxCounters::add(counters.canceled);
     // Wake the thread driving this context so the completion runs promptly.
     (void)na->post([this](const na::Completion&) { run_deferred(); });
@@ -460,14 +473,20 @@ unsigned Context::Impl::expire_timers() {
     auto now = Clock::now();
     if (to_ns(now) < next_deadline_ns.load(std::memory_order_acquire)) return 0;
     std::vector<ResponseFn> expired;
-    std::vector<std::unique_ptr<LargeOut>> garbage;
+    std::vector<std::tuple<uint32_t, na::Addr, std::unique_ptr<LargeOut>>> large;
     {
         std::lock_guard g(mu);
         while (!heap.empty() && slots[heap[0]].deadline <= now) {
-            garbage.emplace_back();
-            expired.push_back(release_slot_locked(heap[0], garbage.back()));
+            CallSlot& s = slots[heap[0]];
+            uint32_t seq = s.seq;
+            na::Addr dest = s.large ? s.peer->addr : na::Addr();
+            std::unique_ptr<LargeOut> args;
+            expired.push_back(release_slot_locked(heap[0], args));
+            if (args) large.emplace_back(seq, std::move(dest), std::move(args));
         }
     }
+    for (auto& [seq, dest, args] : large)
+        hold_args(seq, std::move(dest), std::move(args));
     for (auto& fn : expired) {
         CtxCounters::bump(counters.timeouts);
         if (fn) fn(Error{Errc::timeout, "the call's deadline passed before its response came"});
@@ -511,6 +530,7 @@ void Context::Impl::begin_shutdown() {
     {
         std::lock_guard g(pend_mu);
         pending.clear();
+        held.clear();
     }
     for (auto& rs : recvs)
         if (rs->posted) (void)t->cancel(rs->op);

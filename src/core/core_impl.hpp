@@ -186,6 +186,10 @@ struct Context::Impl {
 
     std::mutex pend_mu;
     std::vector<PendingResult> pending;
+    /// Large arguments of calls that timed out or were canceled: the target may still be
+    /// pulling them (over sm it reads this memory directly and cannot be refused), so they are
+    /// kept until its response (or ack) arrives, the peer fails, or ack_linger passes.
+    std::vector<PendingResult> held;
 
     CtxCounters counters;
     unsigned trigger_calls = 0;
@@ -247,6 +251,9 @@ struct Context::Impl {
     SendBuf* acquire_buf();
     void release_buf(SendBuf* sb) noexcept;
     void expire_pending(TimePoint now);
+    void hold_args(uint32_t seq, na::Addr dest, std::unique_ptr<LargeOut> args);
+    /// The target answered (or acked) call `seq`: arguments held for it can go.
+    void release_held(uint32_t seq, const na::Addr& dest);
 };
 
 inline int64_t to_ns(TimePoint t) noexcept {

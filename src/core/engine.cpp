@@ -152,7 +152,7 @@ Result<void> Engine::deregister_rpc(RpcId id) {
 }
 std::string Engine::rpc_name(RpcId id) const {
     RpcEntry* e = impl_->registry.find(id);
-    return e ? e->name : fmt::format("{:#010x}", id);
+    return e ? e->name : std::string();
 }
 
 Result<na::Addr> Engine::lookup(std::string_view address) {

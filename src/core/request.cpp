@@ -166,7 +166,8 @@ void Context::Impl::send_ack(const na::Addr& dest, const wire::Header& of, bool 
 void Context::Impl::on_ack(const wire::Header& h, const na::Addr& source) {
     if (h.flags & wire::kOneWay) {
         // The target pulled the large arguments of our one-way call: it is complete.
-        complete_call(h.seq, &source, std::span<const std::byte>{}, false);
+        if (!complete_call(h.seq, &source, std::span<const std::byte>{}, false))
+            release_held(h.seq, source);
         return;
     }
     // The caller pulled a large result: release it.
@@ -183,10 +184,33 @@ void Context::Impl::on_ack(const wire::Header& h, const na::Addr& source) {
     }
 }
 
+void Context::Impl::hold_args(uint32_t seq, na::Addr dest, std::unique_ptr<LargeOut> args) {
+    std::lock_guard g(pend_mu);
+    held.push_back(
+        PendingResult{std::move(dest), seq, Clock::now() + eng->opts.ack_linger, std::move(args)});
+}
+
+void Context::Impl::release_held(uint32_t seq, const na::Addr& dest) {
+    std::unique_ptr<LargeOut> garbage;  // deregistered outside the lock
+    std::lock_guard g(pend_mu);
+    for (auto it = held.begin(); it != held.end(); ++it) {
+        if (it->seq == seq && it->dest == dest) {
+            garbage = std::move(it->out);
+            held.erase(it);
+            return;
+        }
+    }
+}
+
 void Context::Impl::expire_pending(TimePoint now) {
     std::vector<PendingResult> expired;
     {
         std::lock_guard g(pend_mu);
+        std::erase_if(held, [&](PendingResult& h) {
+            if (h.expires > now) return false;
+            expired.push_back(std::move(h));
+            return true;
+        });
         for (auto it = pending.begin(); it != pending.end();) {
             if (it->expires <= now) {
                 expired.push_back(std::move(*it));
@@ -331,8 +355,10 @@ Request& Request::operator=(Request&& o) noexcept {
 
 Request::~Request() {
     if (ctx_ && !responded_ && !one_way_) {
-        std::string msg = fmt::format("the handler of '{}' dropped the request without responding",
-                                      ctx_->engine().rpc_name(rpc_id_));
+        std::string name = ctx_->engine().rpc_name(rpc_id_);
+        if (name.empty()) name = fmt::format("{:#010x}", rpc_id_);
+        std::string msg =
+            fmt::format("the handler of '{}' dropped the request without responding", name);
         TALARIA_LOG(core, warn, "{}", msg);
         (void)send_response(Errc::internal,
                             {reinterpret_cast<const std::byte*>(msg.data()), msg.size()});
