@@ -1,0 +1,126 @@
+// bulk: handles over one or many local memory segments, serialized inside RPC arguments, and
+// one-sided transfers (pull: remote -> local, push: local -> remote) between any offsets of two
+// handles, split into as many na put/get operations as the segments need, completing once.
+//
+// Ownership: the memory of a local handle belongs to the caller and must stay valid while any
+// copy of the handle exists (copies share one registration; the last copy deregisters) and
+// while transfers using it are in flight. A transfer keeps both handles alive until it
+// completes.
+//
+// Small read-only handles travel inline: when a local read_only handle of at most
+// kInlineMax bytes is serialized, its bytes are copied into the encoding, and a pull from the
+// decoded handle is a memcpy (no network operation). The bytes are those at serialization time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "talaria/na/na.hpp"
+#include "talaria/proc/archive.hpp"
+#include "talaria/util/inplace_function.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria::bulk {
+
+using na::Access;
+
+/// One local region.
+struct Segment {
+    void* data = nullptr;
+    std::size_t size = 0;
+};
+
+/// Read-only handles up to this size are encoded with their bytes inline.
+inline constexpr std::size_t kInlineMax = 512;
+
+/// A bulk handle: local (registered here) or remote (decoded from a peer's encoding).
+/// Copyable: copies share the registration (a reference count), like a file descriptor dup.
+class Handle {
+  public:
+    Handle() noexcept = default;
+
+    /// Register `segments` (each at least one byte) with `transport` for `access` by peers.
+    /// With `embed_owner`, the encoding carries this process's address, so a third process
+    /// that receives the handle can transfer against it.
+    static Result<Handle> create(na::Transport& transport, std::span<const Segment> segments,
+                                 Access access, bool embed_owner = false);
+
+    [[nodiscard]] bool valid() const noexcept { return impl_ != nullptr; }
+    explicit operator bool() const noexcept { return valid(); }
+    /// Total bytes over all segments.
+    [[nodiscard]] std::size_t size() const noexcept;
+    [[nodiscard]] Access access() const noexcept;
+    [[nodiscard]] bool local() const noexcept;
+    [[nodiscard]] std::size_t segment_count() const noexcept;
+    /// The transport it belongs to (registered with, or decoded by).
+    [[nodiscard]] na::Transport* transport() const noexcept;
+    /// The owner: the embedded address if the encoding carried one, else the source named in
+    /// the DecodeContext, else (local handles) invalid.
+    [[nodiscard]] const na::Addr& owner() const noexcept;
+    /// True for a decoded handle whose bytes came inline.
+    [[nodiscard]] bool is_inline() const noexcept;
+
+    /// Append the encoding (docs/protocol.md, "bulk handle").
+    Result<void> encode(std::vector<std::byte>& out) const;
+    /// Read an encoding (bounds-checked; needs d.context().transport).
+    static Result<Handle> decode(proc::Decoder& d);
+
+    struct Impl;
+    [[nodiscard]] const std::shared_ptr<const Impl>& impl() const noexcept { return impl_; }
+
+  private:
+    explicit Handle(std::shared_ptr<const Impl> p) noexcept : impl_(std::move(p)) {}
+    std::shared_ptr<const Impl> impl_;
+};
+
+/// proc customisation point: bulk handles serialize inside RPC arguments.
+template <class Archive>
+void serialize(Archive& ar, Handle& h) {
+    if constexpr (Archive::encoding) {
+        if (auto r = h.encode(ar.buffer()); !r) ar.fail(r.error().code(), r.error().message());
+    } else {
+        auto r = Handle::decode(ar);
+        if (r)
+            h = std::move(*r);
+        else if (ar.ok())
+            ar.fail(r.error().code(), r.error().message());
+    }
+}
+
+enum class Direction : uint8_t {
+    pull,  ///< remote -> local (na get)
+    push,  ///< local -> remote (na put)
+};
+
+/// Completes a transfer, once, from the context's trigger(): ok, or the first error
+/// (out_of_range, access_denied, disconnected, canceled, ...). When an error stops a transfer
+/// the operations already posted are drained before the callback runs, so both buffers are
+/// free again when it runs.
+using DoneFn = InplaceFunction<void(Result<void>&&), 48>;
+
+/// Names a transfer, for cancel().
+struct TransferId {
+    void* state = nullptr;
+    uint64_t gen = 0;
+    [[nodiscard]] bool valid() const noexcept { return state != nullptr; }
+};
+
+/// Move `len` bytes between remote[remote_off..] and local[local_off..] in direction `dir`,
+/// with the remote handle's owner at `peer` (pass remote.owner() unless you know better).
+/// Bounds and access modes are checked here, before anything moves: out_of_range,
+/// access_denied (pull needs remote readable and local writable; push the reverse),
+/// invalid_argument (a handle of another transport, or not local/remote as needed).
+/// Operations refused for back-pressure (again) are retried as earlier ones complete.
+/// Any thread may call it; `done` runs from `ctx`'s trigger().
+Result<TransferId> transfer(na::Context& ctx, Direction dir, const na::Addr& peer,
+                            const Handle& remote, std::size_t remote_off, const Handle& local,
+                            std::size_t local_off, std::size_t len, DoneFn done);
+
+/// Stop a transfer: it completes with canceled (or normally, if it finished first);
+/// not_found if it already completed.
+Result<void> cancel(TransferId id);
+
+}  // namespace talaria::bulk
