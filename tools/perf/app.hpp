@@ -12,13 +12,15 @@
 namespace talaria::perf {
 
 struct ClientOptions {
-    std::string layer = "na";
+    std::vector<std::string> layers;      ///< empty: na; several must share a server (rpc, bulk)
+    bool demo = false;                    ///< the RPC demo: busy mode except block ping-pong
     std::vector<std::string> transports;  ///< empty: sm and tcp
     std::vector<std::string> patterns;    ///< empty: the default set
     std::vector<std::string> modes;       ///< empty: busy and block
     std::vector<std::string> sizes;       ///< empty: per pattern defaults
     unsigned inflight = 32;               ///< blast
-    unsigned rma_inflight = 1;            ///< put/get
+    unsigned rma_inflight = 1;            ///< put/get, pull/push
+    std::vector<unsigned> rate_inflight;  ///< rpc rate; empty: 1 and 16
     RepeatOptions repeat;
     std::string json_path;
     std::string connect;  ///< server's layer address: do not start a server

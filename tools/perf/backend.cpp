@@ -5,8 +5,12 @@ namespace talaria::perf {
 
 namespace {
 constexpr Pattern kNaPatterns[] = {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get};
+constexpr Pattern kRpcPatterns[] = {Pattern::pingpong, Pattern::rate, Pattern::first};
+constexpr Pattern kBulkPatterns[] = {Pattern::pull, Pattern::push};
 constexpr Layer kLayers[] = {
     {"na", kNaPatterns, &make_na_server, &make_na_client},
+    {"rpc", kRpcPatterns, &make_rpc_server, &make_rpc_client},
+    {"bulk", kBulkPatterns, &make_rpc_server, &make_bulk_client},
 };
 }  // namespace
 
@@ -18,6 +22,10 @@ const Layer* find_layer(std::string_view name) {
     for (const auto& l : kLayers)
         if (l.name == name) return &l;
     return nullptr;
+}
+
+bool shares_server(const Layer& a, const Layer& b) noexcept {
+    return a.make_server == b.make_server;
 }
 
 }  // namespace talaria::perf

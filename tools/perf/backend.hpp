@@ -1,14 +1,17 @@
-// talaria-perf: per-layer back ends. Each layer ("na" now; "rpc" and "bulk" later) provides a
-// client half (a Runner, driven by the driver exactly like the raw baselines) and a server half
-// (run by `talaria-perf serve <layer>` in phases the client opens over the control connection).
+// talaria-perf: per-layer back ends. Each layer ("na", "rpc", "bulk") provides a client half (a
+// Runner, driven by the driver exactly like the raw baselines) and a server half (run by
+// `talaria-perf serve <layer>` in phases the client opens over the control connection).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "driver.hpp"
+#include "talaria/na/na.hpp"
 
 namespace talaria::perf {
 
@@ -28,7 +31,8 @@ class LayerServer {
     virtual Result<void> run_phase(int ctl_fd) = 0;
 };
 
-/// One layer: its name, its patterns, and how to make both halves.
+/// One layer: its name, its patterns, and how to make both halves. Layers with the same
+/// make_server share one server process (rpc and bulk: one core::Engine serves both).
 struct Layer {
     std::string_view name;
     std::span<const Pattern> patterns;
@@ -45,11 +49,37 @@ struct Layer {
 std::span<const Layer> layers();
 const Layer* find_layer(std::string_view name);
 
+/// Whether a server started for layer `a` also serves layer `b`'s phases.
+bool shares_server(const Layer& a, const Layer& b) noexcept;
+
 // The na layer (backend_na.cpp).
 Result<std::unique_ptr<LayerServer>> make_na_server(std::string_view transport,
                                                     const LayerOptions& opt);
 Result<std::unique_ptr<Runner>> make_na_client(std::string_view transport,
                                                std::string_view server_address, int ctl_fd,
                                                const LayerOptions& opt);
+
+// The rpc layer (backend_rpc.cpp): its server also serves the bulk layer.
+Result<std::unique_ptr<LayerServer>> make_rpc_server(std::string_view transport,
+                                                     const LayerOptions& opt);
+Result<std::unique_ptr<Runner>> make_rpc_client(std::string_view transport,
+                                                std::string_view server_address, int ctl_fd,
+                                                const LayerOptions& opt);
+
+// The bulk layer (backend_bulk.cpp).
+Result<std::unique_ptr<Runner>> make_bulk_client(std::string_view transport,
+                                                 std::string_view server_address, int ctl_fd,
+                                                 const LayerOptions& opt);
+
+/// The rpc server's exposed buffer for the bulk layer (backend_bulk.cpp): registered memory
+/// and its bulk handle, owned here until release() or the next expose().
+class BulkExposure {
+  public:
+    virtual ~BulkExposure() = default;
+    /// Register `size` bytes read-write on `transport`; returns the handle's encoding.
+    virtual Result<std::vector<std::byte>> expose(na::Transport& transport, uint64_t size) = 0;
+    virtual void release() noexcept = 0;
+};
+std::unique_ptr<BulkExposure> make_bulk_exposure();
 
 }  // namespace talaria::perf

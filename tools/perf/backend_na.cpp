@@ -20,6 +20,7 @@
 
 #include "backend.hpp"
 #include "control.hpp"
+#include "region.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/log.hpp"
 
@@ -75,36 +76,6 @@ uint64_t get_u64(const std::byte* p) noexcept {
     std::memcpy(&v, p, sizeof v);
     return v;
 }
-
-/// Page-aligned, pre-faulted memory for registration.
-class Region {
-  public:
-    Region() = default;
-    Region(const Region&) = delete;
-    Region& operator=(const Region&) = delete;
-    ~Region() { reset(); }
-    Result<void> allocate(std::size_t len, unsigned char fill) {
-        reset();
-        std::size_t n = std::max<std::size_t>(len, 1);
-        void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (p == MAP_FAILED) return errno_error(fmt::format("mmap of {} bytes", len), errno);
-        std::memset(p, fill, n);
-        p_ = p;
-        len_ = n;
-        return ok();
-    }
-    void reset() noexcept {
-        if (p_) ::munmap(p_, len_);
-        p_ = nullptr;
-        len_ = 0;
-    }
-    [[nodiscard]] void* data() const noexcept { return p_; }
-
-  private:
-    void* p_ = nullptr;
-    std::size_t len_ = 0;
-};
 
 Result<std::unique_ptr<na::Transport>> open_transport(std::string_view transport,
                                                       std::string_view url, bool listen,
@@ -484,6 +455,11 @@ class NaClient final : public Runner {
     }
 
     Result<void> prepare_impl(const Spec& s) {
+        if (s.pattern != Pattern::pingpong && s.pattern != Pattern::blast &&
+            s.pattern != Pattern::put && s.pattern != Pattern::get)
+            return Error(Errc::invalid_argument,
+                         fmt::format("the na layer measures pingpong, blast, put and get, not {}",
+                                     pattern_name(s.pattern)));
         // Size limits first: nothing to undo when the spec cannot run.
         if (s.pattern == Pattern::pingpong || s.pattern == Pattern::blast) {
             std::size_t limit = std::min(tr_->max_unexpected_size(), kMaxMsg);
@@ -534,6 +510,8 @@ class NaClient final : public Runner {
             case Pattern::put:
             case Pattern::get:
                 return stream(s, iters);
+            default:  // the rpc and bulk layers' patterns (refused by prepare())
+                break;
         }
         return Error(Errc::internal, "unknown pattern");
     }
@@ -760,7 +738,7 @@ class NaClient final : public Runner {
                 return tr_->post_get(
                     *ctx_, [this](const na::Completion& c) { on_done(c); }, local_mem_, 0,
                     remote_mem_, 0, s.size, server_);
-            case Pattern::pingpong:
+            default:
                 break;
         }
         return Error(Errc::internal, "post_one: bad pattern");

@@ -8,6 +8,8 @@
 //   tcp: pingpong -> bare TCP ping-pong (TCP_NODELAY; MSG_DONTWAIT spin or blocking recv)
 //        blast    -> bare TCP stream, one send() per message
 //        put/get  -> bare TCP stream of `size`-byte writes, client->server / server->client
+// The rpc and bulk layers' patterns map onto these (baseline_spec): rpc pingpong, rate and
+// first -> pingpong (rate as 1 / round trip); bulk pull -> get, push -> put.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,12 @@ struct BaselineOptions {
     /// also spins before it sleeps; 0 = sleep at once).
     Duration block_spin = std::chrono::microseconds(30);
 };
+
+/// The smallest raw ping-pong message (an empty RPC still carries the core's header).
+inline constexpr std::size_t kMinPingBytes = 8;
+
+/// The raw spec a layer's spec is compared with.
+Spec baseline_spec(const Spec& s);
 
 /// The client half of the raw baseline for `transport` ("sm" or "tcp"), driven over the
 /// control connection `ctl_fd` (which it also uses as the raw TCP socket).

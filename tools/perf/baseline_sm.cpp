@@ -231,6 +231,8 @@ class RawSm final : public Runner {
                 return "raw process_vm_writev";
             case Pattern::get:
                 return "raw process_vm_readv";
+            default:  // the layers' patterns reach here mapped (baseline.cpp)
+                break;
         }
         return "raw sm";
     }
@@ -264,6 +266,8 @@ class RawSm final : public Runner {
             case Pattern::put:
             case Pattern::get:
                 return pvm(s, iters);
+            default:  // the layers' patterns reach here mapped (baseline.cpp)
+                break;
         }
         return Error(Errc::internal, "unknown pattern");
     }

@@ -122,6 +122,8 @@ class RawTcp final : public Runner {
                 return fmt::format("raw TCP stream c->s ({})", how);
             case Pattern::get:
                 return fmt::format("raw TCP stream s->c ({})", how);
+            default:  // the layers' patterns reach here mapped (baseline.cpp)
+                break;
         }
         return "raw TCP";
     }

@@ -2,6 +2,7 @@
 // layer and the raw baseline of every spec, prints the table and writes --json.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -18,44 +19,68 @@ namespace talaria::perf {
 namespace {
 
 constexpr std::size_t kKi = 1024, kMi = 1024 * 1024;
+constexpr uint64_t kFirstMaxIters = 40;
 
-std::vector<std::size_t> default_sizes(Pattern p, std::string_view transport) {
+std::vector<std::size_t> default_sizes(std::string_view layer, Pattern p,
+                                       std::string_view transport) {
     switch (p) {
         case Pattern::pingpong:
-            return {8};
+            return {layer == "rpc" ? 0u : 8u};  // rpc: empty arguments and result
+        case Pattern::rate:
+        case Pattern::first:
+            return {0};
         case Pattern::blast:
             return {8, 4 * kKi};
         case Pattern::put:
         case Pattern::get:
             if (transport == "sm") return {1 * kMi, 16 * kMi};
             return {16 * kMi};
+        case Pattern::pull:
+        case Pattern::push:
+            return {4 * kKi, 64 * kKi, 1 * kMi, 16 * kMi};
     }
     return {8};
+}
+
+/// The layer's patterns a run measures when --pattern is not given. The first call to a new
+/// peer is a tcp measurement (connection set-up); ask for it explicitly on sm.
+bool default_pattern(Pattern p, std::string_view transport) {
+    return p != Pattern::first || transport == "tcp";
 }
 
 Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
     std::vector<std::string> transports = o.transports;
     if (transports.empty()) transports = {"sm", "tcp"};
+    std::vector<std::string> layer_names = o.layers;
+    if (layer_names.empty()) layer_names = {"na"};
+    std::vector<const Layer*> layer_list;
+    for (const auto& n : layer_names) {
+        const Layer* l = find_layer(n);
+        if (!l) return Error(Errc::invalid_argument, fmt::format("unknown layer '{}'", n));
+        if (!layer_list.empty() && !shares_server(*layer_list.front(), *l))
+            return Error(Errc::invalid_argument,
+                         fmt::format("layers '{}' and '{}' need different servers: measure them "
+                                     "in separate runs",
+                                     layer_list.front()->name, n));
+        layer_list.push_back(l);
+    }
     std::vector<Pattern> patterns;
     for (const auto& p : o.patterns) {
         TALARIA_TRY(v, parse_pattern(p));
         patterns.push_back(v);
     }
-    if (patterns.empty())
-        patterns = {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get};
     std::vector<Mode> modes;
     for (const auto& m : o.modes) {
         TALARIA_TRY(v, parse_mode(m));
         modes.push_back(v);
     }
-    if (modes.empty()) modes = {Mode::busy, Mode::block};
+    std::vector<unsigned> rate_inflight = o.rate_inflight;
+    if (rate_inflight.empty()) rate_inflight = {1, 16};
+    for (unsigned& n : rate_inflight)
+        n = std::max(1u, n);
     std::vector<std::size_t> sizes;
     for (const auto& s : o.sizes) {
         TALARIA_TRY(v, parse_size(s));
-        if (v == 0)
-            return Error(Errc::invalid_argument,
-                         "--size 0: sizes start at 1 byte (a raw TCP baseline cannot wait for "
-                         "0 bytes, and put/get of nothing moves nothing)");
         sizes.push_back(v);
     }
     std::vector<Spec> specs;
@@ -63,21 +88,53 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
         if (t != "sm" && t != "tcp")
             return Error(Errc::invalid_argument,
                          fmt::format("transport '{}': talaria-perf measures sm and tcp", t));
-        for (Pattern p : patterns)
-            for (std::size_t size : sizes.empty() ? default_sizes(p, t) : sizes)
-                for (Mode m : modes) {
-                    Spec s;
-                    s.layer = o.layer;
-                    s.transport = t;
-                    s.pattern = p;
-                    s.mode = m;
-                    s.size = size;
-                    s.inflight = p == Pattern::pingpong ? 1
-                                 : p == Pattern::blast  ? std::max(1u, o.inflight)
-                                                        : std::max(1u, o.rma_inflight);
-                    specs.push_back(s);
+        for (const Layer* layer : layer_list) {
+            std::vector<Pattern> lp;
+            for (Pattern p : layer->patterns)
+                if (patterns.empty()
+                        ? default_pattern(p, t)
+                        : std::find(patterns.begin(), patterns.end(), p) != patterns.end())
+                    lp.push_back(p);
+            for (Pattern p : lp) {
+                for (std::size_t size : sizes.empty() ? default_sizes(layer->name, p, t) : sizes) {
+                    // rpc calls may carry no arguments; everything else moves at least a byte.
+                    // With several layers a size 0 is the rpc layer's, and the others skip it.
+                    if (size == 0 && layer->name != "rpc" && layer_list.size() > 1) continue;
+                    if (size == 0 && layer->name != "rpc")
+                        return Error(Errc::invalid_argument,
+                                     "--size 0: sizes start at 1 byte (a raw TCP baseline cannot "
+                                     "wait for 0 bytes, and put/get of nothing moves nothing); "
+                                     "only the rpc layer takes empty arguments");
+                    std::vector<unsigned> inflights{1};
+                    if (p == Pattern::blast) inflights = {std::max(1u, o.inflight)};
+                    if (p == Pattern::put || p == Pattern::get || p == Pattern::pull ||
+                        p == Pattern::push)
+                        inflights = {std::max(1u, o.rma_inflight)};
+                    if (p == Pattern::rate) inflights = rate_inflight;
+                    std::vector<Mode> pm = modes;
+                    if (pm.empty()) {
+                        // The demo: busy everywhere, and the ping-pong blocking as well.
+                        pm.push_back(Mode::busy);
+                        if (!o.demo || p == Pattern::pingpong) pm.push_back(Mode::block);
+                    }
+                    for (unsigned n : inflights)
+                        for (Mode m : pm) {
+                            Spec s;
+                            s.layer = layer->name;
+                            s.transport = t;
+                            s.pattern = p;
+                            s.mode = m;
+                            s.size = size;
+                            s.inflight = n;
+                            specs.push_back(s);
+                        }
                 }
+            }
+        }
     }
+    if (specs.empty())
+        return Error(Errc::invalid_argument,
+                     "nothing to measure: no pattern given belongs to the layers measured");
     return specs;
 }
 
@@ -136,7 +193,8 @@ class TransportRun {
     Result<void> connect() {
         std::string ctl = o_.ctl;
         if (o_.connect.empty()) {
-            std::vector<std::string> args{"serve", o_.layer, "--transport", transport_, "--once"};
+            std::vector<std::string> args{"serve", server_layer(), "--transport", transport_,
+                                          "--once"};
             if (!o_.thread_safe) args.push_back("--single-thread");
             if (o_.realtime > 0) {
                 args.push_back("--realtime");
@@ -176,7 +234,6 @@ class TransportRun {
         TALARIA_TRY(b, make_baseline(transport_, fd_.get(), o_.baseline));
         baseline_ = std::move(b);
         if (layer_error_.empty()) {
-            const Layer* layer = find_layer(o_.layer);
             LayerOptions lo;
             lo.thread_safe = o_.thread_safe;
             lo.url = o_.url;
@@ -186,10 +243,13 @@ class TransportRun {
                                     shp->host == "::1");
                 lo.url = loop ? "tcp://127.0.0.1:0" : "tcp://0.0.0.0:0";
             }
-            if (auto c = layer->make_client(transport_, address_, fd_.get(), lo); c)
-                client_ = std::move(*c);
-            else
-                layer_error_ = c.error().describe();
+            for (const auto& name : layer_names()) {
+                const Layer* layer = find_layer(name);
+                if (auto c = layer->make_client(transport_, address_, fd_.get(), lo); c)
+                    clients_[name] = std::move(*c);
+                else
+                    client_errors_[name] = c.error().describe();
+            }
         }
         return ok();
     }
@@ -201,12 +261,19 @@ class TransportRun {
             return;
         }
         rec.baseline_name = baseline_->describe(s);
-        if (!client_) {
+        Runner* client = nullptr;
+        std::string layer_error = layer_error_;
+        if (auto it = clients_.find(s.layer); it != clients_.end()) {
+            client = it->second.get();
+        } else if (layer_error.empty()) {
+            auto e = client_errors_.find(s.layer);
+            layer_error = e != client_errors_.end() ? e->second : "no client";
+        }
+        if (!client) {
             // The baseline alone, so the table still shows what the hardware gives.
             auto b = measure(*baseline_, s, o_.repeat);
             if (b) rec.baseline = *b;
-            rec.error =
-                fmt::format("{} over {} unavailable: {}", o_.layer, transport_, layer_error_);
+            rec.error = fmt::format("{} over {} unavailable: {}", s.layer, transport_, layer_error);
             if (!b) {
                 rec.error += "; baseline: " + b.error().describe();
                 if (session_breaking(b.code())) broken_ = "session lost: " + rec.error;
@@ -215,7 +282,7 @@ class TransportRun {
         }
         if (o_.no_baseline) {
             rec.baseline_name = "(skipped)";
-            auto v = measure(*client_, s, o_.repeat);
+            auto v = measure(*client, s, repeat_for(s));
             if (v)
                 rec.value = *v;
             else {
@@ -224,7 +291,7 @@ class TransportRun {
             }
             return;
         }
-        auto pr = measure_pair(*baseline_, *client_, s, o_.repeat);
+        auto pr = measure_pair(*baseline_, *client, s, repeat_for(s));
         if (pr.baseline) rec.baseline = *pr.baseline;
         if (pr.value) rec.value = *pr.value;
         rec.skipped = !pr.value && pr.value.code() == Errc::message_too_large;
@@ -239,7 +306,7 @@ class TransportRun {
     }
 
     void close() {
-        client_.reset();  // before the server goes away
+        clients_.clear();  // before the server goes away
         if (fd_.valid() && broken_.empty()) {
             CtlRequest q;
             q.cmd = uint32_t(Cmd::quit);
@@ -261,16 +328,27 @@ class TransportRun {
     std::string layer_error_;
     std::string broken_;
     std::unique_ptr<Runner> baseline_;
-    std::unique_ptr<Runner> client_;
+    std::map<std::string, std::unique_ptr<Runner>> clients_;  ///< by layer name
+    std::map<std::string, std::string> client_errors_;
+
+    [[nodiscard]] std::vector<std::string> layer_names() const {
+        return o_.layers.empty() ? std::vector<std::string>{"na"} : o_.layers;
+    }
+    [[nodiscard]] std::string server_layer() const { return layer_names().front(); }
+
+    /// The first-call pattern opens and closes an engine per iteration outside the timed
+    /// region: cap its iterations so a repetition stays short in wall-clock time.
+    [[nodiscard]] RepeatOptions repeat_for(const Spec& s) const {
+        RepeatOptions r = o_.repeat;
+        if (s.pattern == Pattern::first)
+            r.max_iters = std::min<uint64_t>(r.max_iters, kFirstMaxIters);
+        return r;
+    }
 };
 
 }  // namespace
 
 int run_client(const ClientOptions& o) {
-    if (!find_layer(o.layer)) {
-        fmt::print(stderr, "talaria-perf: unknown layer '{}'\n", o.layer);
-        return 2;
-    }
     auto specs = build_specs(o);
     if (!specs) {
         fmt::print(stderr, "talaria-perf: {}\n", specs.error().describe());

@@ -21,6 +21,14 @@ std::string_view pattern_name(Pattern p) noexcept {
             return "put";
         case Pattern::get:
             return "get";
+        case Pattern::rate:
+            return "rate";
+        case Pattern::first:
+            return "first";
+        case Pattern::pull:
+            return "pull";
+        case Pattern::push:
+            return "push";
     }
     return "?";
 }
@@ -30,10 +38,13 @@ std::string_view mode_name(Mode m) noexcept {
 }
 
 Result<Pattern> parse_pattern(std::string_view s) {
-    for (Pattern p : {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get})
+    for (Pattern p : {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get, Pattern::rate,
+                      Pattern::first, Pattern::pull, Pattern::push})
         if (pattern_name(p) == s) return p;
     return Error(Errc::invalid_argument,
-                 fmt::format("unknown pattern '{}' (have: pingpong, blast, put, get)", s));
+                 fmt::format("unknown pattern '{}' (have: pingpong, blast, put, get; rpc: "
+                             "pingpong, rate, first; bulk: pull, push)",
+                             s));
 }
 
 Result<Mode> parse_mode(std::string_view s) {
@@ -87,11 +98,15 @@ std::string_view unit_name(Unit u) noexcept {
 Unit unit_of(Pattern p) noexcept {
     switch (p) {
         case Pattern::pingpong:
+        case Pattern::first:
             return Unit::us;
         case Pattern::blast:
+        case Pattern::rate:
             return Unit::ops_per_s;
         case Pattern::put:
         case Pattern::get:
+        case Pattern::pull:
+        case Pattern::push:
             return Unit::gb_per_s;
     }
     return Unit::us;
@@ -255,26 +270,44 @@ double Record::best_ratio() const noexcept {
     return b == 0 ? NAN : v / b;
 }
 
-std::optional<std::pair<bool, double>> Record::goal() const noexcept {
-    // The goals of the issue, against the same run's raw baseline.
-    if (spec.layer != "na") return std::nullopt;
-    if (spec.pattern == Pattern::pingpong && spec.mode == Mode::busy && spec.size == 8) {
-        if (spec.transport == "sm") return std::pair{true, 1.5};
-        if (spec.transport == "tcp") return std::pair{true, 1.2};
-    }
-    if (spec.pattern == Pattern::put || spec.pattern == Pattern::get) {
-        if (spec.transport == "sm" && (spec.size == (1u << 20) || spec.size == (16u << 20)))
-            return std::pair{false, 0.85};
-        if (spec.transport == "tcp" && spec.size == (16u << 20)) return std::pair{false, 0.80};
+std::optional<Record::Goal> Record::goal() const noexcept {
+    // The goals of the issues, against the same run's raw baseline (or absolute).
+    const bool sm = spec.transport == "sm", tcp = spec.transport == "tcp";
+    const bool busy = spec.mode == Mode::busy;
+    const bool rma = spec.size == (1u << 20) || spec.size == (16u << 20);
+    if (spec.layer == "na") {
+        if (spec.pattern == Pattern::pingpong && busy && spec.size == 8) {
+            if (sm) return Goal{true, 1.5};
+            if (tcp) return Goal{true, 1.2};
+        }
+        if (spec.pattern == Pattern::put || spec.pattern == Pattern::get) {
+            if (sm && rma) return Goal{false, 0.85};
+            if (tcp && spec.size == (16u << 20)) return Goal{false, 0.80};
+        }
+    } else if (spec.layer == "rpc") {
+        if (spec.pattern == Pattern::pingpong && spec.size <= 8) {
+            if (sm) return Goal{true, busy ? 2.2 : 4.0};
+            if (tcp && busy) return Goal{true, 1.2};
+        }
+        // >= 1 / (1.5 x raw round trip): the baseline is 1 / raw round trip.
+        if (spec.pattern == Pattern::rate && sm && busy && spec.inflight == 16 && spec.size <= 8)
+            return Goal{false, 1.0 / 1.5};
+        if (spec.pattern == Pattern::first && tcp && spec.size <= 8) return Goal{true, 1000, true};
+    } else if (spec.layer == "bulk") {
+        if (spec.pattern == Pattern::pull || spec.pattern == Pattern::push) {
+            if (sm && rma) return Goal{false, 0.80};
+            if (tcp && spec.size == (16u << 20)) return Goal{false, 0.75};
+        }
     }
     return std::nullopt;
 }
 
 std::optional<bool> Record::goal_met() const noexcept {
     auto g = goal();
-    double r = ratio();
-    if (!g || std::isnan(r)) return std::nullopt;
-    return g->first ? r <= g->second : r >= g->second;
+    if (!g) return std::nullopt;
+    double r = g->absolute ? (value ? value->median : NAN) : ratio();
+    if (std::isnan(r)) return std::nullopt;
+    return g->at_most ? r <= g->bound : r >= g->bound;
 }
 
 namespace {
@@ -289,11 +322,17 @@ std::string num(double v) {
     return fmt::format("{:.3f}", v);
 }
 
+/// "<=1.5" (a ratio; the table adds "x"), "<=1000us" (absolute).
+std::string goal_bound(const Record::Goal& g) {
+    if (g.absolute) return fmt::format("{}{:g}us", g.at_most ? "<=" : ">=", g.bound);
+    return fmt::format("{}{:.3g}", g.at_most ? "<=" : ">=", g.bound);
+}
+
 std::string goal_text(const Record& r) {
     auto g = r.goal();
     if (!g) return "";
     auto met = r.goal_met();
-    return fmt::format("{}{}x {}", g->first ? "<=" : ">=", g->second,
+    return fmt::format("{}{} {}", goal_bound(*g), g->absolute ? "" : "x",
                        !met ? "?" : (*met ? "ok" : "MISSED"));
 }
 
@@ -301,7 +340,7 @@ std::string goal_text(const Record& r) {
 
 std::string format_table(const std::vector<Record>& records) {
     std::string out = fmt::format(
-        "{:<5} {:<4} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<12} "
+        "{:<5} {:<4} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} "
         "{}\n",
         "layer", "tran", "pattern", "mode", "size", "infl", "unit", "median", "min", "max",
         "baseline", "ratio", "best", "goal", "baseline is");
@@ -312,12 +351,12 @@ std::string format_table(const std::vector<Record>& records) {
                         pattern_name(s.pattern), mode_name(s.mode), size_label(s.size), s.inflight,
                         unit_name(unit_of(s.pattern)));
         if (!r.value) {
-            out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<12} {}: {}\n", "-",
+            out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} {}: {}\n", "-",
                                       "-", "-", r.baseline ? num(r.baseline->median) : "-", "-",
                                       "-", "", r.skipped ? "skipped" : "error", r.error);
             continue;
         }
-        out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<12} {}{}\n",
+        out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} {}{}\n",
                                   num(r.value->median), num(r.value->min), num(r.value->max),
                                   r.baseline ? num(r.baseline->median) : "-", num(r.ratio()),
                                   num(r.best_ratio()), goal_text(r), r.baseline_name,
@@ -365,7 +404,7 @@ std::string format_json(const std::vector<Record>& records) {
                                : std::nullopt);
         }
         if (auto g = r.goal()) {
-            j["goal"] = fmt::format("{}{}", g->first ? "<=" : ">=", g->second);
+            j["goal"] = goal_bound(*g);
             auto met = r.goal_met();
             j["goal_met"] = met ? nlohmann::json(*met) : nlohmann::json(nullptr);
         }

@@ -17,7 +17,9 @@
 
 namespace talaria::perf {
 
-enum class Pattern : uint8_t { pingpong, blast, put, get };
+/// na: pingpong, blast, put, get; rpc: pingpong, rate (calls in flight), first (first call to a
+/// new peer); bulk: pull, push.
+enum class Pattern : uint8_t { pingpong, blast, put, get, rate, first, pull, push };
 enum class Mode : uint8_t { busy, block };
 
 std::string_view pattern_name(Pattern p) noexcept;
@@ -31,11 +33,11 @@ std::string size_label(std::size_t bytes);
 
 /// One measurement.
 struct Spec {
-    std::string layer;      ///< "na" (later "rpc", "bulk")
+    std::string layer;      ///< "na", "rpc", "bulk"
     std::string transport;  ///< "sm", "tcp"
     Pattern pattern = Pattern::pingpong;
     Mode mode = Mode::busy;
-    std::size_t size = 8;
+    std::size_t size = 8;  ///< message, argument (rpc) or transfer size in bytes
     unsigned inflight = 1;
 };
 
@@ -108,8 +110,14 @@ struct Record {
     /// Best against best (min/min for latency, max/max for rates): on a busy host the least
     /// disturbed repetitions, a steadier view than the medians.
     [[nodiscard]] double best_ratio() const noexcept;
-    /// The goal for this spec, if it has one: "<=1.5x" or ">=0.85x".
-    [[nodiscard]] std::optional<std::pair<bool, double>> goal() const noexcept;  // {at_most, bound}
+    /// The goal for this spec, if it has one: on the ratio ("<=1.5x", ">=0.85x"), or
+    /// on the median itself ("<1000us").
+    struct Goal {
+        bool at_most = true;
+        double bound = 0;
+        bool absolute = false;  ///< bound applies to the median (in the spec's unit)
+    };
+    [[nodiscard]] std::optional<Goal> goal() const noexcept;
     [[nodiscard]] std::optional<bool> goal_met() const noexcept;
 };
 

@@ -1,6 +1,8 @@
 // talaria-perf: command line.
 //   talaria-perf                                   the default set on sm and tcp (< 1 minute)
 //   talaria-perf na --transport sm,tcp [options]   measure the na layer (starts its own server)
+//   talaria-perf rpc [bulk] [options]              the rpc (and bulk) layers, one server
+//   talaria-perf demo                              the RPC demo (rpc + bulk, mostly busy mode)
 //   talaria-perf serve na --transport tcp --listen tcp://0.0.0.0:5000
 //   talaria-perf na --transport tcp --connect tcp://10.0.0.2:5000 [--ctl 10.0.0.2:5001]
 #include <csignal>
@@ -20,7 +22,7 @@ int main(int argc, char** argv) {
     CLI::App app{
         "talaria-perf: Talaria benchmarks with raw baselines measured in the same run.\n"
         "Without arguments: the default set on sm and tcp, against a server it starts itself."};
-    app.require_subcommand(0, 1);
+    app.require_subcommand(0, 0);  // several layers may be named: `rpc bulk`
 
     ClientOptions c;
     for (int i = 0; i < argc; ++i)
@@ -32,18 +34,24 @@ int main(int argc, char** argv) {
     // Client options live on the top-level app; each layer subcommand falls through to them.
     app.add_option("--transport,-t", c.transports, "Transports to measure (sm, tcp)")
         ->delimiter(',');
-    app.add_option("--pattern,-p", c.patterns, "pingpong, blast, put, get (default: all)")
+    app.add_option("--pattern,-p", c.patterns,
+                   "na: pingpong, blast, put, get; rpc: pingpong, rate, first; bulk: pull, push "
+                   "(default: the layer's, first on tcp only)")
         ->delimiter(',');
     app.add_option("--mode,-m", c.modes, "busy (progress(0) loop), block (long progress timeout)")
         ->delimiter(',');
     app.add_option("--size,-s", c.sizes,
                    "Sizes, e.g. 8,4K,1M,16M (default: 8 pingpong; 8,4K blast; put/get 1M,16M on "
-                   "sm, 16M on tcp)")
+                   "sm, 16M on tcp; rpc: 0 (empty arguments); pull/push 4K,64K,1M,16M)")
         ->delimiter(',');
     app.add_option("--inflight,-n", c.inflight, "Messages in flight for blast")
         ->capture_default_str();
-    app.add_option("--rma-inflight", c.rma_inflight, "Operations in flight for put/get")
+    app.add_option("--rma-inflight", c.rma_inflight,
+                   "Operations in flight for put/get and transfers for pull/push")
         ->capture_default_str();
+    app.add_option("--rate-inflight", c.rate_inflight,
+                   "Calls in flight for rpc rate (default 1,16)")
+        ->delimiter(',');
     app.add_option("--reps,-r", c.repeat.reps, "Repetitions of each measurement")
         ->capture_default_str()
         ->check(CLI::Range(1u, 101u));
@@ -87,6 +95,11 @@ int main(int argc, char** argv) {
         sub->fallthrough();
         layer_cmds.push_back(sub);
     }
+    auto* demo = app.add_subcommand(
+        "demo",
+        "The RPC demo: rpc ping-pong (busy and block), rate (1 and 16 in flight) and first call "
+        "(tcp), bulk pull/push 4K..16M, on sm and tcp, with the raw baselines");
+    demo->fallthrough();
 
     ServeOptions s;
     auto* serve = app.add_subcommand("serve", "Run the server side (prints its addresses)");
@@ -130,8 +143,13 @@ int main(int argc, char** argv) {
         s.thread_safe = !serve_single;
         return run_serve(s);
     }
-    for (std::size_t i = 0; i < layer_cmds.size(); ++i)
-        if (layer_cmds[i]->parsed()) c.layer = layer_cmds[i]->get_name();
+    for (auto* sub : app.get_subcommands())  // in command-line order
+        for (auto* l : layer_cmds)
+            if (sub == l) c.layers.push_back(l->get_name());
+    if (demo->parsed()) {
+        c.demo = true;
+        c.layers = {"rpc", "bulk"};
+    }
     c.thread_safe = !single;
     c.repeat.rep_time = std::chrono::milliseconds(rep_ms);
     auto iov = parse_size(pvm_iov);

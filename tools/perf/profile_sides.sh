@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Per-side costs of one na measurement, for the transport owners: runs the server and the client
+# Per-side costs of one measurement (LAYER=na by default; rpc, bulk), for the transport and core
+# owners: runs the server and the client
 # as separate processes (pinned to CPUs 1 and 0), each under `perf stat`, with the baseline
 # skipped, and prints CPU time, context switches and system calls per operation on each side.
 # With PROFILE=1 it also records a call-graph profile of each side (perf record, dwarf).
@@ -7,8 +8,12 @@
 # client, on a shared host).
 #   profile_sides.sh TALARIA_PERF TRANSPORT PATTERN MODE SIZE ITERS [extra client options]
 #   e.g. profile_sides.sh build/release/tools/perf/talaria-perf sm pingpong busy 8 200000
+#        LAYER=rpc profile_sides.sh build/release/tools/perf/talaria-perf sm pingpong busy 0 200000
 set -euo pipefail
 bin=$1 t=$2 pat=$3 mode=$4 size=$5 iters=$6
+layer=${LAYER:-na}
+server_layer=$layer
+[ "$layer" = bulk ] && server_layer=rpc  # one rpc server serves both
 shift 6
 out=$(mktemp -d /tmp/talaria-perf-sides.XXXXXX)
 events=task-clock,context-switches,cpu-migrations,raw_syscalls:sys_enter
@@ -19,7 +24,7 @@ rec() {
 }
 
 perf stat -x, -e "$events" -o "$out/server.stat" -- $(rec server) \
-    "$bin" serve na --transport "$t" --cpu 1 --once ${SERVE_OPTS:-} >"$out/ready" &
+    "$bin" serve "$server_layer" --transport "$t" --cpu 1 --once ${SERVE_OPTS:-} >"$out/ready" &
 spid=$!
 trap 'kill $spid 2>/dev/null || true' EXIT
 for _ in $(seq 200); do [ -s "$out/ready" ] && break; sleep 0.05; done
@@ -29,8 +34,8 @@ ctl=$(sed -n 's/.* ctl=\([^ ]*\).*/\1/p' <<<"$line")
 [ -n "$addr" ] && [ -n "$ctl" ] || { echo "server did not start: $line" >&2; exit 1; }
 
 perf stat -x, -e "$events" -o "$out/client.stat" -- $(rec client) \
-    "$bin" na -t "$t" --connect "$addr" --ctl "$ctl" --client-cpu 0 -p "$pat" -m "$mode" \
-    -s "$size" --iters "$iters" --reps 1 --no-baseline "$@" | grep -E '^(layer|na) '
+    "$bin" "$layer" -t "$t" --connect "$addr" --ctl "$ctl" --client-cpu 0 -p "$pat" -m "$mode" \
+    -s "$size" --iters "$iters" --reps 1 --no-baseline "$@" | grep -E "^(layer|$layer) "
 wait $spid || true
 trap - EXIT
 

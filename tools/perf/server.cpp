@@ -72,7 +72,9 @@ Result<void> session(int fd, const ServeOptions& opt, LayerServer* layer,
                 break;
             case Cmd::layer_enter: {
                 std::string name = fixed_text(r.name, sizeof r.name);
-                if (name != opt.layer) {
+                const Layer* asked = find_layer(name);
+                const Layer* mine = find_layer(opt.layer);
+                if (!asked || !mine || !shares_server(*mine, *asked)) {
                     TALARIA_CHECK(ctl_send(
                         fd, ctl_error(Error(Errc::not_supported,
                                             fmt::format("this server runs layer '{}', not '{}'",
