@@ -1,0 +1,284 @@
+// Engine: what users create. It owns a core::Engine (transport, contexts, procedures), the
+// threads that drive it (background progress) or nothing (manual progress), and the extra na
+// context that bulk transfers of this layer run on.
+//
+// Threads: in background mode every core context has one engine-owned thread running
+// progress + trigger, and the bulk context has one more; handlers, response callbacks,
+// then() continuations and resumed coroutines run on them. Because transfers complete on their
+// own thread, a handler may block on a transfer (`req.pull(...).get()`) without stalling the
+// context it runs on. In manual mode no thread is created: the caller drives progress(ctx) and
+// trigger(ctx) (Future::get() and sync_wait() drive them while they wait).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "talaria/api/endpoint.hpp"
+#include "talaria/api/error.hpp"
+#include "talaria/api/future.hpp"
+#include "talaria/bulk/bulk.hpp"
+#include "talaria/core/core.hpp"
+#include "talaria/proc/proc.hpp"
+#include "talaria/util/clock.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria {
+
+/// A bulk handle: memory exposed for one-sided transfers, serializable inside RPC arguments.
+using Bulk = bulk::Handle;
+/// One local memory region.
+using Segment = bulk::Segment;
+using Access = na::Access;
+/// Peers may read (pull from) it.
+inline constexpr Access read_only = Access::read_only;
+/// Peers may write (push into) it.
+inline constexpr Access write_only = Access::write_only;
+inline constexpr Access read_write = Access::read_write;
+
+/// Tag: the engine accepts connections (a server). `Engine e{"tcp://127.0.0.1:0", listen};`
+struct Listen {
+    explicit Listen() = default;
+};
+inline constexpr Listen listen{};
+
+/// Who drives progress.
+enum class ProgressMode : uint8_t {
+    background,  ///< one engine-owned thread per context (and one for bulk transfers)
+    manual,      ///< the caller: Engine::progress() / trigger(), or waiting in get()/sync_wait()
+};
+/// How a background thread waits for work.
+enum class WaitMode : uint8_t {
+    block,  ///< spin ~50 us polling, then sleep in the transport until woken
+    busy,   ///< poll only (lowest latency, one core per thread)
+};
+
+struct EngineOptions {
+    ProgressMode progress = ProgressMode::background;
+    WaitMode wait = WaitMode::block;
+    uint8_t contexts = 1;         ///< RPC contexts 0..contexts-1 (overrides core.contexts)
+    bool checksum = false;        ///< crc32c on every message (overrides core.checksum)
+    Duration default_timeout{0};  ///< for calls that set none (0: no deadline)
+    core::Options core{};         ///< advanced knobs of the RPC core (recv depth, eager limit...)
+};
+
+class Engine;
+class Request;
+template <class Sig>
+class Procedure;
+
+namespace detail {
+
+class EngineState;
+
+/// Non-template services of the engine used by the templates of this layer (src/api).
+core::Engine& core_engine(EngineState& e) noexcept;
+/// The driver of a manual engine (empty for a background one).
+std::weak_ptr<Driver> manual_driver(EngineState& e) noexcept;
+Duration default_timeout(EngineState& e) noexcept;
+/// Start a transfer on the engine's bulk context; the Future completes from its trigger().
+Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr& peer,
+                            const Bulk& remote, std::size_t remote_off, const Bulk& local,
+                            std::size_t local_off, std::size_t len);
+/// The error a caller sees for a failed call of `name` to `peer`: not_found names the RPC.
+Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e);
+/// A per-thread buffer for encoding arguments and results (the core copies them).
+std::vector<std::byte>& scratch_buffer() noexcept;
+
+/// The readable name of T, e.g. "int" or "std::vector<int>".
+template <class T>
+constexpr std::string_view type_name() noexcept {
+    std::string_view p = __PRETTY_FUNCTION__;
+    auto start = p.find("T = ");
+    if (start == std::string_view::npos) return "?";
+    start += 4;
+    auto end = p.find_first_of(";]", start);
+    return p.substr(start, end - start);
+}
+template <class... T>
+std::string signature_string() {
+    std::string s = "(";
+    bool first = true;
+    ((s += (first ? "" : ", "), s += type_name<T>(), first = false), ...);
+    return s + ")";
+}
+
+template <class T>
+inline constexpr bool serializable_v = proc::Serializable<T>;
+/// A result type is void or serializable.
+template <class R>
+constexpr bool result_serializable() {
+    if constexpr (std::is_void_v<R>)
+        return true;
+    else
+        return proc::Serializable<R>;
+}
+
+}  // namespace detail
+
+/// A received call, as handlers see it. Move-only. Responding is once, from any thread; a
+/// Request destroyed unanswered answers Errc::internal so no caller hangs.
+class Request {
+  public:
+    Request() noexcept = default;
+    Request(detail::EngineState* e, core::Request&& r) noexcept : engine_(e), req_(std::move(r)) {}
+    Request(Request&&) noexcept = default;
+    Request& operator=(Request&&) noexcept = default;
+
+    [[nodiscard]] bool valid() const noexcept { return req_.valid(); }
+    /// The caller.
+    [[nodiscard]] Endpoint source() const { return Endpoint(engine_, req_.source()); }
+    /// The context that received the call (the handler runs on its thread).
+    [[nodiscard]] uint8_t context_id() const noexcept { return req_.context().id(); }
+    [[nodiscard]] bool one_way() const noexcept { return req_.one_way(); }
+    [[nodiscard]] bool responded() const noexcept { return req_.responded(); }
+
+    /// Respond with `v` (encoded with proc). Throws on failure; try_respond returns it.
+    template <class T>
+    void respond(const T& v) {
+        detail::value_or_throw(try_respond(v));
+    }
+    /// Respond with nothing (a void procedure).
+    void respond() { detail::value_or_throw(try_respond()); }
+    template <class T>
+    Result<void> try_respond(const T& v) {
+        static_assert(detail::serializable_v<T>,
+                      "talaria: a response type must be serializable with proc (see "
+                      "docs/fragments/proc.md)");
+        auto& buf = detail::scratch_buffer();
+        buf.clear();
+        TALARIA_CHECK(proc::encode(buf, v));
+        return req_.respond(buf);
+    }
+    Result<void> try_respond() { return req_.respond({}); }
+    /// Fail the call with `code`; the caller gets an Exception with it and `message`.
+    void respond_error(Errc code, std::string_view message) {
+        detail::value_or_throw(try_respond_error(code, message));
+    }
+    Result<void> try_respond_error(Errc code, std::string_view message) {
+        return req_.respond_error(code, message);
+    }
+
+    /// Pull `len` bytes from the caller's `remote`[remote_off..] into `local`[local_off..].
+    [[nodiscard]] Future<void> pull(const Bulk& remote, std::size_t remote_off, const Bulk& local,
+                                    std::size_t local_off, std::size_t len) const {
+        return detail::start_transfer(*engine_, bulk::Direction::pull, peer_of(remote), remote,
+                                      remote_off, local, local_off, len);
+    }
+    /// Push `len` bytes from `local`[local_off..] into the caller's `remote`[remote_off..].
+    [[nodiscard]] Future<void> push(const Bulk& remote, std::size_t remote_off, const Bulk& local,
+                                    std::size_t local_off, std::size_t len) const {
+        return detail::start_transfer(*engine_, bulk::Direction::push, peer_of(remote), remote,
+                                      remote_off, local, local_off, len);
+    }
+
+    /// The core request (advanced use).
+    [[nodiscard]] core::Request& core() noexcept { return req_; }
+
+  private:
+    // The handle's embedded owner wins (a third party's memory); else the caller.
+    [[nodiscard]] na::Addr peer_of(const Bulk& remote) const {
+        return remote.owner().valid() ? remote.owner() : req_.source();
+    }
+    detail::EngineState* engine_ = nullptr;
+    core::Request req_;
+};
+
+/// An RPC engine: one endpoint, its procedures, its progress. Movable (the state lives behind a
+/// pointer, so Endpoints, Procedures and Requests stay valid across a move); destroying it stops
+/// its threads and fails calls still pending with Errc::shutdown.
+class Engine {
+  public:
+    /// A client: `address` names the transport ("tcp://", "tcp://127.0.0.1:0", "sm://",
+    /// "inproc://name"); it does not accept connections. Throws talaria::Exception.
+    explicit Engine(std::string_view address, EngineOptions opts = {});
+    /// A server: accepts connections at `address`.
+    Engine(std::string_view address, Listen, EngineOptions opts = {});
+    /// Non-throwing twin of the constructors (`accept`: listen for connections).
+    static Result<Engine> open(std::string_view address, bool accept, EngineOptions opts = {});
+
+    Engine(Engine&&) noexcept;
+    Engine& operator=(Engine&&) noexcept;
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+    ~Engine();
+
+    // --- addresses ---------------------------------------------------------------------------
+    /// This engine's address string: what peers pass to lookup().
+    [[nodiscard]] std::string self_address() const;
+    [[nodiscard]] Endpoint self() const;
+    Endpoint lookup(std::string_view address);
+    Result<Endpoint> try_lookup(std::string_view address);
+
+    // --- procedures --------------------------------------------------------------------------
+    /// Define procedure `name` served by `f`. f's parameters are the arguments (decoded with
+    /// proc), optionally preceded by `const Request&` (the return value is the response) or by
+    /// `Request` / `Request&&` (then f returns void and answers later with req.respond(v), from
+    /// any thread). Throws already_exists if the name (or its id) is taken.
+    template <class F>
+    void define(std::string_view name, F&& f) {
+        detail::value_or_throw(try_define(name, std::forward<F>(f)));
+    }
+    template <class F>
+    Result<void> try_define(std::string_view name, F&& f);
+    /// Remove a procedure; later calls of it fail with not_found.
+    Result<void> try_undefine(std::string_view name);
+
+    /// A handle for calling procedure `name` with signature Sig (e.g. int(int, int)).
+    template <class Sig>
+    [[nodiscard]] Procedure<Sig> remote(std::string_view name);
+
+    // --- bulk --------------------------------------------------------------------------------
+    /// Expose memory for one-sided transfers by peers with `access`. The memory must stay
+    /// valid while the handle (or a copy, or a transfer using it) exists.
+    Bulk expose(Segment segment, Access access);
+    Bulk expose(const std::vector<Segment>& segments, Access access);
+    template <class T>
+    Bulk expose(std::span<T> s, Access access) {
+        return expose(Segment{const_cast<std::remove_const_t<T>*>(s.data()), s.size_bytes()},
+                      access);
+    }
+    Result<Bulk> try_expose(Segment segment, Access access);
+    Result<Bulk> try_expose(const std::vector<Segment>& segments, Access access);
+
+    /// Pull `len` bytes from `remote`[remote_off..] (owned by `peer`, by default the handle's
+    /// owner) into `local`[local_off..].
+    [[nodiscard]] Future<void> pull(const Bulk& remote, std::size_t remote_off, const Bulk& local,
+                                    std::size_t local_off, std::size_t len,
+                                    const Endpoint& peer = {});
+    /// Push `len` bytes from `local`[local_off..] into `remote`[remote_off..].
+    [[nodiscard]] Future<void> push(const Bulk& remote, std::size_t remote_off, const Bulk& local,
+                                    std::size_t local_off, std::size_t len,
+                                    const Endpoint& peer = {});
+
+    // --- progress (manual mode) --------------------------------------------------------------
+    /// Make progress on context `ctx` for up to `timeout`; true if something became ready.
+    bool progress(Duration timeout, uint8_t ctx = 0);
+    /// Run the ready callbacks of context `ctx`; returns how many ran.
+    unsigned trigger(uint8_t ctx = 0);
+    /// progress(0) + trigger() on every context, the bulk one included; returns callbacks run.
+    unsigned poll();
+
+    // --- introspection -----------------------------------------------------------------------
+    [[nodiscard]] core::Counters counters() const;
+    [[nodiscard]] std::string counters_json() const;
+    [[nodiscard]] uint8_t context_count() const noexcept;
+    [[nodiscard]] const EngineOptions& options() const noexcept;
+    /// The RPC core (advanced use).
+    [[nodiscard]] core::Engine& core() const noexcept;
+    [[nodiscard]] detail::EngineState* state() const noexcept { return state_.get(); }
+
+  private:
+    explicit Engine(std::unique_ptr<detail::EngineState> s) noexcept;
+    std::unique_ptr<detail::EngineState> state_;
+};
+
+}  // namespace talaria
+
+#include "talaria/api/define.hpp"
+#include "talaria/api/procedure.hpp"

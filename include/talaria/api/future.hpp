@@ -1,0 +1,285 @@
+// Future<T>: the result of a call or a bulk transfer, completed once from a progress thread.
+//
+// Shared state: one allocation per call (std::make_shared of State<T>): the caller's Future and
+// the completion callback registered with the layer below each hold a reference. The result is
+// decoded when the response arrives (on the progress thread), so no response buffer is kept.
+//
+// Consuming a Future: get() / try_get() (block; on a manual-progress engine they drive the
+// engine's progress themselves), then(callback) (runs on the completing thread), or co_await
+// (the coroutine resumes on the completing thread). Exactly one of them, once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <coroutine>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "talaria/api/error.hpp"
+#include "talaria/util/clock.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria {
+
+template <class T>
+class Future;
+
+namespace detail {
+
+/// Drives the progress of a manual-progress engine on behalf of a thread that waits for a
+/// result (Future::get, sync_wait). Implemented by the engine; futures hold it weakly so that a
+/// destroyed engine is noticed instead of touched.
+class Driver {
+  public:
+    virtual ~Driver() = default;
+    /// Progress then trigger context `ctx` (kBulkContext: the engine's transfer context),
+    /// waiting at most `d` for something to happen.
+    virtual void drive(uint8_t ctx, Duration d) = 0;
+};
+
+/// The context id a Driver understands as "the engine's bulk transfer context".
+inline constexpr uint8_t kBulkContext = 0xFF;
+
+/// Where a coroutine chain started by sync_wait() learns which manual engine to drive: a Task
+/// awaiting a Future of a manual engine records that engine's driver here.
+class DriveSlot {
+  public:
+    void set(const std::weak_ptr<Driver>& d, uint8_t ctx) {
+        std::lock_guard g(mu_);
+        driver_ = d;
+        ctx_ = ctx;
+    }
+    /// The driver last recorded (empty if none) and its context.
+    std::pair<std::shared_ptr<Driver>, uint8_t> get() const {
+        std::lock_guard g(mu_);
+        return {driver_.lock(), ctx_};
+    }
+
+  private:
+    mutable std::mutex mu_;
+    std::weak_ptr<Driver> driver_;
+    uint8_t ctx_ = 0;
+};
+
+/// Base of Task promises (task.hpp), so a Future awaited in a Task can find the DriveSlot.
+struct TaskPromiseBase {
+    DriveSlot* slot = nullptr;
+};
+
+/// A continuation stored until the state completes (move-only, type-erased).
+struct Continuation {
+    virtual ~Continuation() = default;
+    virtual void run() = 0;
+};
+
+/// Completion state shared by a Future and the callback that completes it.
+class StateBase {
+  public:
+    [[nodiscard]] bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
+
+    /// Block until ready or `deadline`; drives the engine when it is a manual one.
+    bool wait_until(TimePoint deadline) {
+        if (ready()) return true;
+        if (manual_) {
+            // Nobody else progresses a manual engine: this thread does, in slices of at most
+            // 10 ms so the deadline is kept.
+            while (!ready()) {
+                auto d = driver_.lock();
+                if (!d) return ready();  // the engine is gone (it failed its calls first)
+                if (deadline_passed(deadline)) return false;
+                Duration slice = std::chrono::milliseconds(10);
+                if (deadline != TimePoint::max())
+                    slice = std::min<Duration>(slice, deadline - Clock::now());
+                d->drive(ctx_, std::max<Duration>(slice, Duration(0)));
+            }
+            return true;
+        }
+        std::unique_lock g(mu_);
+        if (deadline == TimePoint::max()) {
+            cv_.wait(g, [&] { return ready(); });
+            return true;
+        }
+        return cv_.wait_until(g, deadline, [&] { return ready(); });
+    }
+
+    /// Record the manual engine that must be driven to complete this state.
+    void set_driver(std::weak_ptr<Driver> d, uint8_t ctx) {
+        driver_ = std::move(d);
+        ctx_ = ctx;
+        manual_ = true;
+    }
+    [[nodiscard]] const std::weak_ptr<Driver>& driver() const noexcept { return driver_; }
+    [[nodiscard]] uint8_t driver_context() const noexcept { return ctx_; }
+
+    /// Store the coroutine to resume on completion; false if already complete (do not suspend).
+    bool suspend(std::coroutine_handle<> h) {
+        std::lock_guard g(mu_);
+        if (ready()) return false;
+        waiter_ = h;
+        return true;
+    }
+    /// Store a continuation; runs it at once (on this thread) if already complete.
+    void set_continuation(std::unique_ptr<Continuation> c) {
+        {
+            std::lock_guard g(mu_);
+            if (!ready()) {
+                cont_ = std::move(c);
+                return;
+            }
+        }
+        c->run();
+    }
+
+  protected:
+    /// Publish the result (already stored by the derived class under mu_) and wake/resume the
+    /// consumer. Called once, by the completing thread, with `g` holding mu_.
+    void publish(std::unique_lock<std::mutex>& g) {
+        ready_.store(true, std::memory_order_release);
+        auto waiter = std::exchange(waiter_, nullptr);
+        auto cont = std::move(cont_);
+        cv_.notify_all();
+        g.unlock();
+        if (cont) cont->run();
+        if (waiter) waiter.resume();
+    }
+    std::mutex mu_;
+
+  private:
+    std::condition_variable cv_;
+    std::atomic<bool> ready_{false};
+    std::coroutine_handle<> waiter_;
+    std::unique_ptr<Continuation> cont_;
+    std::weak_ptr<Driver> driver_;
+    uint8_t ctx_ = 0;
+    bool manual_ = false;
+};
+
+template <class T>
+class State : public StateBase {
+  public:
+    /// Complete with `r`, once.
+    void set(Result<T>&& r) {
+        std::unique_lock g(mu_);
+        result_.emplace(std::move(r));
+        publish(g);
+    }
+    /// The result, moved out (only after ready()).
+    Result<T> take() { return std::move(*result_); }
+
+  private:
+    std::optional<Result<T>> result_;
+};
+
+}  // namespace detail
+
+/// The result of an asynchronous operation of this layer. Move-only; consume it once with get(),
+/// try_get(), then() or co_await.
+template <class T>
+class [[nodiscard]] Future {
+  public:
+    using value_type = T;
+
+    Future() = default;
+    explicit Future(std::shared_ptr<detail::State<T>> s) noexcept : state_(std::move(s)) {}
+    /// A Future already complete with `r` (e.g. an operation that failed before it started).
+    static Future ready_with(Result<T> r) {
+        auto s = std::make_shared<detail::State<T>>();
+        s->set(std::move(r));
+        return Future(std::move(s));
+    }
+
+    Future(Future&&) noexcept = default;
+    Future& operator=(Future&&) noexcept = default;
+    Future(const Future&) = delete;
+    Future& operator=(const Future&) = delete;
+
+    [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
+    /// True once the result is there (never blocks, never drives progress).
+    [[nodiscard]] bool ready() const noexcept { return state_ && state_->ready(); }
+
+    /// Wait up to `d` (driving progress on a manual engine); true if ready.
+    bool wait_for(Duration d) const {
+        if (!state_) return false;
+        return state_->wait_until(deadline_after(d));
+    }
+
+    /// Wait for the result; the error as a value. Consumes the Future.
+    Result<T> try_get() {
+        if (!state_) return Error(Errc::invalid_argument, "Future::try_get on an empty future");
+        auto s = std::move(state_);
+        if (!s->wait_until(TimePoint::max()))
+            return Error(Errc::shutdown, "the engine that would complete this future is gone");
+        return s->take();
+    }
+    /// Wait for the result; throws talaria::Exception on error. Consumes the Future.
+    T get() { return detail::value_or_throw(try_get()); }
+
+    /// Run `f(Result<T>&&)` when the result arrives, on the thread that completes it (a progress
+    /// thread), or at once on this thread if it is already there. Consumes the Future.
+    template <class F>
+    requires std::is_invocable_v<F&, Result<T> &&> void then(F&& f) && {
+        struct Cont final : detail::Continuation {
+            Cont(std::shared_ptr<detail::State<T>> st, std::decay_t<F> fn)
+                : s(std::move(st)), f(std::move(fn)) {}
+            void run() override { f(s->take()); }
+            std::shared_ptr<detail::State<T>> s;
+            std::decay_t<F> f;
+        };
+        auto s = std::move(state_);
+        if (!s) return;
+        auto* raw = s.get();
+        // The continuation keeps the state alive only while it waits: it is moved out and run
+        // (and destroyed) by publish(), which breaks the cycle.
+        raw->set_continuation(std::make_unique<Cont>(std::move(s), std::forward<F>(f)));
+    }
+
+    // --- co_await ------------------------------------------------------------------------------
+    /// Awaiting yields the value or throws talaria::Exception.
+    struct Awaiter {
+        std::shared_ptr<detail::State<T>> s;
+        bool await_ready() const noexcept { return s->ready(); }
+        template <class P>
+        bool await_suspend(std::coroutine_handle<P> h) {
+            note_driver(h);
+            return s->suspend(h);
+        }
+        T await_resume() { return detail::value_or_throw(s->take()); }
+
+        template <class P>
+        void note_driver(std::coroutine_handle<P> h) {
+            if constexpr (std::is_base_of_v<detail::TaskPromiseBase, P>) {
+                if (h.promise().slot && !s->driver().expired())
+                    h.promise().slot->set(s->driver(), s->driver_context());
+            }
+        }
+    };
+    /// Awaiting yields the Result (no exception).
+    struct ResultAwaiter : Awaiter {
+        Result<T> await_resume() { return this->s->take(); }
+    };
+
+    Awaiter operator co_await() && { return Awaiter{checked()}; }
+    /// `co_await f.as_result()`: the non-throwing twin of `co_await f`.
+    ResultAwaiter as_result() && { return ResultAwaiter{{checked()}}; }
+
+    /// The shared state (for layers that complete it).
+    [[nodiscard]] const std::shared_ptr<detail::State<T>>& state() const noexcept { return state_; }
+
+  private:
+    std::shared_ptr<detail::State<T>> checked() {
+        if (!state_) {
+            auto s = std::make_shared<detail::State<T>>();
+            s->set(Error(Errc::invalid_argument, "co_await on an empty future"));
+            return s;
+        }
+        return std::move(state_);
+    }
+    std::shared_ptr<detail::State<T>> state_;
+};
+
+}  // namespace talaria

@@ -1,0 +1,184 @@
+// Procedure<R(Args...)>: a typed handle for calling a remote procedure by name.
+//
+// Cheap to create and copy: the name and its id (core::rpc_id, computed once) live in one
+// shared, immutable record. Calling it encodes the arguments, sends at once and returns a
+// Future<R>; the result is decoded on the progress thread when the response arrives.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "talaria/api/engine.hpp"
+
+namespace talaria {
+
+namespace detail {
+
+/// A procedure's name and id, shared by its Procedure copies and its calls in flight.
+struct ProcInfo {
+    std::string name;
+    core::RpcId id;
+};
+
+/// The state of one call: the Future's state, plus what decoding the response needs.
+template <class R>
+class CallState final : public State<R> {
+  public:
+    CallState(std::shared_ptr<const ProcInfo> i, na::Addr p) noexcept
+        : info(std::move(i)), peer_(std::move(p)) {}
+
+    /// The core's response (on the progress thread): decode the result, or name the error.
+    void complete(Result<std::span<const std::byte>>&& r) {
+        Result<R> out = decode(std::move(r));
+        // Let go of the peer before publishing: once the result is visible the caller may
+        // destroy the engine, and an address must not outlive its transport.
+        peer_.reset();
+        this->set(std::move(out));
+    }
+
+    std::shared_ptr<const ProcInfo> info;
+
+  private:
+    Result<R> decode(Result<std::span<const std::byte>>&& r) {
+        if (!r) return call_error(info->name, info->id, peer_, std::move(r).error());
+        proc::DecodeContext ctx{peer_.impl()->transport(), &peer_};
+        if constexpr (std::is_void_v<R>) {
+            if (auto d = proc::decode(*r, ctx); !d)
+                return Error(Errc::protocol_error,
+                             "rpc '" + info->name +
+                                 "': a void result carried bytes: " + d.error().describe());
+            return Result<void>();
+        } else {
+            auto d = proc::decode_as<R>(*r, ctx);
+            if (!d)
+                return Error(Errc::protocol_error,
+                             "rpc '" + info->name + "': the result does not decode as " +
+                                 std::string(type_name<R>()) + ": " + d.error().describe());
+            return d;
+        }
+    }
+
+    na::Addr peer_;
+};
+
+}  // namespace detail
+
+template <class Sig>
+class Procedure;
+
+/// Calls of one remote procedure. The setters return a modified copy, so one Procedure can be
+/// the template for many call sites: `auto p = engine.remote<int(int)>("f").on(ep);`
+template <class R, class... Args>
+class Procedure<R(Args...)> {
+    static_assert((detail::serializable_v<std::decay_t<Args>> && ...),
+                  "talaria: every argument type of a remote procedure must be serializable with "
+                  "proc (give the type a serialize(Archive&) member or ADL function)");
+    static_assert(detail::result_serializable<R>(),
+                  "talaria: the result type of a remote procedure must be serializable with proc");
+
+  public:
+    Procedure() = default;
+    Procedure(detail::EngineState* e, std::shared_ptr<const detail::ProcInfo> info) noexcept
+        : engine_(e), info_(std::move(info)) {}
+
+    /// The peer to call.
+    [[nodiscard]] Procedure on(const Endpoint& ep) const {
+        Procedure p = *this;
+        p.peer_ = ep;
+        return p;
+    }
+    /// A deadline for each call (0: none; default: EngineOptions::default_timeout).
+    [[nodiscard]] Procedure timeout(Duration d) const {
+        Procedure p = *this;
+        p.timeout_ = d;
+        p.timeout_set_ = true;
+        return p;
+    }
+    /// The remote context that runs the handler.
+    [[nodiscard]] Procedure context(uint8_t target) const {
+        Procedure p = *this;
+        p.target_ = target;
+        return p;
+    }
+    /// The local context that sends and receives the response (its thread runs continuations).
+    [[nodiscard]] Procedure from(uint8_t local) const {
+        Procedure p = *this;
+        p.from_ = local;
+        return p;
+    }
+    /// Fire and forget: calls return a Future<void> that completes once the call is sent.
+    [[nodiscard]] Procedure<void(Args...)> one_way() const {
+        Procedure<void(Args...)> p(engine_, info_);
+        p.peer_ = peer_;
+        p.timeout_ = timeout_;
+        p.timeout_set_ = timeout_set_;
+        p.target_ = target_;
+        p.from_ = from_;
+        p.one_way_ = true;
+        return p;
+    }
+
+    [[nodiscard]] const std::string& name() const noexcept { return info_->name; }
+    [[nodiscard]] core::RpcId id() const noexcept { return info_->id; }
+
+    /// Send a call now. Errors (no endpoint, encoding, back-pressure) come back in the Future.
+    Future<R> operator()(const std::type_identity_t<Args>&... args) const {
+        using Ret = std::conditional_t<std::is_void_v<R>, void, R>;
+        if (!engine_ || !info_)
+            return Future<Ret>::ready_with(
+                Error(Errc::invalid_argument, "call of a Procedure not made by Engine::remote"));
+        if (!peer_.valid())
+            return Future<Ret>::ready_with(Error(
+                Errc::invalid_argument, "call of '" + info_->name + "' without .on(endpoint)"));
+        auto& cengine = detail::core_engine(*engine_);
+        if (from_ >= cengine.context_count())
+            return Future<Ret>::ready_with(
+                Error(Errc::invalid_argument, "call of '" + info_->name + "' from context " +
+                                                  std::to_string(from_) + " of " +
+                                                  std::to_string(cengine.context_count())));
+        auto& buf = detail::scratch_buffer();
+        buf.clear();
+        if (auto r = proc::encode(buf, args...); !r)
+            return Future<Ret>::ready_with(Error(
+                r.error().code(), "rpc '" + info_->name + "': arguments: " + r.error().message()));
+
+        auto st = std::make_shared<detail::CallState<Ret>>(info_, peer_.addr());
+        if (auto d = detail::manual_driver(*engine_); !d.expired()) st->set_driver(d, from_);
+        core::CallOptions opts;
+        opts.target_context = target_;
+        opts.timeout = timeout_set_ ? timeout_ : detail::default_timeout(*engine_);
+        opts.one_way = one_way_;
+        Future<Ret> fut(st);
+        auto sent = cengine.context(from_).forward(
+            peer_.addr(), info_->id, buf, opts,
+            [s = std::move(st)](Result<std::span<const std::byte>>&& r) mutable {
+                s->complete(std::move(r));
+            });
+        if (!sent)
+            return Future<Ret>::ready_with(
+                detail::call_error(info_->name, info_->id, peer_.addr(), std::move(sent).error()));
+        return fut;
+    }
+
+  private:
+    template <class Sig>
+    friend class Procedure;
+
+    detail::EngineState* engine_ = nullptr;
+    std::shared_ptr<const detail::ProcInfo> info_;
+    Endpoint peer_;
+    Duration timeout_{0};
+    bool timeout_set_ = false;
+    uint8_t target_ = 0;
+    uint8_t from_ = 0;
+    bool one_way_ = false;
+};
+
+template <class Sig>
+Procedure<Sig> Engine::remote(std::string_view name) {
+    return Procedure<Sig>(state_.get(), std::make_shared<const detail::ProcInfo>(detail::ProcInfo{
+                                            std::string(name), core::rpc_id(name)}));
+}
+
+}  // namespace talaria

@@ -1,0 +1,129 @@
+// Bulk through the C++ API: the "save" flow (the client exposes, the server pulls inside the
+// handler), push into the caller's memory, pulls by the client of memory the server exposed,
+// several segments, and bounds errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "api_fixture.hpp"
+
+namespace talaria::api_test {
+namespace {
+
+std::vector<std::byte> pattern(std::size_t n, uint32_t seed) {
+    std::vector<std::byte> v(n);
+    na::test::fill_pattern(v, seed);
+    return v;
+}
+
+TEST_P(Api, BulkSaveFlow) {
+    open();
+    std::mutex mu;
+    std::map<std::string, std::vector<std::byte>> saved;
+    server->define("save", [&](const Request& req, std::string name, Bulk data) -> uint64_t {
+        std::vector<std::byte> buf(data.size());
+        auto local = server->expose({buf.data(), buf.size()}, write_only);
+        req.pull(data, 0, local, 0, data.size()).get();  // from req.source()
+        std::lock_guard g(mu);
+        saved[name] = std::move(buf);
+        return data.size();
+    });
+    auto save = client->remote<uint64_t(std::string, Bulk)>("save").on(ep);
+    // Small (may travel inline in the handle) and large (one-sided get).
+    for (std::size_t n : {std::size_t{100}, std::size_t{4096}, std::size_t{1} << 20}) {
+        auto buf = pattern(n, uint32_t(n));
+        auto exposed = client->expose({buf.data(), buf.size()}, read_only);
+        std::string name = "file" + std::to_string(n);
+        EXPECT_EQ(value_within(save(name, exposed)), n);
+        std::lock_guard g(mu);
+        ASSERT_EQ(saved[name].size(), n);
+        EXPECT_EQ(na::test::pattern_mismatch(saved[name], uint32_t(n)), std::nullopt) << n;
+    }
+    auto c = server->counters();
+    EXPECT_GE(c.bulk_bytes, std::size_t{1} << 20);
+}
+
+TEST_P(Api, BulkPushIntoCaller) {
+    open();
+    auto source = pattern(64 * 1024, 7);
+    server->define("load", [&](const Request& req, Bulk dst, uint64_t off) {
+        auto local = server->expose({source.data(), source.size()}, read_only);
+        std::size_t n = std::min<std::size_t>(dst.size() - off, source.size());
+        req.push(dst, off, local, 0, n).get();
+        return uint64_t(n);
+    });
+    std::vector<std::byte> buf(64 * 1024 + 16);
+    auto exposed = client->expose({buf.data(), buf.size()}, write_only);
+    auto n = value_within(client->remote<uint64_t(Bulk, uint64_t)>("load").on(ep)(exposed, 16));
+    EXPECT_EQ(n, 64u * 1024);
+    EXPECT_EQ(na::test::pattern_mismatch(std::span(buf).subspan(16), 7), std::nullopt);
+    // The server may not push into read-only memory: its handler's get() throws, and the
+    // caller sees the transfer's error.
+    auto ro = client->expose({buf.data(), buf.size()}, read_only);
+    auto r = result_within(client->remote<uint64_t(Bulk, uint64_t)>("load").on(ep)(ro, 0));
+    EXPECT_EQ(r.code(), Errc::access_denied) << (r ? "" : r.error().describe());
+}
+
+TEST_P(Api, BulkClientPullsServerMemoryAndSegments) {
+    open();
+    auto a = pattern(3000, 1);
+    auto b = pattern(5000, 2);
+    // The server exposes two segments and hands out the handle; the result decodes with the
+    // server as owner.
+    Bulk served = server->expose(std::vector<Segment>{{a.data(), a.size()}, {b.data(), b.size()}},
+                                 read_write);
+    server->define("get_handle", [&] { return served; });
+    Bulk remote = value_within(client->remote<Bulk()>("get_handle").on(ep)());
+    ASSERT_TRUE(remote.valid());
+    EXPECT_EQ(remote.size(), 8000u);
+    std::vector<std::byte> into(8000);
+    auto local = client->expose({into.data(), into.size()}, write_only);
+    ASSERT_TRUE(result_within(client->pull(remote, 0, local, 0, 8000)));
+    EXPECT_EQ(std::memcmp(into.data(), a.data(), a.size()), 0);
+    EXPECT_EQ(std::memcmp(into.data() + 3000, b.data(), b.size()), 0);
+    // Push across the segment boundary, with an explicit endpoint.
+    auto fresh = pattern(1000, 9);
+    auto src = client->expose(std::span(fresh), read_only);
+    ASSERT_TRUE(result_within(client->push(remote, 2500, src, 0, 1000, ep)));
+    EXPECT_EQ(std::memcmp(a.data() + 2500, fresh.data(), 500), 0);
+    EXPECT_EQ(std::memcmp(b.data(), fresh.data() + 500, 500), 0);
+    // Out of bounds: an error in the future, nothing moved.
+    auto r = result_within(client->pull(remote, 7999, local, 0, 2));
+    EXPECT_EQ(r.code(), Errc::out_of_range);
+    EXPECT_THROW((void)client->pull(remote, 7999, local, 0, 2).get(), Exception);
+    // A handle with nothing to expose is refused.
+    EXPECT_FALSE(client->try_expose(Segment{nullptr, 0}, read_only));
+}
+
+TEST_P(Api, BulkInManualMode) {
+    EngineOptions manual{.progress = ProgressMode::manual};
+    open(manual, manual);
+    auto data = pattern(200000, 3);
+    Bulk served = server->expose(std::span(data), read_only);
+    server->define("get_handle", [&] { return served; });
+    auto f = client->remote<Bulk()>("get_handle").on(ep)();
+    auto deadline = deadline_after(kWait);
+    while (!f.ready() && !deadline_passed(deadline)) {
+        server->poll();
+        client->poll();
+    }
+    ASSERT_TRUE(f.ready());
+    Bulk remote = f.get();
+    std::vector<std::byte> into(data.size());
+    auto local = client->expose(std::span(into), write_only);
+    auto t = client->pull(remote, 0, local, 0, into.size());
+    deadline = deadline_after(kWait);
+    while (!t.ready() && !deadline_passed(deadline)) {
+        server->poll();
+        client->poll();
+    }
+    ASSERT_TRUE(t.ready());
+    EXPECT_TRUE(t.try_get());
+    EXPECT_EQ(into, data);
+}
+
+}  // namespace
+}  // namespace talaria::api_test

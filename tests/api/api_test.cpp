@@ -1,0 +1,421 @@
+// The C++ API over every transport: calls, types, errors, progress modes, contexts, counters.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api_fixture.hpp"
+
+namespace talaria::api_test {
+namespace {
+
+struct Point {
+    int32_t x = 0;
+    int32_t y = 0;
+    std::string label;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(x, y, label);
+    }
+    friend bool operator==(const Point&, const Point&) = default;
+};
+
+TEST_P(Api, Sum) {
+    open();
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto sum = client->remote<int(int, int)>("sum").on(ep);
+    EXPECT_EQ(value_within(sum(40, 2)), 42);
+    auto r = result_within(sum(-1, 1));
+    ASSERT_TRUE(r) << r.error().describe();
+    EXPECT_EQ(*r, 0);
+    // Blocking get() on a background engine.
+    EXPECT_EQ(sum(1, 2).get(), 3);
+}
+
+TEST_P(Api, StringsVectorsMapsStructs) {
+    open();
+    server->define("greet", [](const std::string& name) { return "hello " + name; });
+    server->define("stats", [](std::vector<int> v) {
+        std::map<std::string, int64_t> m;
+        m["count"] = static_cast<int64_t>(v.size());
+        m["sum"] = std::accumulate(v.begin(), v.end(), int64_t{0});
+        return m;
+    });
+    server->define("mirror", [](Point p, int dx) { return Point{-p.x + dx, -p.y, p.label + "'"}; });
+    server->define("points", [](const std::map<std::string, Point>& in) {
+        std::vector<Point> out;
+        for (auto& [k, v] : in)
+            out.push_back(Point{v.x, v.y, k});
+        return out;
+    });
+
+    EXPECT_EQ(value_within(client->remote<std::string(std::string)>("greet").on(ep)("bob")),
+              "hello bob");
+    auto m =
+        value_within(client->remote<std::map<std::string, int64_t>(std::vector<int>)>("stats").on(
+            ep)(std::vector<int>{1, 2, 3, 4}));
+    EXPECT_EQ(m.at("count"), 4);
+    EXPECT_EQ(m.at("sum"), 10);
+    EXPECT_EQ(value_within(client->remote<Point(Point, int)>("mirror").on(ep)(Point{1, 2, "p"}, 5)),
+              (Point{4, -2, "p'"}));
+    auto pts =
+        value_within(client->remote<std::vector<Point>(std::map<std::string, Point>)>("points").on(
+            ep)(std::map<std::string, Point>{{"a", {1, 1, ""}}, {"b", {2, 3, ""}}}));
+    ASSERT_EQ(pts.size(), 2u);
+    EXPECT_EQ(pts[0], (Point{1, 1, "a"}));
+    EXPECT_EQ(pts[1], (Point{2, 3, "b"}));
+    // Empty strings and containers.
+    EXPECT_EQ(value_within(client->remote<std::string(std::string)>("greet").on(ep)("")), "hello ");
+}
+
+TEST_P(Api, VoidResultsAndNoArguments) {
+    open();
+    std::atomic<int> touched{0};
+    server->define("touch", [&](int by) { touched += by; });
+    server->define("answer", [] { return 42; });
+    server->define("nothing", [] {});
+    client->remote<void(int)>("touch").on(ep)(3).get();
+    EXPECT_EQ(touched.load(), 3);
+    EXPECT_EQ(value_within(client->remote<int()>("answer").on(ep)()), 42);
+    auto r = result_within(client->remote<void()>("nothing").on(ep)());
+    EXPECT_TRUE(r) << r.error().describe();
+}
+
+TEST_P(Api, LargeArgumentsAndResults) {
+    open();
+    server->define("reverse", [](std::vector<uint8_t> v) {
+        std::reverse(v.begin(), v.end());
+        return v;
+    });
+    std::vector<uint8_t> big(1 << 20);
+    for (std::size_t i = 0; i < big.size(); ++i)
+        big[i] = static_cast<uint8_t>(i * 7 + (i >> 12));
+    auto out = value_within(
+        client->remote<std::vector<uint8_t>(std::vector<uint8_t>)>("reverse").on(ep)(big));
+    ASSERT_EQ(out.size(), big.size());
+    std::reverse(out.begin(), out.end());
+    EXPECT_TRUE(out == big);
+}
+
+TEST_P(Api, AsyncRespondFromThread) {
+    open();
+    std::mutex mu;
+    std::vector<std::thread> workers;
+    server->define("later", [&](Request req, int x) {
+        std::lock_guard g(mu);
+        workers.emplace_back([r = std::move(req), x]() mutable {
+            std::this_thread::sleep_for(5ms);
+            r.respond(x * 2);
+        });
+    });
+    auto later = client->remote<int(int)>("later").on(ep);
+    std::vector<Future<int>> fs;
+    for (int i = 0; i < 8; ++i)
+        fs.push_back(later(i));
+    for (int i = 0; i < 8; ++i)
+        EXPECT_EQ(value_within(std::move(fs[i])), i * 2);
+    std::lock_guard g(mu);
+    for (auto& t : workers)
+        t.join();
+}
+
+TEST_P(Api, HandlerExceptionsReachTheCaller) {
+    open();
+    server->define("refuse", [](int) -> int { throw Exception(Errc::busy, "come back later"); });
+    server->define("boom", [](int) -> int { throw std::runtime_error("kaboom"); });
+    auto r1 = result_within(client->remote<int(int)>("refuse").on(ep)(1));
+    ASSERT_FALSE(r1);
+    EXPECT_EQ(r1.code(), Errc::busy);
+    EXPECT_NE(r1.error().message().find("come back later"), std::string::npos)
+        << r1.error().message();
+    try {
+        (void)client->remote<int(int)>("boom").on(ep)(1).get();
+        FAIL() << "no exception";
+    } catch (const Exception& e) {
+        EXPECT_EQ(e.code(), Errc::internal);
+        EXPECT_NE(std::string(e.what()).find("handler 'boom' threw: kaboom"), std::string::npos)
+            << e.what();
+    }
+    // The server still serves after handler failures.
+    server->define("ok", [] { return 1; });
+    EXPECT_EQ(value_within(client->remote<int()>("ok").on(ep)()), 1);
+}
+
+TEST_P(Api, UnknownRpcNamesIt) {
+    open();
+    try {
+        (void)client->remote<int(int)>("no_such_procedure").on(ep)(1).get();
+        FAIL() << "no exception";
+    } catch (const Exception& e) {
+        EXPECT_EQ(e.code(), Errc::not_found);
+        EXPECT_NE(std::string(e.what()).find("no_such_procedure"), std::string::npos) << e.what();
+    }
+}
+
+TEST_P(Api, ArgumentMismatchIsProtocolError) {
+    open();
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto r = result_within(client->remote<int(std::string)>("sum").on(ep)("not two ints"));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::protocol_error);
+    EXPECT_NE(r.error().message().find("'sum'"), std::string::npos) << r.error().message();
+    EXPECT_NE(r.error().message().find("(int, int)"), std::string::npos) << r.error().message();
+    // Too few bytes, and a result type that does not match what the server returns.
+    auto r2 = result_within(client->remote<int(int)>("sum").on(ep)(1));
+    EXPECT_EQ(r2.code(), Errc::protocol_error);
+    auto r3 = result_within(client->remote<std::string(int, int)>("sum").on(ep)(1, 2));
+    EXPECT_EQ(r3.code(), Errc::protocol_error);
+}
+
+TEST_P(Api, TimeoutThrows) {
+    open();
+    std::mutex mu;
+    std::vector<Request> parked;  // answered only after the caller gave up
+    server->define("stall", [&](Request req) {
+        std::lock_guard g(mu);
+        parked.push_back(std::move(req));
+    });
+    auto t0 = Clock::now();
+    try {
+        client->remote<void()>("stall").on(ep).timeout(100ms)().get();
+        FAIL() << "no exception";
+    } catch (const Exception& e) {
+        EXPECT_EQ(e.code(), Errc::timeout) << e.what();
+        EXPECT_NE(std::string(e.what()).find("stall"), std::string::npos) << e.what();
+    }
+    EXPECT_GE(Clock::now() - t0, 90ms);
+    // The engine-wide default applies to calls that set none.
+    Engine c2(GetParam().address, EngineOptions{.default_timeout = 50ms});
+    auto r = result_within(c2.remote<void()>("stall").on(c2.lookup(server->self_address()))());
+    EXPECT_EQ(r.code(), Errc::timeout);
+    // Both calls reach the handler (on the server's thread) before `mu` and `parked` go out of
+    // scope: a loaded machine may deliver the second one after its caller gave up.
+    auto deadline = deadline_after(kWait);
+    for (;;) {
+        {
+            std::lock_guard g(mu);
+            if (parked.size() == 2 || deadline_passed(deadline)) break;
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+    std::lock_guard g(mu);
+    EXPECT_EQ(parked.size(), 2u);
+    for (auto& q : parked)
+        (void)q.try_respond();  // late answers are dropped by the caller
+}
+
+TEST_P(Api, ManualProgressOneThreadDrivesBoth) {
+    EngineOptions manual{.progress = ProgressMode::manual};
+    open(manual, manual);
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto sum = client->remote<int(int, int)>("sum").on(ep);
+    std::vector<Future<int>> fs;
+    for (int i = 0; i < 16; ++i)
+        fs.push_back(sum(i, i));
+    auto all_ready = [&] {
+        return std::all_of(fs.begin(), fs.end(), [](auto& f) { return f.ready(); });
+    };
+    auto deadline = deadline_after(kWait);
+    while (!all_ready() && !deadline_passed(deadline)) {
+        server->poll();
+        client->poll();
+    }
+    ASSERT_TRUE(all_ready());
+    for (int i = 0; i < 16; ++i)
+        EXPECT_EQ(fs[i].get(), 2 * i);
+    // Nothing runs without the caller: a call stays pending while nobody drives the server.
+    auto f = sum(1, 1);
+    client->poll();
+    EXPECT_FALSE(f.ready());
+    deadline = deadline_after(kWait);
+    while (!f.ready() && !deadline_passed(deadline)) {
+        server->progress(1ms);
+        server->trigger();
+        client->progress(1ms);
+        client->trigger();
+    }
+    EXPECT_EQ(f.get(), 2);
+}
+
+TEST_P(Api, ManualClientGetDrivesItselfThread) {
+    // A background server and a manual client: get() progresses the client by itself.
+    server.emplace(GetParam().address, listen);
+    client.emplace(GetParam().address, EngineOptions{.progress = ProgressMode::manual});
+    ep = client->lookup(server->self_address());
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto sum = client->remote<int(int, int)>("sum").on(ep);
+    EXPECT_EQ(sum(2, 3).get(), 5);
+    auto f = sum(3, 4);
+    ASSERT_TRUE(f.wait_for(kWait));
+    EXPECT_EQ(f.get(), 7);
+}
+
+TEST_P(Api, BusyWaitMode) {
+    EngineOptions busy{.wait = WaitMode::busy};
+    open(busy, busy);
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto sum = client->remote<int(int, int)>("sum").on(ep);
+    for (int i = 0; i < 50; ++i)
+        ASSERT_EQ(value_within(sum(i, 1)), i + 1);
+}
+
+TEST_P(Api, SeveralContextsThread) {
+    EngineOptions three{.contexts = 3};
+    open(three, three);
+    server->define("where", [](const Request& req) { return int(req.context_id()); });
+    auto where = client->remote<int()>("where").on(ep);
+    for (uint8_t target = 0; target < 3; ++target)
+        for (uint8_t from = 0; from < 3; ++from)
+            EXPECT_EQ(value_within(where.context(target).from(from)()), target);
+    // Calls from several threads and contexts at once.
+    std::vector<std::thread> ts;
+    std::atomic<int> good{0};
+    for (int t = 0; t < 3; ++t)
+        ts.emplace_back([&, t] {
+            for (int i = 0; i < 20; ++i) {
+                auto r = result_within(where.context(uint8_t(i % 3)).from(uint8_t(t))());
+                if (r && *r == i % 3) ++good;
+            }
+        });
+    for (auto& th : ts)
+        th.join();
+    EXPECT_EQ(good.load(), 60);
+    auto bad = result_within(where.from(7)());
+    EXPECT_EQ(bad.code(), Errc::invalid_argument);
+}
+
+TEST_P(Api, ThenRunsOnCompletion) {
+    open();
+    server->define("sum", [](int a, int b) { return a + b; });
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<Result<int>> got;
+    client->remote<int(int, int)>("sum").on(ep)(20, 22).then([&](Result<int>&& r) {
+        std::lock_guard g(mu);
+        got.emplace(std::move(r));
+        cv.notify_all();
+    });
+    std::unique_lock g(mu);
+    ASSERT_TRUE(cv.wait_for(g, kWait, [&] { return got.has_value(); }));
+    ASSERT_TRUE(*got);
+    EXPECT_EQ(**got, 42);
+    // then() on a future that is already complete runs at once.
+    bool ran = false;
+    Future<int>::ready_with(Error(Errc::canceled)).then([&](Result<int>&& r) {
+        ran = r.code() == Errc::canceled;
+    });
+    EXPECT_TRUE(ran);
+}
+
+TEST_P(Api, OneWayCalls) {
+    open();
+    std::atomic<int> hits{0};
+    server->define("hit", [&](int n) { hits += n; });
+    auto hit = client->remote<void(int)>("hit").on(ep).one_way();
+    for (int i = 0; i < 10; ++i)
+        EXPECT_TRUE(result_within(hit(1)));
+    auto deadline = deadline_after(kWait);
+    while (hits.load() < 10 && !deadline_passed(deadline))
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(hits.load(), 10);
+}
+
+TEST_P(Api, DefineErrorsAndTwins) {
+    open();
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto again = server->try_define("sum", [](int a) { return a; });
+    EXPECT_EQ(again.code(), Errc::already_exists);
+    EXPECT_THROW(server->define("sum", [](int a) { return a; }), Exception);
+    auto bad = client->try_lookup("nosuchscheme://nowhere");
+    EXPECT_FALSE(bad);
+    EXPECT_THROW((void)client->lookup("nosuchscheme://nowhere"), Exception);
+    auto e = Engine::open("nosuchscheme://x", false);
+    EXPECT_FALSE(e);
+    EXPECT_THROW(Engine("nosuchscheme://x"), Exception);
+    // Undefine: later calls are not_found.
+    EXPECT_TRUE(server->try_undefine("sum"));
+    auto r = result_within(client->remote<int(int, int)>("sum").on(ep)(1, 2));
+    EXPECT_EQ(r.code(), Errc::not_found);
+    // A call without an endpoint fails in its future.
+    EXPECT_EQ(result_within(client->remote<int(int, int)>("sum")(1, 2)).code(),
+              Errc::invalid_argument);
+}
+
+TEST_P(Api, EndpointsAndMove) {
+    open();
+    server->define("sum", [](int a, int b) { return a + b; });
+    EXPECT_EQ(ep.to_string(), server->self_address());
+    EXPECT_TRUE(ep == client->lookup(server->self_address()));
+    EXPECT_FALSE(ep == client->self());
+    // Moving the engine keeps procedures and endpoints working.
+    Engine moved = std::move(*client);
+    client.reset();  // a moved-from engine is empty: destroying it does nothing
+    EXPECT_EQ(value_within(moved.remote<int(int, int)>("sum").on(ep)(2, 2)), 4);
+    std::mutex mu;
+    Endpoint seen;  // written on the server's thread
+    server->define("whoami", [&](const Request& req) {
+        std::lock_guard g(mu);
+        seen = req.source();
+        return req.source().to_string();
+    });
+    auto s = value_within(moved.remote<std::string()>("whoami").on(ep)());
+    {
+        std::lock_guard g(mu);
+        EXPECT_EQ(s, seen.to_string());
+    }
+    ep = {};  // before `moved`, whose transport it points into
+}
+
+TEST_P(Api, ShutdownFailsPendingCalls) {
+    open();
+    std::mutex mu;
+    std::vector<Request> parked;
+    server->define("stall", [&](Request req) {
+        std::lock_guard g(mu);
+        parked.push_back(std::move(req));
+    });
+    auto f = client->remote<void()>("stall").on(ep)();
+    // Wait until the server holds the call, then destroy the client under it.
+    auto deadline = deadline_after(kWait);
+    for (;;) {
+        {
+            std::lock_guard g(mu);
+            if (!parked.empty() || deadline_passed(deadline)) break;
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+    ep = {};
+    client.reset();
+    ASSERT_TRUE(f.ready());
+    EXPECT_EQ(f.try_get().code(), Errc::shutdown);
+    std::lock_guard g(mu);
+    for (auto& q : parked)
+        (void)q.try_respond();
+}
+
+TEST_P(Api, CountersJson) {
+    open();
+    server->define("sum", [](int a, int b) { return a + b; });
+    auto sum = client->remote<int(int, int)>("sum").on(ep);
+    for (int i = 0; i < 5; ++i)
+        ASSERT_EQ(value_within(sum(i, i)), 2 * i);
+    auto c = client->counters();
+    EXPECT_GE(c.rpcs_sent, 5u);
+    EXPECT_GE(c.responses_received, 5u);
+    auto j = nlohmann::json::parse(client->counters_json());
+    EXPECT_GE(j.at("rpcs_sent").get<uint64_t>(), 5u);
+    auto s = nlohmann::json::parse(server->counters_json());
+    EXPECT_GE(s.at("rpcs_received").get<uint64_t>(), 5u);
+}
+
+INSTANTIATE_TEST_SUITE_P(api, Api, ::testing::ValuesIn(na::test::transport_kinds()), kind_name);
+
+}  // namespace
+}  // namespace talaria::api_test
