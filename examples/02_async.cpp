@@ -1,0 +1,100 @@
+// 02: asynchronous handlers and calls.
+//
+// The server answers "square" later, from a worker thread (the handler takes its Request by
+// value and returns at once), so a slow computation never blocks the server's progress thread.
+// The client keeps many calls in flight with futures and then() callbacks, and shows a deadline.
+#include <talaria/talaria.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "example_util.hpp"
+
+using namespace std::chrono_literals;
+
+static int serve(const std::string& address) {
+    talaria::Engine server{address, talaria::listen};
+    std::atomic<bool> done{false};
+
+    // A worker thread answers the requests queued by the handler.
+    std::mutex mu;
+    std::deque<std::pair<talaria::Request, long>> queue;
+    std::thread worker([&] {
+        while (!done) {
+            std::unique_lock g(mu);
+            if (queue.empty()) {
+                g.unlock();
+                std::this_thread::sleep_for(1ms);
+                continue;
+            }
+            auto [req, x] = std::move(queue.front());
+            queue.pop_front();
+            g.unlock();
+            req.respond(x * x);  // from this thread, after the handler returned
+        }
+    });
+    server.define("square", [&](talaria::Request req, long x) {
+        std::lock_guard g(mu);
+        queue.emplace_back(std::move(req), x);
+    });
+    server.define("slow", [](int ms) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        return ms;
+    });
+    server.define("shutdown", [&] { done = true; });
+    example::announce(server.self_address());
+    worker.join();
+    return 0;
+}
+
+static int client(const std::string& server_address) {
+    talaria::Engine client{example::client_address_for(server_address)};
+    auto server = client.lookup(server_address);
+    auto square = client.remote<long(long)>("square").on(server);
+
+    // 100 calls in flight at once; collect the results as they come.
+    std::vector<talaria::Future<long>> calls;
+    for (long i = 0; i < 100; ++i)
+        calls.push_back(square(i));
+    long total = 0;
+    for (auto& f : calls)
+        total += f.get();
+    std::printf("sum of squares 0..99 = %ld\n", total);
+
+    // A callback instead of waiting: it runs on the engine's progress thread.
+    std::atomic<long> seen{-1};
+    square(12).then([&](talaria::Result<long>&& r) { seen = r ? *r : -2; });
+    for (int i = 0; i < 500 && seen == -1; ++i)
+        std::this_thread::sleep_for(10ms);
+    std::printf("then(): 12 * 12 = %ld\n", seen.load());
+
+    // A deadline: the server takes 300 ms, the call allows 50 ms.
+    bool timed_out = false;
+    try {
+        client.remote<int(int)>("slow").on(server).timeout(50ms)(300).get();
+    } catch (const talaria::Exception& e) {
+        timed_out = e.code() == talaria::Errc::timeout;
+        std::printf("as expected: %s\n", e.what());
+    }
+    client.remote<void()>("shutdown").on(server)().get();
+    return total == 328350 && seen == 144 && timed_out ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    try {
+        std::string mode = argc > 1 ? argv[1] : "tcp://127.0.0.1:0";
+        if (mode == "server") return serve(argc > 2 ? argv[2] : "tcp://127.0.0.1:0");
+        if (mode == "client" && argc > 2) return client(argv[2]);
+        example::ServerProcess server(argv[0], mode);
+        return client(server.address());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "02_async: %s\n", e.what());
+        return 1;
+    }
+}
