@@ -1,10 +1,12 @@
-// Opens every built transport by scheme and prints what it reports: proves that the installed
-// headers, config header and libraries work for a downstream project.
+// A downstream project against an installed Talaria: opens every built transport by scheme,
+// then makes an RPC through the C++ API, proving that the installed headers, config header and
+// libraries (every layer, exported as talaria::talaria) work.
 #include <cstdio>
 #include <string>
 
 #include <talaria/config.hpp>
 #include <talaria/na/na.hpp>
+#include <talaria/talaria.hpp>
 
 int main() {
     std::printf("talaria %s\n", TALARIA_VERSION);
@@ -20,5 +22,16 @@ int main() {
         std::printf("%.*s: %s\n", int(scheme.size()), scheme.data(),
                     (*t)->addr_to_string((*t)->addr_self()).c_str());
     }
-    return 0;
+    try {
+        talaria::Engine server{"inproc://consumer-server", talaria::listen};
+        server.define("sum", [](int a, int b) { return a + b; });
+        talaria::Engine client{"inproc://consumer-client"};
+        auto ep = client.lookup(server.self_address());
+        int sum = client.remote<int(int, int)>("sum").on(ep)(40, 2).get();
+        std::printf("rpc sum(40, 2) = %d\n", sum);
+        return sum == 42 ? 0 : 1;
+    } catch (const talaria::Exception& e) {
+        std::printf("rpc failed: %s\n", e.what());
+        return 1;
+    }
 }
