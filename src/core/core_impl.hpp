@@ -230,7 +230,7 @@ struct Context::Impl {
     // --- messages (request.cpp) ----------------------------------------------------------------
     void post_recv(RecvSlot& rs);
     void on_recv(RecvSlot& rs, const na::Completion& c);
-    void handle_message(std::span<const std::byte> msg, const na::Addr& source);
+    void handle_message(std::span<const std::byte> msg, const na::Addr& source, uint8_t named_ctx);
     void dispatch(const wire::Header& h, std::span<const std::byte> input, const na::Addr& source);
     Result<void> send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc_id, uint8_t dest_ctx,
                             Errc status, std::span<const std::byte> out);

@@ -9,6 +9,11 @@
 #include "talaria/util/log.hpp"
 
 namespace talaria::core {
+namespace {
+std::span<const std::byte> as_bytes(const std::string& s) noexcept {
+    return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+}  // namespace
 
 // --- receives ---------------------------------------------------------------------------------
 
@@ -34,7 +39,7 @@ void Context::Impl::on_recv(RecvSlot& rs, const na::Completion& c) {
     if (closing.load(std::memory_order_relaxed)) return;
     if (c.status == Errc::ok) [[likely]] {
         rs.busy = true;
-        handle_message({rs.buf.data(), c.size}, c.source);
+        handle_message({rs.buf.data(), c.size}, c.source, c.context_id);
         rs.busy = false;
     } else if (c.status != Errc::canceled) {
         CtxCounters::add(counters.errors);
@@ -49,7 +54,8 @@ void Context::Impl::on_recv(RecvSlot& rs, const na::Completion& c) {
     }
 }
 
-void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Addr& source) {
+void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Addr& source,
+                                   uint8_t named_ctx) {
     auto h = wire::decode_header(msg);
     if (!h) [[unlikely]] {
         CtxCounters::add(counters.errors);
@@ -58,6 +64,22 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
         return;
     }
     auto payload = msg.subspan(wire::kHeaderSize);
+    if (named_ctx != id) [[unlikely]] {
+        // The sender named a context this engine does not have; the transport handed the
+        // message to us (the lowest context) so the caller hears of it instead of waiting.
+        CtxCounters::add(counters.errors);
+        if ((h->flags & (wire::kResponse | wire::kAck | wire::kOneWay)) == 0)
+            (void)send_reply(
+                source, h->seq, h->rpc_id, h->reply_ctx, Errc::not_found,
+                as_bytes(fmt::format("context {} does not exist at {} (it has {})", named_ctx,
+                                     eng->self_string, eng->contexts.size())));
+        else
+            TALARIA_LOG(core, warn,
+                        "context {}: dropping a message from {} for context {}, "
+                        "which does not exist",
+                        id, t->addr_to_string(source), named_ctx);
+        return;
+    }
     if (h->flags & wire::kResponse) return on_response(*h, payload, source);
     if (h->flags & wire::kAck) return on_ack(*h, source);
     CtxCounters::bump(counters.rpcs_received);

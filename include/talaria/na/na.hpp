@@ -289,6 +289,9 @@ class Transport {
 
     /// Send `len` bytes of `buf` to `dest`, delivered to its context `dest_ctx` as an
     /// unexpected message with `tag`. The callback runs once the buffer may be reused.
+    /// If `dest` has no context `dest_ctx`, its lowest-numbered context receives the message
+    /// (Completion::context_id still says `dest_ctx`) so the layer above can tell the sender;
+    /// a destination with no context at all drops it.
     virtual Result<OpId> post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
                                               std::size_t len, const Addr& dest, uint8_t dest_ctx,
                                               Tag tag) = 0;

@@ -10,9 +10,9 @@
 
 #include "talaria/na/na.hpp"
 #include "talaria/util/cpu.hpp"
-#include "talaria/util/spin_lock.hpp"
 #include "talaria/util/intrusive_list.hpp"
 #include "talaria/util/pool.hpp"
+#include "talaria/util/spin_lock.hpp"
 
 namespace talaria::na {
 

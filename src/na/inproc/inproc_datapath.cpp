@@ -93,14 +93,20 @@ void InprocTransport::deliver_locked(const std::string& src_name, bool expected,
                                      Tag tag, std::span<const std::byte> data) {
     Addr src = intern_locked(src_name);
     if (!expected) {
-        if (ctx_id >= opts_.max_contexts || !slots_[ctx_id].ctx) {
+        // A context that does not exist: the lowest one that does takes the message
+        // (Completion::context_id still names the one asked for), so the layer above can
+        // answer the sender instead of leaving it waiting.
+        Slot* sp = ctx_id < opts_.max_contexts && slots_[ctx_id].ctx ? &slots_[ctx_id] : nullptr;
+        for (uint8_t i = 0; !sp && i < opts_.max_contexts; ++i)
+            if (slots_[i].ctx) sp = &slots_[i];
+        if (!sp) {
             TALARIA_LOG(inproc, warn,
-                        "'{}': dropped an unexpected message from {} (tag {}, {} bytes) for "
-                        "context {}, which does not exist",
-                        name_, src_name, tag, data.size(), ctx_id);
+                        "'{}': dropped an unexpected message from {} (tag {}, {} bytes): no "
+                        "context exists",
+                        name_, src_name, tag, data.size());
             return;
         }
-        Slot& s = slots_[ctx_id];
+        Slot& s = *sp;
         if (InprocOp* op = s.recvs.pop_front()) {
             op->where = InprocOp::Where::none;
             fill_recv_locked(op, src, tag, ctx_id, data);

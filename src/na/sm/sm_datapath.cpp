@@ -327,14 +327,20 @@ void SmTransport::check_space_wanted_locked() noexcept {
 void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept {
     Peer* p = c->peer;
     if (h.kind == MsgKind::unexpected) {
-        if (h.ctx >= ctxs_.size() || !ctxs_[h.ctx].ctx) [[unlikely]] {
+        CtxState* csp = h.ctx < ctxs_.size() && ctxs_[h.ctx].ctx ? &ctxs_[h.ctx] : nullptr;
+        // A context that does not exist: the lowest one that does takes the message
+        // (Completion::context_id still names the one asked for), so the layer above can
+        // answer the sender instead of leaving it waiting.
+        for (std::size_t i = 0; !csp && i < ctxs_.size(); ++i)
+            if (ctxs_[i].ctx) csp = &ctxs_[i];
+        if (!csp) [[unlikely]] {
             TALARIA_LOG(sm, warn,
                         "sm://{}: dropped an unexpected message (tag {}, {} bytes) from sm://{} "
-                        "for context {}, which does not exist here",
+                        "for context {}: no context exists here",
                         name_, h.tag, h.len, p->name, h.ctx);
             return;
         }
-        CtxState& cs = ctxs_[h.ctx];
+        CtxState& cs = *csp;
         if (SmOp* op = cs.recvs.pop_front()) [[likely]] {
             op->list = nullptr;
             complete_op(op, fill_recv(op, Addr(p), h.tag, h.ctx, payload, h.len));

@@ -227,6 +227,8 @@ class TcpTransport final : public Transport {
         IntrusiveList<TcpOp> posted;    ///< recv_unexpected
         IntrusiveList<QueuedMsg> msgs;  ///< unexpected messages waiting for a receive
     };
+    /// The context slot an unexpected message for context `id` goes to (see na.hpp).
+    CtxSlot* route_locked(uint8_t id) noexcept;
 
     // setup (tcp_setup.cpp)
     Result<Addr> lookup_locked(std::string_view address, bool numeric_only);

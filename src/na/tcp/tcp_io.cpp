@@ -456,11 +456,11 @@ bool TcpTransport::start_frame(Conn* c) {
     } else {
         switch (h.type) {
             case FrameType::msg_unexpected: {
-                CtxSlot* s = h.context_id < slots_.size() ? &slots_[h.context_id] : nullptr;
-                if (!s || !s->ctx) {
+                CtxSlot* s = route_locked(h.context_id);
+                if (!s) {
                     TALARIA_LOG(tcp, warn,
                                 "dropping a {}-byte unexpected message (tag {}) from {} for "
-                                "context {}, which does not exist here",
+                                "context {}: no context exists here",
                                 h.length, h.tag, c->peer.as<TcpAddr>()->str, h.context_id);
                     c->sink = Conn::Sink::discard;
                     c->dest = nullptr;
@@ -559,19 +559,30 @@ bool TcpTransport::start_frame(Conn* c) {
     return true;
 }
 
+TcpTransport::CtxSlot* TcpTransport::route_locked(uint8_t id) noexcept {
+    // A context that does not exist: the lowest one that does takes the message
+    // (Completion::context_id still names the one asked for), so the layer above can answer
+    // the sender instead of leaving it waiting.
+    if (id < slots_.size() && slots_[id].ctx) return &slots_[id];
+    for (CtxSlot& s : slots_)
+        if (s.ctx) return &s;
+    return nullptr;
+}
+
 void TcpTransport::deliver_queued(QueuedMsg* m) {
     // A receive may have been posted while the message was being read.
     TcpOp* op = nullptr;
     if (!m->expected) {
-        CtxSlot& s = slots_[m->context_id];
-        if (!s.ctx) {
+        CtxSlot* sp = route_locked(m->context_id);
+        if (!sp) {
             TALARIA_LOG(tcp, warn,
-                        "dropping an unexpected message for context {}: it was "
-                        "destroyed while the message arrived",
+                        "dropping an unexpected message for context {}: no context exists "
+                        "here any more",
                         m->context_id);
             msg_free(m);
             return;
         }
+        CtxSlot& s = *sp;
         op = s.posted.pop_front();
         if (!op) {
             s.msgs.push_back(*m);

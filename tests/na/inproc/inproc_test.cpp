@@ -116,17 +116,23 @@ TEST(Inproc, ClosedPeerFailsPendingReceiveWithDisconnected) {
               Errc::disconnected);
 }
 
-TEST(Inproc, MessageToMissingContextIsDropped) {
+TEST(Inproc, MessageToMissingContextGoesToLowestContext) {
     Ep a, b;
     Addr ab = a.lookup(b);
-    MsgBuffer s = alloc_buf(*a.t, 8), r = alloc_buf(*b.t, 8);
-    Recorder s1, s2, rr;
+    MsgBuffer s = alloc_buf(*a.t, 8), r = alloc_buf(*b.t, 8), r2 = alloc_buf(*b.t, 8);
+    Recorder s1, s2, rr, rr2;
     ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(rr), r));
     ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(s1), s, 8, ab, 3, 1));  // no context 3
     ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(s2), s, 8, ab, 0, 2));
     ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()},
                                [&] { return s1.done() && s2.done() && rr.done(); }));
-    EXPECT_EQ(rr.last.tag, 2u);
+    // Context 0 takes it, and the completion names the context the sender asked for.
+    EXPECT_EQ(rr.last.tag, 1u);
+    EXPECT_EQ(rr.last.context_id, 3u);
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(rr2), r2));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return rr2.done(); }));
+    EXPECT_EQ(rr2.last.tag, 2u);
+    EXPECT_EQ(rr2.last.context_id, 0u);
 }
 
 TEST(Inproc, MemoryHandleValidation) {
@@ -322,13 +328,14 @@ TEST(Inproc, ContextDestroyedWithPostedOpsDoesNotLeakOrCrash) {
     ASSERT_TRUE(a.t->post_recv_unexpected(**c1, nullptr, b1));
     ASSERT_TRUE(a.t->post_recv_expected(**c1, nullptr, b2, self, 1));
     c1->reset();
-    // Messages for the gone context are dropped, the transport keeps working.
+    // Messages for the gone context go to context 0 (naming context 1); the transport keeps
+    // working.
     Recorder s, r;
     ASSERT_TRUE(a.t->post_recv_unexpected(*a.ctx, record(r), b2));
     ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(s), b1, 8, self, 1, 1));
-    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(s), b1, 8, self, 0, 2));
     ASSERT_TRUE(progress_until({a.ctx.get()}, [&] { return r.done(); }));
-    EXPECT_EQ(r.last.tag, 2u);
+    EXPECT_EQ(r.last.tag, 1u);
+    EXPECT_EQ(r.last.context_id, 1u);
     progress_for({a.ctx.get()}, 5ms);
 }
 

@@ -268,14 +268,22 @@ TEST(SmSelf, LoopbackMessagesInterningAndUnknownContext) {
 
     MsgBuffer m = e.buf(16);
     std::memcpy(m.data(), "hello, loopback", 16);
-    Done s1, s2, r;
-    // Context 5 does not exist: dropped (with a warning), the next one still arrives.
+    Done s1, s2, r0, r;
+    // Context 5 does not exist: the lowest context (0) takes the message, and its completion
+    // names context 5; the next message arrives as usual.
     ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&s1), m, 16, self, 5, 9));
     ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&s2), m, 16, self, 0, 10));
+    MsgBuffer rb0 = e.buf();
+    ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&r0), rb0));
+    ASSERT_TRUE(e.wait(r0));
+    EXPECT_EQ(r0.c.status, Errc::ok);
+    EXPECT_EQ(r0.c.tag, 9u);
+    EXPECT_EQ(r0.c.context_id, 5u);
     MsgBuffer rb = e.buf();
     ASSERT_TRUE(e.t->post_recv_unexpected(*e.ctx, on(&r), rb));
     ASSERT_TRUE(e.wait(r));
     EXPECT_EQ(r.c.status, Errc::ok);
+    EXPECT_EQ(r.c.context_id, 0u);
     EXPECT_EQ(r.c.tag, 10u);
     EXPECT_EQ(r.c.size, 16u);
     EXPECT_TRUE(r.c.source == self);

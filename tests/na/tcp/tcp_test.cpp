@@ -302,7 +302,7 @@ TEST(Tcp, ExpectedMatchingAndMessageTooLarge) {
               Errc::message_too_large);
 }
 
-TEST(Tcp, UnknownContextIsDroppedAndStreamContinues) {
+TEST(Tcp, UnknownContextGoesToLowestContextAndStreamContinues) {
     Peer s = make_peer("tcp://127.0.0.1:0");
     Peer c = make_peer("tcp://", Options{.listen = false});
     Addr dest = lookup(*c.t, s.self());
@@ -312,12 +312,16 @@ TEST(Tcp, UnknownContextIsDroppedAndStreamContinues) {
         *c.ctx, [&](const Completion&) { ++sent; }, m, 1, dest, 9, 0));
     ASSERT_TRUE(c.t->post_send_unexpected(
         *c.ctx, [&](const Completion&) { ++sent; }, m, 1, dest, 0, 42));
-    auto r = buf_with(*s.t, "", 8);
-    Tag got = 0;
-    ASSERT_TRUE(s.t->post_recv_unexpected(
-        *s.ctx, [&](const Completion& cp) { got = cp.tag; }, r));
-    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return sent == 2 && got != 0; }));
-    EXPECT_EQ(got, 42u);
+    // Context 9 does not exist: context 0 takes the message, naming context 9.
+    auto r1 = buf_with(*s.t, "", 8);
+    auto r2 = buf_with(*s.t, "", 8);
+    std::vector<std::pair<Tag, uint8_t>> got;
+    auto rec = [&](const Completion& cp) { got.emplace_back(cp.tag, cp.context_id); };
+    ASSERT_TRUE(s.t->post_recv_unexpected(*s.ctx, rec, r1));
+    ASSERT_TRUE(s.t->post_recv_unexpected(*s.ctx, rec, r2));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return sent == 2 && got.size() == 2; }));
+    EXPECT_EQ(got[0], std::make_pair(Tag{0}, uint8_t{9}));
+    EXPECT_EQ(got[1], std::make_pair(Tag{42}, uint8_t{0}));
 }
 
 TEST(Tcp, CancelAndStaleId) {
