@@ -112,15 +112,8 @@ void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
     SendInfo info = sb->info;
     release_buf(sb);
     if (status == Errc::ok) [[likely]] {
-        if (info.kind == SendInfo::call) {
-            CtxCounters::bump(counters.rpcs_sent);
-            CtxCounters::bump(counters.bytes_sent, info.bytes);
-            // A normal call sent fine waits for its response: nothing more (no lock taken).
-            if (info.one_way) on_call_sent(info.seq, true, status);
-        } else if (info.kind == SendInfo::response) {
-            CtxCounters::bump(counters.responses_sent);
-            CtxCounters::bump(counters.bytes_sent, info.bytes);
-        }
+        // A normal call sent fine waits for its response: nothing more (no lock taken).
+        if (info.kind == SendInfo::call && info.one_way) on_call_sent(info.seq, true, status);
         return;
     }
     if (info.seq != 0) {
@@ -292,7 +285,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.target_ctx = opts.target_context;
     h.reply_ctx = id;
     auto r = send_message(dest, h, large ? std::span<const std::byte>(desc) : args,
-                          SendInfo{seq, opts.one_way, SendInfo::call, args.size()});
+                          SendInfo{seq, opts.one_way, SendInfo::call});
     if (!r) {
         // Undo, unless a deadline or cancel on another thread already completed it.
         std::unique_ptr<LargeOut> garbage;
@@ -304,6 +297,10 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         if (fn) return std::move(r).error();  // `done` never runs
         return CallId{seq};                   // it already ran (with timeout or canceled)
     }
+    // Counted when posted (a caller may read the counters as soon as the response is in;
+    // the send's own completion may still be queued then). A failed send counts in errors.
+    CtxCounters::add(counters.rpcs_sent);
+    CtxCounters::add(counters.bytes_sent, args.size());
     return CallId{seq};
 }
 

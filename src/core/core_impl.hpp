@@ -57,7 +57,8 @@ struct CtxCounters {
         c.fetch_add(n, std::memory_order_relaxed);
     }
     /// From the thread that triggers the context only (one writer): a plain add, no locked
-    /// instruction. Every counter of the message path is counted here.
+    /// instruction. The receive-side counters of the message path are counted here; sends are
+    /// counted with add() when posted, since any thread may post.
     static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
         c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }
@@ -101,7 +102,6 @@ struct SendInfo {
     uint32_t seq = 0;      ///< the call this message belongs to (0: not a call)
     bool one_way = false;  ///< a one-way call: sending it completes it
     Kind kind = other;
-    uint64_t bytes = 0;  ///< payload bytes to count as sent (the real size when pulled)
 };
 
 /// A send buffer and what its completion must do.

@@ -144,7 +144,7 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
     if (status != Errc::ok && out.size() > eng->eager) out = out.first(eng->eager);
     const uint64_t counted = status == Errc::ok ? out.size() : 0;
     if (out.size() <= eng->eager) {
-        auto r = send_message(dest, h, out, SendInfo{0, false, SendInfo::response, counted});
+        auto r = send_message(dest, h, out, SendInfo{0, false, SendInfo::response});
         if (!r) return r;
     } else {
         if (out.size() > eng->opts.max_payload)
@@ -160,7 +160,7 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
             pending.push_back(
                 PendingResult{dest, seq, Clock::now() + eng->opts.ack_linger, std::move(lo)});
         }
-        auto r = send_message(dest, h, desc, SendInfo{0, false, SendInfo::response, counted});
+        auto r = send_message(dest, h, desc, SendInfo{0, false, SendInfo::response});
         if (!r) {
             std::lock_guard g(pend_mu);
             for (auto it = pending.begin(); it != pending.end(); ++it)
@@ -171,6 +171,8 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
             return r;
         }
     }
+    CtxCounters::add(counters.responses_sent);  // when posted (any thread may respond)
+    CtxCounters::add(counters.bytes_sent, counted);
     return ok();
 }
 

@@ -3,10 +3,6 @@
 // prints its address on one line, and serves the requests of bulk_peer_protocol.hpp until
 // asked to quit, its stdin closes (the test died) or 60 seconds pass. Exit status 0 only after
 // a quit with no errors.
-#include <poll.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <list>
@@ -14,6 +10,7 @@
 
 #include "bulk_peer_protocol.hpp"
 #include "harness.hpp"
+#include "peer_process.hpp"
 #include "talaria/bulk/bulk.hpp"
 
 using namespace talaria;
@@ -135,14 +132,6 @@ struct Peer {
     }
 };
 
-bool stdin_closed() {
-    pollfd p{0, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR)) return true;
-    char c;
-    return ::read(0, &c, 1) <= 0;
-}
-
 int run(Transport& t) {
     auto cr = t.context_create(0);
     if (!cr) {
@@ -184,17 +173,12 @@ int run(Transport& t) {
         for (int i = 0; i < kRecvs; ++i)
             p.post_recv(i);
 
-        std::printf("%s\n", t.addr_to_string(t.addr_self()).c_str());
-        std::fflush(stdout);
+        print_line(t.addr_to_string(t.addr_self()));
 
-        while (!p.quit_acked && !stdin_closed()) {
-            auto r = ctx.progress(std::chrono::milliseconds(20));
-            if (!r && r.code() != Errc::timeout) {
-                std::fprintf(stderr, "bulk_peer: progress: %s\n", r.error().describe().c_str());
-                break;
-            }
-            ctx.trigger();
-        }
+        (void)serve_until_stdin_closed(ctx, "bulk_peer", [&]() -> std::optional<Duration> {
+            if (p.quit_acked) return std::nullopt;
+            return std::chrono::milliseconds(20);
+        });
         for (auto& id : p.rids)
             if (id.valid()) (void)t.cancel(id);
         progress_until(
@@ -213,15 +197,12 @@ int run(Transport& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: bulk_peer <address>\n");
-        return 2;
-    }
-    ::alarm(60);  // never outlive a test run
-    std::signal(SIGPIPE, SIG_IGN);
-    auto tr = na::open(argv[1]);
+    auto address = peer_start("bulk_peer", argc, argv);
+    if (!address) return 2;
+    auto tr = na::open(*address);
     if (!tr) {
-        std::fprintf(stderr, "bulk_peer: open %s: %s\n", argv[1], tr.error().describe().c_str());
+        std::fprintf(stderr, "bulk_peer: open %s: %s\n", address->c_str(),
+                     tr.error().describe().c_str());
         return 1;
     }
     return run(**tr);  // contexts and handles go before the transport

@@ -1,10 +1,7 @@
 // The bulk suite: handles, their encoding, and transfers, instantiated for every transport in
 // the build (test names end in the transport: bulk/Bulk.PullManySegments/tcp). Every wait is
 // bounded (progress_until), so a broken transfer fails a test instead of hanging it.
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +22,7 @@
 #include "bulk_peer_protocol.hpp"
 #include "harness.hpp"
 #include "na/inproc/inproc_faults.hpp"
+#include "peer_process.hpp"
 #include "talaria/bulk/bulk.hpp"
 #include "talaria/proc/archive.hpp"
 
@@ -35,6 +33,7 @@ using namespace std::chrono_literals;
 using na::Access;
 using na::test::fill_pattern;
 using na::test::pattern_mismatch;
+using na::test::PeerProcess;
 using na::test::progress_until;
 using na::test::TransportKind;
 
@@ -816,96 +815,6 @@ TEST_P(Bulk, DecodeHostileEncodings) {
 
 // --- two processes -------------------------------------------------------------------------------
 
-/// A running bulk_peer: its address, its stdin (closing it ends the peer) and its pid. Killed
-/// and reaped by the destructor if still running.
-class PeerProcess {
-  public:
-    static std::unique_ptr<PeerProcess> spawn(const std::string& address, std::string* err) {
-        int in[2], out[2];
-        if (::pipe2(in, O_CLOEXEC) < 0) {
-            *err = "pipe2 failed";
-            return nullptr;
-        }
-        if (::pipe2(out, O_CLOEXEC) < 0) {
-            ::close(in[0]);
-            ::close(in[1]);
-            *err = "pipe2 failed";
-            return nullptr;
-        }
-        std::string path = TALARIA_BULK_PEER_PATH;
-        std::vector<char*> argv{path.data(), const_cast<char*>(address.c_str()), nullptr};
-        pid_t pid = ::fork();
-        if (pid < 0) {
-            *err = "fork failed";
-            return nullptr;
-        }
-        if (pid == 0) {
-            ::dup2(in[0], 0);
-            ::dup2(out[1], 1);
-            ::execv(path.c_str(), argv.data());
-            ::_exit(127);
-        }
-        ::close(in[0]);
-        ::close(out[1]);
-        auto p = std::unique_ptr<PeerProcess>(new PeerProcess(pid, in[1], out[0]));
-        auto a = p->read_line(10s);
-        if (!a) {
-            *err = "the peer did not print its address within 10 s (see its stderr)";
-            return nullptr;
-        }
-        p->address = *a;
-        return p;
-    }
-
-    ~PeerProcess() {
-        ::close(to_child_);
-        ::close(from_child_);
-        if (pid_ > 0 && !wait_exit(3s)) {
-            ::kill(pid_, SIGKILL);
-            wait_exit(5s);
-        }
-    }
-
-    std::optional<int> wait_exit(Duration timeout) {
-        if (pid_ <= 0) return status_;
-        auto deadline = Clock::now() + timeout;
-        for (;;) {
-            int st = 0;
-            if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-                pid_ = -1;
-                status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-                return status_;
-            }
-            if (Clock::now() >= deadline) return std::nullopt;
-            std::this_thread::sleep_for(10ms);
-        }
-    }
-
-    std::string address;
-
-  private:
-    PeerProcess(pid_t pid, int to, int from) : pid_(pid), to_child_(to), from_child_(from) {}
-
-    std::optional<std::string> read_line(Duration timeout) {
-        auto deadline = Clock::now() + timeout;
-        std::string line;
-        for (;;) {
-            pollfd p{from_child_, POLLIN, 0};
-            if (::poll(&p, 1, ms_until(deadline)) <= 0) return std::nullopt;
-            char c;
-            if (::read(from_child_, &c, 1) != 1) return std::nullopt;
-            if (c == '\n') return line;
-            line.push_back(c);
-            if (line.size() > 4096) return std::nullopt;
-        }
-    }
-
-    pid_t pid_;
-    int to_child_;
-    int from_child_;
-    std::optional<int> status_;
-};
-
 /// Send an empty request with `tag` to the peer, wait for the expected reply (into `reply`).
 Errc request(Side& s, const na::Addr& peer, na::Tag tag, std::vector<std::byte>* reply) {
     na::Transport& t = *s.t;
@@ -938,7 +847,7 @@ Errc request(Side& s, const na::Addr& peer, na::Tag tag, std::vector<std::byte>*
 TEST_P(Bulk, TwoProcessesPullPush) {
     if (!GetParam().multi_process) GTEST_SKIP() << "inproc endpoints live in one process";
     std::string err;
-    auto peer = PeerProcess::spawn(GetParam().address, &err);
+    auto peer = PeerProcess::spawn(TALARIA_BULK_PEER_PATH, GetParam().address, &err);
     ASSERT_TRUE(peer) << err;
     auto pa = client_.t->addr_lookup(peer->address);
     ASSERT_TRUE(pa) << pa.error().describe();

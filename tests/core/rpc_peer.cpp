@@ -2,15 +2,13 @@
 // the procedures of rpc_common.hpp (echo, hang, large, huge), prints its address on stdout (one
 // line) and serves until its stdin closes (the test closed it or died) or 60 seconds pass. The
 // two-process tests kill it with SIGKILL while calls are in flight.
-#include <poll.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "harness.hpp"
+#include "peer_process.hpp"
 #include "rpc_common.hpp"
 #include "talaria/core/core.hpp"
 
@@ -18,29 +16,16 @@ using namespace talaria;
 using namespace talaria::core;
 using namespace std::chrono_literals;
 
-namespace {
-
-bool stdin_closed() {
-    pollfd p{0, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR)) return true;
-    char c;
-    return ::read(0, &c, 1) <= 0;
-}
-
-}  // namespace
+using na::test::print_line;
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: rpc_peer <address>\n");
-        return 2;
-    }
-    ::alarm(60);  // never outlive a test run
-    std::signal(SIGPIPE, SIG_IGN);
+    auto address = na::test::peer_start("rpc_peer", argc, argv);
+    if (!address) return 2;
 
-    auto er = Engine::open(argv[1]);
+    auto er = Engine::open(*address);
     if (!er) {
-        std::fprintf(stderr, "rpc_peer: open %s: %s\n", argv[1], er.error().describe().c_str());
+        std::fprintf(stderr, "rpc_peer: open %s: %s\n", address->c_str(),
+                     er.error().describe().c_str());
         return 1;
     }
     std::unique_ptr<Engine> engine = std::move(*er);
@@ -64,8 +49,7 @@ int main(int argc, char** argv) {
     });
     reg(test::kPeerHang, [&](Request& req) {
         held.push_back(std::move(req));
-        std::printf("hang %zu\n", held.size());
-        std::fflush(stdout);
+        print_line("hang " + std::to_string(held.size()));
     });
     reg(test::kPeerLarge, [&](Request& req) {
         if (auto r = req.respond(large); !r)
@@ -76,23 +60,15 @@ int main(int argc, char** argv) {
         na::test::fill_pattern(huge, test::kPeerLargeSeed);
         if (auto r = req.respond(huge); !r)
             std::fprintf(stderr, "rpc_peer: huge respond: %s\n", r.error().describe().c_str());
-        std::printf("huge\n");
-        std::fflush(stdout);
+        print_line("huge");
     });
     if (errors) return 1;
 
-    std::printf("%s\n", engine->self_string().c_str());
-    std::fflush(stdout);
+    print_line(engine->self_string());
 
-    Context& ctx = engine->context(0);
-    while (!stdin_closed()) {
-        auto r = ctx.progress(50ms);
-        if (!r && r.code() != Errc::timeout) {
-            std::fprintf(stderr, "rpc_peer: progress: %s\n", r.error().describe().c_str());
-            return 1;
-        }
-        ctx.trigger();
-    }
+    bool ok = na::test::serve_until_stdin_closed(engine->context(0), "rpc_peer",
+                                                 []() -> std::optional<Duration> { return 50ms; });
+    if (!ok) return 1;
     held.clear();
     engine.reset();
     return 0;

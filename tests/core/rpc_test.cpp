@@ -8,12 +8,9 @@
 // Handlers capture the fixture, which outlives both engines; requests a handler keeps are
 // destroyed before the server engine (TearDown).
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -34,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.hpp"
+#include "peer_process.hpp"
 #include "rpc_common.hpp"
 #include "talaria/core/core.hpp"
 
@@ -43,6 +41,7 @@ namespace {
 using namespace std::chrono_literals;
 using na::test::fill_pattern;
 using na::test::pattern_mismatch;
+using na::test::PeerProcess;
 using na::test::TransportKind;
 using Bytes = std::vector<std::byte>;
 
@@ -157,115 +156,6 @@ void drive_for(std::initializer_list<Engine*> engines, Duration d) {
     (void)drive(
         engines, [] { return false; }, d);
 }
-
-// --- a peer process ------------------------------------------------------------------------------
-
-/// A running rpc_peer: its address, its stdout (lines it prints), its stdin (closing it ends the
-/// peer) and its pid. Killed and reaped by the destructor if still running.
-class PeerProcess {
-  public:
-    static std::unique_ptr<PeerProcess> spawn(const std::string& address, std::string* err) {
-        int in[2], out[2];
-        if (::pipe2(in, O_CLOEXEC) < 0) {
-            *err = "pipe2 failed";
-            return nullptr;
-        }
-        if (::pipe2(out, O_CLOEXEC) < 0) {
-            ::close(in[0]);
-            ::close(in[1]);
-            *err = "pipe2 failed";
-            return nullptr;
-        }
-        std::string path = TALARIA_RPC_PEER_PATH;
-        std::vector<char*> argv{path.data(), const_cast<char*>(address.c_str()), nullptr};
-        pid_t pid = ::fork();
-        if (pid < 0) {
-            *err = "fork failed";
-            return nullptr;
-        }
-        if (pid == 0) {
-            ::dup2(in[0], 0);
-            ::dup2(out[1], 1);
-            ::execv(path.c_str(), argv.data());
-            ::_exit(127);
-        }
-        ::close(in[0]);
-        ::close(out[1]);
-        auto p = std::unique_ptr<PeerProcess>(new PeerProcess(pid, in[1], out[0]));
-        auto a = p->read_line(10s);
-        if (!a) {
-            *err = "the peer did not print its address within 10 s (see its stderr)";
-            return nullptr;
-        }
-        p->address = *a;
-        return p;
-    }
-
-    PeerProcess(const PeerProcess&) = delete;
-    PeerProcess& operator=(const PeerProcess&) = delete;
-    ~PeerProcess() {
-        if (to_child_ >= 0) ::close(to_child_);
-        if (from_child_ >= 0) ::close(from_child_);
-        if (pid_ > 0 && !wait_exit(3s)) {
-            ::kill(pid_, SIGKILL);
-            (void)wait_exit(5s);
-        }
-    }
-
-    void kill9() {
-        if (pid_ <= 0) return;
-        ::kill(pid_, SIGKILL);
-        (void)wait_exit(5s);
-    }
-
-    /// Wait for the peer to exit; its exit status, or nullopt on timeout.
-    std::optional<int> wait_exit(Duration timeout) {
-        if (pid_ <= 0) return status_;
-        auto deadline = Clock::now() + timeout;
-        for (;;) {
-            int st = 0;
-            pid_t r = ::waitpid(pid_, &st, WNOHANG);
-            if (r == pid_) {
-                pid_ = -1;
-                status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-                return status_;
-            }
-            if (Clock::now() >= deadline) return std::nullopt;
-            std::this_thread::sleep_for(10ms);
-        }
-    }
-
-    /// A whole line the peer printed, if one is there within `timeout` (0: do not wait).
-    std::optional<std::string> read_line(Duration timeout) {
-        auto deadline = Clock::now() + timeout;
-        for (;;) {
-            if (auto nl = pending_.find('\n'); nl != std::string::npos) {
-                std::string line = pending_.substr(0, nl);
-                pending_.erase(0, nl + 1);
-                return line;
-            }
-            pollfd p{from_child_, POLLIN, 0};
-            int wait = timeout == Duration(0) ? 0 : std::max(ms_until(deadline), 0);
-            if (::poll(&p, 1, wait) <= 0) return std::nullopt;
-            char buf[256];
-            ssize_t n = ::read(from_child_, buf, sizeof buf);
-            if (n <= 0) return std::nullopt;
-            pending_.append(buf, std::size_t(n));
-            if (pending_.size() > 4096) return std::nullopt;
-        }
-    }
-
-    std::string address;
-
-  private:
-    PeerProcess(pid_t pid, int to, int from) : pid_(pid), to_child_(to), from_child_(from) {}
-
-    pid_t pid_;
-    int to_child_;
-    int from_child_;
-    std::string pending_;
-    std::optional<int> status_;
-};
 
 // --- the fixture ---------------------------------------------------------------------------------
 
@@ -1940,7 +1830,7 @@ TEST_P(Rpc, TwoProcessesPeerDeath) {
     if (!GetParam().multi_process) GTEST_SKIP() << "inproc endpoints live in one process";
     ASSERT_TRUE(open_engine(client_, "cli", client_options()));
     std::string err;
-    auto peer = PeerProcess::spawn(GetParam().address, &err);
+    auto peer = PeerProcess::spawn(TALARIA_RPC_PEER_PATH, GetParam().address, &err);
     ASSERT_TRUE(peer) << err;
     auto a = client_->lookup(peer->address);
     ASSERT_TRUE(a) << "lookup " << peer->address << ": " << a.error().describe();
@@ -2019,7 +1909,7 @@ TEST_P(Rpc, TwoProcessesPeerKilledMidLargeResult) {
     if (!GetParam().multi_process) GTEST_SKIP() << "inproc endpoints live in one process";
     ASSERT_TRUE(open_engine(client_, "cli", client_options()));
     std::string err;
-    auto peer = PeerProcess::spawn(GetParam().address, &err);
+    auto peer = PeerProcess::spawn(TALARIA_RPC_PEER_PATH, GetParam().address, &err);
     ASSERT_TRUE(peer) << err;
     auto a = client_->lookup(peer->address);
     ASSERT_TRUE(a) << "lookup " << peer->address << ": " << a.error().describe();

@@ -1,10 +1,7 @@
 // The na conformance suite: one set of tests, instantiated for every transport in the build
 // (test names end in the transport: na/Conformance.SendToSelfUnexpected/tcp). Every wait is
 // bounded (progress_until), so a broken transport fails a test instead of hanging it.
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.hpp"
+#include "peer_process.hpp"
 
 namespace talaria::na::test {
 namespace {
@@ -29,107 +27,6 @@ bool is_one_of(Errc c, std::initializer_list<Errc> set) {
         if (c == e) return true;
     return false;
 }
-
-// --- a peer process ------------------------------------------------------------------------------
-
-/// A running na_peer: its address and memory handle, its stdin (closing it ends the peer) and
-/// its pid. Killed and reaped by the destructor if still running.
-class PeerProcess {
-  public:
-    static std::unique_ptr<PeerProcess> spawn(const std::string& address, std::string* err) {
-        int in[2], out[2];
-        if (::pipe2(in, O_CLOEXEC) < 0 || ::pipe2(out, O_CLOEXEC) < 0) {
-            *err = "pipe2 failed";
-            return nullptr;
-        }
-        std::string path = TALARIA_NA_PEER_PATH;
-        std::vector<char*> argv{path.data(), const_cast<char*>(address.c_str()), nullptr};
-        pid_t pid = ::fork();
-        if (pid < 0) {
-            *err = "fork failed";
-            return nullptr;
-        }
-        if (pid == 0) {
-            ::dup2(in[0], 0);
-            ::dup2(out[1], 1);
-            ::execv(path.c_str(), argv.data());
-            ::_exit(127);
-        }
-        ::close(in[0]);
-        ::close(out[1]);
-        auto p = std::unique_ptr<PeerProcess>(new PeerProcess(pid, in[1], out[0]));
-        auto a = p->read_line(10s);
-        auto h = a ? p->read_line(10s) : std::nullopt;
-        if (!a || !h) {
-            *err = "the peer did not print its address and handle within 10 s (see its stderr)";
-            return nullptr;
-        }
-        p->address = *a;
-        auto bytes = from_hex(*h);
-        if (!bytes) {
-            *err = "the peer printed a bad memory handle line";
-            return nullptr;
-        }
-        p->mem = std::move(*bytes);
-        return p;
-    }
-
-    ~PeerProcess() {
-        if (to_child_ >= 0) ::close(to_child_);
-        if (from_child_ >= 0) ::close(from_child_);
-        if (pid_ > 0 && !wait_exit(3s)) {
-            ::kill(pid_, SIGKILL);
-            wait_exit(5s);
-        }
-    }
-
-    void kill9() {
-        ::kill(pid_, SIGKILL);
-        wait_exit(5s);
-    }
-
-    /// Wait for the peer to exit; its exit status, or nullopt on timeout.
-    std::optional<int> wait_exit(Duration timeout) {
-        if (pid_ <= 0) return status_;
-        auto deadline = Clock::now() + timeout;
-        for (;;) {
-            int st = 0;
-            pid_t r = ::waitpid(pid_, &st, WNOHANG);
-            if (r == pid_) {
-                pid_ = -1;
-                status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-                return status_;
-            }
-            if (Clock::now() >= deadline) return std::nullopt;
-            std::this_thread::sleep_for(10ms);
-        }
-    }
-
-    std::string address;
-    std::vector<std::byte> mem;
-
-  private:
-    PeerProcess(pid_t pid, int to, int from) : pid_(pid), to_child_(to), from_child_(from) {}
-
-    std::optional<std::string> read_line(Duration timeout) {
-        auto deadline = Clock::now() + timeout;
-        std::string line;
-        for (;;) {
-            pollfd p{from_child_, POLLIN, 0};
-            if (::poll(&p, 1, ms_until(deadline)) <= 0) return std::nullopt;
-            char c;
-            if (::read(from_child_, &c, 1) != 1) return std::nullopt;
-            if (c == '\n') return line;
-            line.push_back(c);
-            if (line.size() > 4096) return std::nullopt;
-        }
-    }
-
-    pid_t pid_;
-    int to_child_;
-    int from_child_;
-    std::optional<int> status_;
-};
 
 // --- the fixture ---------------------------------------------------------------------------------
 
@@ -1047,11 +944,20 @@ class TwoProcess {
     /// Spawn the peer and look it up from `side`. Sets `error` when that fails.
     TwoProcess(Side& side, const std::string& address) : side_(side) {
         std::string err;
-        peer = PeerProcess::spawn(address, &err);
+        peer = PeerProcess::spawn(TALARIA_NA_PEER_PATH, address, &err);
         if (!peer) {
             error = err;
             return;
         }
+        // na_peer prints its memory handle (hex) after its address.
+        auto h = peer->read_line(10s);
+        auto bytes = h ? from_hex(*h) : std::nullopt;
+        if (!bytes) {
+            error = h ? "the peer printed a bad memory handle line"
+                      : "the peer did not print its memory handle within 10 s (see its stderr)";
+            return;
+        }
+        peer_mem = std::move(*bytes);
         auto a = side.t->addr_lookup(peer->address);
         if (!a) {
             error = "lookup " + peer->address + ": " + a.error().describe();
@@ -1094,6 +1000,7 @@ class TwoProcess {
     }
 
     std::unique_ptr<PeerProcess> peer;
+    std::vector<std::byte> peer_mem;  ///< the peer's serialized memory handle
     Addr addr;
     std::string error;
 
@@ -1125,7 +1032,7 @@ TEST_P(Conformance, TwoProcessesPutGet) {
     if (!GetParam().multi_process) GTEST_SKIP() << "inproc endpoints live in one process";
     TwoProcess tp(client_, GetParam().address);
     ASSERT_TRUE(tp.error.empty()) << tp.error;
-    auto rh = client_.t->mem_deserialize(tp.peer->mem);
+    auto rh = client_.t->mem_deserialize(tp.peer_mem);
     ASSERT_TRUE(rh) << rh.error().describe();
     constexpr std::size_t kSize = 64 * 1024;
     ASSERT_EQ((*rh)->length(), kSize);

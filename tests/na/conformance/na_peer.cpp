@@ -4,16 +4,13 @@
 //     <its serialized memory handle, hex>
 // and then serves the requests of harness.hpp (echo, checksum, quit) until asked to quit, its
 // stdin closes (the test process died) or 60 seconds pass. Exit status 0 only after a quit.
-#include <poll.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <list>
 #include <vector>
 
 #include "harness.hpp"
+#include "peer_process.hpp"
 
 using namespace talaria;
 using namespace talaria::na;
@@ -117,29 +114,18 @@ struct Peer {
     }
 };
 
-bool stdin_closed() {
-    pollfd p{0, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR)) return true;
-    char c;
-    return ::read(0, &c, 1) <= 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: na_peer <address>\n");
-        return 2;
-    }
-    ::alarm(60);  // never outlive a test run
-    std::signal(SIGPIPE, SIG_IGN);
+    auto address = peer_start("na_peer", argc, argv);
+    if (!address) return 2;
     std::vector<std::byte> region(kRegionSize);
     fill_pattern(region, 7);
 
-    auto tr = na::open(argv[1]);
+    auto tr = na::open(*address);
     if (!tr) {
-        std::fprintf(stderr, "na_peer: open %s: %s\n", argv[1], tr.error().describe().c_str());
+        std::fprintf(stderr, "na_peer: open %s: %s\n", address->c_str(),
+                     tr.error().describe().c_str());
         return 1;
     }
     Transport& t = **tr;
@@ -173,11 +159,11 @@ int main(int argc, char** argv) {
         for (int i = 0; i < kRecvs; ++i)
             p.post_recv(i);
 
-        std::string self = t.addr_to_string(t.addr_self());
-        std::printf("%s\n%s\n", self.c_str(), to_hex(mser).c_str());
-        std::fflush(stdout);
+        print_line(t.addr_to_string(t.addr_self()));
+        print_line(to_hex(mser));
 
-        while (!p.quit_acked && !stdin_closed()) {
+        (void)serve_until_stdin_closed(ctx, "na_peer", [&]() -> std::optional<Duration> {
+            if (p.quit_acked) return std::nullopt;
             auto now = Clock::now();
             for (auto it = p.delayed.begin(); it != p.delayed.end();) {
                 if (it->due > now) {
@@ -187,13 +173,8 @@ int main(int argc, char** argv) {
                 p.reply(it->to, kPeerDelayedEcho, it->data);
                 it = p.delayed.erase(it);
             }
-            auto r = ctx.progress(p.delayed.empty() ? 50ms : 5ms);
-            if (!r && r.code() != Errc::timeout) {
-                std::fprintf(stderr, "na_peer: progress: %s\n", r.error().describe().c_str());
-                break;
-            }
-            ctx.trigger();
-        }
+            return p.delayed.empty() ? 50ms : 5ms;
+        });
         // Cancel what is still posted and drain before tearing down.
         for (auto& id : p.rids)
             if (id.valid()) (void)t.cancel(id);
