@@ -127,6 +127,9 @@ void EngineState::shutdown() noexcept {
     // Run what the wake-ups left queued (a thread may have stopped before its wake-up arrived).
     for (uint8_t i = 0; i < core->context_count(); ++i)
         core->context(i).trigger();
+    // Fail the calls still in flight while the engine is whole: their continuations may call
+    // it again (they get shutdown) or start transfers (canceled below).
+    core->shutdown();
 
     if (bulk_ctx) {
         {
@@ -178,6 +181,9 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
                             std::size_t local_off, std::size_t len) {
     const char* what = dir == bulk::Direction::pull ? "pull" : "push";
+    if (!e.bulk_ctx)
+        return Future<void>::ready_with(
+            Error(Errc::shutdown, fmt::format("bulk {}: the engine is shutting down", what)));
     if (!peer.valid())
         return Future<void>::ready_with(Error(
             Errc::invalid_argument,

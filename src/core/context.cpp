@@ -191,6 +191,11 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
         }
         who = t->addr_to_string(p->addr);
         p_addr = p->addr;
+        // Forget the failed peer (no call to it is left); a new call starts afresh.
+        if (p->inflight == 0 && !is_closing) {
+            if (last_peer == p) last_peer = nullptr;
+            peers.erase(p->addr.impl());  // frees p
+        }
     }
     {
         // Nobody will pull the arguments of calls to a dead peer.

@@ -149,6 +149,7 @@ struct Engine::Impl {
     Registry registry;
     std::vector<std::unique_ptr<Context>> contexts;
     std::atomic<uint64_t> bulk_ops{0}, bulk_bytes{0}, bulk_errors{0};
+    bool shut = false;  ///< Engine::shutdown() ran
 };
 
 struct Context::Impl {
@@ -237,7 +238,8 @@ struct Context::Impl {
     /// Send header + payload from a pooled buffer (payload fits the eager size).
     Result<void> send_message(const na::Addr& dest, wire::Header h,
                               std::span<const std::byte> payload, SendInfo info = {});
-    void send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack);
+    void send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack,
+                  Errc status = Errc::ok);
     void on_ack(const wire::Header& h, const na::Addr& source);
     /// Register `data` (copied) for peers to pull and write its descriptor.
     Result<std::unique_ptr<LargeOut>> make_large(std::span<const std::byte> data,

@@ -107,11 +107,17 @@ Result<std::unique_ptr<Engine>> Engine::open(std::string_view address, const Opt
     return e;
 }
 
+void Engine::shutdown() {
+    if (!impl_ || impl_->shut) return;
+    impl_->shut = true;
+    for (auto& c : impl_->contexts)
+        c->impl_->begin_shutdown();
+}
+
 Engine::~Engine() {
     if (!impl_) return;
     Impl& im = *impl_;
-    for (auto& c : im.contexts)
-        c->impl_->begin_shutdown();
+    shutdown();
     // Drain: every operation posted on the transport completes (canceled) before the buffers
     // and contexts it refers to are freed.
     auto until = Clock::now() + 5s;

@@ -78,6 +78,10 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
                         "context {}: dropping a message from {} for context {}, "
                         "which does not exist",
                         id, t->addr_to_string(source), named_ctx);
+        // A large one-way call waits for an ack: fail it rather than leave it waiting.
+        if ((h->flags & (wire::kOneWay | wire::kMore)) == (wire::kOneWay | wire::kMore) &&
+            !(h->flags & (wire::kResponse | wire::kAck)))
+            send_ack(source, *h, true, Errc::not_found);
         return;
     }
     if (h->flags & wire::kResponse) return on_response(*h, payload, source);
@@ -176,9 +180,11 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
     return ok();
 }
 
-void Context::Impl::send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack) {
+void Context::Impl::send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack,
+                             Errc status) {
     wire::Header h;
     h.flags = wire::kAck | (one_way_ack ? wire::kOneWay : 0);
+    h.status = static_cast<uint16_t>(status);
     h.rpc_id = of.rpc_id;
     h.seq = of.seq;
     h.target_ctx = of.reply_ctx;
@@ -189,9 +195,13 @@ void Context::Impl::send_ack(const na::Addr& dest, const wire::Header& of, bool 
 
 void Context::Impl::on_ack(const wire::Header& h, const na::Addr& source) {
     if (h.flags & wire::kOneWay) {
-        // The target pulled the large arguments of our one-way call: it is complete.
-        if (!complete_call(h.seq, &source, std::span<const std::byte>{}, false))
-            release_held(h.seq, source);
+        // The target pulled the large arguments of our one-way call (or could not: status):
+        // it is complete.
+        Result<std::span<const std::byte>> r = std::span<const std::byte>{};
+        if (h.status != 0)
+            r = Error{static_cast<Errc>(h.status),
+                      "the target could not pull the arguments of the one-way call"};
+        if (!complete_call(h.seq, &source, std::move(r), false)) release_held(h.seq, source);
         return;
     }
     // The caller pulled a large result: release it.
@@ -285,6 +295,8 @@ void Context::Impl::pull_failed(const wire::Header& h, const na::Addr& source, E
     } else {
         TALARIA_LOG(core, warn, "context {}: the arguments of a one-way call were lost: {}", id,
                     e.describe());
+        // The caller waits for our ack to complete the call: send it, with the failure.
+        send_ack(source, h, true, e.code() == Errc::ok ? Errc::internal : e.code());
     }
 }
 

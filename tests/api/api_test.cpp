@@ -419,3 +419,43 @@ INSTANTIATE_TEST_SUITE_P(api, Api, ::testing::ValuesIn(na::test::transport_kinds
 
 }  // namespace
 }  // namespace talaria::api_test
+
+namespace talaria::api_test {
+namespace {
+
+// A continuation that calls the engine again while the engine is being destroyed (it completes
+// with shutdown there) must find the engine whole: its new call fails with shutdown.
+TEST(ApiShutdown, ContinuationCallingAgainDuringDestruction) {
+    Engine srv("inproc://api-shutdown-srv", listen);
+    std::mutex mu;
+    std::vector<Request> kept;
+    srv.define("hang", [&](Request r, int) {
+        std::lock_guard g(mu);
+        kept.push_back(std::move(r));
+    });
+    std::atomic<int> first{-1}, retry{-1};
+    {
+        Engine cli("inproc://api-shutdown-cli");
+        auto ep = cli.lookup(srv.self_address());
+        auto p = cli.remote<int(int)>("hang").on(ep);
+        p(1).then([p, &first, &retry](Result<int>&& r) {
+            first = int(r.code());
+            p(2).then([&retry](Result<int>&& r2) { retry = int(r2.code()); });
+        });
+        auto deadline = deadline_after(10s);
+        while (!deadline_passed(deadline)) {
+            {
+                std::lock_guard g(mu);
+                if (!kept.empty()) break;
+            }
+            std::this_thread::sleep_for(1ms);
+        }
+    }  // destroyed with the call in flight
+    EXPECT_EQ(first.load(), int(Errc::shutdown));
+    EXPECT_EQ(retry.load(), int(Errc::shutdown));
+    std::lock_guard g(mu);
+    kept.clear();
+}
+
+}  // namespace
+}  // namespace talaria::api_test

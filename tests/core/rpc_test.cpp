@@ -1451,6 +1451,14 @@ TEST_P(Rpc, MaxPayloadIsEnforced) {
         EXPECT_NE(out->code, Errc::ok) << "arguments past the server's max_payload were accepted";
         EXPECT_EQ(gen_runs_.load(), runs) << "the handler ran on arguments past max_payload";
         gen_call(1000, 1000, 3);  // and the pair still works
+        // A one-way call waits for the target's ack of its large arguments: when the target
+        // refuses to pull them, the ack says so and the call fails instead of hanging.
+        CallOptions ow;
+        ow.one_way = true;
+        auto lost = call_wait(kGen, gen_args(kMax + 1, 16, 7), ow, 10s);
+        ASSERT_TRUE(lost);
+        EXPECT_EQ(lost->code, Errc::message_too_large) << lost->message;
+        EXPECT_EQ(gen_runs_.load(), runs + 1);  // only the call with id 3 ran since
         TearDown();
     }
     {

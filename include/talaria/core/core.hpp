@@ -216,6 +216,11 @@ class Engine {
     /// No other thread may use the engine meanwhile.
     ~Engine();
     Engine(const Engine&) = delete;
+    /// Begin closing: complete every outgoing call still in flight with Errc::shutdown (their
+    /// callbacks run here) and refuse new calls (forward() returns shutdown), while the engine
+    /// is still whole, so callbacks that call it again find it working. No thread may progress
+    /// or trigger the engine meanwhile. The destructor does this too; calling it first is safe.
+    void shutdown();
     Engine& operator=(const Engine&) = delete;
 
     [[nodiscard]] na::Transport& transport() const noexcept;
