@@ -1,4 +1,5 @@
 // Context: the completion queue every transport delivers into, and the blocking glue.
+#include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -198,6 +199,13 @@ bool Context::prepare_block() noexcept {
 void Context::end_block() noexcept {
     std::lock_guard g(impl_->mu);
     impl_->waiting.store(false, std::memory_order_relaxed);
+}
+
+Error ops_exhausted(std::string_view who, std::size_t max_ops) {
+    return Error{Errc::again,
+                 fmt::format("{}: {} operations already in flight (Options::max_ops): progress and "
+                             "trigger to complete some, then retry, or raise max_ops",
+                             who, max_ops)};
 }
 
 }  // namespace talaria::na

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include <string_view>
+
 #include "talaria/na/na.hpp"
 #include "talaria/util/cpu.hpp"
 #include "talaria/util/intrusive_list.hpp"
@@ -94,6 +96,10 @@ class OpPool final : public OpReleaser {
 };
 
 /// Finish `op` with `status`: mark it and queue it on its context (exactly once).
+/// The error of a post refused because Options::max_ops operations are in flight (out of line:
+/// error path only). `who` names the transport and operation, e.g. "sm send".
+[[gnu::cold]] Error ops_exhausted(std::string_view who, std::size_t max_ops);
+
 inline void complete_op(Op* op, Errc status) noexcept {
     if (op->completed) return;
     op->completed = true;

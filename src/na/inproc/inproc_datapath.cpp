@@ -167,9 +167,7 @@ Result<OpId> InprocTransport::post_send(Context& ctx, Callback cb, const MsgBuff
                                                          what, len, buf.valid() ? buf.size() : 0));
     InprocOp* op = ops_.acquire(ctx, std::move(cb),
                                 expected ? OpType::send_expected : OpType::send_unexpected);
-    if (!op)
-        return Error(Errc::again,
-                     fmt::format("{}: {} operations in flight (max_ops)", what, opts_.max_ops));
+    if (!op) return ops_exhausted(what, opts_.max_ops);
     OpId id = op->id();
     std::unique_lock lk(port_->mu);
     if (fault_fail_locked(op)) return id;
@@ -228,10 +226,7 @@ Result<OpId> InprocTransport::post_recv_unexpected(Context& ctx, Callback cb, Ms
     if (!buf.valid())
         return Error(Errc::invalid_argument, "post_recv_unexpected: invalid (empty) buffer");
     InprocOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
-    if (!op)
-        return Error(Errc::again, fmt::format("post_recv_unexpected: {} operations in flight "
-                                              "(max_ops)",
-                                              opts_.max_ops));
+    if (!op) return ops_exhausted("inproc post_recv_unexpected", opts_.max_ops);
     OpId id = op->id();
     op->buf = buf.data();
     op->cap = buf.size();
@@ -256,10 +251,7 @@ Result<OpId> InprocTransport::post_recv_expected(Context& ctx, Callback cb, MsgB
     if (!buf.valid())
         return Error(Errc::invalid_argument, "post_recv_expected: invalid (empty) buffer");
     InprocOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
-    if (!op)
-        return Error(Errc::again, fmt::format("post_recv_expected: {} operations in flight "
-                                              "(max_ops)",
-                                              opts_.max_ops));
+    if (!op) return ops_exhausted("inproc post_recv_expected", opts_.max_ops);
     OpId id = op->id();
     op->buf = buf.data();
     op->cap = buf.size();
@@ -314,9 +306,7 @@ Result<OpId> InprocTransport::post_rma(Context& ctx, Callback cb, const MemHandl
                                  what, local_off, len, local->length()));
     auto* rm = remote.as<InprocMem>();
     InprocOp* op = ops_.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
-    if (!op)
-        return Error(Errc::again,
-                     fmt::format("{}: {} operations in flight (max_ops)", what, opts_.max_ops));
+    if (!op) return ops_exhausted(what, opts_.max_ops);
     OpId id = op->id();
     std::unique_lock lk(port_->mu);
     if (fault_fail_locked(op)) return id;

@@ -91,9 +91,7 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
         ctx, std::move(cb),
         kind == MsgKind::unexpected ? OpType::send_unexpected : OpType::send_expected);
     if (!op) [[unlikely]]
-        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
-                                              "(Options::max_ops): progress, trigger, retry",
-                                              opts_.max_ops));
+        return ops_exhausted("sm", opts_.max_ops);
     op->peer = peer;
     op->data = buf.data();
     op->len = len;
@@ -146,9 +144,7 @@ Result<OpId> SmTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuf
     std::lock_guard g(mu_);
     SmOp* op = pool_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
     if (!op) [[unlikely]]
-        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
-                                              "(Options::max_ops): progress, trigger, retry",
-                                              opts_.max_ops));
+        return ops_exhausted("sm", opts_.max_ops);
     op->data = buf.data();
     op->len = buf.size();
     OpId id = op->id();
@@ -174,9 +170,7 @@ Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffe
     std::lock_guard g(mu_);
     SmOp* op = pool_.acquire(ctx, std::move(cb), OpType::recv_expected);
     if (!op) [[unlikely]]
-        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
-                                              "(Options::max_ops): progress, trigger, retry",
-                                              opts_.max_ops));
+        return ops_exhausted("sm", opts_.max_ops);
     op->data = buf.data();
     op->len = buf.size();
     op->peer = peer;
@@ -574,10 +568,7 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
     }
     std::unique_lock g(mu_);
     SmOp* op = pool_.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
-    if (!op)
-        return Error(Errc::again, fmt::format("sm: {} operations already in flight "
-                                              "(Options::max_ops): progress, trigger, retry",
-                                              opts_.max_ops));
+    if (!op) return ops_exhausted("sm", opts_.max_ops);
     op->peer = peer;
     op->is_put = is_put;
     op->local = reinterpret_cast<std::byte*>(local->base()) + (st == Errc::ok ? local_off : 0);

@@ -29,9 +29,7 @@ constexpr int kMaxEvents = 64;
 Result<OpId> TcpTransport::fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
                                       const std::string& why) {
     TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
-    if (!op)
-        return Error(Errc::again,
-                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    if (!op) return ops_exhausted("tcp", opts_.max_ops);
     TALARIA_LOG(tcp, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
     OpId id = op->id();
     complete_op(op, status);
@@ -75,9 +73,7 @@ Result<OpId> TcpTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
                      fmt::format("tcp: {} unsent bytes queued to {} (bound {}): progress first",
                                  conn->queued_bytes, dest.as<TcpAddr>()->str, kSendQueueMaxBytes));
     TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
-    if (!op)
-        return Error(Errc::again,
-                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    if (!op) return ops_exhausted("tcp", opts_.max_ops);
     FrameHeader h;
     h.type = expected ? FrameType::msg_expected : FrameType::msg_unexpected;
     h.context_id = dest_ctx;
@@ -133,9 +129,7 @@ Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
         return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
     std::lock_guard g(mu_);
     TcpOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
-    if (!op)
-        return Error(Errc::again,
-                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    if (!op) return ops_exhausted("tcp", opts_.max_ops);
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
@@ -159,9 +153,7 @@ Result<OpId> TcpTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
         return Error(Errc::invalid_argument, "tcp: source is not an address of this transport");
     std::lock_guard g(mu_);
     TcpOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
-    if (!op)
-        return Error(Errc::again,
-                     fmt::format("tcp: {} operations in flight (Options::max_ops)", opts_.max_ops));
+    if (!op) return ops_exhausted("tcp", opts_.max_ops);
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
@@ -236,9 +228,7 @@ Result<OpId> TcpTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
                                               what, conn->queued_bytes,
                                               remote_addr.as<TcpAddr>()->str, kSendQueueMaxBytes));
     TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
-    if (!op)
-        return Error(Errc::again, fmt::format("tcp {}: {} operations in flight (Options::max_ops)",
-                                              what, opts_.max_ops));
+    if (!op) return ops_exhausted(fmt::format("tcp {}", what), opts_.max_ops);
     FrameHeader h;
     h.type = is_put ? FrameType::put_req : FrameType::get_req;
     h.cookie = op->gen;
