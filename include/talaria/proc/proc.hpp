@@ -407,131 +407,88 @@ struct Codec<std::variant<E...>> {
 // u32 count, then the entries (key then value for maps). Ordered containers are written in
 // their order, and decoding requires strictly ascending keys, so each value has exactly one
 // encoding and duplicates cannot arrive; unordered ones come in any order, without duplicates.
+/// map, set, unordered_map and unordered_set share one codec; `V` is void for the sets.
+template <class T, class K, class V, bool kOrdered>
+struct KeyedCodec {
+    static constexpr bool kIsMap = !std::is_void_v<V>;
+    using Value = std::conditional_t<kIsMap, V, char>;  // char: a placeholder for sets
+    static constexpr bool kSupported = kElement<K> && (!kIsMap || kElement<Value>);
+    static constexpr std::size_t kMinSize = 4;
+    static constexpr std::size_t entry_min_size() {
+        if constexpr (kIsMap)
+            return kSumMinSize<K, Value>;
+        else
+            return Codec<K>::kMinSize;
+    }
+    static const K& key_of(const typename T::value_type& x) {
+        if constexpr (kIsMap)
+            return x.first;
+        else
+            return x;
+    }
+
+    static void encode(Encoder& e, const T& c) {
+        e.write_length(c.size());
+        if (!e.ok()) return;
+        for (const auto& x : c) {
+            Codec<K>::encode(e, key_of(x));
+            if constexpr (kIsMap) Codec<V>::encode(e, x.second);
+        }
+    }
+    static void decode(Decoder& d, T& c) {
+        std::size_t n = d.read_length(entry_min_size());
+        c.clear();
+        if constexpr (!kOrdered && entry_min_size() > 0)
+            c.reserve(std::min<std::size_t>(n, kMaxReserveBytes / 64));
+        for (std::size_t i = 0; i < n && d.ok(); ++i) {
+            K k{};
+            [[maybe_unused]] Value v{};
+            Codec<K>::decode(d, k);
+            if constexpr (kIsMap) Codec<V>::decode(d, v);
+            if (!d.ok()) break;
+            if (!insert(c, std::move(k), std::move(v))) {
+                const char* kind = kIsMap ? "map" : "set";
+                d.fail(Errc::protocol_error,
+                       kOrdered
+                           ? fmt_msg("proc: ", kind, " keys out of order or repeated at entry ", i)
+                           : fmt_msg("proc: repeated key in an unordered ", kind, " at entry ", i));
+                break;
+            }
+        }
+        if (!d.ok()) c.clear();
+    }
+
+  private:
+    /// Ordered: only strictly after the last key (one encoding per value); unordered: no repeat.
+    static bool insert(T& c, K&& k, [[maybe_unused]] Value&& v) {
+        if constexpr (kOrdered) {
+            if (!c.empty() && !c.key_comp()(key_of(*std::prev(c.end())), k)) return false;
+            if constexpr (kIsMap)
+                c.emplace_hint(c.end(), std::move(k), std::move(v));
+            else
+                c.emplace_hint(c.end(), std::move(k));
+            return true;
+        } else if constexpr (kIsMap) {
+            return c.try_emplace(std::move(k), std::move(v)).second;
+        } else {
+            return c.insert(std::move(k)).second;
+        }
+    }
+    static std::string fmt_msg(const char* a, const char* kind, const char* b, std::size_t i) {
+        return std::string(a) + kind + b + std::to_string(i);
+    }
+};
+
 template <class K, class V, class C, class A>
-struct Codec<std::map<K, V, C, A>> {
-    using T = std::map<K, V, C, A>;
-    static constexpr bool kSupported = kElement<K> && kElement<V>;
-    static constexpr std::size_t kMinSize = 4;
-    static void encode(Encoder& e, const T& m) {
-        e.write_length(m.size());
-        if (!e.ok()) return;
-        for (const auto& [k, v] : m) {
-            Codec<K>::encode(e, k);
-            Codec<V>::encode(e, v);
-        }
-    }
-    static void decode(Decoder& d, T& m) {
-        std::size_t n = d.read_length(kSumMinSize<K, V>);
-        m.clear();
-        for (std::size_t i = 0; i < n && d.ok(); ++i) {
-            K k{};
-            V v{};
-            Codec<K>::decode(d, k);
-            Codec<V>::decode(d, v);
-            if (!d.ok()) break;
-            if (!m.empty() && !m.key_comp()(std::prev(m.end())->first, k)) {
-                d.fail(Errc::protocol_error,
-                       "proc: map keys out of order or repeated at entry " + std::to_string(i));
-                break;
-            }
-            m.emplace_hint(m.end(), std::move(k), std::move(v));
-        }
-        if (!d.ok()) m.clear();
-    }
-};
-
+struct Codec<std::map<K, V, C, A>> : KeyedCodec<std::map<K, V, C, A>, K, V, true> {};
 template <class K, class C, class A>
-struct Codec<std::set<K, C, A>> {
-    using T = std::set<K, C, A>;
-    static constexpr bool kSupported = kElement<K>;
-    static constexpr std::size_t kMinSize = 4;
-    static void encode(Encoder& e, const T& s) {
-        e.write_length(s.size());
-        if (!e.ok()) return;
-        for (const auto& k : s)
-            Codec<K>::encode(e, k);
-    }
-    static void decode(Decoder& d, T& s) {
-        std::size_t n = d.read_length(Codec<K>::kMinSize);
-        s.clear();
-        for (std::size_t i = 0; i < n && d.ok(); ++i) {
-            K k{};
-            Codec<K>::decode(d, k);
-            if (!d.ok()) break;
-            if (!s.empty() && !s.key_comp()(*std::prev(s.end()), k)) {
-                d.fail(Errc::protocol_error,
-                       "proc: set keys out of order or repeated at entry " + std::to_string(i));
-                break;
-            }
-            s.emplace_hint(s.end(), std::move(k));
-        }
-        if (!d.ok()) s.clear();
-    }
-};
-
+struct Codec<std::set<K, C, A>> : KeyedCodec<std::set<K, C, A>, K, void, true> {};
 template <class K, class V, class H, class Eq, class A>
-struct Codec<std::unordered_map<K, V, H, Eq, A>> {
-    using T = std::unordered_map<K, V, H, Eq, A>;
-    static constexpr bool kSupported = kElement<K> && kElement<V>;
-    static constexpr std::size_t kMinSize = 4;
-    static void encode(Encoder& e, const T& m) {
-        e.write_length(m.size());
-        if (!e.ok()) return;
-        for (const auto& [k, v] : m) {
-            Codec<K>::encode(e, k);
-            Codec<V>::encode(e, v);
-        }
-    }
-    static void decode(Decoder& d, T& m) {
-        constexpr std::size_t kMin = kSumMinSize<K, V>;
-        std::size_t n = d.read_length(kMin);
-        m.clear();
-        if constexpr (kMin > 0) m.reserve(std::min<std::size_t>(n, kMaxReserveBytes / 64));
-        for (std::size_t i = 0; i < n && d.ok(); ++i) {
-            K k{};
-            V v{};
-            Codec<K>::decode(d, k);
-            Codec<V>::decode(d, v);
-            if (!d.ok()) break;
-            if (!m.try_emplace(std::move(k), std::move(v)).second) {
-                d.fail(Errc::protocol_error,
-                       "proc: repeated key in an unordered map at entry " + std::to_string(i));
-                break;
-            }
-        }
-        if (!d.ok()) m.clear();
-    }
-};
-
+struct Codec<std::unordered_map<K, V, H, Eq, A>>
+    : KeyedCodec<std::unordered_map<K, V, H, Eq, A>, K, V, false> {};
 template <class K, class H, class Eq, class A>
-struct Codec<std::unordered_set<K, H, Eq, A>> {
-    using T = std::unordered_set<K, H, Eq, A>;
-    static constexpr bool kSupported = kElement<K>;
-    static constexpr std::size_t kMinSize = 4;
-    static void encode(Encoder& e, const T& s) {
-        e.write_length(s.size());
-        if (!e.ok()) return;
-        for (const auto& k : s)
-            Codec<K>::encode(e, k);
-    }
-    static void decode(Decoder& d, T& s) {
-        std::size_t n = d.read_length(Codec<K>::kMinSize);
-        s.clear();
-        if constexpr (Codec<K>::kMinSize > 0)
-            s.reserve(std::min<std::size_t>(n, kMaxReserveBytes / 64));
-        for (std::size_t i = 0; i < n && d.ok(); ++i) {
-            K k{};
-            Codec<K>::decode(d, k);
-            if (!d.ok()) break;
-            if (!s.insert(std::move(k)).second) {
-                d.fail(Errc::protocol_error,
-                       "proc: repeated key in an unordered set at entry " + std::to_string(i));
-                break;
-            }
-        }
-        if (!d.ok()) s.clear();
-    }
-};
+struct Codec<std::unordered_set<K, H, Eq, A>>
+    : KeyedCodec<std::unordered_set<K, H, Eq, A>, K, void, false> {};
 
 // ---- durations -----------------------------------------------------------------------------
 // The count, as its representation type (i64 for std::chrono::nanoseconds ... hours). The
