@@ -27,7 +27,12 @@ inline std::string client_address_for(const std::string& server) {
     if (server.rfind("tcp://[", 0) == 0) return "tcp://[::1]:0";
     if (server.rfind("tcp://", 0) == 0) return "tcp://";
     if (server.rfind("inproc://", 0) == 0) return "inproc://example-client";
-    return server.substr(0, server.find("://")) + "://";
+    // ofi+tcp://host:port, ucx+tcp://host:port: the same host (so the same interface), any port.
+    auto scheme_end = server.find("://");
+    auto colon = server.rfind(':');
+    if (server.find('+') < scheme_end && colon != std::string::npos && colon > scheme_end + 2)
+        return server.substr(0, colon) + ":0";
+    return server.substr(0, scheme_end) + "://";
 }
 
 /// Tell where the server listens: on stdout, and to the parent example process when it

@@ -11,6 +11,7 @@ TALARIA_PACKAGES=(
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
+  libfabric-dev libfabric-bin libucx-dev ucx-utils
 )
 
 talaria_install_deps() {

@@ -1540,6 +1540,12 @@ TEST_P(Rpc, CallToNobodyFails) {
         nobody = fmt::format("inproc://nobody-{}", ::getpid());
     } else if (label == "sm") {
         nobody = fmt::format("sm://nobody-{}", ::getpid());
+    } else if (label != "tcp" && label != "tcp_ipv6") {
+        // ofi+..., ucx+...: the address of an endpoint of the same kind that is gone (opened,
+        // named, closed), in the transport's own address format.
+        auto gone = na::open(GetParam().address);
+        ASSERT_TRUE(gone) << gone.error().describe();
+        nobody = (*gone)->addr_to_string((*gone)->addr_self());
     } else {
         // A port that was free a moment ago: bind, read it, close.
         bool v6 = label == "tcp_ipv6";

@@ -406,12 +406,15 @@ class Context {
 // Opening a transport
 
 /// Open a transport from an address string: "inproc://name", "sm://[name]",
-/// "tcp://host:port" (IPv4, [IPv6]; port 0 picks a free port). The scheme selects the
-/// transport from the compiled-in list; an unknown or not-built scheme fails with
-/// not_supported naming the transports that are built.
+/// "tcp://host:port" (IPv4, [IPv6]; port 0 picks a free port), and where built
+/// "ofi+<provider>://[host][:port]" (libfabric) and "ucx+<transports>://[host][:port]" (UCX);
+/// docs/transports.md says which string fits which fabric. The scheme selects the transport
+/// from the compiled-in list; an unknown or not-built scheme fails with not_supported naming
+/// the transports that are built.
 Result<std::unique_ptr<Transport>> open(std::string_view address, const Options& options = {});
 
-/// Schemes of the transports compiled into this build, e.g. {"inproc", "sm", "tcp"}.
+/// The transports compiled into this build, e.g. {"inproc", "sm", "tcp", "ofi", "ucx"}. "ofi"
+/// and "ucx" are families: their schemes are "ofi+<provider>" and "ucx+<transports>".
 std::vector<std::string_view> transports_built();
 
 }  // namespace talaria::na

@@ -50,10 +50,12 @@ namespace detail {
 /// Append n bytes at p to out. insert() of a byte range inlines to a capacity check and a
 /// memcpy, where resize() would zero-fill out of line first (5x the instructions for a small
 /// value). GCC 12 warns falsely about insert's reallocation path when it is inlined after a
-/// caller's clear() (a known -Wstringop-overflow false positive): silenced here only.
+/// caller's clear() (known -Wstringop-overflow and, at -O3, -Warray-bounds false positives):
+/// silenced here only.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
+#pragma GCC diagnostic ignored "-Warray-bounds"
 #endif
 inline void append_bytes(std::vector<std::byte>& out, const std::byte* p, std::size_t n) {
     out.insert(out.end(), p, p + n);

@@ -14,14 +14,23 @@
 namespace talaria::na {
 
 namespace {
+using OpenFn = Result<std::unique_ptr<Transport>> (*)(std::string_view, const Options&);
+/// A family of schemes "<family>+<sub>" (ofi+tcp, ucx+sm): the sub-scheme names the provider.
+using OpenFamilyFn = Result<std::unique_ptr<Transport>> (*)(std::string_view sub,
+                                                            std::string_view rest, const Options&);
 struct Entry {
     std::string_view scheme;
-    Result<std::unique_ptr<Transport>> (*open)(std::string_view, const Options&);
+    OpenFn open = nullptr;
+    OpenFamilyFn open_family = nullptr;
 };
 constexpr Entry kTransports[] = {
-    {"inproc", &open_inproc},
-    {"sm", &open_sm},
-    {"tcp", &open_tcp},
+    {"inproc", &open_inproc, nullptr}, {"sm", &open_sm, nullptr}, {"tcp", &open_tcp, nullptr},
+#if TALARIA_HAVE_OFI
+    {"ofi", nullptr, &open_ofi},
+#endif
+#if TALARIA_HAVE_UCX
+    {"ucx", nullptr, &open_ucx},
+#endif
 };
 }  // namespace
 
@@ -54,8 +63,20 @@ std::vector<std::string_view> transports_built() {
 
 Result<std::unique_ptr<Transport>> open(std::string_view address, const Options& options) {
     TALARIA_TRY(url, parse_url(address));
-    for (const auto& e : kTransports)
-        if (e.scheme == url.scheme) return e.open(url.rest, options);
+    auto plus = url.scheme.find('+');
+    std::string_view family = url.scheme.substr(0, plus);
+    for (const auto& e : kTransports) {
+        if (e.scheme != family) continue;
+        if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);
+        if (e.open_family) {
+            if (plus == std::string_view::npos || plus + 1 == url.scheme.size())
+                return Error(Errc::address_invalid,
+                             fmt::format("'{}': the {} transport needs a sub-scheme naming the "
+                                         "provider, e.g. {}+tcp://",
+                                         address, family, family));
+            return e.open_family(url.scheme.substr(plus + 1), url.rest, options);
+        }
+    }
     return Error(Errc::not_supported, fmt::format("no transport '{}' in this build (built: {})",
                                                   url.scheme, fmt::join(transports_built(), ", ")));
 }

@@ -1,6 +1,6 @@
-// A downstream project against an installed Talaria: opens every built transport by scheme,
-// then makes an RPC through the C++ API, proving that the installed headers, config header and
-// libraries (every layer, exported as talaria::talaria) work.
+// A downstream project against an installed Talaria: opens every built transport (ofi and ucx
+// over tcp), then makes an RPC through the C++ API, proving that the installed headers, config
+// header and libraries (every layer, exported as talaria::talaria) work.
 #include <cstdio>
 #include <string>
 
@@ -11,8 +11,11 @@
 int main() {
     std::printf("talaria %s\n", TALARIA_VERSION);
     for (auto scheme : talaria::na::transports_built()) {
-        std::string addr = std::string(scheme) + "://";
-        if (scheme == "tcp") addr += "127.0.0.1:0";
+        // ofi and ucx are families: name a provider / UCX transports.
+        std::string addr = std::string(scheme);
+        if (scheme == "ofi" || scheme == "ucx") addr += "+tcp";
+        addr += "://";
+        if (scheme != "inproc" && scheme != "sm") addr += "127.0.0.1:0";
         auto t = talaria::na::open(addr);
         if (!t) {
             std::printf("%.*s: %s\n", int(scheme.size()), scheme.data(),

@@ -19,6 +19,14 @@
 #include "na/inproc/inproc.hpp"
 #include "na/sm/sm_transport.hpp"
 #include "na/tcp/tcp.hpp"
+#include "talaria/config.hpp"
+#if TALARIA_HAVE_UCX
+#include "na/ucx/ucx_diag.hpp"
+#endif
+#include "talaria/config.hpp"
+#if TALARIA_HAVE_OFI
+#include "na/ofi/ofi.hpp"
+#endif
 
 namespace talaria::na::test {
 namespace {
@@ -40,6 +48,24 @@ std::string sm_peer(int i) {
 std::string tcp_peer(int i) {
     return fmt::format("tcp://127.0.0.{}:{}", 2 + i % 200, 1 + i);
 }
+#if TALARIA_HAVE_OFI
+std::string ofi_tcp_peer(int i) {
+    return fmt::format("ofi+tcp://127.0.0.{}:{}", 2 + i % 200, 1 + i);
+}
+std::string ofi_shm_peer(int i) {
+    return fmt::format("ofi+shm://addr-peer-{}", i);
+}
+#endif
+
+#if TALARIA_HAVE_UCX
+std::string ucx_tcp_peer(int i) {
+    return fmt::format("ucx+tcp://127.0.0.{}:{}", 2 + i % 200, 1 + i);
+}
+/// A well-formed (hex) worker address; nothing is connected by a lookup.
+std::string ucx_sm_peer(int i) {
+    return fmt::format("ucx+sm://{:016x}", 0x1000 + i);
+}
+#endif
 
 /// What the suite needs to know about one transport.
 struct AddrTraits {
@@ -58,6 +84,14 @@ const AddrTraits kTraits[] = {
     {"sm", &live_of<sm::SmTransport>, false, &sm_peer, ""},
     {"tcp", &live_of<tcp::TcpTransport>, true, &tcp_peer, "127.0.0.2:1"},
     {"tcp_ipv6", &live_of<tcp::TcpTransport>, true, &tcp_peer, "127.0.0.2:1"},
+#if TALARIA_HAVE_UCX
+    {"ucx_tcp", &ucx::live_addrs, true, &ucx_tcp_peer, "127.0.0.2:1"},
+    {"ucx_sm", &ucx::live_addrs, true, &ucx_sm_peer, "0000000000001000"},
+#endif
+#if TALARIA_HAVE_OFI
+    {"ofi_tcp", &live_of<ofi::OfiTransport>, true, &ofi_tcp_peer, ""},
+    {"ofi_shm", &live_of<ofi::OfiTransport>, true, &ofi_shm_peer, ""},
+#endif
 };
 
 const AddrTraits* traits_for(std::string_view label) {

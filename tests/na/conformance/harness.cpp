@@ -33,6 +33,12 @@ std::vector<TransportKind> transport_kinds() {
         } else if (name == "tcp") {
             v.push_back({"tcp", "tcp://127.0.0.1:0", true});
             if (ipv6_loopback_works()) v.push_back({"tcp_ipv6", "tcp://[::1]:0", true});
+        } else if (name == "ofi") {
+            v.push_back({"ofi_tcp", "ofi+tcp://127.0.0.1:0", true});
+            v.push_back({"ofi_shm", "ofi+shm://", true});
+        } else if (name == "ucx") {
+            v.push_back({"ucx_tcp", "ucx+tcp://127.0.0.1:0", true});
+            v.push_back({"ucx_sm", "ucx+sm://", true});
         } else {
             std::fprintf(stderr, "conformance: transport '%.*s' has no entry in harness.cpp\n",
                          int(name.size()), name.data());

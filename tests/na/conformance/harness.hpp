@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 
 /// One instance of the suite: a transport and the address to open it with.
 struct TransportKind {
-    std::string label;    ///< test-name suffix: "inproc", "sm", "tcp", "tcp_ipv6"
+    std::string label;    ///< test-name suffix: "inproc", "sm", "tcp", "tcp_ipv6", "ofi_tcp", ...
     std::string address;  ///< what na::open gets ("inproc://", "sm://", "tcp://127.0.0.1:0")
     bool multi_process;   ///< can talk to another process (inproc cannot)
 };

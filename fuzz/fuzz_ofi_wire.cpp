@@ -1,0 +1,76 @@
+// Fuzz the ofi transport's decoders of peer bytes (src/na/ofi/ofi_wire.hpp): the header in front
+// of every message (read straight out of a receive buffer), the serialized address and the
+// serialized memory handle. None may crash or accept what the encoders would not produce.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "na/ofi/ofi_wire.hpp"
+
+using namespace talaria::na::ofi;
+
+namespace {
+
+void check(bool ok) {
+    if (!ok) std::abort();
+}
+
+void header(std::span<const std::byte> in) {
+    auto h = decode_msg_header(in);
+    if (!h) return;
+    check(h->header_size == kMsgFixedSize + h->raw_addr.size());
+    check(h->header_size <= in.size());
+    check(!h->raw_addr.empty() && h->raw_addr.size() <= kMaxRawAddr);
+    check(in.size() - h->header_size <= kMaxMessageSize);
+    check(h->instance != 0);
+    std::byte again[kHeaderRoom];
+    std::size_t n = encode_msg_header(*h, again);
+    check(n == h->header_size);
+    check(std::memcmp(again, in.data(), n) == 0);
+}
+
+void addr(std::span<const std::byte> in) {
+    auto s = decode_addr_blob(in);
+    if (!s) return;
+    check(!s->empty() && s->size() <= kMaxAddrString);
+    std::vector<std::byte> again(addr_blob_size(*s));
+    encode_addr_blob(*s, again.data());
+    check(again.size() == in.size() && std::memcmp(again.data(), in.data(), in.size()) == 0);
+}
+
+void mem(std::span<const std::byte> in) {
+    auto m = decode_mem_blob(in);
+    if (!m) return;
+    check(m->access >= 1 && m->access <= 3);
+    check(m->base + m->length >= m->base);
+    std::vector<std::byte> again(mem_blob_size(m->owner));
+    encode_mem_blob(*m, again.data());
+    check(again.size() == in.size() && std::memcmp(again.data(), in.data(), in.size()) == 0);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    if (size == 0) return 0;
+    std::span<const std::byte> all(reinterpret_cast<const std::byte*>(data), size);
+    // The first byte picks the decoder the rest is meant for; every decoder also sees it all.
+    auto rest = all.subspan(1);
+    switch (data[0] % 3) {
+        case 0:
+            header(rest);
+            break;
+        case 1:
+            addr(rest);
+            break;
+        default:
+            mem(rest);
+            break;
+    }
+    header(all);
+    addr(all);
+    mem(all);
+    return 0;
+}

@@ -1,0 +1,80 @@
+// Fuzz target: the ucx transport's wire decoders (src/na/ucx/wire.hpp).
+//
+// The first byte picks a split point: bytes before it are an active-message header, bytes after
+// it its payload, as the AM handler gets them. A header that decodes must re-encode to the very
+// same bytes; a hello payload must name an address within bounds. The whole input also goes
+// through the serialized-address and memory-handle decoders (the rkey and owner they return
+// must lie inside the input). Any violation aborts.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+
+#include "na/ucx/wire.hpp"
+
+namespace {
+
+using namespace talaria::na::ucx;
+
+[[noreturn]] void fail(const char* what) {
+    std::fprintf(stderr, "fuzz_ucx_wire: %s\n", what);
+    std::abort();
+}
+
+bool inside(std::span<const std::byte> in, const void* p, std::size_t n) {
+    auto* b = static_cast<const std::byte*>(p);
+    return n == 0 || (b >= in.data() && b + n <= in.data() + in.size());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data), size);
+    if (!in.empty()) {
+        std::size_t split = std::min<std::size_t>(std::size_t(data[0]), in.size() - 1);
+        auto header = in.subspan(1, split);
+        auto payload = in.subspan(1 + split);
+        auto h = decode_msg_header(header);
+        if (h) {
+            if (header.size() != kMsgHeaderSize) fail("a header of the wrong size decoded");
+            std::byte again[kMsgHeaderSize];
+            encode_msg_header(*h, again);
+            if (std::memcmp(again, header.data(), kMsgHeaderSize) != 0)
+                fail("a decoded header does not re-encode to the same bytes");
+            if (h->instance == 0) fail("instance 0 accepted");
+            if (h->kind == MsgKind::hello) {
+                if (auto a = decode_hello(payload)) {
+                    if (a->empty() || a->size() > kMaxAddrString) fail("hello address size");
+                    if (!inside(payload, a->data(), a->size())) fail("hello address outside");
+                }
+            }
+        } else if (h.code() != talaria::Errc::protocol_error) {
+            fail("a bad header failed with something other than protocol_error");
+        }
+    }
+    if (auto a = decode_addr_blob(in)) {
+        if (a->empty() || a->size() > kMaxAddrString) fail("address blob size");
+        if (!inside(in, a->data(), a->size())) fail("address blob outside the input");
+    }
+    if (auto m = decode_mem_blob(in)) {
+        if (m->base + m->length < m->base) fail("memory handle wraps around");
+        if (m->access < 1 || m->access > 3) fail("memory handle access");
+        if (m->rkey.size() > kMaxRkeySize) fail("rkey too long");
+        if ((m->rkey.size() == 0) != (m->length == 0)) fail("rkey presence");
+        if (m->owner.empty() || m->owner.size() > kMaxAddrString) fail("owner size");
+        if ((m->pid == 0) != (m->pidns == 0) || m->pid > 0x7fffffffu) fail("owner process");
+        if (!inside(in, m->rkey.data(), m->rkey.size())) fail("rkey outside the input");
+        if (!inside(in, m->owner.data(), m->owner.size())) fail("owner outside the input");
+        // A decoded handle re-encodes to the bytes it came from.
+        std::size_t n = mem_blob_size(m->rkey.size(), m->owner.size());
+        auto* out = static_cast<std::byte*>(std::malloc(n));
+        if (!out) return 0;
+        encode_mem_blob(*m, out);
+        bool same = std::memcmp(out, in.data(), n) == 0;
+        std::free(out);
+        if (!same) fail("a decoded memory handle does not re-encode to the same bytes");
+    }
+    return 0;
+}

@@ -1,0 +1,1046 @@
+// ofi transport setup: opening a provider (fabric, domain, completion queue, address vector,
+// endpoint), contexts, addresses, memory registration, the message-buffer pool, teardown.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "na/base/transports.hpp"
+#include "na/base/url.hpp"
+#include "na/ofi/ofi.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::na {
+
+Result<std::unique_ptr<Transport>> open_ofi(std::string_view sub, std::string_view rest,
+                                            const Options& o) {
+    auto t = std::make_unique<ofi::OfiTransport>(o, "ofi+" + std::string(sub));
+    TALARIA_CHECK(t->init(sub, rest));
+    return std::unique_ptr<Transport>(std::move(t));
+}
+
+namespace ofi {
+
+namespace {
+
+/// The shm endpoints open in this process, by name (see shm_local_peer_ok_locked).
+std::mutex g_shm_mu;
+std::unordered_set<std::string>& shm_live() {
+    static auto* s = new std::unordered_set<std::string>;
+    return *s;
+}
+
+/// Receive buffers: with FI_MULTI_RECV a few large ones, each holding many messages...
+constexpr std::size_t kMultiRecvBuffers = 4;
+constexpr std::size_t kMultiRecvSize = std::size_t(1) << 20;
+/// ...without it, this many buffers of one maximal message each.
+constexpr std::size_t kPlainRecvBuffers = 64;
+constexpr std::size_t kPlainRecvSize = kHeaderRoom + kMaxMessageSize;
+
+/// Capabilities the transport needs, and what each is for (named in errors).
+struct Cap {
+    uint64_t bit;
+    const char* name;
+    const char* why;
+};
+constexpr Cap kNeededCaps[] = {
+    {FI_MSG, "FI_MSG", "messages"},
+    {FI_RMA, "FI_RMA", "put/get"},
+    {FI_READ, "FI_READ", "get"},
+    {FI_WRITE, "FI_WRITE", "put"},
+    {FI_REMOTE_READ, "FI_REMOTE_READ", "peers' get from registered memory"},
+    {FI_REMOTE_WRITE, "FI_REMOTE_WRITE", "peers' put into registered memory"},
+};
+constexpr uint64_t kCaps =
+    FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+/// The MR mode bits this transport honours.
+constexpr uint64_t kMrModes =
+    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+
+uint64_t random_u64() {
+    uint64_t v = 0;
+    while (v == 0)
+        if (::getrandom(&v, sizeof v, 0) != ssize_t(sizeof v))
+            v ^= now_ns() * 0x9e3779b97f4a7c15ull;
+    return v;
+}
+
+std::string fi_err(std::string_view call, ssize_t rc) {
+    return fmt::format("{} failed: {} ({})", call, fi_strerror(int(-rc)), rc);
+}
+
+/// "tcp" -> "tcp;ofi_rxm": libfabric 1.17's tcp provider offers FI_EP_RDM only through the
+/// rxm utility provider (its own RDM endpoint arrived later), and verbs always needs rxm for RDM.
+std::string provider_of(std::string_view sub) {
+    if (sub == "tcp" || sub == "verbs") return std::string(sub) + ";ofi_rxm";
+    return std::string(sub);
+}
+
+bool valid_sub(std::string_view s) {
+    if (s.empty() || s.size() > 32) return false;
+    for (char c : s)
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == ';'))
+            return false;
+    return true;
+}
+
+bool valid_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.' || c == ':';
+}
+
+std::string caps_missing(uint64_t have) {
+    std::string s;
+    for (const Cap& c : kNeededCaps)
+        if (!(have & c.bit))
+            s += fmt::format("{}{} (for {})", s.empty() ? "" : ", ", c.name, c.why);
+    return s;
+}
+
+bool is_ip_literal(std::string_view host) {
+    std::string h(host);
+    in_addr a4;
+    in6_addr a6;
+    return inet_pton(AF_INET, h.c_str(), &a4) == 1 || inet_pton(AF_INET6, h.c_str(), &a6) == 1;
+}
+
+}  // namespace
+
+// --- contexts -----------------------------------------------------------------------------------
+
+OfiContext::OfiContext(OfiTransport* t, uint8_t id, bool thread_safe)
+    : Context(t, id, thread_safe), ot_(t) {
+    block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (block_epfd_ < 0) {
+        TALARIA_LOG(ofi, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
+        return;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = t->progress_fd();
+    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, t->progress_fd(), &ev);
+    ev.data.fd = event_fd();
+    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, event_fd(), &ev);
+}
+
+OfiContext::~OfiContext() {
+    ot_->context_destroyed(id());
+    if (block_epfd_ >= 0) ::close(block_epfd_);
+}
+
+Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id) {
+    if (id >= opts_.max_contexts)
+        return Error(Errc::invalid_argument,
+                     fmt::format("context id {} out of range: this {} transport has "
+                                 "Options::max_contexts = {}",
+                                 id, scheme_, opts_.max_contexts));
+    std::lock_guard g(mu_);
+    if (slots_[id].ctx) return Error(Errc::already_exists, fmt::format("context {} exists", id));
+    auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe);
+    if (ctx->block_fd() < 0)
+        return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
+    slots_[id].ctx = ctx.get();
+    return std::unique_ptr<Context>(std::move(ctx));
+}
+
+void OfiTransport::context_destroyed(uint8_t id) noexcept {
+    std::lock_guard g(mu_);
+    CtxSlot& s = slots_[id];
+    Context* ctx = s.ctx;
+    s.ctx = nullptr;
+    // The caller should have canceled and drained; release receives still posted on it.
+    while (OfiOp* op = s.posted.pop_front()) {
+        op->state = OpState::idle;
+        op->releaser->release(op);
+    }
+    posted_expected_.for_each_safe([&](OfiOp& op) {
+        if (op.ctx == ctx) {
+            posted_expected_.erase(op);
+            if (op.counted) watch_dec(op.peer.as<OfiAddr>());
+            op.counted = false;
+            op.peer.reset();
+            op.state = OpState::idle;
+            op.releaser->release(&op);
+        }
+    });
+}
+
+// --- transport lifetime -------------------------------------------------------------------------
+
+OfiTransport::OfiTransport(const Options& o, std::string scheme)
+    : addrs_(o.thread_safe),
+      opts_(o),
+      scheme_(std::move(scheme)),
+      mu_(o.thread_safe),
+      ops_(o.max_ops, o.thread_safe),
+      buf_mu_(o.thread_safe),
+      slots_(o.max_contexts) {}
+
+OfiTransport::~OfiTransport() {
+    close_all();
+}
+
+namespace {
+void close_fid(fid* f, const char* what, const std::string& prov) {
+    if (!f) return;
+    int rc = fi_close(f);
+    if (rc != 0)
+        TALARIA_LOG(ofi, error, "{}: fi_close({}) failed: {}", prov, what, fi_strerror(-rc));
+}
+}  // namespace
+
+void OfiTransport::close_all() noexcept {
+    // shm peers killed without a chance to remove their region: remove it for them (their
+    // names carry their pids; a region whose pid is gone is used by nobody).
+    if (prov_.prov_name == "shm") {
+        for (const auto& [raw, fa] : av_cache_) {
+            (void)fa;
+            std::string_view name(raw);
+            name.remove_prefix(std::min(name.size(), name.find("://") + 3));
+            auto last = name.rfind('-');
+            auto prev = last == std::string_view::npos || last == 0 ? std::string_view::npos
+                                                                    : name.rfind('-', last - 1);
+            if (prev == std::string_view::npos) continue;
+            int pid = 0;
+            for (std::size_t i = prev + 1; i < last && pid >= 0; ++i)
+                pid = (name[i] >= '0' && name[i] <= '9' && pid < 100000000)
+                          ? pid * 10 + (name[i] - '0')
+                          : -1;
+            if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
+                ::shm_unlink(std::string(name).c_str());
+        }
+    }
+    if (!shm_name_.empty()) {
+        std::lock_guard g(g_shm_mu);
+        shm_live().erase(shm_name_);
+    }
+    // The endpoint first: it stops using every buffer posted to it and every peer.
+    close_fid(ep_ ? &ep_->fid : nullptr, "endpoint", prov_.prov_name);
+    ep_ = nullptr;
+    // Ops the provider still held are released by the pool; what they point to goes now.
+    for (auto& s : slots_) {
+        s.posted.clear();
+        while (QueuedMsg* m = s.msgs.pop_front())
+            msg_free(m);
+    }
+    posted_expected_.clear();
+    watched_.clear();  // before the addresses on it may go
+    // Ops the provider held or we deferred: their addresses and bounce buffers go now (the
+    // slots themselves go with the pool).
+    for (auto* list : {&inflight_, &deferred_}) {
+        while (OfiOp* op = list->pop_front()) {
+            if (op->bounce) bounce_free(op->bounce);
+            op->bounce = nullptr;
+            op->peer.reset();
+            op->counted = false;
+            op->state = OpState::idle;
+        }
+    }
+    while (QueuedMsg* m = queued_expected_.pop_front())
+        msg_free(m);
+    probes_.clear();
+    msgs_.clear();
+    free_msgs_.clear();
+    self_.reset();
+    close_fid(rx_mr_ ? &rx_mr_->fid : nullptr, "receive buffers' mr", prov_.prov_name);
+    rx_mr_ = nullptr;
+    close_fid(probe_mr_ ? &probe_mr_->fid : nullptr, "probe mr", prov_.prov_name);
+    probe_mr_ = nullptr;
+    for (auto& s : slabs_) {
+        close_fid(s->mr ? &s->mr->fid : nullptr, "message buffers' mr", prov_.prov_name);
+        s->mr = nullptr;
+    }
+    close_fid(av_ ? &av_->fid : nullptr, "address vector", prov_.prov_name);
+    av_ = nullptr;
+    close_fid(cq_ ? &cq_->fid : nullptr, "completion queue", prov_.prov_name);
+    cq_ = nullptr;
+    close_fid(domain_ ? &domain_->fid : nullptr, "domain", prov_.prov_name);
+    domain_ = nullptr;
+    close_fid(fabric_ ? &fabric_->fid : nullptr, "fabric", prov_.prov_name);
+    fabric_ = nullptr;
+    if (info_) fi_freeinfo(info_);
+    info_ = nullptr;
+    if (pfd_ >= 0) ::close(pfd_);
+    if (timer_fd_ >= 0) ::close(timer_fd_);
+    pfd_ = timer_fd_ = -1;
+}
+
+Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
+    if (!valid_sub(sub))
+        return Error(Errc::address_invalid,
+                     fmt::format("'{}': not a libfabric provider name (expected e.g. ofi+tcp, "
+                                 "ofi+shm, ofi+verbs)",
+                                 sub));
+    instance_ = random_u64();
+    TALARIA_CHECK(open_provider(sub, rest));
+
+    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (timer_fd_ < 0) return errno_error("ofi: timerfd_create", errno);
+    pfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (pfd_ < 0) return errno_error("ofi: epoll_create1", errno);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = timer_fd_;
+    if (::epoll_ctl(pfd_, EPOLL_CTL_ADD, timer_fd_, &ev) < 0)
+        return errno_error("ofi: epoll_ctl(timerfd)", errno);
+    if (cq_fd_ >= 0) {
+        ev.data.fd = cq_fd_;
+        if (::epoll_ctl(pfd_, EPOLL_CTL_ADD, cq_fd_, &ev) < 0)
+            return errno_error("ofi: epoll_ctl(completion queue wait fd)", errno);
+    }
+
+    // Our own address, and the header template every message starts with.
+    char name[256];
+    std::size_t len = sizeof name;
+    int rc = fi_getname(&ep_->fid, name, &len);
+    if (rc != 0) return Error(Errc::io_error, fi_err("ofi: fi_getname", rc));
+    if (prov_.addr_format == FI_ADDR_STR) len = ::strnlen(name, len);
+    if (len == 0 || len > kMaxRawAddr)
+        return Error(Errc::not_supported,
+                     fmt::format("ofi+{}: provider {} has a {}-byte endpoint address; this "
+                                 "transport carries at most {}",
+                                 sub, prov_.prov_name, len, kMaxRawAddr));
+    self_raw_.assign(name, len);
+    std::string canonical = canonical_of(std::as_bytes(std::span(self_raw_)));
+    if (canonical.empty())
+        return Error(Errc::not_supported,
+                     fmt::format("ofi+{}: cannot name provider {}'s address (format {})", sub,
+                                 prov_.prov_name, prov_.addr_format));
+    {
+        std::lock_guard g(mu_);
+        self_ = intern_locked(canonical, self_raw_);
+        TALARIA_CHECK(av_insert_locked(self_.as<OfiAddr>()));
+    }
+    MsgHeader h;
+    h.kind = MsgKind::probe;
+    h.instance = instance_;
+    h.raw_addr = std::as_bytes(std::span(self_raw_));
+    self_header_size_ = encode_msg_header(h, self_header_);
+
+    // The probe message: a header alone, registered once.
+    probe_mem_ = std::make_unique<std::byte[]>(kHeaderRoom);
+    std::memcpy(probe_mem_.get(), self_header_, self_header_size_);
+    {
+        std::lock_guard g(mu_);
+        uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
+        rc = fi_mr_reg(domain_, probe_mem_.get(), kHeaderRoom, FI_SEND, 0, key, 0, &probe_mr_,
+                       nullptr);
+        if (rc != 0) return Error(Errc::io_error, fi_err("ofi: fi_mr_reg(probe)", rc));
+        if (prov_.mr_mode & FI_MR_ENDPOINT) {
+            if ((rc = fi_mr_bind(probe_mr_, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(probe_mr_)))
+                return Error(Errc::io_error, fi_err("ofi: fi_mr_bind/enable(probe)", rc));
+        }
+        probe_desc_ = fi_mr_desc(probe_mr_);
+    }
+    TALARIA_CHECK(post_rx_buffers());
+    if (!shm_name_.empty()) {
+        std::lock_guard g(g_shm_mu);
+        shm_live().insert(shm_name_);
+    }
+    TALARIA_LOG(ofi, debug, "{} open on {} (fabric {}, domain {}, mr_mode 0x{:x}, inject {}, {})",
+                self_.as<OfiAddr>()->str, prov_.prov_name, prov_.fabric, prov_.domain,
+                prov_.mr_mode, prov_.inject_size,
+                prov_.multi_recv ? "multi-recv" : "posted receive buffers");
+    return ok();
+}
+
+namespace {
+/// Provider parameters libfabric reads only from the environment, set once per process before
+/// the first fi_getinfo (which loads the providers and reads them). overwrite = 0: a value the
+/// user set wins.
+///  * FI_OFI_RXM_CM_PROGRESS_INTERVAL=100 (µs; default 10000): rxm looks at connection
+///    management only that often while the CQ is polled, so every connection setup handshake
+///    step waited up to 10 ms: the first call to a new ofi+tcp peer took ~20 ms, ~3 ms with 100.
+///  * FI_OFI_RXM_ENABLE_DYN_RBUF=0 (default 1): with dynamic receive buffers the tcp provider
+///    reads a message straight into the posted buffer, and in 1.17 a message larger than that
+///    buffer (FI_ETRUNC, our message_too_large) breaks the connection: later sends to and from
+///    that peer fail. Without them rxm receives into its own buffers and truncates cleanly.
+void set_provider_env_once() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100", 0);
+        ::setenv("FI_OFI_RXM_ENABLE_DYN_RBUF", "0", 0);
+    });
+}
+}  // namespace
+
+Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view rest) {
+    set_provider_env_once();
+    const std::string prov = provider_of(sub);
+    prov_.prov_name = prov;
+    fi_info* hints = fi_allocinfo();
+    if (!hints) return Error(Errc::no_memory, "ofi: fi_allocinfo failed");
+    struct FreeHints {
+        fi_info* h;
+        ~FreeHints() { fi_freeinfo(h); }
+    } free_hints{hints};
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = kCaps;
+    hints->mode = 0;  // no FI_CONTEXT/FI_CONTEXT2/FI_MSG_PREFIX: we pass plain op pointers
+    hints->domain_attr->mr_mode = int(kMrModes);
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;  // we serialize every call ourselves
+    hints->fabric_attr->prov_name = ::strdup(prov.c_str());
+    hints->tx_attr->op_flags = 0;
+
+    std::string node, service;
+    uint64_t flags = 0;
+    const bool shm = prov == "shm";
+    if (shm) {
+        // Our region's name carries our pid, so peers can tell that we died (kill(pid, 0)).
+        if (!rest.empty() && (rest.size() > 24 ||
+                              !std::all_of(rest.begin(), rest.end(),
+                                           [](char c) { return valid_name_char(c) && c != ':'; })))
+            return Error(Errc::address_invalid,
+                         fmt::format("'ofi+shm://{}': an shm name prefix is 1..24 characters of "
+                                     "[A-Za-z0-9._-]",
+                                     rest));
+        shm_name_ = fmt::format("{}-{}-{:08x}", rest.empty() ? "talaria" : rest, ::getpid(),
+                                uint32_t(instance_));
+    } else if (!rest.empty()) {
+        // "host[:port]" (an IP literal or, with a port, a host name) selects the interface we
+        // bind; a bare word that is not an IP ("mlx5_0") names the domain (device).
+        std::string_view host = rest;
+        bool bracket = !rest.empty() && rest.front() == '[';
+        auto colon = rest.rfind(':');
+        bool has_port = bracket ? rest.find("]:") != std::string_view::npos
+                                : (colon != std::string_view::npos &&
+                                   rest.find(':') == colon);  // one ':' (not a bare IPv6)
+        if (has_port || is_ip_literal(rest) || bracket || rest == "localhost") {
+            TALARIA_TRY(sa, parse_host_port(rest, false));
+            char buf[INET6_ADDRSTRLEN] = {};
+            if (sa.family() == AF_INET)
+                inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa.sa())->sin_addr, buf,
+                          sizeof buf);
+            else
+                inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa.sa())->sin6_addr, buf,
+                          sizeof buf);
+            node = buf;
+            service = std::to_string(sa.port());
+            flags = FI_SOURCE;
+            hints->addr_format = sa.family() == AF_INET ? FI_SOCKADDR_IN : FI_SOCKADDR_IN6;
+        } else {
+            if (!std::all_of(host.begin(), host.end(), valid_name_char))
+                return Error(
+                    Errc::address_invalid,
+                    fmt::format("'{}+://{}': not a host[:port] or a device name", sub, rest));
+            hints->domain_attr->name = ::strdup(std::string(rest).c_str());
+        }
+    }
+
+    auto getinfo = [&](fi_info* h, fi_info** out) {
+        return fi_getinfo(FI_VERSION(1, 17), node.empty() ? nullptr : node.c_str(),
+                          service.empty() ? nullptr : service.c_str(), flags, h, out);
+    };
+    // Tagged messages with directed receives (expected messages matched by the provider) and
+    // multi-recv (unexpected ones) where the provider has them; FI_DIRECTED_RECV is a secondary
+    // capability, reported only when asked for. Without them: software matching of expected
+    // messages, a pool of posted buffers.
+    constexpr uint64_t kTagged = FI_TAGGED | FI_DIRECTED_RECV;
+    const uint64_t tries[] = {kCaps | kTagged | FI_MULTI_RECV, kCaps | kTagged,
+                              kCaps | FI_MULTI_RECV, kCaps};
+    int rc = -FI_ENODATA;
+    for (uint64_t caps : tries) {
+        hints->caps = caps;
+        rc = getinfo(hints, &info_);
+        if (rc != -FI_ENODATA) break;
+    }
+    if (rc != 0) {
+        // Say why: no such provider, a capability it lacks, or a mode we do not support.
+        fi_info* loose = fi_allocinfo();
+        loose->ep_attr->type = FI_EP_RDM;
+        loose->fabric_attr->prov_name = ::strdup(prov.c_str());
+        loose->mode = ~0ull;
+        loose->domain_attr->mr_mode = ~0;
+        fi_info* any = nullptr;
+        int rc2 = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, loose, &any);
+        fi_freeinfo(loose);
+        std::string why;
+        if (rc2 != 0 || !any) {
+            why = fmt::format(
+                "libfabric {}.{} has no provider '{}' with reliable datagram "
+                "(FI_EP_RDM) endpoints here (fi_info -l lists the providers)",
+                FI_MAJOR(fi_version()), FI_MINOR(fi_version()), prov);
+        } else {
+            std::string missing = caps_missing(any->caps);
+            if (!missing.empty())
+                why = fmt::format("provider '{}' lacks capabilities this transport needs: {}", prov,
+                                  missing);
+            else if (any->mode != 0 || (uint64_t(any->domain_attr->mr_mode) & ~kMrModes))
+                why = fmt::format(
+                    "provider '{}' requires mode bits 0x{:x} or MR mode bits "
+                    "0x{:x} this transport does not support (it supports no mode "
+                    "bits and MR modes FI_MR_LOCAL, FI_MR_VIRT_ADDR, "
+                    "FI_MR_ALLOCATED, FI_MR_PROV_KEY, FI_MR_ENDPOINT)",
+                    prov, any->mode, uint64_t(any->domain_attr->mr_mode));
+            else
+                why = fmt::format("provider '{}' matches nothing for '{}' ({})", prov, rest,
+                                  fi_strerror(-rc));
+            fi_freeinfo(any);
+        }
+        return Error(rc == -FI_ENODATA ? Errc::not_supported : Errc::io_error,
+                     fmt::format("ofi+{}: fi_getinfo: {}", sub, why));
+    }
+    fi_info* info = info_;
+    prov_.prov_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : prov;
+    prov_.fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
+    prov_.domain = info->domain_attr->name ? info->domain_attr->name : "";
+    prov_.addr_format = info->addr_format;
+    prov_.mr_mode = uint64_t(info->domain_attr->mr_mode);
+    prov_.inject_size = info->tx_attr->inject_size;
+    prov_.max_msg_size = info->ep_attr->max_msg_size;
+    prov_.multi_recv = (info->caps & FI_MULTI_RECV) != 0;
+    prov_.tagged = (info->caps & kTagged) == kTagged;
+    prov_.av_on_lookup = prov_.prov_name != "shm";
+    if (prov_.max_msg_size < kHeaderRoom + kMaxMessageSize)
+        return Error(
+            Errc::not_supported,
+            fmt::format("ofi+{}: provider {} sends at most {} bytes per message; this "
+                        "transport needs {}",
+                        sub, prov_.prov_name, prov_.max_msg_size, kHeaderRoom + kMaxMessageSize));
+
+    if ((rc = fi_fabric(info->fabric_attr, &fabric_, nullptr)) != 0)
+        return Error(Errc::io_error, fmt::format("ofi+{}: {}", sub, fi_err("fi_fabric", rc)));
+    if ((rc = fi_domain(fabric_, info, &domain_, nullptr)) != 0)
+        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
+                                                 fi_err("fi_domain", rc), prov_.prov_name));
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.size = 0;
+    cq_attr.wait_obj = FI_WAIT_FD;
+    rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+    if (rc == 0) {
+        rc = fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_);
+        if (rc != 0) {
+            TALARIA_LOG(ofi, info, "{}: completion queue wait fd unavailable ({}); polling",
+                        prov_.prov_name, fi_strerror(-rc));
+            cq_fd_ = -1;
+        }
+    } else {
+        // shm has no wait objects: poll-sleep instead (see progress()).
+        cq_attr.wait_obj = FI_WAIT_NONE;
+        rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+        if (rc != 0)
+            return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
+                                                     fi_err("fi_cq_open", rc), prov_.prov_name));
+    }
+    prov_.wait_fd = cq_fd_ >= 0;
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    if ((rc = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0)
+        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
+                                                 fi_err("fi_av_open", rc), prov_.prov_name));
+    if ((rc = fi_endpoint(domain_, info, &ep_, nullptr)) != 0)
+        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
+                                                 fi_err("fi_endpoint", rc), prov_.prov_name));
+    if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+        (rc = fi_ep_bind(ep_, &av_->fid, 0)) != 0)
+        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
+                                                 fi_err("fi_ep_bind", rc), prov_.prov_name));
+    if (shm) {
+        std::string n = "fi_shm://" + shm_name_;
+        if ((rc = fi_setname(&ep_->fid, n.data(), n.size() + 1)) != 0)
+            return Error(Errc::io_error,
+                         fmt::format("ofi+shm: {} for '{}'", fi_err("fi_setname", rc), n));
+    }
+    if ((rc = fi_enable(ep_)) != 0)
+        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
+                                                 fi_err("fi_enable", rc), prov_.prov_name));
+    // After fi_enable: shm (1.17) dereferences its receive queue in fi_setopt, which exists
+    // only once the endpoint is enabled.
+    if (prov_.multi_recv) {
+        std::size_t min = kHeaderRoom + kMaxMessageSize;
+        rc = fi_setopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min);
+        if (rc != 0) {
+            TALARIA_LOG(ofi, info, "{}: FI_OPT_MIN_MULTI_RECV not settable ({}): posted buffers",
+                        prov_.prov_name, fi_strerror(-rc));
+            prov_.multi_recv = false;
+        }
+    }
+    return ok();
+}
+
+Result<void> OfiTransport::post_rx_buffers() {
+    std::lock_guard g(mu_);
+    const std::size_t n = prov_.multi_recv ? kMultiRecvBuffers : kPlainRecvBuffers;
+    const std::size_t size = prov_.multi_recv ? kMultiRecvSize : kPlainRecvSize;
+    rx_mem_.reset(new (std::nothrow) std::byte[n * size]);
+    if (!rx_mem_) return Error(Errc::no_memory, "ofi: receive buffers");
+    uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
+    int rc = fi_mr_reg(domain_, rx_mem_.get(), n * size, FI_RECV, 0, key, 0, &rx_mr_, nullptr);
+    if (rc != 0)
+        return Error(Errc::io_error, fmt::format("ofi: {} for the receive buffers on {}",
+                                                 fi_err("fi_mr_reg", rc), prov_.prov_name));
+    if (prov_.mr_mode & FI_MR_ENDPOINT) {
+        if ((rc = fi_mr_bind(rx_mr_, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(rx_mr_)) != 0)
+            return Error(Errc::io_error, fi_err("ofi: fi_mr_bind/enable(receive buffers)", rc));
+    }
+    rx_desc_ = fi_mr_desc(rx_mr_);
+    for (std::size_t i = 0; i < n; ++i) {
+        auto rb = std::make_unique<RxBuf>();
+        rb->fi_kind = FiCtx::Kind::rx;
+        rb->data = rx_mem_.get() + i * size;
+        rb->size = size;
+        rx_.push_back(std::move(rb));
+        repost_rx(rx_.back().get());
+        if (!rx_.back()->posted)
+            return Error(Errc::io_error,
+                         fmt::format("ofi: posting receive buffers on {} failed", prov_.prov_name));
+    }
+    return ok();
+}
+
+// --- addresses ----------------------------------------------------------------------------------
+
+bool OfiTransport::shm_local_peer_ok_locked(OfiAddr* a) {
+    // (pid 0: not an shm peer; checked first, as getpid() is a system call on every send.)
+    if (a->pid == 0 || shm_name_.empty() || a->pid != ::getpid()) return !a->dead;
+    if (a->dead) return false;
+    std::string_view name(a->raw);
+    name.remove_prefix(std::min(name.size(), name.find("://") + 3));
+    bool alive;
+    {
+        std::lock_guard g(g_shm_mu);
+        alive = shm_live().count(std::string(name)) != 0;
+    }
+    if (!alive) peer_failed_locked(a, Errc::disconnected, "its endpoint in this process closed");
+    return alive;
+}
+
+OfiAddr::OfiAddr(OfiTransport* t, std::string s) : AddrImpl(t), str(std::move(s)), owner_(t) {}
+
+OfiAddr::~OfiAddr() {
+    // No transport lock here (we may be running under it): only the table's leaf lock. The AV
+    // entry stays (see OfiTransport::av_cache_).
+    AddrTable& table = owner_->addrs_;
+    for (const std::string& s : aliases)
+        table.unlink(s, this);
+    if (raw_alias) {
+        std::string key = "\x01" + raw;
+        table.unlink(key, this);
+    }
+    table.remove(str, this);
+}
+
+Result<void> OfiTransport::av_insert_locked(OfiAddr* a) {
+    if (a->fi != FI_ADDR_NOTAVAIL) return ok();
+    if (auto it = av_cache_.find(a->raw); it != av_cache_.end()) {
+        a->fi = it->second;
+        return ok();
+    }
+    std::string raw = a->raw;
+    if (prov_.addr_format == FI_ADDR_STR) raw.push_back('\0');
+    fi_addr_t fa = FI_ADDR_NOTAVAIL;
+    int rc = fi_av_insert(av_, raw.data(), 1, &fa, 0, nullptr);
+    if (rc != 1 || fa == FI_ADDR_NOTAVAIL)
+        return Error(Errc::unreachable,
+                     fmt::format("ofi: fi_av_insert of {} on {} failed: {}", a->str,
+                                 prov_.prov_name, rc < 0 ? fi_strerror(-rc) : "not inserted"));
+    a->fi = fa;
+    av_cache_.emplace(a->raw, fa);
+    return ok();
+}
+
+std::string OfiTransport::canonical_of(std::span<const std::byte> raw) const {
+    std::string prefix = scheme_ + "://";
+    switch (prov_.addr_format) {
+        case FI_SOCKADDR_IN: {
+            if (raw.size() != sizeof(sockaddr_in)) return {};
+            sockaddr_in sin;
+            std::memcpy(&sin, raw.data(), sizeof sin);
+            if (sin.sin_family != AF_INET || sin.sin_port == 0) return {};
+            char buf[INET_ADDRSTRLEN];
+            inet_ntop(AF_INET, &sin.sin_addr, buf, sizeof buf);
+            return fmt::format("{}{}:{}", prefix, buf, ntohs(sin.sin_port));
+        }
+        case FI_SOCKADDR_IN6: {
+            if (raw.size() != sizeof(sockaddr_in6)) return {};
+            sockaddr_in6 sin6;
+            std::memcpy(&sin6, raw.data(), sizeof sin6);
+            if (sin6.sin6_family != AF_INET6 || sin6.sin6_port == 0) return {};
+            char buf[INET6_ADDRSTRLEN];
+            inet_ntop(AF_INET6, &sin6.sin6_addr, buf, sizeof buf);
+            return fmt::format("{}[{}]:{}", prefix, buf, ntohs(sin6.sin6_port));
+        }
+        case FI_ADDR_STR: {
+            std::string_view s(reinterpret_cast<const char*>(raw.data()), raw.size());
+            auto sep = s.find("://");
+            if (sep == std::string_view::npos || sep + 3 >= s.size()) return {};
+            std::string_view name = s.substr(sep + 3);
+            if (!std::all_of(name.begin(), name.end(), valid_name_char)) return {};
+            // Other providers' strings (fi_ns://, another fi_shm spelling) are not ours.
+            if (!self_raw_.empty() && s.substr(0, sep + 3) != std::string_view(self_raw_).substr(
+                                                                  0, self_raw_.find("://") + 3))
+                return {};
+            return prefix + std::string(name);
+        }
+        default: {
+            std::string out = prefix + "x";
+            for (std::byte b : raw)
+                out += fmt::format("{:02x}", uint8_t(b));
+            return out;
+        }
+    }
+}
+
+Result<std::string> OfiTransport::raw_of(std::string_view rest, bool from_wire) const {
+    auto bad = [&](std::string_view why) {
+        return Error(Errc::address_invalid, fmt::format("'{}://{}' is not a valid {} address: {}",
+                                                        scheme_, rest, scheme_, why));
+    };
+    switch (prov_.addr_format) {
+        case FI_SOCKADDR_IN:
+        case FI_SOCKADDR_IN6: {
+            if (rest.empty()) return bad("no host:port");
+            if (from_wire) {
+                // Strings from the wire never trigger a (blocking) name lookup.
+                std::string_view host = rest.front() == '[' ? rest.substr(1, rest.find(']') - 1)
+                                                            : rest.substr(0, rest.rfind(':'));
+                if (!is_ip_literal(host)) return bad("not a numeric IP address");
+            }
+            auto sa = parse_host_port(rest, false);
+            if (!sa) return bad(sa.error().message());
+            if (sa->port() == 0)
+                return bad(
+                    "port 0 names no peer (use the address the peer reports with "
+                    "addr_to_string(addr_self()))");
+            int want = prov_.addr_format == FI_SOCKADDR_IN ? AF_INET : AF_INET6;
+            if (sa->family() != want)
+                return bad(want == AF_INET ? "this endpoint speaks IPv4"
+                                           : "this endpoint speaks IPv6");
+            return std::string(reinterpret_cast<const char*>(sa->sa()), sa->len);
+        }
+        case FI_ADDR_STR: {
+            std::string prefix = self_raw_.substr(0, self_raw_.find("://") + 3);
+            if (rest.empty() || prefix.size() + rest.size() > kMaxRawAddr)
+                return bad(fmt::format("a name of 1..{} characters", kMaxRawAddr - prefix.size()));
+            if (!std::all_of(rest.begin(), rest.end(), valid_name_char))
+                return bad("characters outside [A-Za-z0-9._:-]");
+            return prefix + std::string(rest);
+        }
+        default: {
+            if (rest.size() < 3 || rest[0] != 'x' || rest.size() % 2 != 1 ||
+                (rest.size() - 1) / 2 > kMaxRawAddr)
+                return bad("expected x<hex bytes>");
+            std::string out;
+            for (std::size_t i = 1; i < rest.size(); i += 2) {
+                auto hex = [](char c) -> int {
+                    if (c >= '0' && c <= '9') return c - '0';
+                    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+                    return -1;
+                };
+                int hi = hex(rest[i]), lo = hex(rest[i + 1]);
+                if (hi < 0 || lo < 0) return bad("expected x<lowercase hex bytes>");
+                out.push_back(char(hi * 16 + lo));
+            }
+            return out;
+        }
+    }
+}
+
+Addr OfiTransport::intern_locked(const std::string& canonical, std::string raw) {
+    if (Addr a = addrs_.find(canonical)) return a;
+    auto* a = new OfiAddr(this, canonical);
+    Addr out(a);
+    a->raw = std::move(raw);
+    if (prov_.prov_name == "shm") {
+        // "<prefix>-<pid>-<instance>": the pid of a peer we can watch with kill(pid, 0).
+        std::string_view n(a->str);
+        n.remove_prefix(scheme_.size() + 3);
+        auto last = n.rfind('-');
+        auto prev = last == std::string_view::npos ? last : n.rfind('-', last - 1);
+        if (prev != std::string_view::npos) {
+            int pid = 0;
+            bool digits = last > prev + 1 && last - prev - 1 <= 9;
+            for (std::size_t i = prev + 1; digits && i < last; ++i) {
+                if (n[i] < '0' || n[i] > '9') digits = false;
+                pid = pid * 10 + (n[i] - '0');
+            }
+            if (digits && pid > 0) a->pid = pid;
+        }
+    }
+    addrs_.add(canonical, a);
+    std::string key = "\x01" + a->raw;
+    addrs_.alias(key, a);
+    a->raw_alias = true;
+    return out;
+}
+
+Result<Addr> OfiTransport::lookup_locked(std::string_view address, bool from_wire) {
+    const std::string prefix = scheme_ + "://";
+    if (!address.starts_with(prefix))
+        return Error(
+            Errc::address_invalid,
+            fmt::format("'{}' is not an {} address (expected {}...)", address, scheme_, prefix));
+    if (Addr a = addrs_.find(address)) return a;
+    std::string_view rest = address.substr(prefix.size());
+    TALARIA_TRY(raw, raw_of(rest, from_wire));
+    std::string canonical = canonical_of(std::as_bytes(std::span(raw)));
+    if (canonical.empty())
+        return Error(Errc::address_invalid,
+                     fmt::format("'{}' does not name an {} endpoint", address, scheme_));
+    Addr out = intern_locked(canonical, std::move(raw));
+    auto* a = out.as<OfiAddr>();
+    // Into the AV now (cached by raw address, so once per peer): the provider attributes its
+    // messages to it from the start and the first send or directed receive needs no insertion.
+    // Not on shm: its AV holds at most 256 peers (SMR_MAX_PEERS in 1.17) and entries cannot be
+    // removed (see av_cache_), so lookups alone must not fill it; there the first use inserts.
+    if (prov_.av_on_lookup) TALARIA_CHECK(av_insert_locked(a));
+    if (address != canonical && a->aliases.size() < 4 &&
+        std::find(a->aliases.begin(), a->aliases.end(), address) == a->aliases.end()) {
+        addrs_.alias(address, a);
+        a->aliases.emplace_back(address);
+    }
+    return out;
+}
+
+Result<Addr> OfiTransport::addr_lookup(std::string_view address) {
+    std::lock_guard g(mu_);
+    return lookup_locked(address, false);
+}
+
+std::string OfiTransport::addr_to_string(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    return a.as<OfiAddr>()->str;
+}
+
+std::size_t OfiTransport::addr_serialize_size(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return 0;
+    return addr_blob_size(a.as<OfiAddr>()->str);
+}
+
+Result<std::size_t> OfiTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
+    if (!a || a.impl()->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("addr_serialize: not an address of this {} transport", scheme_));
+    const std::string& s = a.as<OfiAddr>()->str;
+    if (out.size() < addr_blob_size(s))
+        return Error(Errc::invalid_argument,
+                     fmt::format("addr_serialize: needs {} bytes, buffer has {}", addr_blob_size(s),
+                                 out.size()));
+    encode_addr_blob(s, out.data());
+    return addr_blob_size(s);
+}
+
+Result<Addr> OfiTransport::addr_deserialize(std::span<const std::byte> in) {
+    TALARIA_TRY(s, decode_addr_blob(in));
+    std::lock_guard g(mu_);
+    return lookup_locked(s, true);
+}
+
+// --- memory -------------------------------------------------------------------------------------
+
+OfiMem::OfiMem(OfiTransport* t, uint64_t base, uint64_t length, Access access, bool local)
+    : MemImpl(t, base, length, access, local), owner_transport(t) {}
+
+OfiMem::~OfiMem() {
+    if (local()) owner_transport->mem_unregister(this);
+}
+
+void OfiTransport::mem_unregister(OfiMem* m) noexcept {
+    if (!m->mr) return;
+    std::lock_guard g(mu_);
+    int rc = fi_close(&m->mr->fid);
+    if (rc != 0)
+        TALARIA_LOG(ofi, error, "{}: fi_close(mr) failed: {}", prov_.prov_name, fi_strerror(-rc));
+    m->mr = nullptr;
+}
+
+Result<MemHandle> OfiTransport::mem_register(void* buf, std::size_t len, Access access) {
+    if (!buf && len > 0)
+        return Error(Errc::invalid_argument, "mem_register: null buffer with a nonzero length");
+    if (access != Access::read_only && access != Access::write_only && access != Access::read_write)
+        return Error(Errc::invalid_argument,
+                     fmt::format("mem_register: invalid access mode {}", int(access)));
+    auto m = std::make_unique<OfiMem>(this, reinterpret_cast<uintptr_t>(buf), len, access, true);
+    m->virt = (prov_.mr_mode & FI_MR_VIRT_ADDR) != 0;
+    if (len == 0) return MemHandle(std::move(m));  // nothing to register; RMA of 0 bytes only
+    uint64_t acc = FI_READ | FI_WRITE;             // our own put (source) and get (destination)
+    if (uint8_t(access) & uint8_t(Access::read_only)) acc |= FI_REMOTE_READ;
+    if (uint8_t(access) & uint8_t(Access::write_only)) acc |= FI_REMOTE_WRITE;
+    std::lock_guard g(mu_);
+    uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
+    int rc = fi_mr_reg(domain_, buf, len, acc, 0, key, 0, &m->mr, nullptr);
+    if (rc != 0)
+        return Error(rc == -FI_ENOMEM ? Errc::no_memory : Errc::io_error,
+                     fmt::format("mem_register of {} bytes: {} on {}", len, fi_err("fi_mr_reg", rc),
+                                 prov_.prov_name));
+    if (prov_.mr_mode & FI_MR_ENDPOINT) {
+        if ((rc = fi_mr_bind(m->mr, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(m->mr)) != 0) {
+            fi_close(&m->mr->fid);
+            m->mr = nullptr;
+            return Error(Errc::io_error,
+                         fmt::format("mem_register: {} on {}", fi_err("fi_mr_bind/enable", rc),
+                                     prov_.prov_name));
+        }
+    }
+    m->key = fi_mr_key(m->mr);
+    m->desc = fi_mr_desc(m->mr);
+    return MemHandle(std::move(m));
+}
+
+std::size_t OfiTransport::mem_serialize_size(const MemHandle& h) {
+    if (!h || h->transport() != this) return 0;
+    auto* m = h.as<OfiMem>();
+    return mem_blob_size(m->local() ? self_.as<OfiAddr>()->str : m->owner);
+}
+
+Result<std::size_t> OfiTransport::mem_serialize(const MemHandle& h, std::span<std::byte> out) {
+    if (!h || h->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("mem_serialize: not a handle of this {} transport", scheme_));
+    auto* m = h.as<OfiMem>();
+    MemBlob b;
+    b.access = uint8_t(m->access());
+    b.flags = m->virt ? kMemVirtAddr : 0;
+    b.base = m->base();
+    b.length = m->length();
+    b.key = m->key;
+    b.owner = m->local() ? std::string_view(self_.as<OfiAddr>()->str) : m->owner;
+    std::size_t need = mem_blob_size(b.owner);
+    if (out.size() < need)
+        return Error(Errc::invalid_argument,
+                     fmt::format("mem_serialize: needs {} bytes, buffer has {}", need, out.size()));
+    encode_mem_blob(b, out.data());
+    return need;
+}
+
+Result<MemHandle> OfiTransport::mem_deserialize(std::span<const std::byte> in) {
+    TALARIA_TRY(b, decode_mem_blob(in));
+    auto m = std::make_unique<OfiMem>(this, b.base, b.length, Access(b.access), false);
+    m->key = b.key;
+    m->virt = (b.flags & kMemVirtAddr) != 0;
+    m->owner = std::string(b.owner);
+    std::lock_guard g(mu_);
+    TALARIA_TRY(owner, lookup_locked(m->owner, true));
+    m->owner_addr = owner;
+    return MemHandle(std::move(m));
+}
+
+// --- message buffers ----------------------------------------------------------------------------
+
+Result<Slab*> OfiTransport::slab_grow_locked(uint8_t size_class) {
+    auto s = std::make_unique<Slab>();
+    s->owner = this;
+    s->size_class = size_class;
+    const std::size_t slot = kHeaderRoom + kSizeClass[size_class];
+    s->mem.reset(new (std::nothrow) std::byte[slot * kSlabSlots]);
+    if (!s->mem) return Error(Errc::no_memory, "ofi: message buffer slab allocation failed");
+    uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
+    int rc = fi_mr_reg(domain_, s->mem.get(), slot * kSlabSlots, FI_SEND | FI_RECV, 0, key, 0,
+                       &s->mr, nullptr);
+    if (rc != 0)
+        return Error(Errc::io_error, fmt::format("ofi: {} for message buffers on {}",
+                                                 fi_err("fi_mr_reg", rc), prov_.prov_name));
+    if (prov_.mr_mode & FI_MR_ENDPOINT) {
+        if ((rc = fi_mr_bind(s->mr, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(s->mr)) != 0) {
+            fi_close(&s->mr->fid);
+            s->mr = nullptr;
+            return Error(Errc::io_error, fi_err("ofi: fi_mr_bind/enable(message buffers)", rc));
+        }
+    }
+    s->desc = fi_mr_desc(s->mr);
+    Slab* p = s.get();
+    {
+        std::lock_guard g(buf_mu_);
+        slabs_.push_back(std::move(s));
+        for (std::size_t i = 0; i < kSlabSlots; ++i)
+            free_slots_[size_class].push_back(p->mem.get() + i * slot);
+    }
+    return p;
+}
+
+Result<MsgBuffer> OfiTransport::msg_buf_alloc(std::size_t size) {
+    if (size > kMaxMessageSize)
+        return Error(Errc::message_too_large,
+                     fmt::format("message buffer of {} bytes exceeds the {} transport's maximum "
+                                 "of {} bytes",
+                                 size, scheme_, kMaxMessageSize));
+    const uint8_t cls = size <= kSizeClass[0] ? 0 : 1;
+    for (;;) {
+        {
+            std::lock_guard g(buf_mu_);
+            if (!free_slots_[cls].empty()) {
+                std::byte* slot = free_slots_[cls].back();
+                free_slots_[cls].pop_back();
+                // Which slab: the few slabs are searched (allocation is not per message).
+                Slab* owner = nullptr;
+                for (auto& s : slabs_)
+                    if (s->size_class == cls && slot >= s->mem.get() &&
+                        slot < s->mem.get() + (kHeaderRoom + kSizeClass[cls]) * kSlabSlots)
+                        owner = s.get();
+                return MsgBuffer(this, slot + kHeaderRoom, size, owner);
+            }
+        }
+        // Registration happens here, when the pool grows: never on a post.
+        std::lock_guard g(mu_);
+        auto s = slab_grow_locked(cls);
+        if (!s) return std::move(s).error();
+    }
+}
+
+void OfiTransport::msg_buf_free(MsgBuffer& buf) noexcept {
+    auto* s = static_cast<Slab*>(buf.priv());
+    if (!s) return;
+    std::lock_guard g(buf_mu_);
+    free_slots_[s->size_class].push_back(buf.data() - kHeaderRoom);
+}
+
+std::byte* OfiTransport::bounce_alloc(void** desc) noexcept {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        {
+            std::lock_guard g(buf_mu_);
+            if (!free_slots_[1].empty()) {
+                std::byte* p = free_slots_[1].back();
+                free_slots_[1].pop_back();
+                for (auto& s : slabs_)
+                    if (s->size_class == 1 && p >= s->mem.get() &&
+                        p < s->mem.get() + (kHeaderRoom + kSizeClass[1]) * kSlabSlots)
+                        *desc = s->desc;
+                return p;
+            }
+        }
+        if (!slab_grow_locked(1)) return nullptr;
+    }
+    return nullptr;
+}
+
+void OfiTransport::bounce_free(std::byte* p) noexcept {
+    std::lock_guard g(buf_mu_);
+    free_slots_[1].push_back(p);
+}
+
+QueuedMsg* OfiTransport::msg_alloc() {
+    if (free_msgs_.empty()) {
+        msgs_.push_back(std::make_unique<QueuedMsg>());
+        free_msgs_.push_back(msgs_.back().get());
+    }
+    QueuedMsg* m = free_msgs_.back();
+    free_msgs_.pop_back();
+    return m;
+}
+
+void OfiTransport::msg_free(QueuedMsg* m) noexcept {
+    m->source.reset();
+    free_msgs_.push_back(m);
+}
+
+}  // namespace ofi
+}  // namespace talaria::na

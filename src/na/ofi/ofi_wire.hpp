@@ -1,0 +1,86 @@
+// The ofi transport's wire format: the header in front of every message, and the serialized
+// address and memory handle. Pure encoders/decoders (no libfabric), also used by
+// fuzz/fuzz_ofi_wire.cpp. Byte layouts: docs/protocol.md (ofi); all integers little-endian.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "talaria/util/result.hpp"
+
+namespace talaria::na::ofi {
+
+/// First byte of every message header (also the format version).
+inline constexpr uint8_t kMsgMagic = 0xa7;
+/// Fixed part of the header; the sender's raw provider address follows it.
+inline constexpr std::size_t kMsgFixedSize = 16;
+/// Longest raw provider address carried in a header (sockaddr_in6 is 28 bytes, shm names are
+/// at most kMaxShmName characters).
+inline constexpr std::size_t kMaxRawAddr = 64;
+/// Room reserved in front of every message buffer for the header (fixed part + raw address,
+/// rounded up to a cache line so the payload stays aligned).
+inline constexpr std::size_t kHeaderRoom = 128;
+static_assert(kMsgFixedSize + kMaxRawAddr <= kHeaderRoom);
+/// Largest message payload (unexpected and expected).
+inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
+/// Longest address string ("ofi+<provider>://...") in a serialized address or memory handle.
+inline constexpr std::size_t kMaxAddrString = 255;
+
+enum class MsgKind : uint8_t { unexpected = 1, expected = 2, probe = 3 };
+
+struct MsgHeader {
+    MsgKind kind = MsgKind::unexpected;
+    uint8_t context_id = 0;
+    uint32_t tag = 0;
+    uint64_t instance = 0;                ///< the sender's random endpoint instance (nonzero)
+    std::span<const std::byte> raw_addr;  ///< the sender's provider address (in the input)
+    std::size_t header_size = 0;          ///< kMsgFixedSize + raw_addr.size()
+};
+
+/// Encode into `out` (at least kMsgFixedSize + h.raw_addr.size() bytes); returns the size.
+std::size_t encode_msg_header(const MsgHeader& h, std::byte* out) noexcept;
+/// Decode a received message; the payload is in[header_size ..]. protocol_error on any
+/// violation (bad magic or kind, zero instance, address length 0 or above kMaxRawAddr,
+/// truncation).
+Result<MsgHeader> decode_msg_header(std::span<const std::byte> in);
+
+/// Serialized address: u16 length, then that many bytes of the address string.
+std::size_t addr_blob_size(std::string_view s) noexcept;
+void encode_addr_blob(std::string_view s, std::byte* out) noexcept;
+/// The address string inside a blob (a view into `in`): address_invalid when malformed
+/// (length 0 or above kMaxAddrString, truncated, trailing bytes, bytes outside printable ASCII).
+Result<std::string_view> decode_addr_blob(std::span<const std::byte> in);
+
+/// Serialized memory handle.
+struct MemBlob {
+    uint8_t access = 0;      ///< na::Access (1, 2 or 3)
+    uint8_t flags = 0;       ///< kMemVirtAddr: RMA addresses are virtual addresses
+    uint64_t base = 0;       ///< the region's virtual address at its owner
+    uint64_t length = 0;     ///< bytes
+    uint64_t key = 0;        ///< the provider's remote key
+    std::string_view owner;  ///< the owner's address string
+};
+inline constexpr uint8_t kMemVirtAddr = 1;
+inline constexpr std::size_t kMemFixedSize = 32;
+std::size_t mem_blob_size(std::string_view owner) noexcept;
+void encode_mem_blob(const MemBlob& b, std::byte* out) noexcept;
+/// invalid_argument / address_invalid on malformed input (bad version, access or flags, a
+/// region that wraps, a bad owner string, truncation, trailing bytes).
+Result<MemBlob> decode_mem_blob(std::span<const std::byte> in);
+
+namespace detail {
+inline void store_le(std::byte* p, uint64_t v, int n) noexcept {
+    for (int i = 0; i < n; ++i)
+        p[i] = std::byte(uint8_t(v >> (8 * i)));
+}
+inline uint64_t load_le(const std::byte* p, int n) noexcept {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i)
+        v |= uint64_t(p[i]) << (8 * i);
+    return v;
+}
+}  // namespace detail
+
+}  // namespace talaria::na::ofi

@@ -1,0 +1,899 @@
+// ucx transport setup: the address string, our own UCX configuration, context, worker and
+// listener, contexts, addresses, endpoints and memory registration.
+#include <arpa/inet.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "na/base/transports.hpp"
+#include "na/ucx/ucx.hpp"
+#include "na/ucx/ucx_diag.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::na {
+
+Result<std::unique_ptr<Transport>> open_ucx(std::string_view sub, std::string_view rest,
+                                            const Options& o) {
+    auto t = std::make_unique<ucx::UcxTransport>(o);
+    TALARIA_CHECK(t->init(sub, rest));
+    return std::unique_ptr<Transport>(std::move(t));
+}
+
+namespace ucx {
+
+namespace {
+
+/// UCX keepalive interval we configure (UCX 1.13's default is 20 s: far above the 5 s in which
+/// a dead peer must fail its operations).
+constexpr const char* kKeepaliveInterval = "1s";
+
+uint64_t random_u64() {
+    uint64_t v = 0;
+    while (v == 0) {
+        if (::getrandom(&v, sizeof v, 0) != ssize_t(sizeof v))
+            v ^= now_ns() * 0x9e3779b97f4a7c15ull;
+    }
+    return v;
+}
+
+std::string to_hex(const void* p, std::size_t n) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string s(2 * n, '0');
+    auto* b = static_cast<const uint8_t*>(p);
+    for (std::size_t i = 0; i < n; ++i) {
+        s[2 * i] = kDigits[b[i] >> 4];
+        s[2 * i + 1] = kDigits[b[i] & 15];
+    }
+    return s;
+}
+
+std::vector<std::byte> from_hex(std::string_view s) {
+    auto val = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    std::vector<std::byte> out(s.size() / 2);
+    for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = std::byte(uint8_t(val(s[2 * i]) << 4 | val(s[2 * i + 1])));
+    return out;
+}
+
+bool valid_list(std::string_view s, std::string_view extra) {
+    if (s.empty()) return false;
+    for (char c : s)
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              extra.find(c) != std::string_view::npos))
+            return false;
+    return true;
+}
+
+/// Parse host:port only if host is a numeric IPv4/IPv6 literal: strings from the wire must
+/// never trigger a (blocking) name lookup.
+Result<SockAddr> parse_numeric(std::string_view s) {
+    std::string host;
+    if (!s.empty() && s.front() == '[') {
+        auto close = s.find(']');
+        if (close == std::string_view::npos)
+            return Error(Errc::address_invalid, fmt::format("'{}': missing ']'", s));
+        host = std::string(s.substr(1, close - 1));
+        in6_addr a6;
+        if (inet_pton(AF_INET6, host.c_str(), &a6) != 1)
+            return Error(Errc::address_invalid, fmt::format("'{}': not an IPv6 literal", s));
+    } else {
+        host = std::string(s.substr(0, s.rfind(':')));
+        in_addr a4;
+        if (inet_pton(AF_INET, host.c_str(), &a4) != 1)
+            return Error(Errc::address_invalid, fmt::format("'{}': not an IPv4 literal", s));
+    }
+    return parse_host_port(s, false);
+}
+
+bool is_wildcard(const SockAddr& sa) {
+    if (sa.family() == AF_INET)
+        return reinterpret_cast<const sockaddr_in*>(&sa.storage)->sin_addr.s_addr ==
+               htonl(INADDR_ANY);
+    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&sa.storage)->sin6_addr);
+}
+
+void conn_request_cb(ucp_conn_request_h req, void* arg) {
+    static_cast<UcxTransport*>(arg)->on_conn_request(req);
+}
+
+void ep_error_cb(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* e = static_cast<Ep*>(arg);
+    e->t->on_ep_error(e, status);
+}
+
+ucs_status_t am_cb(void* arg, const void* header, size_t header_len, void* data, size_t len,
+                   const ucp_am_recv_param_t* param) {
+    return static_cast<UcxTransport*>(arg)->on_am(header, header_len, data, len, param);
+}
+
+/// Completion of a hello send: nothing waits for it.
+void hello_sent_cb(void* req, ucs_status_t, void*) {
+    ucp_request_free(req);
+}
+
+}  // namespace
+
+std::optional<std::size_t> live_addrs(Transport& t) {
+    auto* u = dynamic_cast<UcxTransport*>(&t);
+    if (!u) return std::nullopt;
+    return u->live_addrs();
+}
+
+Errc errc_of(ucs_status_t st) noexcept {
+    switch (st) {
+        case UCS_OK:
+            return Errc::ok;
+        case UCS_ERR_CANCELED:
+            return Errc::canceled;
+        case UCS_ERR_UNREACHABLE:
+        case UCS_ERR_REJECTED:
+        case UCS_ERR_NOT_CONNECTED:
+        case UCS_ERR_INVALID_ADDR:
+        case UCS_ERR_NO_DEVICE:
+            return Errc::unreachable;
+        case UCS_ERR_NO_MEMORY:
+            return Errc::no_memory;
+        case UCS_ERR_MESSAGE_TRUNCATED:
+            return Errc::message_too_large;
+        default:
+            return Errc::disconnected;
+    }
+}
+
+Result<Spec> parse_spec(std::string_view sub, std::string_view rest) {
+    Spec s;
+    if (!valid_list(sub, "_,"))
+        return Error(Errc::address_invalid,
+                     fmt::format("'ucx+{}': the UCX transport list must be names like tcp, sm, "
+                                 "all, rc, ud, dc (comma-separated)",
+                                 sub));
+    s.sub = std::string(sub);
+    // "sm" is UCX's alias for every shared-memory transport (posix, sysv, cma, knem, xpmem);
+    // "self" adds the loopback transport for an endpoint's own worker.
+    if (sub == "sm")
+        s.tls = "sm,self";
+    else
+        s.tls = std::string(sub);
+    std::string_view host = rest;
+    if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+        std::string_view dev = rest.substr(0, slash);
+        host = rest.substr(slash + 1);
+        if (!valid_list(dev, "_:.,-"))
+            return Error(Errc::address_invalid,
+                         fmt::format("'ucx+{}://{}': '{}' is not a UCX device list (e.g. "
+                                     "mlx5_0:1 or eth0,mlx5_1:1)",
+                                     sub, rest, dev));
+        s.devices = std::string(dev);
+    }
+    if (host.find('/') != std::string_view::npos)
+        return Error(Errc::address_invalid,
+                     fmt::format("'ucx+{}://{}': expected [devices/][host[:port]]", sub, rest));
+    if (sub == "sm") {
+        if (!host.empty())
+            return Error(Errc::address_invalid,
+                         fmt::format("'ucx+sm://{}': shared memory has no host or port; use "
+                                     "ucx+sm://",
+                                     rest));
+        s.mode = Mode::worker;
+    } else {
+        s.mode = host.empty() ? Mode::worker : Mode::sockaddr;
+        s.host = std::string(host);
+    }
+    return s;
+}
+
+Error UcxTransport::ucs_error(Errc code, std::string_view call, ucs_status_t st,
+                              std::string_view detail) const {
+    return Error(code, fmt::format("{}: {} failed: {}{}{}", scheme_, call, ucs_status_string(st),
+                                   detail.empty() ? "" : " ", detail));
+}
+
+// --- contexts -----------------------------------------------------------------------------------
+
+UcxContext::UcxContext(UcxTransport* t, uint8_t id, bool thread_safe)
+    : Context(t, id, thread_safe), ut_(t) {
+    block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (block_epfd_ < 0) {
+        TALARIA_LOG(ucx, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
+        return;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = t->progress_fd();
+    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, t->progress_fd(), &ev);
+    ev.data.fd = event_fd();
+    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, event_fd(), &ev);
+}
+
+UcxContext::~UcxContext() {
+    ut_->context_destroyed(id());
+    if (block_epfd_ >= 0) ::close(block_epfd_);
+}
+
+Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id) {
+    if (id >= opts_.max_contexts)
+        return Error(Errc::invalid_argument,
+                     fmt::format("context id {} out of range: this {} transport has "
+                                 "Options::max_contexts = {}",
+                                 id, scheme_, opts_.max_contexts));
+    std::lock_guard g(mu_);
+    if (slots_[id].ctx)
+        return Error(Errc::already_exists, fmt::format("context {} already exists", id));
+    auto ctx = std::make_unique<UcxContext>(this, id, opts_.thread_safe);
+    if (ctx->block_fd() < 0)
+        return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
+    slots_[id].ctx = ctx.get();
+    return std::unique_ptr<Context>(std::move(ctx));
+}
+
+void UcxTransport::context_destroyed(uint8_t id) noexcept {
+    std::lock_guard g(mu_);
+    CtxSlot& s = slots_[id];
+    Context* ctx = s.ctx;
+    s.ctx = nullptr;
+    // The caller should have canceled and drained; release receives still posted on it, and
+    // orphan UCX operations still in flight (their completion then only frees them).
+    while (UcxOp* op = s.posted.pop_front()) {
+        op->state = OpState::idle;
+        op->match_source.reset();
+        op->releaser->release(op);
+    }
+    posted_expected_.for_each_safe([&](UcxOp& op) {
+        if (op.ctx == ctx) {
+            posted_expected_.erase(op);
+            op.state = OpState::idle;
+            op.match_source.reset();
+            op.releaser->release(&op);
+        }
+    });
+    for (UcxOp& op : inflight_)
+        if (op.ctx == ctx) op.ctx = nullptr;
+}
+
+// --- transport lifetime -------------------------------------------------------------------------
+
+UcxTransport::UcxTransport(const Options& o)
+    : addrs_(o.thread_safe),
+      opts_(o),
+      mu_(o.thread_safe),
+      inst_mu_(o.thread_safe),
+      ops_(o.max_ops, o.thread_safe),
+      slots_(o.max_contexts) {}
+
+UcxTransport::~UcxTransport() {
+    {
+        std::lock_guard g(mu_);
+        closing_ = true;
+        if (!inflight_.empty()) {
+            std::string what;
+            for (UcxOp& op : inflight_)
+                what += fmt::format(" {}", op_type_name(op.completion.type));
+            TALARIA_LOG(ucx, debug, "{} closing with UCX operations in flight:{}", scheme_, what);
+        }
+        if (listener_) ucp_listener_destroy(listener_);
+        listener_ = nullptr;
+        if (worker_) say_bye_locked();
+        // Operations still in flight: their callbacks free the UCX requests and release the
+        // ops (closing_), when the endpoints below are force-closed.
+        while (Ep* e = eps_.pop_front()) {
+            closing_eps_.push_back(*e);
+            if (!e->closing) {
+                e->closing = true;
+                if (e->peer && e->peer.as<UcxAddr>()->ep == e) e->peer.as<UcxAddr>()->ep = nullptr;
+                ucp_request_param_t p{};
+                p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+                p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+                ucs_status_ptr_t r = ucp_ep_close_nbx(e->h, &p);
+                e->close_req = UCS_PTR_IS_PTR(r) ? r : nullptr;
+            }
+        }
+        failed_.clear();
+        byes_.clear();
+        last_source_.reset();
+        // Bounded: a forced close completes locally.
+        auto deadline = deadline_after(std::chrono::seconds(2));
+        while (worker_ && !closing_eps_.empty() && !deadline_passed(deadline)) {
+            ucp_worker_progress(worker_);
+            reap_closed_locked();
+        }
+        while (Ep* e = closing_eps_.pop_front()) {
+            if (e->close_req) ucp_request_free(e->close_req);
+            delete e;
+        }
+        for (auto& s : slots_) {
+            s.posted.clear();
+            while (QueuedMsg* m = s.msgs.pop_front())
+                msg_free(m);
+        }
+        posted_expected_.clear();
+        while (QueuedMsg* m = queued_expected_.pop_front())
+            msg_free(m);
+        while (QueuedMsg* m = held_.pop_front())
+            msg_free(m);
+        held_count_ = 0;
+        // Requests UCX never completed: cancel them; an op left over is not ours to touch.
+        while (UcxOp* op = inflight_.pop_front()) {
+            if (op->req && worker_) {
+                ucp_request_cancel(worker_, op->req);
+                ucp_request_free(op->req);
+            }
+            op->req = nullptr;
+        }
+    }
+    self_.reset();
+    if (worker_) ucp_worker_destroy(worker_);
+    if (context_) ucp_cleanup(context_);
+}
+
+Result<void> UcxTransport::init_context() {
+    ucp_config_t* cfg = nullptr;
+    // User UCX_* environment variables still apply underneath (ucp_config_read reads them);
+    // the keys below, which this transport's contract depends on, are always ours.
+    ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_config_read", st);
+    settings_.clear();
+    settings_.emplace_back("TLS", spec_.tls);
+    if (!spec_.devices.empty()) settings_.emplace_back("NET_DEVICES", spec_.devices);
+    // openucx/ucx#8477: without these, UCX 1.13 does not select posix/sysv for endpoints that
+    // ask for peer error handling (every endpoint here does), and ucx+sm would have no
+    // transport at all (or silently use tcp under ucx+all).
+    // (ucp_config_modify hands keys it does not know to every UCT interface's table, without
+    // the per-transport prefix: "MM_" is the table posix and sysv share, so this key sets
+    // UCX_POSIX_ERROR_HANDLING and UCX_SYSV_ERROR_HANDLING both.)
+    if (spec_.tls.find("sm") != std::string::npos || spec_.tls.find("posix") != std::string::npos ||
+        spec_.tls.find("sysv") != std::string::npos || spec_.tls.find("all") != std::string::npos)
+        settings_.emplace_back("MM_ERROR_HANDLING", "y");
+    settings_.emplace_back("KEEPALIVE_INTERVAL", kKeepaliveInterval);
+    for (const auto& [k, v] : settings_) {
+        st = ucp_config_modify(cfg, k.c_str(), v.c_str());
+        if (st != UCS_OK) {
+            ucp_config_release(cfg);
+            return ucs_error(Errc::invalid_argument, fmt::format("ucp_config_modify({}={})", k, v),
+                             st);
+        }
+    }
+    ucp_params_t p{};
+    p.field_mask =
+        UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+    p.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    p.mt_workers_shared = 0;
+    p.name = "talaria";
+    st = ucp_init(&p, cfg, &context_);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        context_ = nullptr;
+        return ucs_error(
+            st == UCS_ERR_NO_DEVICE || st == UCS_ERR_NO_ELEM ? Errc::not_supported : Errc::io_error,
+            "ucp_init", st,
+            fmt::format("(UCX_TLS={}{}{}: is that transport present here? see "
+                        "ucx_info -d)",
+                        spec_.tls,
+                        spec_.devices.empty() ? "" : " UCX_NET_DEVICES=", spec_.devices));
+    }
+    return ok();
+}
+
+Result<void> UcxTransport::init_worker() {
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
+    // Sent with our connection requests: the listener learns which instance an endpoint it
+    // accepts belongs to before the hello comes.
+    wp.client_id = instance_;
+    // Every call into the worker is made under mu_ (or by one thread without thread_safe).
+    wp.thread_mode = opts_.thread_safe ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
+    ucs_status_t st = ucp_worker_create(context_, &wp, &worker_);
+    if (st != UCS_OK) {
+        worker_ = nullptr;
+        return ucs_error(Errc::io_error, "ucp_worker_create", st);
+    }
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = kAmId;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = &am_cb;
+    hp.arg = this;
+    st = ucp_worker_set_am_recv_handler(worker_, &hp);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_set_am_recv_handler", st);
+    st = ucp_worker_get_efd(worker_, &efd_);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_get_efd", st);
+    return ok();
+}
+
+Result<void> UcxTransport::init_listener() {
+    TALARIA_TRY(sa, parse_host_port(spec_.host, true));
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = sa.sa();
+    lp.sockaddr.addrlen = sa.len;
+    lp.conn_handler.cb = &conn_request_cb;
+    lp.conn_handler.arg = this;
+    ucs_status_t st = ucp_listener_create(worker_, &lp, &listener_);
+    if (st != UCS_OK) {
+        listener_ = nullptr;
+        return ucs_error(st == UCS_ERR_BUSY ? Errc::address_in_use : Errc::io_error,
+                         "ucp_listener_create", st,
+                         fmt::format("(on {}{})", sa.to_string(),
+                                     st == UCS_ERR_BUSY ? "; use port 0 to pick a free port" : ""));
+    }
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    st = ucp_listener_query(listener_, &la);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_listener_query", st);
+    SockAddr bound;
+    std::memcpy(&bound.storage, &la.sockaddr, sizeof bound.storage);
+    bound.len = bound.family() == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    // A wildcard bind is advertised as the loopback address (pass an explicit host to be
+    // reachable from other machines), as for tcp.
+    SockAddr adv = bound;
+    if (is_wildcard(bound)) {
+        TALARIA_TRY(lo, parse_host_port(bound.family() == AF_INET ? "127.0.0.1" : "[::1]", true));
+        adv = lo;
+        adv.set_port(bound.port());
+    }
+    Addr self = intern_locked(adv.to_string());
+    self.as<UcxAddr>()->sa = adv;
+    self_ = self;
+    return ok();
+}
+
+Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
+    scheme_ = fmt::format("ucx+{}", sub);
+    TALARIA_TRY(spec, parse_spec(sub, rest));
+    spec_ = std::move(spec);
+    instance_ = random_u64();
+    TALARIA_CHECK(init_context());
+    TALARIA_CHECK(init_worker());
+    std::lock_guard g(mu_);
+    if (spec_.mode == Mode::sockaddr) {
+        if (opts_.listen) {
+            TALARIA_CHECK(init_listener());
+        } else {
+            // A client: validate the host part but do not listen; identify by instance id.
+            TALARIA_CHECK(parse_host_port(spec_.host, true));
+            Addr self = intern_locked(fmt::format("~{:016x}", instance_));
+            self.as<UcxAddr>()->anonymous = true;
+            self_ = self;
+        }
+    } else {
+        ucp_address_t* wa = nullptr;
+        std::size_t wlen = 0;
+        ucs_status_t st = ucp_worker_get_address(worker_, &wa, &wlen);
+        if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_get_address", st);
+        std::string hex = to_hex(wa, wlen);
+        ucp_worker_release_address(worker_, wa);
+        if (hex.size() > kMaxAddrString)
+            return Error(Errc::not_supported,
+                         fmt::format("{}: the packed worker address is {} bytes, more than the "
+                                     "{} an address string may carry (name fewer transports)",
+                                     scheme_, wlen, kMaxAddrString / 2));
+        Addr self = intern_locked(hex);
+        self.as<UcxAddr>()->worker_addr = from_hex(hex);
+        self_ = self;
+    }
+    self_.as<UcxAddr>()->instance = instance_;
+    {
+        std::lock_guard gi(inst_mu_);
+        instances_[instance_] = self_.as<UcxAddr>();
+    }
+    if (spec_.sub == "sm") init_direct_rma();
+    TALARIA_LOG(ucx, debug, "{} open as {} (instance {:016x}, UCX_TLS={}, direct put/get {})",
+                scheme_, self_.as<UcxAddr>()->str, instance_, spec_.tls,
+                direct_rma() ? "on" : "off");
+    return ok();
+}
+
+void UcxTransport::init_direct_rma() noexcept {
+    // ucx+sm peers are on this host by construction (shared memory only). UCX 1.13 selects RMA
+    // lanes only among transports with put_short/put_bcopy/get_bcopy: posix/sysv have them,
+    // but only for memory UCX allocated itself, and cma (zero-copy only) never qualifies; so
+    // ucp_put/get on user memory run as active-message emulation (~1 GB/s). We copy with
+    // process_vm_readv/writev (what cma does) when the peer shares our pid namespace, and say
+    // so in our handles. Probe on ourselves first: seccomp or a policy may forbid it.
+    struct stat sb {};
+    if (::stat("/proc/self/ns/pid", &sb) != 0 || uint32_t(sb.st_ino) == 0) {
+        TALARIA_LOG(ucx, debug, "{}: no pid namespace id ({}): put/get stay with UCX", scheme_,
+                    std::strerror(errno));
+        return;
+    }
+    uint64_t probe_src = 0x5441, probe_dst = 0;
+    std::string why;
+    Errc e = copy_direct(false, uint32_t(::getpid()), &probe_dst,
+                         reinterpret_cast<uintptr_t>(&probe_src), sizeof probe_src, why);
+    if (e != Errc::ok || probe_dst != probe_src) {
+        TALARIA_LOG(ucx, info,
+                    "{}: process_vm_readv is not usable here ({}): put/get stay with UCX", scheme_,
+                    why);
+        return;
+    }
+    pid_ = uint32_t(::getpid());
+    pidns_ = uint32_t(sb.st_ino);
+}
+
+// --- addresses ----------------------------------------------------------------------------------
+
+UcxAddr::UcxAddr(UcxTransport* t, std::string s, std::string k)
+    : AddrImpl(t), str(std::move(s)), key(std::move(k)), ut_(t) {}
+
+UcxAddr::~UcxAddr() {
+    // No transport lock here (we may be running under it): only leaf locks.
+    ut_->addr_destroyed(this);
+}
+
+void UcxTransport::addr_destroyed(UcxAddr* a) noexcept {
+    if (a->instance != 0) {
+        std::lock_guard g(inst_mu_);
+        auto it = instances_.find(a->instance);
+        if (it != instances_.end() && it->second == a) instances_.erase(it);
+    }
+    addrs_.remove(a->key, a);
+}
+
+Addr UcxTransport::intern_locked(const std::string& key) {
+    if (Addr a = addrs_.find(key)) return a;
+    auto* a = new UcxAddr(this, fmt::format("{}://{}", scheme_, key), key);
+    Addr out(a);
+    addrs_.add(key, a);
+    return out;
+}
+
+Result<Addr> UcxTransport::lookup_locked(std::string_view address, bool from_wire) {
+    // Any ucx+<transports>:// scheme names the same peer: what differs is only which UCX
+    // transports each side enabled.
+    std::string_view rest = address;
+    if (auto p = address.find("://"); p != std::string_view::npos) {
+        std::string_view scheme = address.substr(0, p);
+        if (scheme == "tcp" || scheme == "sm" || scheme == "inproc" || scheme.starts_with("ofi+"))
+            return Error(Errc::unreachable,
+                         fmt::format("'{}' is an address of the {} transport, which a {} "
+                                     "transport cannot reach",
+                                     address, scheme, scheme_));
+        if (!address.starts_with("ucx+") || p <= 4)
+            return Error(
+                Errc::address_invalid,
+                fmt::format("'{}' is not a ucx address (expected {}://{})", address, scheme_,
+                            spec_.mode == Mode::worker ? "<worker address hex>" : "host:port"));
+        rest = address.substr(p + 3);
+    } else if (address.empty()) {
+        return Error(Errc::address_invalid, "empty ucx address");
+    }
+    if (spec_.mode == Mode::worker) {
+        if (rest.size() > kMaxAddrString || !is_hex(rest))
+            return Error(Errc::address_invalid,
+                         fmt::format("'{}': a {} address is the packed UCP worker address in "
+                                     "lower-case hex (up to {} characters), as addr_to_string "
+                                     "of the peer's addr_self() gives it",
+                                     address.substr(0, 100), scheme_, kMaxAddrString));
+        std::string key(rest);
+        if (Addr a = addrs_.find(key)) return a;
+        Addr out = intern_locked(key);
+        out.as<UcxAddr>()->worker_addr = from_hex(key);
+        return out;
+    }
+    std::string key(rest);
+    if (Addr a = addrs_.find(key)) return a;
+    if (!rest.empty() && rest.front() == '~')
+        return Error(Errc::unreachable,
+                     fmt::format("'{}' names a client that does not listen and is not connected "
+                                 "to this endpoint",
+                                 address));
+    Result<SockAddr> sa = from_wire ? parse_numeric(rest) : parse_host_port(rest, false);
+    if (!sa) return std::move(sa).error();
+    if (sa->port() == 0)
+        return Error(Errc::address_invalid,
+                     fmt::format("'{}' has port 0, which names no peer (use the address the peer "
+                                 "reports with addr_to_string(addr_self()))",
+                                 address));
+    Addr out = intern_locked(sa->to_string());
+    out.as<UcxAddr>()->sa = *sa;
+    return out;
+}
+
+Result<Addr> UcxTransport::addr_lookup(std::string_view address) {
+    std::lock_guard g(mu_);
+    return lookup_locked(address, false);
+}
+
+std::string UcxTransport::addr_to_string(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    return a.as<UcxAddr>()->str;
+}
+
+std::size_t UcxTransport::addr_serialize_size(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return 0;
+    return 2 + a.as<UcxAddr>()->str.size();
+}
+
+Result<std::size_t> UcxTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
+    if (!a || a.impl()->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("addr_serialize: not an address of this {} transport", scheme_));
+    const std::string& s = a.as<UcxAddr>()->str;
+    if (out.size() < 2 + s.size())
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("addr_serialize: needs {} bytes, buffer has {}", 2 + s.size(), out.size()));
+    detail::store_le(out.data(), s.size(), 2);
+    std::memcpy(out.data() + 2, s.data(), s.size());
+    return 2 + s.size();
+}
+
+Result<Addr> UcxTransport::addr_deserialize(std::span<const std::byte> in) {
+    TALARIA_TRY(s, decode_addr_blob(in));
+    std::lock_guard g(mu_);
+    return lookup_locked(s, true);
+}
+
+// --- endpoints ----------------------------------------------------------------------------------
+
+Result<Ep*> UcxTransport::ep_create_locked(const ucp_ep_params_t& params_in, bool outgoing,
+                                           const std::string& who) {
+    auto* e = new Ep;
+    e->t = this;
+    e->serial = ++ep_serial_;
+    e->outgoing = outgoing;
+    ucp_ep_params_t params = params_in;
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &ep_error_cb;
+    params.err_handler.arg = e;
+    ucs_status_t st = ucp_ep_create(worker_, &params, &e->h);
+    if (st != UCS_OK) {
+        delete e;
+        return ucs_error(errc_of(st) == Errc::disconnected ? Errc::unreachable : errc_of(st),
+                         "ucp_ep_create", st, fmt::format("(to {})", who));
+    }
+    e->created = Clock::now();
+    eps_.push_back(*e);
+    return e;
+}
+
+void UcxTransport::send_hello_locked(Ep* e) {
+    const std::string& me = self_.as<UcxAddr>()->str;
+    MsgHeader h;
+    h.kind = MsgKind::hello;
+    h.instance = instance_;
+    encode_msg_header(h, e->hello_hdr);
+    e->hello.resize(hello_size(me));
+    encode_hello(me, e->hello.data());
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = &hello_sent_cb;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, e->hello_hdr, kMsgHeaderSize, e->hello.data(),
+                                         e->hello.size(), &p);
+    if (UCS_PTR_IS_ERR(r))
+        TALARIA_LOG(ucx, debug, "hello to {} failed: {}",
+                    e->peer ? e->peer.as<UcxAddr>()->str : std::string("a new peer"),
+                    ucs_status_string(UCS_PTR_STATUS(r)));
+}
+
+Result<Ep*> UcxTransport::ep_for_locked(UcxAddr* peer) {
+    if (peer->dead) [[unlikely]]
+        return Error(peer->dead_status, peer->dead_why);
+    if (peer->ep) [[likely]]
+        return peer->ep;
+    if (peer->anonymous)
+        return Error(Errc::disconnected,
+                     fmt::format("{} is a client that does not listen, and its endpoint to us is "
+                                 "closed",
+                                 peer->str));
+    ucp_ep_params_t params{};
+    if (spec_.mode == Mode::sockaddr) {
+        params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+        params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
+        params.sockaddr.addr = peer->sa.sa();
+        params.sockaddr.addrlen = peer->sa.len;
+    } else {
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.address = reinterpret_cast<const ucp_address_t*>(peer->worker_addr.data());
+    }
+    TALARIA_TRY(e, ep_create_locked(params, true, peer->str));
+    e->peer = Addr(peer);
+    peer->ep = e;
+    send_hello_locked(e);
+    TALARIA_LOG(ucx, debug, "endpoint to {}", peer->str);
+    return e;
+}
+
+void UcxTransport::on_conn_request(ucp_conn_request_h req) {
+    // From ucp_worker_progress, under mu_.
+    if (closing_) {
+        ucp_listener_reject(listener_, req);
+        return;
+    }
+    ucp_conn_request_attr_t ca{};
+    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
+    uint64_t client_id = ucp_conn_request_query(req, &ca) == UCS_OK ? ca.client_id : 0;
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    params.conn_request = req;
+    auto e = ep_create_locked(params, false, "a connecting peer");
+    if (!e) {
+        TALARIA_LOG(ucx, warn, "accepting a connection failed: {}", e.error().describe());
+        return;
+    }
+    (*e)->client_id = client_id;
+    send_hello_locked(*e);
+    TALARIA_LOG(ucx, debug, "accepted an endpoint");
+}
+
+void UcxTransport::close_ep_locked(Ep* e) {
+    if (e->closing) return;
+    e->closing = true;
+    if (e->peer) {
+        auto* pa = e->peer.as<UcxAddr>();
+        if (pa->ep == e) {
+            pa->ep = nullptr;
+            // Another endpoint to the same peer can take over.
+            for (Ep& o : eps_)
+                if (&o != e && !o.closing && !o.failed && o.peer == e->peer) pa->ep = &o;
+        }
+    }
+    eps_.erase(*e);
+    closing_eps_.push_back(*e);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(e->h, &p);
+    e->close_req = UCS_PTR_IS_PTR(r) ? r : nullptr;
+}
+
+void UcxTransport::reap_closed_locked() {
+    closing_eps_.for_each_safe([&](Ep& e) {
+        if (e.close_req) {
+            if (ucp_request_check_status(e.close_req) == UCS_INPROGRESS) return;
+            ucp_request_free(e.close_req);
+            e.close_req = nullptr;
+        }
+        closing_eps_.erase(e);
+        delete &e;  // drops its peer reference
+    });
+}
+
+std::string UcxTransport::ep_info(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    std::lock_guard g(mu_);
+    Ep* e = a.as<UcxAddr>()->ep;
+    if (!e) return {};
+    char* buf = nullptr;
+    std::size_t len = 0;
+    FILE* f = ::open_memstream(&buf, &len);
+    if (!f) return {};
+    ucp_ep_print_info(e->h, f);
+    std::fclose(f);
+    std::string s(buf, len);
+    std::free(buf);
+    return s;
+}
+
+// --- memory -------------------------------------------------------------------------------------
+
+UcxMem::UcxMem(UcxTransport* t, uint64_t base, uint64_t length, Access access, bool local)
+    : MemImpl(t, base, length, access, local), ut(t) {}
+
+UcxMem::~UcxMem() {
+    ut->mem_release(this);
+}
+
+void UcxTransport::mem_release(UcxMem* m) noexcept {
+    std::lock_guard g(mu_);
+    if (m->rkey_h) ucp_rkey_destroy(m->rkey_h);
+    m->rkey_h = nullptr;
+    if (m->memh) ucp_mem_unmap(context_, m->memh);
+    m->memh = nullptr;
+    m->owner_addr.reset();
+}
+
+Result<MemHandle> UcxTransport::mem_register(void* buf, std::size_t len, Access access) {
+    if (!buf && len > 0)
+        return Error(Errc::invalid_argument, "mem_register: null buffer with a nonzero length");
+    if (access != Access::read_only && access != Access::write_only && access != Access::read_write)
+        return Error(Errc::invalid_argument,
+                     fmt::format("mem_register: invalid access mode {}", int(access)));
+    auto m = std::make_unique<UcxMem>(this, reinterpret_cast<uintptr_t>(buf), len, access, true);
+    if (len == 0) return MemHandle(std::move(m));  // nothing to map: no rkey, no put/get bytes
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_PROT;
+    mp.address = buf;
+    mp.length = len;
+    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
+    if (uint8_t(access) & uint8_t(Access::read_only)) mp.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
+    if (uint8_t(access) & uint8_t(Access::write_only)) mp.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
+    std::lock_guard g(mu_);
+    ucs_status_t st = ucp_mem_map(context_, &mp, &m->memh);
+    if (st != UCS_OK) {
+        m->memh = nullptr;
+        return ucs_error(Errc::io_error, "ucp_mem_map", st, fmt::format("({} bytes)", len));
+    }
+    void* packed = nullptr;
+    std::size_t packed_len = 0;
+    st = ucp_rkey_pack(context_, m->memh, &packed, &packed_len);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_rkey_pack", st);
+    if (packed_len == 0 || packed_len > kMaxRkeySize) {
+        ucp_rkey_buffer_release(packed);
+        return Error(Errc::not_supported,
+                     fmt::format("{}: packed remote key of {} bytes (limit {})", scheme_,
+                                 packed_len, kMaxRkeySize));
+    }
+    auto* pb = static_cast<const std::byte*>(packed);
+    m->rkey.assign(pb, pb + packed_len);
+    ucp_rkey_buffer_release(packed);
+    return MemHandle(std::move(m));
+}
+
+std::size_t UcxTransport::mem_serialize_size(const MemHandle& h) {
+    if (!h || h->transport() != this) return 0;
+    auto* m = h.as<UcxMem>();
+    return mem_blob_size(m->rkey.size(),
+                         m->local() ? self_.as<UcxAddr>()->str.size() : m->owner.size());
+}
+
+Result<std::size_t> UcxTransport::mem_serialize(const MemHandle& h, std::span<std::byte> out) {
+    if (!h || h->transport() != this)
+        return Error(Errc::invalid_argument,
+                     fmt::format("mem_serialize: not a handle of this {} transport", scheme_));
+    auto* m = h.as<UcxMem>();
+    MemBlob b;
+    b.base = m->base();
+    b.length = m->length();
+    b.access = uint8_t(m->access());
+    b.rkey = m->rkey;
+    b.owner = m->local() ? std::string_view(self_.as<UcxAddr>()->str) : m->owner;
+    b.pid = m->local() ? pid_ : m->pid;
+    b.pidns = m->local() ? pidns_ : m->pidns;
+    if (b.pid == 0) b.pidns = 0;
+    std::size_t need = mem_blob_size(b.rkey.size(), b.owner.size());
+    if (out.size() < need)
+        return Error(Errc::invalid_argument,
+                     fmt::format("mem_serialize: needs {} bytes, buffer has {}", need, out.size()));
+    encode_mem_blob(b, out.data());
+    return need;
+}
+
+Result<MemHandle> UcxTransport::mem_deserialize(std::span<const std::byte> in) {
+    TALARIA_TRY(b, decode_mem_blob(in));
+    std::lock_guard g(mu_);
+    // The owner must be a well-formed peer address of this transport (put/get go there). An
+    // anonymous client's name that is not connected to us is kept unresolved.
+    auto owner = lookup_locked(b.owner, true);
+    if (!owner && owner.code() != Errc::unreachable) return std::move(owner).error();
+    auto m = std::make_unique<UcxMem>(this, b.base, b.length, Access(b.access), false);
+    m->rkey.assign(b.rkey.begin(), b.rkey.end());
+    m->owner = std::string(b.owner);
+    if (owner) m->owner_addr = *owner;
+    // Direct copies only between ucx+sm transports in one pid namespace.
+    if (pidns_ != 0 && b.pidns == pidns_) {
+        m->pid = b.pid;
+        m->pidns = b.pidns;
+    }
+    return MemHandle(std::move(m));
+}
+
+QueuedMsg* UcxTransport::msg_alloc() {
+    if (free_msgs_.empty()) {
+        msgs_.push_back(std::make_unique<QueuedMsg>());
+        free_msgs_.push_back(msgs_.back().get());
+    }
+    QueuedMsg* m = free_msgs_.back();
+    free_msgs_.pop_back();
+    return m;
+}
+
+void UcxTransport::msg_free(QueuedMsg* m) noexcept {
+    m->source.reset();
+    free_msgs_.push_back(m);
+}
+
+}  // namespace ucx
+}  // namespace talaria::na

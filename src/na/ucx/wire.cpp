@@ -1,0 +1,148 @@
+// ucx transport wire format: the decoders of bytes from peers, all bounds-checked.
+#include "na/ucx/wire.hpp"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace talaria::na::ucx {
+
+using detail::load_le;
+using detail::store_le;
+
+Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
+    if (in.size() != kMsgHeaderSize)
+        return Error(Errc::protocol_error, fmt::format("ucx message header of {} bytes (expected "
+                                                       "{})",
+                                                       in.size(), kMsgHeaderSize));
+    const std::byte* p = in.data();
+    if (uint8_t(p[0]) != kWireVersion)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx message header version {} (expected {})", uint8_t(p[0]),
+                                 kWireVersion));
+    uint8_t kind = uint8_t(p[1]);
+    if (kind < uint8_t(MsgKind::hello) || kind > uint8_t(MsgKind::bye))
+        return Error(Errc::protocol_error, fmt::format("ucx message kind {} is unknown", kind));
+    if (p[3] != std::byte{0})
+        return Error(Errc::protocol_error, "ucx message header: reserved byte is not zero");
+    MsgHeader h;
+    h.kind = MsgKind(kind);
+    h.context_id = uint8_t(p[2]);
+    h.tag = uint32_t(load_le(p + 4, 4));
+    h.instance = load_le(p + 8, 8);
+    if (h.instance == 0) return Error(Errc::protocol_error, "ucx message header: instance 0");
+    h.seq = uint32_t(load_le(p + 16, 4));
+    if (load_le(p + 20, 4) != 0)
+        return Error(Errc::protocol_error, "ucx message header: reserved bytes are not zero");
+    return h;
+}
+
+void encode_hello(std::string_view address, std::byte* out) noexcept {
+    store_le(out, address.size(), 2);
+    if (!address.empty()) std::memcpy(out + 2, address.data(), address.size());
+}
+
+Result<std::string_view> decode_hello(std::span<const std::byte> in) {
+    if (in.size() < 2)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx hello payload of {} bytes is shorter than 2", in.size()));
+    std::size_t len = load_le(in.data(), 2);
+    if (len == 0 || len > kMaxAddrString || len != in.size() - 2)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx hello address length {} does not match its {}-byte payload "
+                                 "(or exceeds {})",
+                                 len, in.size(), kMaxAddrString));
+    return std::string_view(reinterpret_cast<const char*>(in.data()) + 2, len);
+}
+
+Result<std::string_view> decode_addr_blob(std::span<const std::byte> in) {
+    if (in.size() < 2)
+        return Error(Errc::address_invalid, "serialized ucx address shorter than 2 bytes");
+    std::size_t len = load_le(in.data(), 2);
+    if (len == 0 || len > kMaxAddrString || in.size() < 2 + len)
+        return Error(
+            Errc::address_invalid,
+            fmt::format("serialized ucx address length {} invalid for {} bytes", len, in.size()));
+    return std::string_view(reinterpret_cast<const char*>(in.data()) + 2, len);
+}
+
+void encode_mem_blob(const MemBlob& m, std::byte* out) noexcept {
+    store_le(out, kMemMagic, 4);
+    out[4] = std::byte(kMemVersion);
+    out[5] = std::byte(m.access);
+    store_le(out + 6, 0, 2);
+    store_le(out + 8, m.base, 8);
+    store_le(out + 16, m.length, 8);
+    store_le(out + 24, m.rkey.size(), 4);
+    store_le(out + 28, m.owner.size(), 4);
+    store_le(out + 32, m.pid, 4);
+    store_le(out + 36, m.pidns, 4);
+    if (!m.rkey.empty()) std::memcpy(out + kMemBlobFixedSize, m.rkey.data(), m.rkey.size());
+    if (!m.owner.empty())
+        std::memcpy(out + kMemBlobFixedSize + m.rkey.size(), m.owner.data(), m.owner.size());
+}
+
+Result<MemBlob> decode_mem_blob(std::span<const std::byte> in) {
+    if (in.size() < kMemBlobFixedSize)
+        return Error(Errc::invalid_argument,
+                     fmt::format("serialized ucx memory handle of {} bytes is shorter than {}",
+                                 in.size(), kMemBlobFixedSize));
+    const std::byte* p = in.data();
+    if (load_le(p, 4) != kMemMagic)
+        return Error(Errc::invalid_argument,
+                     "not a serialized ucx memory handle (bad magic): was it made by another "
+                     "transport?");
+    if (uint8_t(p[4]) != kMemVersion)
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle version {} not supported (expected {})",
+                                 uint8_t(p[4]), kMemVersion));
+    MemBlob m;
+    m.access = uint8_t(p[5]);
+    if (m.access < 1 || m.access > 3)
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle access mode {} is invalid", m.access));
+    if (load_le(p + 6, 2) != 0)
+        return Error(Errc::invalid_argument, "ucx memory handle: reserved bytes are not zero");
+    m.base = load_le(p + 8, 8);
+    m.length = load_le(p + 16, 8);
+    uint64_t rkey_len = load_le(p + 24, 4);
+    uint64_t owner_len = load_le(p + 28, 4);
+    m.pid = uint32_t(load_le(p + 32, 4));
+    m.pidns = uint32_t(load_le(p + 36, 4));
+    if ((m.pid == 0) != (m.pidns == 0) || m.pid > 0x7fffffffu)
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle owner process {} in pid namespace {} is "
+                                 "invalid",
+                                 m.pid, m.pidns));
+    if (m.base + m.length < m.base)
+        return Error(Errc::invalid_argument,
+                     "ucx memory handle region wraps around the address space");
+    if (rkey_len > kMaxRkeySize)
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle remote key of {} bytes exceeds {}", rkey_len,
+                                 kMaxRkeySize));
+    if ((rkey_len == 0) != (m.length == 0))
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle of {} bytes with a {}-byte remote key",
+                                 m.length, rkey_len));
+    if (owner_len == 0 || owner_len > kMaxAddrString)
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle owner string of {} bytes", owner_len));
+    if (in.size() - kMemBlobFixedSize < rkey_len + owner_len)
+        return Error(Errc::invalid_argument,
+                     fmt::format("ucx memory handle needs {} bytes, has {}",
+                                 kMemBlobFixedSize + rkey_len + owner_len, in.size()));
+    m.rkey = in.subspan(kMemBlobFixedSize, std::size_t(rkey_len));
+    m.owner = std::string_view(reinterpret_cast<const char*>(p) + kMemBlobFixedSize + rkey_len,
+                               std::size_t(owner_len));
+    return m;
+}
+
+bool is_hex(std::string_view s) noexcept {
+    if (s.empty() || s.size() % 2 != 0) return false;
+    for (char c : s)
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    return true;
+}
+
+}  // namespace talaria::na::ucx

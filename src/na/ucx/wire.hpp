@@ -1,0 +1,112 @@
+// The ucx transport's wire format (docs/protocol.md (ucx)): the 24-byte header every active
+// message carries, the hello payload, the serialized address and the serialized memory handle.
+// Everything here is pure (no UCX, no I/O, no allocation) so that fuzz/fuzz_ucx_wire.cpp can
+// drive the decoders with arbitrary bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "talaria/util/result.hpp"
+
+namespace talaria::na::ucx {
+
+inline constexpr uint8_t kWireVersion = 1;
+/// The one UCP active-message id this transport registers (hello and both message kinds).
+inline constexpr unsigned kAmId = 0x54;
+inline constexpr std::size_t kMsgHeaderSize = 24;
+/// Largest message payload (unexpected and expected): max_*_size() of the transport.
+inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
+/// Longest address string: a hex-packed UCP worker address with shared-memory, tcp and IB
+/// transports is a few hundred bytes to about 2 KiB.
+inline constexpr std::size_t kMaxAddrString = 8192;
+/// Longest packed remote key carried in a memory handle.
+inline constexpr std::size_t kMaxRkeySize = 4096;
+
+enum class MsgKind : uint8_t {
+    hello = 1,       ///< first message on every endpoint, from each side: who the sender is
+    unexpected = 2,  ///< unexpected message for context `context_id`
+    expected = 3,    ///< expected message, matched on (source, tag)
+    bye = 4,         ///< the sender's transport is closing: fail what waits for it
+};
+
+struct MsgHeader {
+    MsgKind kind = MsgKind::hello;
+    uint8_t context_id = 0;
+    uint32_t tag = 0;
+    uint64_t instance = 0;  ///< the sender's random instance id (its hello maps it to an address)
+    /// Messages and byes (not hellos): position in the sender's stream to this receiver, from 0.
+    /// UCP does not keep active messages in order (it reorders those sent while an endpoint is
+    /// still being wired up), so the receiver restores the order.
+    uint32_t seq = 0;
+};
+
+namespace detail {
+inline void store_le(std::byte* p, uint64_t v, int n) noexcept {
+    for (int i = 0; i < n; ++i)
+        p[i] = std::byte(uint8_t(v >> (8 * i)));
+}
+inline uint64_t load_le(const std::byte* p, int n) noexcept {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i)
+        v |= uint64_t(uint8_t(p[i])) << (8 * i);
+    return v;
+}
+}  // namespace detail
+
+/// Write `h` into out[0..kMsgHeaderSize).
+inline void encode_msg_header(const MsgHeader& h, std::byte* out) noexcept {
+    out[0] = std::byte(kWireVersion);
+    out[1] = std::byte(uint8_t(h.kind));
+    out[2] = std::byte(h.context_id);
+    out[3] = std::byte{0};
+    detail::store_le(out + 4, h.tag, 4);
+    detail::store_le(out + 8, h.instance, 8);
+    detail::store_le(out + 16, h.seq, 4);
+    detail::store_le(out + 20, 0, 4);
+}
+/// Decode and validate an AM header (exactly kMsgHeaderSize bytes): version, kind, reserved
+/// bytes, nonzero instance. protocol_error otherwise.
+Result<MsgHeader> decode_msg_header(std::span<const std::byte> in);
+
+/// Hello payload: u16 address length, then the sender's canonical address string ("ucx+tcp://
+/// 127.0.0.1:5000", "ucx+tcp://~<instance>" for a client that does not listen, "ucx+sm://<hex
+/// worker address>").
+inline std::size_t hello_size(std::string_view address) noexcept {
+    return 2 + address.size();
+}
+void encode_hello(std::string_view address, std::byte* out) noexcept;
+/// The address a hello payload carries (views `in`); protocol_error if malformed or empty.
+Result<std::string_view> decode_hello(std::span<const std::byte> in);
+
+/// Serialized address: u16 length, then the address string (as for tcp).
+Result<std::string_view> decode_addr_blob(std::span<const std::byte> in);
+
+/// Serialized memory handle: what the origin checks locally, the packed UCP remote key, the
+/// owner's address, and (ucx+sm only) the owner's process id and pid namespace, with which an
+/// origin on the same host copies with process_vm_readv/writev (UCX 1.13 runs ucp_put/get on
+/// user memory as active-message emulation over shared memory: see docs/architecture.md).
+struct MemBlob {
+    uint64_t base = 0;
+    uint64_t length = 0;
+    uint8_t access = 0;
+    uint32_t pid = 0;    ///< owner's process id; 0: no direct copy
+    uint32_t pidns = 0;  ///< owner's pid namespace (inode of /proc/self/ns/pid); 0 with pid 0
+    std::span<const std::byte> rkey;  ///< packed rkey (views the input when decoded)
+    std::string_view owner;           ///< owner's address string (views the input when decoded)
+};
+inline constexpr uint32_t kMemMagic = 0x55524c54u;  // "TLRU"
+inline constexpr uint8_t kMemVersion = 2;
+inline constexpr std::size_t kMemBlobFixedSize = 40;
+inline std::size_t mem_blob_size(std::size_t rkey_len, std::size_t owner_len) noexcept {
+    return kMemBlobFixedSize + rkey_len + owner_len;
+}
+void encode_mem_blob(const MemBlob& m, std::byte* out) noexcept;
+Result<MemBlob> decode_mem_blob(std::span<const std::byte> in);
+
+/// True if `s` is a non-empty, even-length string of lower-case hex digits.
+bool is_hex(std::string_view s) noexcept;
+
+}  // namespace talaria::na::ucx

@@ -1,0 +1,536 @@
+// ofi transport tests: provider selection and errors, MR mode handling, messages and put/get
+// over each provider built here, and peer death found by probing (tcp) and by pid (shm).
+#include <rdma/fabric.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "harness.hpp"
+#include "na/ofi/ofi.hpp"
+#include "peer_process.hpp"
+#include "talaria/na/na.hpp"
+
+namespace talaria::na {
+namespace {
+
+using namespace std::chrono_literals;
+using test::alloc_buf;
+using test::progress_until;
+using test::record;
+using test::Recorder;
+
+struct Peer {
+    std::unique_ptr<Transport> t;
+    std::unique_ptr<Context> ctx;
+    [[nodiscard]] std::string self() const { return t->addr_to_string(t->addr_self()); }
+    [[nodiscard]] ofi::OfiTransport& ofi() const { return static_cast<ofi::OfiTransport&>(*t); }
+};
+
+Peer make_peer(std::string_view address, Options o = {}) {
+    Peer p;
+    auto t = open(address, o);
+    EXPECT_TRUE(t) << (t ? "" : t.error().describe());
+    if (!t) return p;
+    p.t = std::move(*t);
+    auto c = p.t->context_create(0);
+    EXPECT_TRUE(c) << (c ? "" : c.error().describe());
+    if (c) p.ctx = std::move(*c);
+    return p;
+}
+
+class OfiProviders : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OfiProviders, SendReceiveBothKindsAndReply) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    EXPECT_EQ(a.t->name(), GetParam().substr(0, GetParam().find(':')));
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b) << to_b.error().describe();
+    MsgBuffer sb = alloc_buf(*a.t, 100), rb = alloc_buf(*b.t, 100);
+    std::memset(sb.data(), 0x5a, 100);
+    Recorder rr, sr;
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(rr), rb));
+    auto s = a.t->post_send_unexpected(*a.ctx, record(sr), sb, 100, *to_b, 0, 77);
+    ASSERT_TRUE(s) << s.error().describe();
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return rr.done() && sr.done(); }));
+    EXPECT_EQ(sr.last.status, Errc::ok);
+    EXPECT_EQ(rr.last.status, Errc::ok);
+    EXPECT_EQ(rr.last.size, 100u);
+    EXPECT_EQ(rr.last.tag, 77u);
+    EXPECT_EQ(b.t->addr_to_string(rr.last.source), a.self());
+    auto src_lookup = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(src_lookup);
+    EXPECT_TRUE(*src_lookup == rr.last.source) << "the source is the interned address";
+    // Reply (expected) to the source, small enough to be injected after the first send.
+    for (int i = 0; i < 3; ++i) {
+        Recorder r2, s2;
+        ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(r2), sb, *to_b, 5 + i));
+        auto e = b.t->post_send_expected(*b.ctx, record(s2), rb, 8, rr.last.source, 0, 5 + i);
+        ASSERT_TRUE(e) << e.error().describe();
+        ASSERT_TRUE(
+            progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r2.done() && s2.done(); }));
+        EXPECT_EQ(r2.last.status, Errc::ok);
+        EXPECT_EQ(r2.last.size, 8u);
+        EXPECT_EQ(s2.last.status, Errc::ok);
+    }
+}
+
+TEST_P(OfiProviders, ForeignBufferIsCopiedThroughARegisteredBounceBuffer) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    std::vector<std::byte> raw(3000);
+    test::fill_pattern(raw, 11);
+    MsgBuffer foreign(nullptr, raw.data(), raw.size(), nullptr);
+    MsgBuffer rb = alloc_buf(*b.t, 4096);
+    Recorder rr, sr;
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(rr), rb));
+    auto s = a.t->post_send_unexpected(*a.ctx, record(sr), foreign, raw.size(), *to_b, 0, 1);
+    ASSERT_TRUE(s) << s.error().describe();
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return rr.done() && sr.done(); }));
+    EXPECT_EQ(sr.last.status, Errc::ok);
+    ASSERT_EQ(rr.last.status, Errc::ok);
+    EXPECT_EQ(rr.last.size, raw.size());
+    EXPECT_FALSE(test::pattern_mismatch(std::span(rb.data(), raw.size()), 11));
+}
+
+TEST_P(OfiProviders, MemoryHandleFollowsTheProvidersMrMode) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    const uint64_t mr_mode = b.ofi().provider().mr_mode;
+    std::vector<std::byte> region(8192), local(8192);
+    test::fill_pattern(region, 3);
+    auto rh = b.t->mem_register(region.data(), region.size(), Access::read_write);
+    ASSERT_TRUE(rh) << rh.error().describe();
+    std::vector<std::byte> blob(b.t->mem_serialize_size(*rh));
+    ASSERT_TRUE(b.t->mem_serialize(*rh, blob));
+    auto m = ofi::decode_mem_blob(blob);
+    ASSERT_TRUE(m) << m.error().describe();
+    // FI_MR_VIRT_ADDR: peers address the region by virtual address; otherwise by offset.
+    EXPECT_EQ((m->flags & ofi::kMemVirtAddr) != 0, (mr_mode & FI_MR_VIRT_ADDR) != 0);
+    EXPECT_EQ(m->base, reinterpret_cast<uintptr_t>(region.data()));
+    EXPECT_EQ(m->owner, b.self());
+    auto remote = a.t->mem_deserialize(blob);
+    ASSERT_TRUE(remote) << remote.error().describe();
+    auto lh = a.t->mem_register(local.data(), local.size(), Access::read_write);
+    ASSERT_TRUE(lh);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    Recorder g;
+    ASSERT_TRUE(a.t->post_get(*a.ctx, record(g), *lh, 100, *remote, 1000, 5000, *to_b));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return g.done(); }));
+    ASSERT_EQ(g.last.status, Errc::ok);
+    EXPECT_EQ(std::memcmp(local.data() + 100, region.data() + 1000, 5000), 0);
+}
+
+TEST_P(OfiProviders, LiveSilentPeerIsProbedAndKept) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer rb = alloc_buf(*a.t, 64), sb = alloc_buf(*b.t, 64);
+    Recorder rr;
+    ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(rr), rb, *to_b, 42));
+    EXPECT_EQ(a.ofi().watched_peers(), 1u) << "a peer with a pending receive is watched";
+    // Over a second of silence: several probes go out; the peer answers none of them itself,
+    // yet stays alive because it is progressed.
+    auto until = Clock::now() + 1200ms;
+    while (Clock::now() < until) {
+        (void)a.ctx->progress(5ms);
+        a.ctx->trigger();
+        (void)b.ctx->progress(0ms);
+        b.ctx->trigger();
+    }
+    EXPECT_FALSE(rr.done()) << "a live peer was declared dead: " << errc_name(rr.last.status);
+    auto to_a = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(to_a);
+    Recorder sr;
+    ASSERT_TRUE(b.t->post_send_expected(*b.ctx, record(sr), sb, 64, *to_a, 0, 42));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return rr.done() && sr.done(); }));
+    EXPECT_EQ(rr.last.status, Errc::ok);
+    EXPECT_EQ(a.ofi().watched_peers(), 0u);
+}
+
+TEST_P(OfiProviders, KilledPeerFailsPendingReceiveAndLaterSends) {
+    Peer a = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx);
+    std::string err;
+    auto peer = test::PeerProcess::spawn(TALARIA_NA_PEER_PATH, GetParam(), &err);
+    ASSERT_TRUE(peer) << err;
+    auto to_p = a.t->addr_lookup(peer->address);
+    ASSERT_TRUE(to_p) << to_p.error().describe();
+    // Talk first (the link is up, and for shm the peer's region is mapped).
+    MsgBuffer sb = alloc_buf(*a.t, 16), rb = alloc_buf(*a.t, 64);
+    Recorder er, es;
+    ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(er), rb, *to_p, test::kPeerEcho));
+    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(es), sb, 16, *to_p, 0, test::kPeerEcho));
+    ASSERT_TRUE(progress_until({a.ctx.get()}, [&] { return er.done() && es.done(); }));
+    ASSERT_EQ(er.last.status, Errc::ok);
+    Recorder rr;
+    ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(rr), rb, *to_p, 99));
+    std::string shm_file;
+    if (GetParam().starts_with("ofi+shm://"))
+        shm_file = "/dev/shm/" + peer->address.substr(std::string("ofi+shm://").size());
+    auto t0 = Clock::now();
+    peer->kill9();
+    ASSERT_TRUE(progress_until(
+        {a.ctx.get()}, [&] { return rr.done(); }, 10s));
+    EXPECT_LT(Clock::now() - t0, 5s);
+    EXPECT_EQ(rr.last.status, Errc::disconnected);
+    EXPECT_EQ(a.ofi().watched_peers(), 0u);
+    // The tagged receive sat in the provider: withdrawn (fi_cancel) and completed exactly once.
+    test::progress_for({a.ctx.get()}, 50ms);
+    EXPECT_EQ(rr.count, 1);
+    Recorder s2;
+    auto r = a.t->post_send_unexpected(*a.ctx, record(s2), sb, 16, *to_p, 0, test::kPeerEcho);
+    ASSERT_TRUE(r);
+    ASSERT_TRUE(progress_until(
+        {a.ctx.get()}, [&] { return s2.done(); }, 2s));
+    EXPECT_EQ(s2.last.status, Errc::disconnected);
+    // A new lookup of the name makes a new address (a restarted peer would get a fresh start).
+    auto again = a.t->addr_lookup(peer->address);
+    ASSERT_TRUE(again);
+    EXPECT_FALSE(*again == *to_p);
+    if (!shm_file.empty()) {
+        struct stat st;
+        EXPECT_NE(::stat(shm_file.c_str(), &st), 0)
+            << "the killed shm peer's region " << shm_file << " was not removed";
+    }
+}
+
+TEST_P(OfiProviders, SendToNobodyFailsPromptly) {
+    Peer a = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx);
+    std::string nobody;
+    if (GetParam().starts_with("ofi+shm")) {
+        nobody = fmt::format("ofi+shm://nobody-{}-00000000", ::getpid() + 1000000);
+    } else {
+        // A port that was free a moment ago.
+        auto probe = open("ofi+tcp://127.0.0.1:0");
+        ASSERT_TRUE(probe);
+        nobody = (*probe)->addr_to_string((*probe)->addr_self());
+    }
+    auto to = a.t->addr_lookup(nobody);
+    ASSERT_TRUE(to) << to.error().describe();
+    MsgBuffer sb = alloc_buf(*a.t, 16);
+    Recorder sr;
+    auto t0 = Clock::now();
+    auto r = a.t->post_send_unexpected(*a.ctx, record(sr), sb, 16, *to, 0, 1);
+    if (r) {
+        ASSERT_TRUE(progress_until(
+            {a.ctx.get()}, [&] { return sr.done(); }, 10s));
+        EXPECT_TRUE(sr.last.status == Errc::unreachable || sr.last.status == Errc::disconnected)
+            << errc_name(sr.last.status);
+    } else {
+        EXPECT_TRUE(r.code() == Errc::unreachable || r.code() == Errc::disconnected)
+            << r.error().describe();
+    }
+    EXPECT_LT(Clock::now() - t0, 5s);
+}
+
+TEST(OfiShm, SendToAClosedEndpointOfThisProcessFails) {
+    Peer a = make_peer("ofi+shm://"), b = make_peer("ofi+shm://");
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer sb = alloc_buf(*a.t, 16);
+    Recorder s1;
+    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(s1), sb, 16, *to_b, 0, 1));
+    ASSERT_TRUE(progress_until({a.ctx.get()}, [&] { return s1.done(); }));
+    b.ctx.reset();
+    b.t.reset();
+    Recorder s2;
+    auto r = a.t->post_send_unexpected(*a.ctx, record(s2), sb, 16, *to_b, 0, 1);
+    ASSERT_TRUE(r);
+    ASSERT_TRUE(progress_until({a.ctx.get()}, [&] { return s2.done(); }));
+    EXPECT_EQ(s2.last.status, Errc::disconnected);
+}
+
+// --- expected messages as tagged messages (FI_TAGGED | FI_DIRECTED_RECV) ---------------------
+
+TEST_P(OfiProviders, BothProvidersOfferTaggedDirectedReceives) {
+    Peer a = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx);
+    // FI_DIRECTED_RECV is a secondary capability: asked for, tcp;ofi_rxm and shm both have it.
+    EXPECT_TRUE(a.ofi().provider().tagged) << a.ofi().provider().prov_name;
+}
+
+TEST_P(OfiProviders, ExpectedMessageLandsInTheUsersBufferWithoutACopy) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    ASSERT_TRUE(b.ofi().provider().tagged);
+    auto to_b = a.t->addr_lookup(b.self());
+    auto to_a = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(to_b && to_a);
+    MsgBuffer sb = alloc_buf(*a.t, 4096), rb = alloc_buf(*b.t, 4096);
+    std::vector<std::byte> raw(4096);  // not from msg_buf_alloc
+    MsgBuffer foreign(nullptr, raw.data(), raw.size(), nullptr);
+    for (MsgBuffer* dst : {&rb, &foreign}) {
+        SCOPED_TRACE(dst == &rb ? "msg_buf_alloc buffer" : "foreign buffer");
+        test::fill_pattern(sb.span().first(3000), 21);
+        std::memset(dst->data(), 0xee, dst->size());
+        const uint64_t before = b.ofi().rx_buffer_messages();
+        Recorder rr, sr;
+        ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(rr), *dst, *to_a, 0xfeedbeef));
+        ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(sr), sb, 3000, *to_b, 0, 0xfeedbeef));
+        ASSERT_TRUE(
+            progress_until({a.ctx.get(), b.ctx.get()}, [&] { return rr.done() && sr.done(); }));
+        EXPECT_EQ(sr.last.status, Errc::ok);
+        ASSERT_EQ(rr.last.status, Errc::ok);
+        EXPECT_EQ(rr.count, 1);
+        EXPECT_EQ(rr.last.size, 3000u);
+        EXPECT_EQ(rr.last.tag, 0xfeedbeefu);
+        EXPECT_TRUE(rr.last.source == *to_a);
+        EXPECT_FALSE(test::pattern_mismatch(std::span(dst->data(), 3000), 21));
+        EXPECT_EQ(dst->data()[3000], std::byte{0xee}) << "wrote past the message";
+        EXPECT_EQ(b.ofi().rx_buffer_messages(), before)
+            << "the expected message went through the transport's receive buffers";
+    }
+}
+
+TEST_P(OfiProviders, ExpectedMessageTooLargeIsReportedAndTheNextOneArrives) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    auto to_a = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(to_b && to_a);
+    MsgBuffer sb = alloc_buf(*a.t, 64), small = alloc_buf(*b.t, 16), big = alloc_buf(*b.t, 64);
+    test::fill_pattern(sb.span(), 4);
+    Recorder rr, sr;
+    ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(rr), small, *to_a, 9));
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(sr), sb, 64, *to_b, 0, 9));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return rr.done() && sr.done(); }));
+    EXPECT_EQ(rr.last.status, Errc::message_too_large);
+    EXPECT_EQ(rr.count, 1);
+    EXPECT_TRUE(rr.last.source == *to_a);
+    EXPECT_EQ(rr.last.tag, 9u);
+    Recorder r2, s2;
+    ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(r2), big, *to_a, 9));
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s2), sb, 64, *to_b, 0, 9));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r2.done() && s2.done(); }));
+    EXPECT_EQ(r2.last.status, Errc::ok);
+    EXPECT_EQ(r2.last.size, 64u);
+    EXPECT_FALSE(test::pattern_mismatch(big.span().first(64), 4));
+}
+
+TEST_P(OfiProviders, CanceledTaggedReceiveCompletesOnceAndTakesNothing) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    auto to_a = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(to_b && to_a);
+    MsgBuffer sb = alloc_buf(*a.t, 32), rb = alloc_buf(*b.t, 32), rb2 = alloc_buf(*b.t, 32);
+    Recorder rr;
+    auto id = b.t->post_recv_expected(*b.ctx, record(rr), rb, *to_a, 3);
+    ASSERT_TRUE(id);
+    ASSERT_TRUE(b.t->cancel(*id));
+    ASSERT_TRUE(progress_until({b.ctx.get()}, [&] { return rr.done(); }));
+    EXPECT_EQ(rr.last.status, Errc::canceled);
+    EXPECT_EQ(b.ofi().watched_peers(), 0u);
+    // The provider no longer holds it: the next message with that tag goes to a new receive.
+    test::fill_pattern(sb.span(), 8);
+    Recorder r2, s2;
+    ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(r2), rb2, *to_a, 3));
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s2), sb, 32, *to_b, 0, 3));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r2.done() && s2.done(); }));
+    EXPECT_EQ(r2.last.status, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(rb2.span(), 8));
+    test::progress_for({a.ctx.get(), b.ctx.get()}, 50ms);
+    EXPECT_EQ(rr.count, 1) << "the canceled receive completed twice";
+    EXPECT_EQ(r2.count, 1);
+}
+
+TEST_P(OfiProviders, ExpectedMessagesBeforeAndAfterTheReceiveFromAPeerThatCalledFirst) {
+    // A calls B (unexpected) before B ever heard of A: B inserts A into its AV on that first
+    // message. Then B posts an expected receive from A before A sends, A sends one more before
+    // B posts its receive (the provider must queue it), and B replies expected.
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer sa = alloc_buf(*a.t, 64), ra = alloc_buf(*a.t, 64);
+    MsgBuffer sb = alloc_buf(*b.t, 64), rb = alloc_buf(*b.t, 64), rb2 = alloc_buf(*b.t, 64);
+    Recorder ur, us;
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(ur), rb));
+    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(us), sa, 10, *to_b, 0, 1));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return ur.done() && us.done(); }));
+    ASSERT_EQ(ur.last.status, Errc::ok);
+    Addr a_at_b = ur.last.source;
+    // Receive posted first.
+    Recorder r1, s1;
+    ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(r1), rb, a_at_b, 100));
+    test::fill_pattern(sa.span(), 1);
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s1), sa, 64, *to_b, 0, 100));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r1.done() && s1.done(); }));
+    ASSERT_EQ(r1.last.status, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(rb.span(), 1));
+    // Message first: it arrives and waits in the provider until the receive is posted.
+    Recorder s2;
+    test::fill_pattern(sa.span(), 2);
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s2), sa, 64, *to_b, 0, 101));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return s2.done(); }));
+    test::progress_for({a.ctx.get(), b.ctx.get()}, 30ms);
+    Recorder r2;
+    ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(r2), rb2, a_at_b, 101));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r2.done(); }));
+    ASSERT_EQ(r2.last.status, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(rb2.span(), 2));
+    // The reply, B -> A.
+    Recorder r3, s3;
+    ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(r3), ra, *to_b, 102));
+    ASSERT_TRUE(b.t->post_send_expected(*b.ctx, record(s3), sb, 20, a_at_b, 0, 102));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r3.done() && s3.done(); }));
+    EXPECT_EQ(r3.last.status, Errc::ok);
+    EXPECT_EQ(r3.last.size, 20u);
+}
+
+TEST_P(OfiProviders, ExpectedMessageFromAPeerLookedUpOnlyAfterItArrived) {
+    // A sends an expected message to B, which has never heard of A; B looks A up (and inserts
+    // it into its AV) only after the message arrived, then posts the receive.
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer sa = alloc_buf(*a.t, 64), rb = alloc_buf(*b.t, 64);
+    test::fill_pattern(sa.span(), 6);
+    Recorder s1;
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s1), sa, 64, *to_b, 0, 7));
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return s1.done(); }));
+    ASSERT_EQ(s1.last.status, Errc::ok);
+    test::progress_for({a.ctx.get(), b.ctx.get()}, 30ms);
+    auto to_a = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(to_a);
+    Recorder r1;
+    ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(r1), rb, *to_a, 7));
+    ASSERT_TRUE(progress_until(
+        {a.ctx.get(), b.ctx.get()}, [&] { return r1.done(); }, 3s));
+    EXPECT_EQ(r1.last.status, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(rb.span(), 6));
+}
+
+INSTANTIATE_TEST_SUITE_P(ofi, OfiProviders,
+                         ::testing::Values("ofi+tcp://127.0.0.1:0", "ofi+shm://"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                             return std::string(p.param.find("tcp") != std::string::npos ? "tcp"
+                                                                                         : "shm");
+                         });
+
+// --- opening: provider names, capabilities, address strings -----------------------------------
+
+TEST(OfiOpen, NameIsTheSchemeAndTcpMeansRxm) {
+    auto t = open("ofi+tcp://127.0.0.1:0");
+    ASSERT_TRUE(t) << t.error().describe();
+    EXPECT_EQ((*t)->name(), "ofi+tcp");
+    auto& o = static_cast<ofi::OfiTransport&>(**t);
+    EXPECT_EQ(o.provider().prov_name, "tcp;ofi_rxm");
+    EXPECT_TRUE(o.provider().wait_fd);
+    EXPECT_TRUE((*t)->addr_to_string((*t)->addr_self()).starts_with("ofi+tcp://127.0.0.1:"));
+    auto s = open("ofi+shm://");
+    ASSERT_TRUE(s) << s.error().describe();
+    EXPECT_EQ((*s)->name(), "ofi+shm");
+    // shm names carry the pid (peers watch it) and have no wait fd here (poll-sleep).
+    EXPECT_NE((*s)->addr_to_string((*s)->addr_self()).find(fmt::format("-{}-", ::getpid())),
+              std::string::npos);
+    EXPECT_FALSE(static_cast<ofi::OfiTransport&>(**s).provider().wait_fd);
+}
+
+TEST(OfiOpen, UnknownProviderIsNamed) {
+    auto t = open("ofi+nosuchprov://");
+    ASSERT_FALSE(t);
+    EXPECT_EQ(t.error().code(), Errc::not_supported);
+    EXPECT_NE(t.error().message().find("nosuchprov"), std::string::npos) << t.error().message();
+}
+
+TEST(OfiOpen, BadProviderSpellingIsAnAddressError) {
+    for (const char* s : {"ofi+TCP://", "ofi+t cp://", "ofi+tcp/x://"}) {
+        auto t = open(s);
+        ASSERT_FALSE(t) << s;
+        EXPECT_EQ(t.error().code(), Errc::address_invalid) << s << ": " << t.error().describe();
+    }
+}
+
+TEST(OfiOpen, ProviderWithoutReliableDatagramsIsExplained) {
+    // psm2 is compiled into this libfabric but has no device here: no RDM endpoint, named in
+    // the error with the provider.
+    auto t = open("ofi+psm2://");
+    if (t) GTEST_SKIP() << "this machine has psm2 hardware";
+    EXPECT_EQ(t.error().code(), Errc::not_supported);
+    EXPECT_NE(t.error().message().find("psm2"), std::string::npos) << t.error().message();
+    EXPECT_NE(t.error().message().find("FI_EP_RDM"), std::string::npos) << t.error().message();
+}
+
+TEST(OfiOpen, VerbsIsReachedThroughRxmAndFailsClearlyWithoutHardware) {
+    auto t = open("ofi+verbs://mlx5_0");
+    if (t) GTEST_SKIP() << "this machine has verbs hardware";
+    EXPECT_EQ(t.error().code(), Errc::not_supported);
+    EXPECT_NE(t.error().message().find("verbs;ofi_rxm"), std::string::npos) << t.error().message();
+}
+
+TEST(OfiOpen, BadHostsAndNamesAreRejected) {
+    for (const char* s : {"ofi+tcp://127.0.0.1:99999", "ofi+tcp://127.0.0.1:12x", "ofi+tcp://[::1",
+                          "ofi+shm://bad/name", "ofi+shm://with space",
+                          "ofi+shm://waytoolongprefixwaytoolongprefix"}) {
+        auto t = open(s);
+        EXPECT_FALSE(t) << s << " opened";
+        if (!t) {
+            EXPECT_FALSE(t.error().message().empty()) << s;
+        }
+    }
+}
+
+TEST(OfiOpen, LookupChecksSchemeAndForm) {
+    auto t = open("ofi+tcp://127.0.0.1:0");
+    ASSERT_TRUE(t);
+    for (const char* s : {"tcp://127.0.0.1:5", "ofi+shm://x", "ofi+tcp://127.0.0.1:0",
+                          "ofi+tcp://[::1]:5", "ofi+tcp://", "ofi+tcp://1.2.3:4:5"}) {
+        auto a = (*t)->addr_lookup(s);
+        EXPECT_FALSE(a) << s << " accepted";
+    }
+    auto a = (*t)->addr_lookup("ofi+tcp://127.0.0.2:7");
+    ASSERT_TRUE(a) << a.error().describe();
+    EXPECT_EQ((*t)->addr_to_string(*a), "ofi+tcp://127.0.0.2:7");
+    auto s = open("ofi+shm://");
+    ASSERT_TRUE(s);
+    auto n = (*s)->addr_lookup("ofi+shm://some-peer");
+    ASSERT_TRUE(n) << n.error().describe();
+    EXPECT_EQ((*s)->addr_to_string(*n), "ofi+shm://some-peer");
+}
+
+TEST(OfiOpen, TeardownWithOperationsInFlight) {
+    for (const char* addr : {"ofi+tcp://127.0.0.1:0", "ofi+shm://"}) {
+        Peer a = make_peer(addr), b = make_peer(addr);
+        ASSERT_TRUE(a.ctx && b.ctx);
+        auto to_b = a.t->addr_lookup(b.self());
+        ASSERT_TRUE(to_b);
+        std::vector<MsgBuffer> bufs;
+        std::vector<Recorder> recs(40);
+        for (int i = 0; i < 20; ++i) {
+            bufs.push_back(alloc_buf(*a.t, 4096));
+            ASSERT_TRUE(
+                a.t->post_send_unexpected(*a.ctx, record(recs[i]), bufs.back(), 4096, *to_b, 0, i));
+            ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(recs[20 + i]), bufs.back(), *to_b,
+                                                1000 + i));
+        }
+        // Destroy everything without draining: contexts, buffers, addresses, then transports.
+        a.ctx.reset();
+        b.ctx.reset();
+        bufs.clear();
+        to_b = Error(Errc::shutdown);
+        a.t.reset();
+        b.t.reset();
+    }
+}
+
+}  // namespace
+}  // namespace talaria::na

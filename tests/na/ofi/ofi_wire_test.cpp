@@ -1,0 +1,130 @@
+// ofi wire format: header, serialized address and memory handle round trips and rejections.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "na/ofi/ofi_wire.hpp"
+
+namespace talaria::na::ofi {
+namespace {
+
+TEST(OfiWire, HeaderRoundTrip) {
+    std::byte raw[16];
+    for (int i = 0; i < 16; ++i)
+        raw[i] = std::byte(i + 1);
+    MsgHeader h;
+    h.kind = MsgKind::expected;
+    h.context_id = 7;
+    h.tag = 0xdeadbeef;
+    h.instance = 0x1122334455667788ull;
+    h.raw_addr = raw;
+    std::vector<std::byte> buf(kHeaderRoom + 10);
+    std::size_t n = encode_msg_header(h, buf.data());
+    EXPECT_EQ(n, kMsgFixedSize + 16);
+    auto d = decode_msg_header(std::span(buf.data(), n + 10));
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->kind, MsgKind::expected);
+    EXPECT_EQ(d->context_id, 7);
+    EXPECT_EQ(d->tag, 0xdeadbeefu);
+    EXPECT_EQ(d->instance, h.instance);
+    EXPECT_EQ(d->header_size, n);
+    EXPECT_EQ(std::memcmp(d->raw_addr.data(), raw, 16), 0);
+}
+
+TEST(OfiWire, HeaderRejections) {
+    std::byte raw[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+    MsgHeader h;
+    h.instance = 9;
+    h.raw_addr = raw;
+    std::vector<std::byte> ok(kHeaderRoom);
+    std::size_t n = encode_msg_header(h, ok.data());
+    ok.resize(n);
+    ASSERT_TRUE(decode_msg_header(ok));
+    for (std::size_t cut = 0; cut < n; ++cut)
+        EXPECT_FALSE(decode_msg_header(std::span(ok.data(), cut))) << "truncated to " << cut;
+    auto bad = [&](std::size_t at, uint8_t v) {
+        auto b = ok;
+        b[at] = std::byte(v);
+        return decode_msg_header(b);
+    };
+    EXPECT_FALSE(bad(0, 0xa6)) << "magic";
+    EXPECT_FALSE(bad(1, 0)) << "kind 0";
+    EXPECT_FALSE(bad(1, 4)) << "kind 4";
+    EXPECT_FALSE(bad(3, 0)) << "address length 0";
+    EXPECT_FALSE(bad(3, 65)) << "address length above the maximum";
+    EXPECT_FALSE(bad(3, 5)) << "address longer than the message";
+    auto zero = ok;
+    for (int i = 8; i < 16; ++i)
+        zero[i] = std::byte{0};
+    EXPECT_FALSE(decode_msg_header(zero)) << "instance 0";
+    // A probe has no payload; a message no more than the maximum.
+    h.kind = MsgKind::probe;
+    std::vector<std::byte> p(kHeaderRoom + 1);
+    n = encode_msg_header(h, p.data());
+    EXPECT_TRUE(decode_msg_header(std::span(p.data(), n)));
+    EXPECT_FALSE(decode_msg_header(std::span(p.data(), n + 1)));
+    h.kind = MsgKind::unexpected;
+    std::vector<std::byte> big(kMsgFixedSize + 4 + kMaxMessageSize + 1);
+    n = encode_msg_header(h, big.data());
+    EXPECT_TRUE(decode_msg_header(std::span(big.data(), big.size() - 1)));
+    EXPECT_FALSE(decode_msg_header(big));
+}
+
+TEST(OfiWire, AddrBlob) {
+    std::string_view s = "ofi+tcp://127.0.0.1:5000";
+    std::vector<std::byte> b(addr_blob_size(s));
+    encode_addr_blob(s, b.data());
+    auto d = decode_addr_blob(b);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(*d, s);
+    EXPECT_FALSE(decode_addr_blob({}));
+    EXPECT_FALSE(decode_addr_blob(std::span(b.data(), b.size() - 1)));
+    auto extra = b;
+    extra.push_back(std::byte{'x'});
+    EXPECT_FALSE(decode_addr_blob(extra));
+    auto nul = b;
+    nul[5] = std::byte{0};
+    EXPECT_FALSE(decode_addr_blob(nul));
+    std::vector<std::byte> empty(2, std::byte{0});
+    EXPECT_FALSE(decode_addr_blob(empty));
+}
+
+TEST(OfiWire, MemBlob) {
+    MemBlob m;
+    m.access = 3;
+    m.flags = kMemVirtAddr;
+    m.base = 0x7f0000001000;
+    m.length = 4096;
+    m.key = 42;
+    m.owner = "ofi+shm://talaria-1-00000001";
+    std::vector<std::byte> b(mem_blob_size(m.owner));
+    encode_mem_blob(m, b.data());
+    auto d = decode_mem_blob(b);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->access, 3);
+    EXPECT_EQ(d->flags, kMemVirtAddr);
+    EXPECT_EQ(d->base, m.base);
+    EXPECT_EQ(d->length, m.length);
+    EXPECT_EQ(d->key, 42u);
+    EXPECT_EQ(d->owner, m.owner);
+    for (std::size_t cut = 0; cut < b.size(); ++cut)
+        EXPECT_FALSE(decode_mem_blob(std::span(b.data(), cut))) << cut;
+    auto bad = [&](std::size_t at, uint8_t v) {
+        auto c = b;
+        c[at] = std::byte(v);
+        return decode_mem_blob(c);
+    };
+    EXPECT_FALSE(bad(0, 2)) << "version";
+    EXPECT_FALSE(bad(1, 0)) << "access 0";
+    EXPECT_FALSE(bad(1, 4)) << "access 4";
+    EXPECT_FALSE(bad(2, 2)) << "unknown flag";
+    EXPECT_FALSE(bad(4, 1)) << "reserved";
+    EXPECT_FALSE(bad(3, 0)) << "owner length 0";
+    m.base = ~uint64_t(0) - 10;
+    encode_mem_blob(m, b.data());
+    EXPECT_FALSE(decode_mem_blob(b)) << "a region that wraps";
+}
+
+}  // namespace
+}  // namespace talaria::na::ofi

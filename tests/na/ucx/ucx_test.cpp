@@ -1,0 +1,475 @@
+// ucx transport tests: address strings, that ucx+sm (and ucx+all, for a local peer) really run
+// over shared memory (openucx/ucx#8477), peer death over sm and tcp, an anonymous client, and
+// teardown with operations in flight.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "endpoint.hpp"
+#include "harness.hpp"
+#include "na/ucx/ucx.hpp"
+#include "peer_process.hpp"
+#include "talaria/na/na.hpp"
+
+namespace talaria::na {
+namespace {
+
+using namespace std::chrono_literals;
+using test::alloc_buf;
+using test::progress_until;
+using test::record;
+using test::Recorder;
+using Endpoint = test::TransportEndpoint<ucx::UcxTransport>;
+
+// --- address strings ---------------------------------------------------------------------------
+
+TEST(UcxAddress, SpecsMapOntoUcxSettings) {
+    auto tcp = ucx::parse_spec("tcp", "127.0.0.1:0");
+    ASSERT_TRUE(tcp) << tcp.error().describe();
+    EXPECT_EQ(tcp->mode, ucx::Mode::sockaddr);
+    EXPECT_EQ(tcp->tls, "tcp");
+    EXPECT_EQ(tcp->host, "127.0.0.1:0");
+    EXPECT_EQ(tcp->devices, "");
+
+    auto sm = ucx::parse_spec("sm", "");
+    ASSERT_TRUE(sm);
+    EXPECT_EQ(sm->mode, ucx::Mode::worker);
+    EXPECT_EQ(sm->tls, "sm,self");
+
+    auto all = ucx::parse_spec("all", "");
+    ASSERT_TRUE(all);
+    EXPECT_EQ(all->mode, ucx::Mode::worker);
+    EXPECT_EQ(all->tls, "all");
+
+    auto rc = ucx::parse_spec("rc", "mlx5_0:1/10.0.0.1:7000");
+    ASSERT_TRUE(rc) << rc.error().describe();
+    EXPECT_EQ(rc->mode, ucx::Mode::sockaddr);
+    EXPECT_EQ(rc->tls, "rc");
+    EXPECT_EQ(rc->devices, "mlx5_0:1");
+    EXPECT_EQ(rc->host, "10.0.0.1:7000");
+
+    auto dc = ucx::parse_spec("dc,sm", "mlx5_0:1,mlx5_1:1/");
+    ASSERT_TRUE(dc) << dc.error().describe();
+    EXPECT_EQ(dc->mode, ucx::Mode::worker);
+    EXPECT_EQ(dc->tls, "dc,sm");
+    EXPECT_EQ(dc->devices, "mlx5_0:1,mlx5_1:1");
+}
+
+TEST(UcxAddress, BadSpecsAreRefusedWithACause) {
+    for (auto [sub, rest] : std::vector<std::pair<std::string, std::string>>{
+             {"sm", "127.0.0.1:0"},  // shared memory has no host
+             {"", ""},
+             {"t cp", ""},
+             {"tcp!", ""},
+             {"tcp", "a/b/c"},
+             {"tcp", "bad dev/127.0.0.1:0"},
+             {"tcp", "/127.0.0.1:0"},
+         }) {
+        auto s = ucx::parse_spec(sub, rest);
+        EXPECT_FALSE(s) << "ucx+" << sub << "://" << rest << " accepted";
+        if (!s) {
+            EXPECT_EQ(s.code(), Errc::address_invalid);
+            EXPECT_FALSE(s.error().message().empty());
+        }
+    }
+    for (const char* a : {"ucx+sm://127.0.0.1:0", "ucx+tcp://127.0.0.1:99999", "ucx+://",
+                          "ucx://127.0.0.1:0", "ucx+tcp://no such host name:1"}) {
+        auto t = open(a);
+        EXPECT_FALSE(t) << a << " opened";
+        if (!t) {
+            EXPECT_FALSE(t.error().message().empty()) << a;
+        }
+    }
+}
+
+TEST(UcxAddress, TransportsOrDevicesNotPresentAreNotSupported) {
+    for (const char* a : {"ucx+nosuch://", "ucx+tcp://nodev0/127.0.0.1:0"}) {
+        auto t = open(a);
+        ASSERT_FALSE(t) << a << " opened";
+        EXPECT_EQ(t.code(), Errc::not_supported) << t.error().describe();
+        EXPECT_NE(t.error().message().find("ucp_init"), std::string::npos) << t.error().describe();
+    }
+}
+
+TEST(UcxAddress, NamesAndLookups) {
+    Endpoint sm("ucx+sm://");
+    ASSERT_TRUE(sm.impl);
+    EXPECT_EQ(sm.t->name(), "ucx+sm");
+    std::string self = sm.self();
+    ASSERT_TRUE(self.starts_with("ucx+sm://")) << self;
+    EXPECT_TRUE(ucx::is_hex(self.substr(9))) << self;
+    // Another family member names the same peer; garbage does not.
+    auto a = sm.t->addr_lookup("ucx+all://" + self.substr(9));
+    ASSERT_TRUE(a) << a.error().describe();
+    EXPECT_EQ(*a, sm.t->addr_self());
+    for (const std::string& bad : std::vector<std::string>{
+             "ucx+sm://xyz", "ucx+sm://abc", "ucx+sm://ABCD", "bogus://1.2.3.4:5",
+             "ucx+sm://" + std::string(ucx::kMaxAddrString + 2, 'a')}) {
+        auto r = sm.t->addr_lookup(bad);
+        EXPECT_FALSE(r) << bad;
+        if (!r) {
+            EXPECT_EQ(r.code(), Errc::address_invalid) << bad;
+        }
+    }
+
+    // Another transport's address: well formed, but not reachable from here.
+    auto other = sm.t->addr_lookup("tcp://127.0.0.1:5000");
+    ASSERT_FALSE(other);
+    EXPECT_EQ(other.code(), Errc::unreachable) << other.error().describe();
+
+    Endpoint tcp("ucx+tcp://127.0.0.1:0");
+    ASSERT_TRUE(tcp.impl);
+    EXPECT_EQ(tcp.t->name(), "ucx+tcp");
+    EXPECT_TRUE(tcp.self().starts_with("ucx+tcp://127.0.0.1:")) << tcp.self();
+    EXPECT_FALSE(tcp.t->addr_lookup("ucx+tcp://127.0.0.1:0")) << "port 0 names no peer";
+    EXPECT_FALSE(tcp.t->addr_lookup("ucx+tcp://~0123456789abcdef")) << "unknown client";
+    // The settings we give UCX, for the record (and the test below).
+    bool mm = false, keepalive = false, tls = false;
+    for (const auto& [k, v] : sm.impl->ucx_settings()) {
+        mm |= k == "MM_ERROR_HANDLING" && v == "y";
+        keepalive |= k == "KEEPALIVE_INTERVAL";
+        tls |= k == "TLS" && v == "sm,self";
+    }
+    EXPECT_TRUE(mm && keepalive && tls);
+}
+
+// --- shared memory really used
+// --------------------------------------------------------------------
+
+/// Busy-poll both contexts until `pred` (10 s at most): what a latency-bound caller does.
+bool spin_until(Context& x, Context& y, const std::function<bool()>& pred) {
+    auto deadline = Clock::now() + 10s;
+    while (!pred()) {
+        if (Clock::now() > deadline) return false;
+        (void)x.progress(0s);
+        x.trigger();
+        (void)y.progress(0s);
+        y.trigger();
+    }
+    return true;
+}
+
+/// Send one message a -> b and back, so that both endpoints are wired up. `spin`: busy-poll
+/// (for timing) instead of the harness's sliced blocking progress.
+void ping(Endpoint& a, Endpoint& b, bool spin = false) {
+    auto until = [&](const std::function<bool()>& pred) {
+        return spin ? spin_until(*a.ctx, *b.ctx, pred)
+                    : progress_until({a.ctx.get(), b.ctx.get()}, pred, 10s);
+    };
+    auto dest = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(dest) << dest.error().describe();
+    MsgBuffer sb = alloc_buf(*a.t, 8), rb = alloc_buf(*b.t, 8), rrb = alloc_buf(*a.t, 8);
+    Recorder sr, rr, back_r, back_s;
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(rr), rb));
+    ASSERT_TRUE(a.t->post_recv_expected(*a.ctx, record(back_r), rrb, *dest, 5));
+    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(sr), sb, 8, *dest, 0, 5));
+    ASSERT_TRUE(until([&] { return rr.done(); }));
+    ASSERT_EQ(rr.last.status, Errc::ok);
+    ASSERT_TRUE(b.t->post_send_expected(*b.ctx, record(back_s), rb, 8, rr.last.source, 0, 5));
+    ASSERT_TRUE(until([&] { return sr.done() && back_r.done() && back_s.done(); }));
+    EXPECT_EQ(back_r.last.status, Errc::ok);
+    EXPECT_EQ(back_r.last.source, *dest);
+}
+
+/// The UCT transports the lanes of `from`'s endpoint to `to` use, from ucp_ep_print_info.
+std::string lanes(Endpoint& from, Endpoint& to) {
+    auto a = from.t->addr_lookup(to.self());
+    EXPECT_TRUE(a);
+    return a ? from.impl->ep_info(*a) : std::string();
+}
+
+bool uses_shm(const std::string& info) {
+    return info.find("posix/") != std::string::npos || info.find("sysv/") != std::string::npos;
+}
+
+TEST(UcxSharedMemory, SmEndpointsRunOverShmWithPeerErrorHandling) {
+    Endpoint a("ucx+sm://"), b("ucx+sm://");
+    ASSERT_TRUE(a.impl && b.impl && a.ctx && b.ctx);
+    ping(a, b);
+    std::string info = lanes(a, b);
+    EXPECT_TRUE(uses_shm(info)) << info;
+    EXPECT_EQ(info.find("tcp/"), std::string::npos) << info;
+    // Only endpoints with peer error handling get a keepalive lane.
+    EXPECT_NE(info.find("keepalive"), std::string::npos)
+        << "the endpoint should have peer error handling:\n"
+        << info;
+}
+
+TEST(UcxSharedMemory, AllPrefersShmOverTcpForALocalPeer) {
+    // The 8477 trap: with peer error handling and without MM_ERROR_HANDLING, ucx+all quietly
+    // runs a local peer's messages over tcp.
+    Endpoint a("ucx+all://"), b("ucx+all://");
+    ASSERT_TRUE(a.impl && b.impl && a.ctx && b.ctx);
+    ping(a, b);
+    std::string info = lanes(a, b);
+    EXPECT_TRUE(uses_shm(info)) << info;
+}
+
+TEST(UcxSharedMemory, TcpUsesTcp) {
+    Endpoint a("ucx+tcp://127.0.0.1:0"), b("ucx+tcp://127.0.0.1:0");
+    ASSERT_TRUE(a.impl && b.impl && a.ctx && b.ctx);
+    ping(a, b);
+    std::string info = lanes(a, b);
+    EXPECT_NE(info.find("tcp/"), std::string::npos) << info;
+    EXPECT_FALSE(uses_shm(info)) << info;
+}
+
+// --- put/get over ucx+sm
+// ---------------------------------------------------------------------------
+
+TEST(UcxSharedMemory, SmRmaLanesAndDirectCopy) {
+    // UCX 1.13 gives RMA lanes only to transports with put_short/put_bcopy/get_bcopy: for
+    // ucx+sm that is posix/sysv, which reach only memory UCX allocated, so ucp_put/get on user
+    // memory would be active-message emulation. ucx+sm therefore copies with process_vm_*.
+    Endpoint a("ucx+sm://"), b("ucx+sm://"), t("ucx+tcp://127.0.0.1:0");
+    ASSERT_TRUE(a.impl && b.impl && t.impl && a.ctx && b.ctx);
+    EXPECT_TRUE(a.impl->direct_rma());
+    EXPECT_FALSE(t.impl->direct_rma());
+    ping(a, b);
+    std::string info = lanes(a, b);
+    EXPECT_EQ(info.find("cma/"), std::string::npos)
+        << "UCX now picks cma for a lane: ucp_put/get may no longer need the direct path\n"
+        << info;
+}
+
+TEST(UcxSharedMemory, SmPutGetCopyDirectlyToAnotherProcess) {
+    Endpoint me("ucx+sm://");
+    ASSERT_TRUE(me.impl && me.ctx);
+    std::string err;
+    auto peer = test::PeerProcess::spawn(TALARIA_NA_PEER_PATH, "ucx+sm://", &err);
+    ASSERT_TRUE(peer) << err;
+    auto line = peer->read_line(10s);
+    ASSERT_TRUE(line) << "no memory handle line from na_peer";
+    auto blob = test::from_hex(*line);
+    ASSERT_TRUE(blob);
+    auto addr = me.t->addr_lookup(peer->address);
+    ASSERT_TRUE(addr) << addr.error().describe();
+    auto remote = me.t->mem_deserialize(*blob);
+    ASSERT_TRUE(remote) << remote.error().describe();
+    // The handle names the owner process, which is not us.
+    auto* rm = remote->as<ucx::UcxMem>();
+    EXPECT_NE(rm->pid, 0u);
+    EXPECT_NE(rm->pid, uint32_t(::getpid()));
+    const std::size_t n = (*remote)->length();
+    ASSERT_EQ(n, 64u * 1024);
+    std::vector<std::byte> mine(n);
+    auto local = me.t->mem_register(mine.data(), n, Access::read_write);
+    ASSERT_TRUE(local) << local.error().describe();
+    auto rma = [&](bool put, std::size_t loff, std::size_t roff, std::size_t len) {
+        Recorder r;
+        auto id = put ? me.t->post_put(*me.ctx, record(r), *local, loff, *remote, roff, len, *addr)
+                      : me.t->post_get(*me.ctx, record(r), *local, loff, *remote, roff, len, *addr);
+        EXPECT_TRUE(id) << id.error().describe();
+        EXPECT_TRUE(progress_until(
+            {me.ctx.get()}, [&] { return r.done(); }, 10s));
+        return r.last;
+    };
+    // The whole region, as na_peer filled it.
+    auto c = rma(false, 0, 0, n);
+    ASSERT_EQ(c.status, Errc::ok) << errc_name(c.status);
+    EXPECT_EQ(c.size, n);
+    EXPECT_EQ(test::pattern_mismatch(mine, 7), std::nullopt);
+    // Put a new pattern into the middle of it, read it back elsewhere.
+    test::fill_pattern(std::span(mine).first(8192), 9);
+    c = rma(true, 0, 1000, 8192);
+    ASSERT_EQ(c.status, Errc::ok) << errc_name(c.status);
+    c = rma(false, 16384, 1000, 8192);
+    ASSERT_EQ(c.status, Errc::ok) << errc_name(c.status);
+    EXPECT_EQ(test::pattern_mismatch(std::span(mine).subspan(16384, 8192), 9), std::nullopt);
+    // The owner dies: a get fails (the process is gone), it does not read stale memory.
+    peer->kill9();
+    c = rma(false, 0, 0, 4096);
+    EXPECT_TRUE(c.status == Errc::disconnected || c.status == Errc::unreachable)
+        << errc_name(c.status);
+}
+
+// --- peer death
+// -----------------------------------------------------------------------------------
+
+class UcxPeerDeath : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxPeerDeath, KilledPeerFailsTheWatchWithinFiveSeconds) {
+    Endpoint me(GetParam());
+    ASSERT_TRUE(me.impl && me.ctx);
+    std::string err;
+    auto peer = test::PeerProcess::spawn(TALARIA_NA_PEER_PATH, GetParam(), &err);
+    ASSERT_TRUE(peer) << err;
+    ASSERT_TRUE(peer->read_line(10s)) << "no memory handle line from na_peer";
+    auto addr = me.t->addr_lookup(peer->address);
+    ASSERT_TRUE(addr) << addr.error().describe();
+    // One echo: the link is up.
+    MsgBuffer sb = alloc_buf(*me.t, 16), rb = alloc_buf(*me.t, 64);
+    Recorder sr, rr;
+    ASSERT_TRUE(me.t->post_recv_expected(*me.ctx, record(rr), rb, *addr, test::kPeerEcho));
+    ASSERT_TRUE(me.t->post_send_unexpected(*me.ctx, record(sr), sb, 16, *addr, 0, test::kPeerEcho));
+    ASSERT_TRUE(progress_until(
+        {me.ctx.get()}, [&] { return rr.done() && sr.done(); }, 10s));
+    ASSERT_EQ(rr.last.status, Errc::ok);
+    // The RPC core's watch: an expected receive with tag 0xFFFFFFFF the peer never answers.
+    MsgBuffer wb = alloc_buf(*me.t, 8);
+    Recorder watch;
+    ASSERT_TRUE(me.t->post_recv_expected(*me.ctx, record(watch), wb, *addr, 0xFFFFFFFFu));
+    peer->kill9();
+    auto t0 = Clock::now();
+    // One blocking progress call with a long deadline: it must wake by itself (keepalive tick
+    // for shared memory, the socket for tcp).
+    auto r = me.ctx->progress(10s);
+    EXPECT_TRUE(r) << "progress returned " << r.error().describe();
+    me.ctx->trigger();
+    auto waited = Clock::now() - t0;
+    ASSERT_TRUE(watch.done()) << "the watch is still pending";
+    EXPECT_LT(waited, 5s) << "the peer's death was noticed after "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()
+                          << " ms";
+    EXPECT_TRUE(watch.last.status == Errc::disconnected || watch.last.status == Errc::unreachable)
+        << errc_name(watch.last.status);
+    // Afterwards: a receive from it fails at once, a send fails, and a new lookup of its name
+    // is a fresh address (a new process may come to live there).
+    Recorder again, send_after;
+    ASSERT_TRUE(me.t->post_recv_expected(*me.ctx, record(again), wb, *addr, 1));
+    ASSERT_TRUE(progress_until(
+        {me.ctx.get()}, [&] { return again.done(); }, 1s));
+    EXPECT_EQ(again.last.status, Errc::disconnected);
+    auto s = me.t->post_send_unexpected(*me.ctx, record(send_after), sb, 16, *addr, 0, 1);
+    if (s) {
+        ASSERT_TRUE(progress_until(
+            {me.ctx.get()}, [&] { return send_after.done(); }, 5s));
+        EXPECT_NE(send_after.last.status, Errc::ok);
+    }
+    auto fresh = me.t->addr_lookup(peer->address);
+    ASSERT_TRUE(fresh);
+    EXPECT_NE(*fresh, *addr);
+}
+
+INSTANTIATE_TEST_SUITE_P(ucx, UcxPeerDeath, ::testing::Values("ucx+tcp://127.0.0.1:0", "ucx+sm://"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                             return std::string(p.param.starts_with("ucx+tcp") ? "tcp" : "sm");
+                         });
+
+// --- a client that does not listen ---------------------------------------------------------------
+
+TEST(UcxClient, AnonymousClientIsAnsweredOverItsOwnEndpoint) {
+    Endpoint srv("ucx+tcp://127.0.0.1:0");
+    Options o;
+    o.listen = false;
+    Endpoint cli("ucx+tcp://127.0.0.1:0", o);
+    ASSERT_TRUE(srv.impl && cli.impl && srv.ctx && cli.ctx);
+    EXPECT_TRUE(cli.self().starts_with("ucx+tcp://~")) << cli.self();
+    ping(cli, srv);
+    // The server knows it by that name while its endpoint is up.
+    auto a = srv.t->addr_lookup(cli.self());
+    EXPECT_TRUE(a) << a.error().describe();
+}
+
+// --- teardown ------------------------------------------------------------------------------------
+
+class UcxTeardown : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxTeardown, DestroyWithOperationsInFlight) {
+    auto a = std::make_unique<Endpoint>(GetParam());
+    auto b = std::make_unique<Endpoint>(GetParam());
+    ASSERT_TRUE(a->impl && b->impl);
+    ping(*a, *b);
+    auto dest = a->t->addr_lookup(b->self());
+    auto back = b->t->addr_lookup(a->self());
+    ASSERT_TRUE(dest && back);
+    // Buffers the test owns (no transport frees them), so they outlive both transports as the
+    // contract asks of buffers with operations in flight.
+    std::vector<std::byte> mem(64 * 4096);
+    std::vector<MsgBuffer> bufs;
+    for (int i = 0; i < 64; ++i)
+        bufs.emplace_back(nullptr, mem.data() + i * 4096, 4096, nullptr);
+    for (int i = 0; i < 32; ++i) {
+        (void)a->t->post_send_unexpected(*a->ctx, {}, bufs[i], 4096, *dest, 0, 1);
+        (void)a->t->post_recv_expected(*a->ctx, {}, bufs[32 + i], *dest, 99);
+        (void)b->t->post_send_expected(*b->ctx, {}, bufs[i], 4096, *back, 0, 98);
+    }
+    (void)a->ctx->progress(0s);
+    (void)b->ctx->progress(0s);
+    // Addresses and contexts go first (the contract), then the transports with sends, queued
+    // messages and receives in flight: no crash, no leak (the ASan build checks), no hang.
+    dest->reset();
+    back->reset();
+    b.reset();
+    a.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(ucx, UcxTeardown, ::testing::Values("ucx+tcp://127.0.0.1:0", "ucx+sm://"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                             return std::string(p.param.starts_with("ucx+tcp") ? "tcp" : "sm");
+                         });
+
+// --- first contact
+// --------------------------------------------------------------------------------
+
+TEST(UcxLatency, FirstCallToANewPeerIsQuick) {
+    for (std::string addr : {"ucx+tcp://127.0.0.1:0", "ucx+sm://"}) {
+        Endpoint a(addr), b(addr), c(addr);
+        ASSERT_TRUE(a.impl && b.impl && c.impl);
+        auto t0 = Clock::now();
+        ping(a, b, true);
+        auto cold = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0);
+        t0 = Clock::now();
+        ping(a, c, true);
+        auto warm = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0);
+        t0 = Clock::now();
+        ping(a, c, true);
+        auto again = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0);
+        std::printf(
+            "%s: first round trip to a new peer (connection set-up included): %lld us "
+            "(first ever in this worker: %lld us; the next one: %lld us)\n",
+            addr.c_str(), static_cast<long long>(warm.count()),
+            static_cast<long long>(cold.count()), static_cast<long long>(again.count()));
+        // Loose bound (shared machine): the goal is < 5 ms, see the report.
+        EXPECT_LT(warm.count(), 100000) << addr;
+    }
+}
+
+TEST(UcxLatency, EchoRoundTripToAnotherProcess) {
+    // An 8-byte request and its reply to a busy-polling peer process, busy-polled here too:
+    // compare with ucx_perftest -t tag_lat over the same UCX transports (see the report).
+    for (std::string addr : {"ucx+tcp://127.0.0.1:0", "ucx+sm://"}) {
+        Endpoint me(addr);
+        ASSERT_TRUE(me.impl && me.ctx);
+        std::string err;
+        auto peer = test::PeerProcess::spawn(TALARIA_UCX_ECHO_PEER_PATH, addr, &err);
+        ASSERT_TRUE(peer) << err;
+        auto dest = me.t->addr_lookup(peer->address);
+        ASSERT_TRUE(dest);
+        MsgBuffer sb = alloc_buf(*me.t, 8), rb = alloc_buf(*me.t, 64);
+        std::vector<double> us;
+        constexpr int kIters = 3000;
+        for (int i = 0; i < kIters; ++i) {
+            bool got = false, sent = false;
+            auto t0 = Clock::now();
+            ASSERT_TRUE(me.t->post_recv_expected(
+                *me.ctx, [&](const Completion& c) { got = c.status == Errc::ok; }, rb, *dest, 7));
+            ASSERT_TRUE(me.t->post_send_unexpected(
+                *me.ctx, [&](const Completion&) { sent = true; }, sb, 8, *dest, 0, 7));
+            auto deadline = t0 + 5s;
+            while (!(got && sent) && Clock::now() < deadline) {
+                (void)me.ctx->progress(0s);
+                me.ctx->trigger();
+            }
+            ASSERT_TRUE(got && sent) << "echo " << i << " timed out";
+            if (i >= 100)  // warm-up excluded
+                us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        std::sort(us.begin(), us.end());
+        std::printf("%s: echo round trip to another process: median %.2f us, p90 %.2f us\n",
+                    addr.c_str(), us[us.size() / 2], us[us.size() * 9 / 10]);
+        EXPECT_LT(us[us.size() / 2], 1000.0) << addr;  // loose: a shared 2-core machine
+    }
+}
+
+}  // namespace
+}  // namespace talaria::na

@@ -1,0 +1,192 @@
+// The ucx wire format's pure decoders: round trips and rejection of every malformed field.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "na/ucx/wire.hpp"
+
+namespace talaria::na::ucx {
+namespace {
+
+std::array<std::byte, kMsgHeaderSize> encode(const MsgHeader& h) {
+    std::array<std::byte, kMsgHeaderSize> b{};
+    encode_msg_header(h, b.data());
+    return b;
+}
+
+MsgHeader sample() {
+    MsgHeader h;
+    h.kind = MsgKind::expected;
+    h.context_id = 7;
+    h.tag = 0xdeadbeef;
+    h.instance = 0x0102030405060708ull;
+    h.seq = 0xfffffffe;
+    return h;
+}
+
+TEST(UcxWire, HeaderRoundTripLittleEndian) {
+    auto b = encode(sample());
+    EXPECT_EQ(uint8_t(b[0]), kWireVersion);
+    EXPECT_EQ(uint8_t(b[1]), 3);
+    EXPECT_EQ(uint8_t(b[2]), 7);
+    EXPECT_EQ(uint8_t(b[4]), 0xef);  // tag, little-endian
+    EXPECT_EQ(uint8_t(b[8]), 0x08);  // instance, little-endian
+    EXPECT_EQ(uint8_t(b[16]), 0xfe);
+    auto d = decode_msg_header(b);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->kind, MsgKind::expected);
+    EXPECT_EQ(d->context_id, 7);
+    EXPECT_EQ(d->tag, 0xdeadbeefu);
+    EXPECT_EQ(d->instance, 0x0102030405060708ull);
+    EXPECT_EQ(d->seq, 0xfffffffeu);
+}
+
+TEST(UcxWire, HeaderRejectsEveryBadField) {
+    const auto good = encode(sample());
+    auto bad = [&](std::size_t at, uint8_t v) {
+        auto b = good;
+        b[at] = std::byte(v);
+        auto d = decode_msg_header(b);
+        EXPECT_FALSE(d) << "byte " << at << " = " << int(v) << " accepted";
+        if (!d) {
+            EXPECT_EQ(d.code(), Errc::protocol_error);
+        }
+    };
+    bad(0, 0);      // version
+    bad(0, 2);      // version
+    bad(1, 0);      // kind
+    bad(1, 5);      // kind
+    bad(1, 0xff);   // kind
+    bad(3, 1);      // reserved
+    bad(20, 1);     // reserved
+    bad(23, 0x80);  // reserved
+    auto zero_instance = sample();
+    zero_instance.instance = 0;
+    EXPECT_FALSE(decode_msg_header(encode(zero_instance)));
+    // Any other length is refused: short, long, empty.
+    EXPECT_FALSE(decode_msg_header(std::span(good.data(), kMsgHeaderSize - 1)));
+    std::vector<std::byte> longer(good.begin(), good.end());
+    longer.push_back(std::byte{0});
+    EXPECT_FALSE(decode_msg_header(longer));
+    EXPECT_FALSE(decode_msg_header({}));
+}
+
+TEST(UcxWire, HelloBounds) {
+    std::string a = "ucx+tcp://127.0.0.1:5000";
+    std::vector<std::byte> b(hello_size(a));
+    encode_hello(a, b.data());
+    auto d = decode_hello(b);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(*d, a);
+    // Truncated at every length, one byte too many, an empty address, a length over the limit.
+    for (std::size_t n = 0; n < b.size(); ++n)
+        EXPECT_FALSE(decode_hello(std::span(b.data(), n))) << n;
+    auto more = b;
+    more.push_back(std::byte{'x'});
+    EXPECT_FALSE(decode_hello(more));
+    std::vector<std::byte> empty(2, std::byte{0});
+    EXPECT_FALSE(decode_hello(empty));
+    std::vector<std::byte> huge(2 + kMaxAddrString + 1, std::byte{'a'});
+    detail::store_le(huge.data(), kMaxAddrString + 1, 2);
+    EXPECT_FALSE(decode_hello(huge));
+}
+
+TEST(UcxWire, AddrBlobBounds) {
+    std::vector<std::byte> b = {std::byte{3}, std::byte{0}, std::byte{'a'}, std::byte{'b'},
+                                std::byte{'c'}};
+    auto d = decode_addr_blob(b);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(*d, "abc");
+    EXPECT_FALSE(decode_addr_blob(std::span(b.data(), 4)));
+    EXPECT_FALSE(decode_addr_blob(std::span(b.data(), 1)));
+    b[0] = std::byte{0};
+    EXPECT_FALSE(decode_addr_blob(b)) << "empty address accepted";
+}
+
+std::vector<std::byte> mem(uint64_t base, uint64_t len, uint8_t access, std::size_t rkey_len,
+                           std::string_view owner, uint32_t pid = 0, uint32_t pidns = 0) {
+    std::vector<std::byte> rkey(rkey_len, std::byte{0x5a});
+    MemBlob m;
+    m.base = base;
+    m.length = len;
+    m.access = access;
+    m.rkey = rkey;
+    m.owner = owner;
+    m.pid = pid;
+    m.pidns = pidns;
+    std::vector<std::byte> out(mem_blob_size(rkey.size(), owner.size()));
+    encode_mem_blob(m, out.data());
+    return out;
+}
+
+TEST(UcxWire, MemBlobRoundTrip) {
+    auto b = mem(0x1000, 64, 3, 40, "ucx+sm://00ff");
+    auto d = decode_mem_blob(b);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->base, 0x1000u);
+    EXPECT_EQ(d->length, 64u);
+    EXPECT_EQ(d->access, 3);
+    EXPECT_EQ(d->rkey.size(), 40u);
+    EXPECT_EQ(uint8_t(d->rkey[39]), 0x5a);
+    EXPECT_EQ(d->owner, "ucx+sm://00ff");
+    EXPECT_EQ(d->pid, 0u);
+    EXPECT_EQ(d->pidns, 0u);
+    // The owner's process, for direct copies between ucx+sm peers.
+    auto p = decode_mem_blob(mem(0x1000, 64, 3, 40, "ucx+sm://00ff", 4321, 0xeffffffcu));
+    ASSERT_TRUE(p) << p.error().describe();
+    EXPECT_EQ(p->pid, 4321u);
+    EXPECT_EQ(p->pidns, 0xeffffffcu);
+    // A zero-length region carries no key.
+    EXPECT_TRUE(decode_mem_blob(mem(0x1000, 0, 1, 0, "o")));
+}
+
+TEST(UcxWire, MemBlobRejectsEveryBadField) {
+    auto good = mem(0x1000, 64, 3, 40, "owner");
+    for (std::size_t n = 0; n < good.size(); ++n)
+        EXPECT_FALSE(decode_mem_blob(std::span(good.data(), n))) << "truncated to " << n;
+    auto with = [&](std::size_t at, uint8_t v) {
+        auto b = good;
+        b[at] = std::byte(v);
+        return b;
+    };
+    EXPECT_FALSE(decode_mem_blob(with(0, 0))) << "magic";
+    EXPECT_FALSE(decode_mem_blob(with(4, 9))) << "version";
+    EXPECT_FALSE(decode_mem_blob(with(5, 0))) << "access 0";
+    EXPECT_FALSE(decode_mem_blob(with(5, 4))) << "access 4";
+    EXPECT_FALSE(decode_mem_blob(with(6, 1))) << "reserved";
+    EXPECT_FALSE(decode_mem_blob(with(4, 1))) << "version 1 (no owner process fields)";
+    // Owner process: a pid without a namespace, a namespace without a pid, a negative pid.
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "o", 7, 0)));
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "o", 0, 7)));
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "o", 0x80000000u, 7)));
+    // rkey length: beyond the limit, beyond the input, and zero for a non-empty region.
+    auto b = good;
+    detail::store_le(b.data() + 24, kMaxRkeySize + 1, 4);
+    EXPECT_FALSE(decode_mem_blob(b));
+    detail::store_le(b.data() + 24, 0xffffffffu, 4);
+    EXPECT_FALSE(decode_mem_blob(b));
+    detail::store_le(b.data() + 24, 41, 4);
+    EXPECT_FALSE(decode_mem_blob(b)) << "rkey + owner longer than the input";
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 0, "o"))) << "no key for 64 bytes";
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 0, 3, 8, "o"))) << "a key for 0 bytes";
+    // owner length: zero, beyond the limit, beyond the input.
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "")));
+    b = good;
+    detail::store_le(b.data() + 28, 0xffffffffu, 4);
+    EXPECT_FALSE(decode_mem_blob(b));
+    // A region that wraps around the address space.
+    EXPECT_FALSE(decode_mem_blob(mem(~uint64_t(0) - 10, 64, 3, 8, "o")));
+}
+
+TEST(UcxWire, IsHex) {
+    EXPECT_TRUE(is_hex("00ff"));
+    EXPECT_FALSE(is_hex(""));
+    EXPECT_FALSE(is_hex("0"));
+    EXPECT_FALSE(is_hex("00FF"));
+    EXPECT_FALSE(is_hex("0g"));
+}
+
+}  // namespace
+}  // namespace talaria::na::ucx
