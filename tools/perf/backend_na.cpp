@@ -23,6 +23,7 @@
 #include "region.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/log.hpp"
+#include "transports.hpp"
 
 namespace talaria::perf {
 
@@ -84,8 +85,7 @@ Result<std::unique_ptr<na::Transport>> open_transport(std::string_view transport
     o.listen = listen;
     o.thread_safe = opt.thread_safe;
     std::string addr(url);
-    if (addr.empty())
-        addr = transport == "tcp" ? "tcp://127.0.0.1:0" : fmt::format("{}://", transport);
+    if (addr.empty()) addr = default_url(transport);
     auto t = na::open(addr, o);
     if (!t)
         return Error(t.error().code(),

@@ -16,11 +16,12 @@
 
 #include "rpc_session.hpp"
 #include "talaria/util/log.hpp"
+#include "transports.hpp"
 
 namespace talaria::perf {
 
 std::string default_engine_url(std::string_view transport) {
-    return transport == "tcp" ? "tcp://127.0.0.1:0" : fmt::format("{}://", transport);
+    return default_url(transport);
 }
 
 Result<std::unique_ptr<core::Engine>> open_perf_engine(std::string_view transport,

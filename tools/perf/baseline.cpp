@@ -5,11 +5,14 @@
 #include <fmt/format.h>
 
 #include "baseline.hpp"
+#include "transports.hpp"
 
 namespace talaria::perf {
 
 std::unique_ptr<Runner> make_raw_sm(int ctl_fd, const BaselineOptions& opt);
 std::unique_ptr<Runner> make_raw_tcp(int ctl_fd);
+std::unique_ptr<Runner> make_raw_ofi(std::string transport, int ctl_fd, const BaselineOptions& opt);
+std::unique_ptr<Runner> make_raw_ucx(std::string transport, int ctl_fd, const BaselineOptions& opt);
 
 Spec baseline_spec(const Spec& s) {
     Spec b = s;
@@ -51,6 +54,10 @@ class MappedBaseline final : public Runner {
         if (s.pattern == Pattern::rate) d = "1 / " + d;
         return d;
     }
+    [[nodiscard]] std::string unavailable(const Spec& s) const override {
+        return raw_->unavailable(baseline_spec(s));
+    }
+    [[nodiscard]] bool uses_control() const override { return raw_->uses_control(); }
     Result<void> prepare(const Spec& s) override { return raw_->prepare(baseline_spec(s)); }
     Result<Duration> run(const Spec& s, uint64_t iters) override {
         return raw_->run(baseline_spec(s), iters);
@@ -68,13 +75,21 @@ class MappedBaseline final : public Runner {
 Result<std::unique_ptr<Runner>> make_baseline(std::string_view transport, int ctl_fd,
                                               const BaselineOptions& opt) {
     std::unique_ptr<Runner> raw;
-    if (transport == "sm")
-        raw = make_raw_sm(ctl_fd, opt);
-    else if (transport == "tcp")
-        raw = make_raw_tcp(ctl_fd);
-    else
-        return Error(Errc::not_supported,
-                     fmt::format("no raw baseline for transport '{}' (have: sm, tcp)", transport));
+    TALARIA_TRY(family, transport_family(transport));
+    switch (family) {
+        case Family::sm:
+            raw = make_raw_sm(ctl_fd, opt);
+            break;
+        case Family::tcp:
+            raw = make_raw_tcp(ctl_fd);
+            break;
+        case Family::ofi:
+            raw = make_raw_ofi(std::string(transport), ctl_fd, opt);
+            break;
+        case Family::ucx:
+            raw = make_raw_ucx(std::string(transport), ctl_fd, opt);
+            break;
+    }
     return std::unique_ptr<Runner>(std::make_unique<MappedBaseline>(std::move(raw)));
 }
 

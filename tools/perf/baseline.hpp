@@ -27,6 +27,14 @@ struct BaselineOptions {
     /// Block mode of the shm baselines: spin this long before FUTEX_WAIT (the sm transport
     /// also spins before it sleeps; 0 = sleep at once).
     Duration block_spin = std::chrono::microseconds(30);
+    // The external baselines (ofi, ucx: baseline_ext.cpp) run their own server/client pair:
+    /// CPUs of the pair's halves (-1: not pinned), the talaria-perf server's and client's.
+    int server_cpu = -1;
+    int client_cpu = -1;
+    /// The layer's transports are opened thread-safe (ucx_perftest -M multi to match).
+    bool thread_safe = true;
+    /// The server runs on this host (false with --connect: no external baseline then).
+    bool local = true;
 };
 
 /// The smallest raw ping-pong message (an empty RPC still carries the core's header).
@@ -35,8 +43,10 @@ inline constexpr std::size_t kMinPingBytes = 8;
 /// The raw spec a layer's spec is compared with.
 Spec baseline_spec(const Spec& s);
 
-/// The client half of the raw baseline for `transport` ("sm" or "tcp"), driven over the
-/// control connection `ctl_fd` (which it also uses as the raw TCP socket).
+/// The client half of the raw baseline for `transport`: "sm" or "tcp", driven over the
+/// control connection `ctl_fd` (which it also uses as the raw TCP socket); "ofi+<provider>"
+/// and "ucx+<tls>": the libraries' own test programs, run as child processes
+/// (baseline_ext.cpp; `ctl_fd` only parks the server in its control loop before each run).
 Result<std::unique_ptr<Runner>> make_baseline(std::string_view transport, int ctl_fd,
                                               const BaselineOptions& opt);
 

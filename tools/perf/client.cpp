@@ -13,6 +13,7 @@
 #include "backend.hpp"
 #include "control.hpp"
 #include "talaria/util/log.hpp"
+#include "transports.hpp"
 
 namespace talaria::perf {
 
@@ -33,7 +34,7 @@ std::vector<std::size_t> default_sizes(std::string_view layer, Pattern p,
             return {8, 4 * kKi};
         case Pattern::put:
         case Pattern::get:
-            if (transport == "sm") return {1 * kMi, 16 * kMi};
+            if (is_shared_memory(transport)) return {1 * kMi, 16 * kMi};
             return {16 * kMi};
         case Pattern::pull:
         case Pattern::push:
@@ -43,9 +44,10 @@ std::vector<std::size_t> default_sizes(std::string_view layer, Pattern p,
 }
 
 /// The layer's patterns a run measures when --pattern is not given. The first call to a new
-/// peer is a tcp measurement (connection set-up); ask for it explicitly on sm.
+/// peer is a measurement of the transports over IP (connection set-up: tcp, ofi+tcp,
+/// ucx+tcp); ask for it explicitly on shared memory.
 bool default_pattern(Pattern p, std::string_view transport) {
-    return p != Pattern::first || transport == "tcp";
+    return p != Pattern::first || is_ip_transport(transport);
 }
 
 Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
@@ -85,9 +87,8 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
     }
     std::vector<Spec> specs;
     for (const auto& t : transports) {
-        if (t != "sm" && t != "tcp")
-            return Error(Errc::invalid_argument,
-                         fmt::format("transport '{}': talaria-perf measures sm and tcp", t));
+        TALARIA_TRY(family, transport_family(t));
+        (void)family;
         for (const Layer* layer : layer_list) {
             std::vector<Pattern> lp;
             for (Pattern p : layer->patterns)
@@ -212,10 +213,11 @@ class TransportRun {
         } else {
             address_ = o_.connect;
             if (ctl.empty()) {
-                if (transport_ != "tcp")
+                if (!is_ip_transport(transport_))
                     return Error(Errc::invalid_argument,
-                                 "--connect to an sm server needs --ctl HOST:PORT (the ctl= "
-                                 "field the server printed)");
+                                 fmt::format("--connect to a {} server needs --ctl HOST:PORT (the "
+                                             "ctl= field the server printed)",
+                                             transport_));
                 TALARIA_TRY(hp, host_port_of_url(o_.connect));
                 ctl = fmt::format(
                     "{}:{}", hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host,
@@ -231,17 +233,22 @@ class TransportRun {
         TALARIA_TRY(reply, ctl_call(fd_.get(), hello));
         TALARIA_LOG(perf, info, "connected to server: {}",
                     fixed_text(reply.text, sizeof reply.text));
-        TALARIA_TRY(b, make_baseline(transport_, fd_.get(), o_.baseline));
+        BaselineOptions bo = o_.baseline;
+        bo.client_cpu = pl_.client;
+        bo.server_cpu = pl_.server;
+        bo.thread_safe = o_.thread_safe;
+        bo.local = o_.connect.empty();
+        TALARIA_TRY(b, make_baseline(transport_, fd_.get(), bo));
         baseline_ = std::move(b);
         if (layer_error_.empty()) {
             LayerOptions lo;
             lo.thread_safe = o_.thread_safe;
             lo.url = o_.url;
-            if (lo.url.empty() && transport_ == "tcp" && !o_.connect.empty()) {
+            if (lo.url.empty() && is_ip_transport(transport_) && !o_.connect.empty()) {
                 auto shp = host_port_of_url(o_.connect);
                 bool loop = shp && (shp->host == "127.0.0.1" || shp->host == "localhost" ||
                                     shp->host == "::1");
-                lo.url = loop ? "tcp://127.0.0.1:0" : "tcp://0.0.0.0:0";
+                lo.url = fmt::format("{}://{}:0", transport_, loop ? "127.0.0.1" : "0.0.0.0");
             }
             for (const auto& name : layer_names()) {
                 const Layer* layer = find_layer(name);
@@ -261,6 +268,11 @@ class TransportRun {
             return;
         }
         rec.baseline_name = baseline_->describe(s);
+        std::string no_baseline = o_.no_baseline ? std::string() : baseline_->unavailable(s);
+        if (!no_baseline.empty()) {
+            rec.no_baseline = true;
+            rec.baseline_name = "no baseline: " + no_baseline;
+        }
         Runner* client = nullptr;
         std::string layer_error = layer_error_;
         if (auto it = clients_.find(s.layer); it != clients_.end()) {
@@ -270,18 +282,20 @@ class TransportRun {
             layer_error = e != client_errors_.end() ? e->second : "no client";
         }
         if (!client) {
+            rec.error = fmt::format("{} over {} unavailable: {}", s.layer, transport_, layer_error);
+            if (rec.no_baseline) return;
             // The baseline alone, so the table still shows what the hardware gives.
             auto b = measure(*baseline_, s, o_.repeat);
             if (b) rec.baseline = *b;
-            rec.error = fmt::format("{} over {} unavailable: {}", s.layer, transport_, layer_error);
             if (!b) {
                 rec.error += "; baseline: " + b.error().describe();
-                if (session_breaking(b.code())) broken_ = "session lost: " + rec.error;
+                if (baseline_->uses_control() && session_breaking(b.code()))
+                    broken_ = "session lost: " + rec.error;
             }
             return;
         }
-        if (o_.no_baseline) {
-            rec.baseline_name = "(skipped)";
+        if (o_.no_baseline || rec.no_baseline) {
+            if (o_.no_baseline) rec.baseline_name = "(skipped)";
             auto v = measure(*client, s, repeat_for(s));
             if (v)
                 rec.value = *v;
@@ -301,7 +315,7 @@ class TransportRun {
         for (const auto& e : errs)
             rec.error += (rec.error.empty() ? "" : "; ") + e;
         if ((!pr.value && session_breaking(pr.value.code())) ||
-            (!pr.baseline && session_breaking(pr.baseline.code())))
+            (!pr.baseline && baseline_->uses_control() && session_breaking(pr.baseline.code())))
             broken_ = "session lost: " + rec.error;
     }
 
@@ -363,6 +377,18 @@ int run_client(const ClientOptions& o) {
             return 2;
         }
     }
+    if (o.realtime > 0)
+        for (const auto& sp : *specs)
+            if (auto f = transport_family(sp.transport); f && *f == Family::ucx) {
+                // UCX's own progress thread (connection set-up over tcp, keepalive) inherits
+                // SCHED_FIFO and our CPU, and never runs while the main thread spins there.
+                fmt::print(stderr,
+                           "talaria-perf: --realtime cannot be used with {}: UCX's progress "
+                           "thread would never run next to a SCHED_FIFO busy-polling thread "
+                           "(seen over ucx+tcp: connection set-up hangs)\n",
+                           sp.transport);
+                return 2;
+            }
     std::size_t ncpu = allowed_cpus().size();  // before we pin ourselves to one
     Placement pl = place(o);
     if (pl.client >= 0) {
@@ -429,7 +455,7 @@ int run_client(const ClientOptions& o) {
         }
     }
     for (const auto& r : records)
-        if ((!r.value && !r.skipped) || (!o.no_baseline && !r.baseline)) return 1;
+        if ((!r.value && !r.skipped) || (!o.no_baseline && !r.no_baseline && !r.baseline)) return 1;
     return 0;
 }
 

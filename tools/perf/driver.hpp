@@ -34,7 +34,7 @@ std::string size_label(std::size_t bytes);
 /// One measurement.
 struct Spec {
     std::string layer;      ///< "na", "rpc", "bulk"
-    std::string transport;  ///< "sm", "tcp"
+    std::string transport;  ///< "sm", "tcp", "ofi+tcp", "ucx+sm", ... (transports.hpp)
     Pattern pattern = Pattern::pingpong;
     Mode mode = Mode::busy;
     std::size_t size = 8;  ///< message, argument (rpc) or transfer size in bytes
@@ -57,6 +57,12 @@ class Runner {
     [[nodiscard]] virtual std::string describe(const Spec& s) const = 0;
     /// Set-up outside the timed region (register memory, map shared memory...).
     virtual Result<void> prepare(const Spec& s) = 0;
+    /// Why this runner cannot measure `s` at all (e.g. the library has no such raw test),
+    /// or empty. The driver then measures the layer alone and reports "no baseline".
+    [[nodiscard]] virtual std::string unavailable(const Spec&) const { return {}; }
+    /// Whether a failure of this runner may leave the control connection unusable (the sm and
+    /// tcp baselines and the layers use it; the external baselines do not).
+    [[nodiscard]] virtual bool uses_control() const { return true; }
     /// Run `iters` operations of `s`; returns the time they took.
     virtual Result<Duration> run(const Spec& s, uint64_t iters) = 0;
     /// Undo prepare().
@@ -101,8 +107,9 @@ struct Record {
     std::string baseline_name;
     std::optional<Stats> value;
     std::optional<Stats> baseline;
-    std::string error;     ///< non-empty when the measurement or its baseline failed
-    bool skipped = false;  ///< the layer cannot run this spec (e.g. message size over its max)
+    std::string error;         ///< non-empty when the measurement or its baseline failed
+    bool skipped = false;      ///< the layer cannot run this spec (e.g. message size over its max)
+    bool no_baseline = false;  ///< the baseline has no test for this spec (baseline_name: why)
     bool thread_safe = true;
     double load_avg = -1;  ///< 1-minute load average when the measurement started
 

@@ -15,6 +15,10 @@
 
 #include "app.hpp"
 #include "backend.hpp"
+#include "talaria/config.hpp"
+#if TALARIA_HAVE_OFI
+#include "raw_ofi_rma.hpp"
+#endif
 #include "talaria/util/log.hpp"
 
 int main(int argc, char** argv) {
@@ -32,7 +36,9 @@ int main(int argc, char** argv) {
     std::string pvm_iov = "0";
 
     // Client options live on the top-level app; each layer subcommand falls through to them.
-    app.add_option("--transport,-t", c.transports, "Transports to measure (sm, tcp)")
+    app.add_option("--transport,-t", c.transports,
+                   "Transports to measure: sm, tcp, ofi+<provider> (ofi+tcp, ofi+shm), "
+                   "ucx+<transports> (ucx+tcp, ucx+sm), where built (default: sm,tcp)")
         ->delimiter(',');
     app.add_option("--pattern,-p", c.patterns,
                    "na: pingpong, blast, put, get; rpc: pingpong, rate, first; bulk: pull, push "
@@ -104,11 +110,13 @@ int main(int argc, char** argv) {
     ServeOptions s;
     auto* serve = app.add_subcommand("serve", "Run the server side (prints its addresses)");
     serve->require_subcommand(1);
-    serve->add_option("--transport,-t", s.transport, "The transport to serve (sm or tcp)")
+    serve
+        ->add_option("--transport,-t", s.transport,
+                     "The transport to serve (sm, tcp, ofi+<provider>, ucx+<transports>)")
         ->required();
     serve->add_option("--listen", s.listen,
-                      "Address to open the transport with (default sm:// or "
-                      "tcp://127.0.0.1:0)");
+                      "Address to open the transport with (default <scheme>:// for shared "
+                      "memory, <scheme>://127.0.0.1:0 otherwise)");
     serve->add_option("--ctl-listen", s.ctl_listen,
                       "Control address (default: tcp port + 1, or an ephemeral loopback port)");
     serve->add_option("--cpu", s.cpu, "Pin the server to this CPU");
@@ -126,6 +134,28 @@ int main(int argc, char** argv) {
         serve_layers.push_back(sub);
     }
 
+#if TALARIA_HAVE_OFI
+    // The raw libfabric RMA baseline's two halves (spawned by the ofi baseline; hidden).
+    RawOfiRmaOptions rma;
+    std::string rma_role;
+    auto* raw_rma = app.add_subcommand("raw-ofi-rma", "")->group("");
+    raw_rma->add_option("role", rma_role, "server or client")
+        ->required()
+        ->check(CLI::IsMember({"server", "client"}));
+    raw_rma->add_option("--provider", rma.provider)->required();
+    raw_rma->add_option("--node", rma.node);
+    raw_rma->add_option("--host", rma.host);
+    raw_rma->add_option("--port", rma.port)->required();
+    std::string rma_dir = "read";
+    raw_rma->add_option("--op", rma_dir)->check(CLI::IsMember({"read", "write"}));
+    std::string rma_size = "1M";
+    raw_rma->add_option("--size", rma_size);
+    raw_rma->add_option("--inflight", rma.inflight);
+    raw_rma->add_option("--iters", rma.iters);
+    raw_rma->add_option("--warmup", rma.warmup);
+    raw_rma->add_option("--timeout-s", rma.timeout_s);
+#endif
+
     CLI11_PARSE(app, argc, argv);
     std::signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as an error, not a signal
 
@@ -137,6 +167,19 @@ int main(int argc, char** argv) {
         ::setenv("TALARIA_LOG", log_spec.c_str(), 1);  // the spawned server inherits it
     }
 
+#if TALARIA_HAVE_OFI
+    if (raw_rma->parsed()) {
+        auto sz = parse_size(rma_size);
+        if (!sz) {
+            fmt::print(stderr, "talaria-perf raw-ofi-rma: --size: {}\n", sz.error().describe());
+            return 2;
+        }
+        rma.size = *sz;
+        rma.server = rma_role == "server";
+        rma.write = rma_dir == "write";
+        return run_raw_ofi_rma(rma);
+    }
+#endif
     if (serve->parsed()) {
         for (std::size_t i = 0; i < serve_layers.size(); ++i)
             if (serve_layers[i]->parsed()) s.layer = serve_layers[i]->get_name();

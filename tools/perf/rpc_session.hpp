@@ -30,7 +30,7 @@ inline constexpr std::string_view kRpcCtl = "perf.ctl";
 
 enum class RpcCtlOp : uint8_t { set_mode = 1, end, bulk_setup, bulk_release };
 
-/// The default address a perf engine opens for `transport` ("sm" or "tcp").
+/// The default address a perf engine opens for `transport` (transports.hpp default_url).
 std::string default_engine_url(std::string_view transport);
 
 /// Open a perf engine: `listen` for the server; thread_safe from the options.

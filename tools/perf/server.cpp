@@ -12,6 +12,7 @@
 #include "baseline.hpp"
 #include "control.hpp"
 #include "talaria/util/log.hpp"
+#include "transports.hpp"
 
 namespace talaria::perf {
 
@@ -21,7 +22,7 @@ namespace {
 /// ephemeral loopback port.
 Result<HostPort> ctl_listen_address(const ServeOptions& opt) {
     if (!opt.ctl_listen.empty()) return parse_host_port(opt.ctl_listen);
-    if (opt.transport == "tcp" && !opt.listen.empty()) {
+    if (is_ip_transport(opt.transport) && !opt.listen.empty()) {
         TALARIA_TRY(hp, host_port_of_url(opt.listen));
         if (hp.port != 0 && hp.port != 65535) return HostPort{hp.host, uint16_t(hp.port + 1)};
         return HostPort{hp.host, 0};
@@ -101,11 +102,9 @@ Result<void> session(int fd, const ServeOptions& opt, LayerServer* layer,
 }  // namespace
 
 int run_serve(const ServeOptions& opt) {
-    if (opt.transport != "sm" && opt.transport != "tcp") {
-        fmt::print(stderr,
-                   "talaria-perf serve: --transport must be sm or tcp (one per server), "
-                   "not '{}'\n",
-                   opt.transport);
+    if (auto f = transport_family(opt.transport); !f) {
+        fmt::print(stderr, "talaria-perf serve: --transport (one per server): {}\n",
+                   f.error().describe());
         return 2;
     }
     if (opt.cpu >= 0) {
