@@ -273,6 +273,8 @@ class OfiTransport final : public Transport {
     /// The raw provider address of a canonical string's part after "scheme://".
     Result<std::string> raw_of(std::string_view rest, bool from_wire) const;
     Result<void> av_insert_locked(OfiAddr* a);
+    /// shm: the peer with this raw address closed its endpoint or died.
+    bool shm_peer_gone_locked(std::string_view raw) const;
     Result<Slab*> slab_grow_locked(uint8_t size_class);
     /// A maximal slot for a copy of a foreign buffer (called under mu_), and its descriptor.
     std::byte* bounce_alloc(void** desc) noexcept;
@@ -371,11 +373,14 @@ class OfiTransport final : public Transport {
     std::vector<QueuedMsg*> free_msgs_;
 
     /// Raw address -> AV entry, for every peer looked up (not on shm), used or heard from.
-    /// Entries are never removed: shm (1.17) breaks when a peer that sent to us is removed and
-    /// inserted again; on shm (an AV of 256 peers) lookups alone insert nothing.
+    /// Never removed: fi_av_remove of a peer in another process and reuse of its slot crashes
+    /// shm 1.17 (a send into the new peer touched the old one's unmapped region); on shm (an
+    /// AV of 256 peers) lookups alone insert nothing, and a full AV fails sends with no_memory.
     std::unordered_map<std::string, fi_addr_t> av_cache_;
 };
 
+/// libfabric 1.17's shm address vector capacity (SMR_MAX_PEERS).
+inline constexpr std::size_t kShmMaxPeers = 256;
 /// Size classes of message buffers (payload bytes; kHeaderRoom more in front of each).
 inline constexpr std::size_t kSizeClass[2] = {4096, kMaxMessageSize};
 /// Buffers per registered slab.

@@ -145,8 +145,11 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
     if (peer->dead)
         return fail_async(ctx, std::move(cb), type, Errc::disconnected,
                           fmt::format("{} was declared dead", peer->str));
-    if (auto r = av_insert_locked(peer); !r)
+    if (auto r = av_insert_locked(peer); !r) {
+        // A full address vector is a local limit, reported here with its message.
+        if (r.error().code() == Errc::no_memory) return r.error();
         return fail_async(ctx, std::move(cb), type, Errc::unreachable, r.error().message());
+    }
     OfiOp* op = ops_.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
     op->completion.size = len;
@@ -400,8 +403,12 @@ Result<OpId> OfiTransport::post_trecv_locked(OfiOp* op, MsgBuffer& buf, const Ad
         return id;
     }
     if (auto r = av_insert_locked(peer); !r) {
-        TALARIA_LOG(ofi, debug, "recv_expected fails: {}", r.error().message());
-        complete_recv(op, source, 0, tag, 0, Errc::unreachable);
+        if (r.error().code() == Errc::no_memory)
+            TALARIA_LOG(ofi, warn, "{}: recv_expected fails: {}", scheme_, r.error().message());
+        else
+            TALARIA_LOG(ofi, debug, "recv_expected fails: {}", r.error().message());
+        complete_recv(op, source, 0, tag, 0,
+                      r.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable);
         return id;
     }
     // Straight into the user's buffer: ours is registered (its slab's descriptor); a foreign
@@ -496,8 +503,11 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         return fail_async(ctx, std::move(cb), type, Errc::disconnected,
                           fmt::format("{} was declared dead", peer->str));
     if (len == 0) return fail_async(ctx, std::move(cb), type, Errc::ok, "empty transfer");
-    if (auto r = av_insert_locked(peer); !r)
+    if (auto r = av_insert_locked(peer); !r) {
+        // A full address vector is a local limit, reported here with its message.
+        if (r.error().code() == Errc::no_memory) return r.error();
         return fail_async(ctx, std::move(cb), type, Errc::unreachable, r.error().message());
+    }
     OfiOp* op = ops_.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(fmt::format("{} {}", scheme_, what), opts_.max_ops);
     op->completion.size = len;
@@ -646,9 +656,13 @@ void OfiTransport::on_message(std::span<const std::byte> msg) {
     if (a->pending) a->heard = Clock::now();
     if (a->fi == FI_ADDR_NOTAVAIL) {
         // First message from it: into the AV now, so its expected messages (tagged, matched on
-        // its fi_addr) can be received and the reply needs no insertion.
+        // its fi_addr) can be received and the reply needs no insertion. If that fails (shm:
+        // AV full) the message is still delivered (the header names its sender), but replies to
+        // it will fail: say so.
         if (auto r = av_insert_locked(a); !r)
-            TALARIA_LOG(ofi, warn, "{}: {}", scheme_, r.error().message());
+            TALARIA_LOG(ofi, warn,
+                        "{}: a message from {} is delivered, but replies to it will fail: {}",
+                        scheme_, a->str, r.error().message());
     }
     std::span<const std::byte> payload = msg.subspan(h->header_size);
     if (h->kind == MsgKind::probe) return;

@@ -645,17 +645,57 @@ Result<void> OfiTransport::av_insert_locked(OfiAddr* a) {
         a->fi = it->second;
         return ok();
     }
+    // shm 1.17 crashes (SIGSEGV in fi_av_insert) when the named region does not exist: it
+    // maps the entry into our endpoint without the peer's region. So never insert a peer that
+    // is gone (a small window remains if it closes between this check and the insertion).
+    if (prov_.prov_name == "shm" && shm_peer_gone_locked(a->raw))
+        return Error(Errc::unreachable,
+                     fmt::format("ofi: no shm endpoint {} (its region /dev/shm/{} does not "
+                                 "exist: closed, killed or never opened)",
+                                 a->str, a->raw.substr(a->raw.find("://") + 3)));
     std::string raw = a->raw;
     if (prov_.addr_format == FI_ADDR_STR) raw.push_back('\0');
     fi_addr_t fa = FI_ADDR_NOTAVAIL;
     int rc = fi_av_insert(av_, raw.data(), 1, &fa, 0, nullptr);
-    if (rc != 1 || fa == FI_ADDR_NOTAVAIL)
+    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
+        if (prov_.prov_name == "shm" && av_cache_.size() >= kShmMaxPeers)
+            return Error(
+                Errc::no_memory,
+                fmt::format("ofi: cannot add {} to the address vector on shm: it is full ({} "
+                            "peers in use; libfabric 1.17's shm AV holds at most {} "
+                            "(SMR_MAX_PEERS)) and entries are never removed (fi_av_remove "
+                            "of a peer in another process crashes shm 1.17); fi_av_insert "
+                            "returned {}",
+                            a->str, av_cache_.size(), kShmMaxPeers,
+                            rc < 0 ? fi_strerror(-rc) : "0 inserted"));
         return Error(Errc::unreachable,
-                     fmt::format("ofi: fi_av_insert of {} on {} failed: {}", a->str,
-                                 prov_.prov_name, rc < 0 ? fi_strerror(-rc) : "not inserted"));
+                     fmt::format("ofi: fi_av_insert of {} on {} failed: {} ({} entries in the AV)",
+                                 a->str, prov_.prov_name,
+                                 rc < 0 ? fi_strerror(-rc) : "not inserted", av_cache_.size()));
+    }
     a->fi = fa;
     av_cache_.emplace(a->raw, fa);
     return ok();
+}
+
+bool OfiTransport::shm_peer_gone_locked(std::string_view raw) const {
+    std::string_view name(raw);
+    auto sep = name.find("://");
+    if (sep == std::string_view::npos) return false;
+    name.remove_prefix(sep + 3);
+    if (name.empty()) return false;
+    std::string n(name);
+    // Ours and still open in this process: not gone (checked before the file: a closed
+    // in-process peer's file is gone as well, but its mapping is what matters).
+    {
+        std::lock_guard g(g_shm_mu);
+        if (shm_live().count(n) != 0) return false;
+    }
+    // The region file: shm removes it when the endpoint closes; we remove the file of a killed
+    // peer when we notice its death (peer_failed_locked, close_all).
+    std::string path = "/dev/shm/" + n;
+    if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return true;
+    return false;
 }
 
 std::string OfiTransport::canonical_of(std::span<const std::byte> raw) const {

@@ -257,6 +257,81 @@ TEST(OfiShm, SendToAClosedEndpointOfThisProcessFails) {
     EXPECT_EQ(s2.last.status, Errc::disconnected);
 }
 
+// --- shm address vector: 256 peers in libfabric 1.17 ----------------------------------------
+
+// One round trip from a fresh client: an unexpected request, the server's expected reply to the
+// request's source. The server's Addr for the client is handed to `keep` (or dropped).
+void client_round_trip(Peer& server, const std::string& server_name, int i, std::vector<Addr>* keep,
+                       Errc* reply_status, std::string* reply_error) {
+    Peer c = make_peer("ofi+shm://");
+    ASSERT_TRUE(c.ctx);
+    auto to_s = c.t->addr_lookup(server_name);
+    ASSERT_TRUE(to_s) << to_s.error().describe();
+    MsgBuffer cb = alloc_buf(*c.t, 64), sb = alloc_buf(*server.t, 64);
+    Recorder req, sent, rep;
+    ASSERT_TRUE(server.t->post_recv_unexpected(*server.ctx, record(req), sb));
+    auto rid = c.t->post_recv_expected(*c.ctx, record(rep), cb, *to_s, 9);
+    ASSERT_TRUE(rid) << rid.error().describe();
+    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, record(sent), cb, 16, *to_s, 0, 1));
+    ASSERT_TRUE(
+        progress_until({c.ctx.get(), server.ctx.get()}, [&] { return req.done() && sent.done(); }))
+        << "request " << i;
+    ASSERT_EQ(req.last.status, Errc::ok) << "request " << i;
+    Recorder out;
+    auto e = server.t->post_send_expected(*server.ctx, record(out), sb, 8, req.last.source, 0, 9);
+    if (!e) {
+        *reply_status = e.error().code();
+        *reply_error = e.error().message();
+    } else {
+        ASSERT_TRUE(progress_until({c.ctx.get(), server.ctx.get()}, [&] { return out.done(); }))
+            << "reply " << i;
+        *reply_status = out.last.status;
+        *reply_error = out.last.status == Errc::ok ? "" : "reply completion failed";
+        if (out.last.status == Errc::ok) {
+            ASSERT_TRUE(progress_until({c.ctx.get()}, [&] { return rep.done(); })) << "reply " << i;
+            EXPECT_EQ(rep.last.status, Errc::ok) << "reply " << i;
+        }
+    }
+    if (!rep.done()) {
+        // No reply came: withdraw the client's receive before its Recorder goes.
+        auto cr = c.t->cancel(*rid);
+        ASSERT_TRUE(cr) << cr.error().describe();
+        ASSERT_TRUE(progress_until({c.ctx.get()}, [&] { return rep.done(); }));
+        EXPECT_EQ(rep.last.status, Errc::canceled);
+    }
+    if (keep) keep->push_back(req.last.source);
+}
+
+TEST(OfiShm, FullAddressVectorFailsTheSendLoudly) {
+    // More distinct clients than shm 1.17's AV holds (256): once it is full, the reply fails at
+    // once with no_memory and a message naming the limit, never a silent loss.
+    Peer server = make_peer("ofi+shm://");
+    ASSERT_TRUE(server.ctx);
+    const std::string name = server.self();
+    std::vector<Addr> keep;
+    int failed_at = -1;
+    for (int i = 0; i < 300 && failed_at < 0; ++i) {
+        Errc st = Errc::internal;
+        std::string why;
+        client_round_trip(server, name, i, &keep, &st, &why);
+        if (HasFatalFailure()) return;
+        if (st != Errc::ok) {
+            failed_at = i;
+            EXPECT_EQ(st, Errc::no_memory) << why;
+            EXPECT_NE(why.find("256"), std::string::npos) << why;
+            EXPECT_NE(why.find("address vector"), std::string::npos) << why;
+        }
+    }
+    EXPECT_GE(failed_at, 200) << "the AV should hold a few hundred peers";
+    EXPECT_LE(failed_at, 256);
+    // Entries are never removed (fi_av_remove crashes shm 1.17): it stays full, loudly.
+    keep.clear();
+    Errc st = Errc::internal;
+    std::string why;
+    client_round_trip(server, name, 1000, nullptr, &st, &why);
+    EXPECT_EQ(st, Errc::no_memory) << why;
+}
+
 // --- expected messages as tagged messages (FI_TAGGED | FI_DIRECTED_RECV) ---------------------
 
 TEST_P(OfiProviders, BothProvidersOfferTaggedDirectedReceives) {
