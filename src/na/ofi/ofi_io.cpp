@@ -448,6 +448,15 @@ Result<OpId> OfiTransport::post_trecv_locked(OfiOp* op, MsgBuffer& buf, const Ad
     op->counted = true;
     watch_inc(peer);  // a receive from a peer that dies must fail: watch it
     to_provider_locked(op);
+    // post_retry_locked may have polled the CQ and declared this peer dead meanwhile (before
+    // the op was in flight, so peer_failed_locked could not withdraw it): withdraw it now.
+    if (peer->dead && op->first_error == Errc::ok) {
+        op->first_error = Errc::disconnected;
+        int crc = fi_cancel(&ep_->fid, static_cast<FiCtx*>(op));
+        if (crc != 0 && crc != -FI_ENOENT)
+            TALARIA_LOG(ofi, warn, "{}: fi_cancel of a receive from dead peer {} on {}: {}",
+                        scheme_, peer->str, prov_.prov_name, fi_strerror(-crc));
+    }
     return id;
 }
 
