@@ -742,12 +742,19 @@ void UcxTransport::say_bye_locked() {
     // A peer on the same host cannot see our process die when only the transport goes (ep
     // keepalive checks the process), and a forced close tells it nothing: say so, in the
     // stream (after our last message), and give it a moment to leave.
-    int pending = 0;
+    // On the heap: a bye UCX still holds after the bounded waits below completes later (from
+    // the destructor's progress), and its callback and header must still be there then.
+    struct Byes {
+        int pending = 0;
+        std::vector<std::unique_ptr<std::byte[]>> headers;
+    };
+    auto* byes = new Byes;
+    int& pending = byes->pending;
+    auto& headers = byes->headers;
     auto bye_cb = [](void* req, ucs_status_t, void* user) {
         ucp_request_free(req);
-        --*static_cast<int*>(user);
+        --static_cast<Byes*>(user)->pending;
     };
-    std::vector<std::unique_ptr<std::byte[]>> headers;
     for (Ep& e : eps_) {
         if (e.failed || e.closing || !e.peer || e.peer == self_) continue;
         auto* pa = e.peer.as<UcxAddr>();
@@ -762,7 +769,7 @@ void UcxTransport::say_bye_locked() {
         p.op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
         p.cb.send = bye_cb;
-        p.user_data = &pending;
+        p.user_data = byes;
         p.flags = UCP_AM_SEND_FLAG_EAGER;
         ucs_status_ptr_t r =
             ucp_am_send_nbx(e.h, kAmId, headers.back().get(), kMsgHeaderSize, nullptr, 0, &p);
@@ -786,6 +793,16 @@ void UcxTransport::say_bye_locked() {
         deadline = deadline_after(std::chrono::seconds(2));
         while (pending > 0 && !deadline_passed(deadline))
             ucp_worker_progress(worker_);
+    }
+    if (pending == 0) {
+        delete byes;
+    } else {
+        // Left to UCX (a few header bytes, once per transport): freeing them could let a late
+        // callback write into freed memory.
+        TALARIA_LOG(ucx, warn,
+                    "{}: {} bye messages still pending at close; their {} bytes stay "
+                    "allocated",
+                    scheme_, pending, pending * kMsgHeaderSize);
     }
 }
 
