@@ -235,25 +235,26 @@ void OfiTransport::close_all() noexcept {
     // The endpoint first: it stops using every buffer posted to it and every peer.
     close_fid(ep_ ? &ep_->fid : nullptr, "endpoint", prov_.prov_name);
     ep_ = nullptr;
-    // Ops the provider still held are released by the pool; what they point to goes now.
+    // Ops still posted, held by the provider or deferred never complete (destroying a transport
+    // completes nothing): what they point to goes now, and each goes back to the pool.
+    auto drop = [this](OfiOp* op) {
+        if (op->bounce) bounce_free(op->bounce);
+        op->bounce = nullptr;
+        op->peer.reset();
+        op->counted = false;
+        op->state = OpState::idle;
+        op->releaser->release(op);
+    };
     for (auto& s : slots_) {
-        s.posted.clear();
+        while (OfiOp* op = s.posted.pop_front())
+            drop(op);
         while (QueuedMsg* m = s.msgs.pop_front())
             msg_free(m);
     }
-    posted_expected_.clear();
     watched_.clear();  // before the addresses on it may go
-    // Ops the provider held or we deferred: their addresses and bounce buffers go now (the
-    // slots themselves go with the pool).
-    for (auto* list : {&inflight_, &deferred_}) {
-        while (OfiOp* op = list->pop_front()) {
-            if (op->bounce) bounce_free(op->bounce);
-            op->bounce = nullptr;
-            op->peer.reset();
-            op->counted = false;
-            op->state = OpState::idle;
-        }
-    }
+    for (auto* list : {&posted_expected_, &inflight_, &deferred_})
+        while (OfiOp* op = list->pop_front())
+            drop(op);
     while (QueuedMsg* m = queued_expected_.pop_front())
         msg_free(m);
     probes_.clear();
