@@ -100,6 +100,14 @@ class OpPool final : public OpReleaser {
 /// error path only). `who` names the transport and operation, e.g. "sm send".
 [[gnu::cold]] Error ops_exhausted(std::string_view who, std::size_t max_ops);
 
+/// The checks every post_put/post_get makes before anything moves: the context, address and
+/// handles belong to transport `t` (`scheme`, e.g. "ofi+tcp"), the local handle is registered
+/// here, and [local_off, +len) lies inside it. `what` is "post_put" or "post_get". Errors say
+/// which argument is wrong (invalid_argument, out_of_range). Defined in na.cpp.
+Result<void> check_rma_args(const Transport* t, std::string_view scheme, std::string_view what,
+                            const Context& ctx, const MemHandle& local, std::size_t local_off,
+                            const MemHandle& remote, std::size_t len, const Addr& remote_addr);
+
 inline void complete_op(Op* op, Errc status) noexcept {
     if (op->completed) return;
     op->completed = true;

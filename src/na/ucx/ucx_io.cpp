@@ -227,27 +227,8 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
                                     const Addr& remote_addr) {
     const bool is_put = type == OpType::put;
     const char* what = is_put ? "post_put" : "post_get";
-    if (&ctx.transport() != this)
-        return Error(Errc::invalid_argument,
-                     fmt::format("{} {}: the context belongs to another transport", scheme_, what));
-    if (!remote_addr || remote_addr.impl()->transport() != this)
-        return Error(
-            Errc::invalid_argument,
-            fmt::format("{} {}: remote_addr is not an address of this transport", scheme_, what));
-    if (!local || local->transport() != this || !local->local())
-        return Error(Errc::invalid_argument,
-                     fmt::format("{} {}: the local handle is not a registration of this endpoint",
-                                 scheme_, what));
-    if (!remote || remote->transport() != this)
-        return Error(Errc::invalid_argument,
-                     fmt::format("{} {}: the remote handle is not a handle of this endpoint "
-                                 "(deserialize it here)",
-                                 scheme_, what));
-    if (local_off > local->length() || len > local->length() - local_off)
-        return Error(Errc::out_of_range,
-                     fmt::format("{} {}: local range [{}, +{}) is outside the {}-byte "
-                                 "registration",
-                                 scheme_, what, local_off, len, local->length()));
+    TALARIA_CHECK(
+        check_rma_args(this, scheme_, what, ctx, local, local_off, remote, len, remote_addr));
     auto* rm = remote.as<UcxMem>();
     auto* lm = local.as<UcxMem>();
 
