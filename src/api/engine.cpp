@@ -22,6 +22,10 @@ namespace {
 // by Context::post, and by call deadlines).
 constexpr Duration kSpinWindow = std::chrono::microseconds(50);
 constexpr Duration kSleepSlice = std::chrono::milliseconds(100);
+// Busy mode: a context with nothing to do for this long sleeps like a blocking one, so that the
+// idle threads of a busy engine (the bulk context with no transfer, contexts with no traffic)
+// leave the cores to the busy ones. Work keeps it polling.
+constexpr Duration kBusyIdle = std::chrono::milliseconds(2);
 // Shutdown: how long transfers still in flight may take to drain after being canceled.
 constexpr Duration kDrainLimit = std::chrono::seconds(10);
 
@@ -40,6 +44,7 @@ class EngineState {
     std::shared_ptr<ManualDriver> driver;  ///< manual mode only
 
     std::atomic<bool> stop{false};
+    std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
     std::vector<std::thread> threads;  ///< one per core context, then one for bulk_ctx
 
     /// Transfers in flight, so that shutdown can cancel them (keyed by a sequence number
@@ -79,9 +84,10 @@ class ManualDriver final : public Driver {
 namespace {
 
 /// The loop of a background thread: progress + trigger until stop, polling while work keeps
-/// coming, sleeping in the transport when idle (block mode).
+/// coming, sleeping in the transport once idle for the mode's window (block: kSpinWindow,
+/// busy: kBusyIdle). No sched_yield: an idle thread sleeps instead of competing for a core.
 template <class Ctx>
-void run_progress(Ctx& ctx, const std::atomic<bool>& stop, WaitMode wait) {
+void run_progress(Ctx& ctx, const std::atomic<bool>& stop, const std::atomic<WaitMode>& wait) {
     TimePoint last_work = Clock::now();
     while (!stop.load(std::memory_order_acquire)) {
         bool got = ctx.progress(Duration(0)).has_value();
@@ -90,17 +96,14 @@ void run_progress(Ctx& ctx, const std::atomic<bool>& stop, WaitMode wait) {
             last_work = Clock::now();
             continue;
         }
-        if (wait == WaitMode::busy) {
-            // Yield rather than only pause: with more spinning threads than cores (several
-            // engines in one process) a pure spin starves the thread that has the work.
-            cpu_relax();
-            std::this_thread::yield();
-            continue;
-        }
-        if (Clock::now() - last_work < kSpinWindow) continue;
-        (void)ctx.progress(kSleepSlice);
-        ctx.trigger();
-        last_work = Clock::now();
+        cpu_relax();
+        Duration window =
+            wait.load(std::memory_order_relaxed) == WaitMode::busy ? kBusyIdle : kSpinWindow;
+        if (Clock::now() - last_work < window) continue;
+        // Idle: sleep until woken. A sleep that ends with nothing to do goes straight back to
+        // sleep (after one poll), rather than spinning through another window.
+        bool woke = ctx.progress(kSleepSlice).has_value();
+        if (ctx.trigger() > 0 || woke) last_work = Clock::now();
     }
 }
 
@@ -108,8 +111,8 @@ void run_progress(Ctx& ctx, const std::atomic<bool>& stop, WaitMode wait) {
 
 void EngineState::start_threads() {
     for (uint8_t i = 0; i < core->context_count(); ++i)
-        threads.emplace_back([this, i] { run_progress(core->context(i), stop, opts.wait); });
-    threads.emplace_back([this] { run_progress(*bulk_ctx, stop, opts.wait); });
+        threads.emplace_back([this, i] { run_progress(core->context(i), stop, wait); });
+    threads.emplace_back([this] { run_progress(*bulk_ctx, stop, wait); });
 }
 
 void EngineState::shutdown() noexcept {
@@ -302,6 +305,7 @@ Result<Engine> Engine::open(std::string_view address, bool accept, EngineOptions
     }
     auto st = std::make_unique<detail::EngineState>();
     st->opts = opts;
+    st->wait.store(opts.wait, std::memory_order_relaxed);
     TALARIA_TRY(ce, core::Engine::open(address, co));
     st->core = std::move(ce);
     TALARIA_TRY(bc, st->core->transport().context_create(opts.contexts));
@@ -398,6 +402,14 @@ std::string Engine::counters_json() const {
 
 uint8_t Engine::context_count() const noexcept {
     return state_->core->context_count();
+}
+
+void Engine::set_wait_mode(WaitMode w) noexcept {
+    state_->wait.store(w, std::memory_order_relaxed);
+}
+
+WaitMode Engine::wait_mode() const noexcept {
+    return state_->wait.load(std::memory_order_relaxed);
 }
 
 const EngineOptions& Engine::options() const noexcept {

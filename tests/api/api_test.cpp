@@ -415,6 +415,29 @@ TEST_P(Api, CountersJson) {
     EXPECT_GE(s.at("rpcs_received").get<uint64_t>(), 5u);
 }
 
+// Issue 9: in blocking mode (the default) a round trip must not wait for a sleeping thread's
+// timeout. A lost wake-up shows as round trips of ~100 ms (the sleep slice); the bound is
+// loose so that a loaded machine does not trip it: at most 5 of 500 may take over 50 ms.
+TEST_P(Api, BlockingRoundTripsAreNotLost) {
+    open();
+    server->define("echo", [](uint64_t x) { return x; });
+    auto echo = client->remote<uint64_t(uint64_t)>("echo").on(ep);
+    ASSERT_EQ(value_within(echo(7)), 7u);  // connection set-up is not measured
+    int slow = 0;
+    Duration worst{0};
+    for (uint64_t i = 0; i < 500; ++i) {
+        auto t0 = Clock::now();
+        ASSERT_EQ(value_within(echo(i)), i);
+        auto d = Clock::now() - t0;
+        worst = std::max(worst, d);
+        if (d > 50ms) ++slow;
+        // Now and then let both sides fall asleep between calls, as an idle service does.
+        if (i % 50 == 49) std::this_thread::sleep_for(2ms);
+    }
+    EXPECT_LE(slow, 5) << slow << " of 500 blocking round trips took over 50 ms (worst "
+                       << std::chrono::duration<double, std::milli>(worst).count() << " ms)";
+}
+
 INSTANTIATE_TEST_SUITE_P(api, Api, ::testing::ValuesIn(na::test::transport_kinds()), kind_name);
 
 }  // namespace

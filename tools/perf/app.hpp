@@ -21,6 +21,8 @@ struct ClientOptions {
     unsigned inflight = 32;               ///< blast
     unsigned rma_inflight = 1;            ///< put/get, pull/push
     std::vector<unsigned> rate_inflight;  ///< rpc rate; empty: 1 and 16
+    std::vector<unsigned> contexts;       ///< api: contexts (= client threads); empty: 1
+    std::vector<std::string> consume;     ///< api: get, then, coawait; empty: all three
     RepeatOptions repeat;
     std::string json_path;
     std::string connect;  ///< server's layer address: do not start a server

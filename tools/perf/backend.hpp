@@ -66,6 +66,12 @@ Result<std::unique_ptr<Runner>> make_rpc_client(std::string_view transport,
                                                 std::string_view server_address, int ctl_fd,
                                                 const LayerOptions& opt);
 
+// The api layer (backend_api.cpp): talaria::Engine / define / remote; served by the rpc
+// server's api engine.
+Result<std::unique_ptr<Runner>> make_api_client(std::string_view transport,
+                                                std::string_view server_address, int ctl_fd,
+                                                const LayerOptions& opt);
+
 // The bulk layer (backend_bulk.cpp).
 Result<std::unique_ptr<Runner>> make_bulk_client(std::string_view transport,
                                                  std::string_view server_address, int ctl_fd,

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "rpc_session.hpp"
+#include "talaria/talaria.hpp"
 #include "talaria/util/log.hpp"
 #include "transports.hpp"
 
@@ -63,6 +64,7 @@ class RpcServer final : public LayerServer {
         auto s = std::unique_ptr<RpcServer>(new RpcServer());
         TALARIA_TRY(e, open_perf_engine(transport, opt.url, true, opt));
         s->engine_ = std::move(e);
+        s->transport_ = transport;
         RpcServer* self = s.get();
         // The measured handler: respond with an empty result, nothing else.
         TALARIA_CHECK(s->engine_->register_rpc(kEmptyId, kRpcEmpty, [self](core::Request& r) {
@@ -79,6 +81,7 @@ class RpcServer final : public LayerServer {
         // Registered memory first: the engine (and its transport) outlive the handle.
         if (bulk_) bulk_->release();
         bulk_.reset();
+        api_.reset();
         engine_.reset();
     }
 
@@ -87,7 +90,7 @@ class RpcServer final : public LayerServer {
     Result<void> run_phase(int ctl_fd) override {
         end_ = false;
         core::Context& ctx = engine_->context(0);
-        uint64_t seen_activity = activity_;
+        uint64_t seen_activity = activity_ + api_activity_.load(std::memory_order_relaxed);
         TimePoint idle_since = Clock::now();
         TimePoint last_work = idle_since;
         for (unsigned n = 1;; ++n) {
@@ -119,8 +122,9 @@ class RpcServer final : public LayerServer {
             if (end_ || slept || (n & 4095) == 0) {
                 pollfd p{ctl_fd, POLLIN, 0};
                 if (::poll(&p, 1, 0) > 0) return ok();
-                if (activity_ != seen_activity) {
-                    seen_activity = activity_;
+                uint64_t act = activity_ + api_activity_.load(std::memory_order_relaxed);
+                if (act != seen_activity) {
+                    seen_activity = act;
                     idle_since = Clock::now();
                 } else if (Clock::now() - idle_since > kPeerTimeout) {
                     return Error(Errc::timeout,
@@ -153,6 +157,9 @@ class RpcServer final : public LayerServer {
             case RpcCtlOp::set_mode:
                 if (body.size() != 1 || uint8_t(body[0]) > uint8_t(Mode::block)) break;
                 mode_ = static_cast<Mode>(body[0]);
+                end_ = false;
+                // The api engine (if any) sleeps while the core layer is measured.
+                if (api_) api_->set_wait_mode(talaria::WaitMode::block);
                 // A new measurement: forget what an earlier (perhaps dead) client exposed.
                 if (bulk_) bulk_->release();
                 sent = r.respond({});
@@ -179,6 +186,15 @@ class RpcServer final : public LayerServer {
                 sent = enc ? r.respond(*enc) : r.respond_error(enc.code(), enc.error().describe());
                 break;
             }
+            case RpcCtlOp::api_start: {
+                if (body.size() != 2 || uint8_t(body[0]) > uint8_t(Mode::block) ||
+                    uint8_t(body[1]) == 0)
+                    break;
+                auto addr = start_api(static_cast<Mode>(body[0]), uint8_t(body[1]));
+                sent = addr ? r.respond(std::as_bytes(std::span(*addr)))
+                            : r.respond_error(addr.code(), addr.error().describe());
+                break;
+            }
             case RpcCtlOp::bulk_release:
                 if (!body.empty()) break;
                 if (bulk_) bulk_->release();
@@ -193,7 +209,37 @@ class RpcServer final : public LayerServer {
         if (!sent) note_error(sent.error());
     }
 
+    /// The api layer's server: a talaria::Engine with background progress (the threads a user
+    /// gets), opened on first use with the contexts asked for (reopened for more), serving
+    /// perf.echo. While it is measured this process's core loop blocks (mode_ = block).
+    Result<std::string> start_api(Mode m, unsigned contexts) {
+        if (!api_ || api_->context_count() < contexts) {
+            api_.reset();
+            talaria::EngineOptions eo;
+            eo.contexts = static_cast<uint8_t>(contexts);
+            eo.wait = talaria::WaitMode::block;
+            eo.core.na.thread_safe = true;  // background threads need it whatever --single-thread
+            auto e = talaria::Engine::open(default_engine_url(transport_), true, eo);
+            if (!e)
+                return Error(e.error().code(),
+                             fmt::format("opening the api engine: {}", e.error().describe()));
+            api_ = std::make_unique<talaria::Engine>(std::move(*e));
+            auto* act = &api_activity_;
+            TALARIA_CHECK(api_->try_define(kRpcEcho, [act](uint64_t x) {
+                act->fetch_add(1, std::memory_order_relaxed);
+                return x;
+            }));
+        }
+        api_->set_wait_mode(m == Mode::busy ? talaria::WaitMode::busy : talaria::WaitMode::block);
+        mode_ = Mode::block;
+        end_ = false;
+        return api_->self_address();
+    }
+
     std::unique_ptr<core::Engine> engine_;
+    std::unique_ptr<talaria::Engine> api_;
+    std::atomic<uint64_t> api_activity_{0};
+    std::string transport_;
     std::unique_ptr<BulkExposure> bulk_;  ///< declared after engine_: released first
     Mode mode_ = Mode::block;
     bool end_ = false;
@@ -256,7 +302,8 @@ class RpcClient final : public Runner {
     }
 
     Result<void> suspend(const Spec&) override { return s_->leave_phase(); }
-    Result<void> resume(const Spec&) override { return s_->enter_phase(); }
+    // Re-sends the mode: another layer (api) may have changed the server's in between.
+    Result<void> resume(const Spec& s) override { return s_->start(s.mode); }
 
   private:
     RpcClient() = default;
@@ -374,6 +421,14 @@ Result<void> RpcSession::start(Mode m) {
     TALARIA_TRY(ack, control(RpcCtlOp::set_mode, std::span(&b, 1)));
     (void)ack;
     return ok();
+}
+
+Result<std::string> RpcSession::start_api(Mode m, unsigned contexts) {
+    mode = m;
+    TALARIA_CHECK(enter_phase());
+    std::byte b[2]{std::byte{uint8_t(m)}, std::byte{uint8_t(contexts)}};
+    TALARIA_TRY(addr, control(RpcCtlOp::api_start, b));
+    return std::string(reinterpret_cast<const char*>(addr.data()), addr.size());
 }
 
 Result<void> RpcSession::leave_phase() {

@@ -28,6 +28,7 @@ std::vector<std::size_t> default_sizes(std::string_view layer, Pattern p,
         case Pattern::pingpong:
             return {layer == "rpc" ? 0u : 8u};  // rpc: empty arguments and result
         case Pattern::rate:
+            return {layer == "api" ? 8u : 0u};  // api: echo(uint64_t)
         case Pattern::first:
             return {0};
         case Pattern::blast:
@@ -118,17 +119,36 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
                         pm.push_back(Mode::busy);
                         if (!o.demo || p == Pattern::pingpong) pm.push_back(Mode::block);
                     }
-                    for (unsigned n : inflights)
-                        for (Mode m : pm) {
-                            Spec s;
-                            s.layer = layer->name;
-                            s.transport = t;
-                            s.pattern = p;
-                            s.mode = m;
-                            s.size = size;
-                            s.inflight = n;
-                            specs.push_back(s);
+                    // api: every contexts count x way of consuming results.
+                    std::vector<unsigned> ks{1};
+                    std::vector<Consume> cs{Consume::none};
+                    if (layer->name == "api") {
+                        if (!o.contexts.empty()) ks = o.contexts;
+                        cs.clear();
+                        for (const auto& c : o.consume) {
+                            TALARIA_TRY(v, parse_consume(c));
+                            cs.push_back(v);
                         }
+                        if (cs.empty()) cs = {Consume::get, Consume::then, Consume::coawait};
+                        if (size != 8)
+                            return Error(Errc::invalid_argument,
+                                         "the api layer calls uint64_t echo(uint64_t): size 8 only");
+                    }
+                    for (unsigned k : ks)
+                        for (Consume c : cs)
+                            for (unsigned n : inflights)
+                                for (Mode m : pm) {
+                                    Spec s;
+                                    s.layer = layer->name;
+                                    s.transport = t;
+                                    s.pattern = p;
+                                    s.mode = m;
+                                    s.size = size;
+                                    s.inflight = n;
+                                    s.contexts = k;
+                                    s.consume = c;
+                                    specs.push_back(s);
+                                }
                 }
             }
         }
@@ -161,6 +181,31 @@ std::map<std::string, std::string> parse_ready_line(const std::string& line) {
     return kv;
 }
 
+/// A runner that enters its phase around each repetition (resume, run, suspend), so that it
+/// can be paired as a baseline with a layer that does the same.
+std::unique_ptr<Runner> phased_runner(Runner& inner) {
+    struct Phased final : Runner {
+        explicit Phased(Runner& r) : in(r) {}
+        std::string describe(const Spec& s) const override { return in.describe(s); }
+        Result<void> prepare(const Spec& s) override {
+            TALARIA_CHECK(in.prepare(s));
+            return in.suspend(s);
+        }
+        Result<Duration> run(const Spec& s, uint64_t iters) override {
+            TALARIA_CHECK(in.resume(s));
+            TALARIA_TRY(d, in.run(s, iters));
+            TALARIA_CHECK(in.suspend(s));
+            return d;
+        }
+        Result<void> finish(const Spec& s) override {
+            TALARIA_CHECK(in.resume(s));
+            return in.finish(s);
+        }
+        Runner& in;
+    };
+    return std::make_unique<Phased>(inner);
+}
+
 bool session_breaking(Errc e) {
     return e == Errc::timeout || e == Errc::disconnected || e == Errc::protocol_error ||
            e == Errc::io_error;
@@ -175,7 +220,9 @@ Placement place(const ClientOptions& o) {
     Placement p;
     auto cpus = allowed_cpus();
     // With --connect the server was placed by whoever started it: pin nothing by default.
-    if (cpus.size() >= 2 && o.connect.empty()) {
+    // The api layer runs threads on both sides (contexts, progress): nothing pinned either.
+    bool api = std::find(o.layers.begin(), o.layers.end(), "api") != o.layers.end();
+    if (cpus.size() >= 2 && o.connect.empty() && !api) {
         p.client = cpus[0];
         p.server = cpus[1];
     }
@@ -250,7 +297,12 @@ class TransportRun {
                                     shp->host == "::1");
                 lo.url = fmt::format("{}://{}:0", transport_, loop ? "127.0.0.1" : "0.0.0.0");
             }
-            for (const auto& name : layer_names()) {
+            auto names = layer_names();
+            // The api layer's baseline is the core layer: make its client too.
+            if (std::find(names.begin(), names.end(), "api") != names.end() &&
+                std::find(names.begin(), names.end(), "rpc") == names.end())
+                names.push_back("rpc");
+            for (const auto& name : names) {
                 const Layer* layer = find_layer(name);
                 if (auto c = layer->make_client(transport_, address_, fd_.get(), lo); c)
                     clients_[name] = std::move(*c);
@@ -305,7 +357,22 @@ class TransportRun {
             }
             return;
         }
-        auto pr = measure_pair(*baseline_, *client, s, repeat_for(s));
+        // The api layer's baseline is the core layer (the rpc back end, one context), in phases
+        // of its own around each repetition, like the layer's.
+        Runner* base = baseline_.get();
+        std::unique_ptr<Runner> phased;
+        if (s.layer == "api") {
+            auto it = clients_.find("rpc");
+            if (it == clients_.end()) {
+                rec.error = "api: the core layer's client (its baseline) is unavailable: " +
+                            client_errors_["rpc"];
+                return;
+            }
+            phased = phased_runner(*it->second);
+            base = phased.get();
+            rec.baseline_name = "core layer (rpc, 1 context, same in flight per thread)";
+        }
+        auto pr = measure_pair(*base, *client, s, repeat_for(s));
         if (pr.baseline) rec.baseline = *pr.baseline;
         if (pr.value) rec.value = *pr.value;
         rec.skipped = !pr.value && pr.value.code() == Errc::message_too_large;

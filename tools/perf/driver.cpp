@@ -53,6 +53,23 @@ Result<Mode> parse_mode(std::string_view s) {
     return Error(Errc::invalid_argument, fmt::format("unknown mode '{}' (have: busy, block)", s));
 }
 
+std::string_view consume_name(Consume c) noexcept {
+    switch (c) {
+        case Consume::none: return "-";
+        case Consume::get: return "get";
+        case Consume::then: return "then";
+        case Consume::coawait: return "coawait";
+    }
+    return "?";
+}
+
+Result<Consume> parse_consume(std::string_view s) {
+    for (Consume c : {Consume::get, Consume::then, Consume::coawait})
+        if (consume_name(c) == s) return c;
+    return Error(Errc::invalid_argument,
+                 fmt::format("unknown consume '{}' (have: get, then, coawait)", s));
+}
+
 Result<std::size_t> parse_size(std::string_view s) {
     uint64_t v = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -301,6 +318,13 @@ std::optional<Record::Goal> Record::goal() const noexcept {
         if (spec.pattern == Pattern::rate && sm && busy && spec.inflight == 16 && spec.size <= 8)
             return Goal{false, 1.0 / 1.5};
         if (spec.pattern == Pattern::first && tcp && spec.size <= 8) return Goal{true, 1000, true};
+    } else if (spec.layer == "api") {
+        // Against the core layer (rpc, one context) in the same run (issue 9).
+        if (spec.contexts == 1 && spec.procs == 1 && busy && (sm || tcp)) {
+            if (spec.pattern == Pattern::rate && spec.inflight == 16) return Goal{false, 0.85};
+            if (spec.pattern == Pattern::pingpong && spec.consume == Consume::get && sm)
+                return Goal{true, 0.25, false, true};
+        }
     } else if (spec.layer == "bulk") {
         if (spec.pattern == Pattern::pull || spec.pattern == Pattern::push) {
             if (sm && rma) return Goal{false, 0.80};
@@ -315,6 +339,7 @@ std::optional<bool> Record::goal_met() const noexcept {
     auto g = goal();
     if (!g) return std::nullopt;
     double r = g->absolute ? (value ? value->median : NAN) : ratio();
+    if (g->plus) r = value && baseline ? value->median - baseline->median : NAN;
     if (std::isnan(r)) return std::nullopt;
     return g->at_most ? r <= g->bound : r >= g->bound;
 }
@@ -333,6 +358,7 @@ std::string num(double v) {
 
 /// "<=1.5" (a ratio; the table adds "x"), "<=1000us" (absolute).
 std::string goal_bound(const Record::Goal& g) {
+    if (g.plus) return fmt::format("{}+{:g}us", g.at_most ? "<=" : ">=", g.bound);
     if (g.absolute) return fmt::format("{}{:g}us", g.at_most ? "<=" : ">=", g.bound);
     return fmt::format("{}{:.3g}", g.at_most ? "<=" : ">=", g.bound);
 }
@@ -341,7 +367,7 @@ std::string goal_text(const Record& r) {
     auto g = r.goal();
     if (!g) return "";
     auto met = r.goal_met();
-    return fmt::format("{}{} {}", goal_bound(*g), g->absolute ? "" : "x",
+    return fmt::format("{}{} {}", goal_bound(*g), g->absolute || g->plus ? "" : "x",
                        !met ? "?" : (*met ? "ok" : "MISSED"));
 }
 
@@ -350,17 +376,24 @@ std::string goal_text(const Record& r) {
 std::string format_table(const std::vector<Record>& records) {
     // The transport column fits the longest name ("ofi+tcp"); 4 wide for sm and tcp.
     std::size_t tw = 4;
-    for (const auto& r : records)
+    std::size_t lw = 5;
+    for (const auto& r : records) {
         tw = std::max(tw, r.spec.transport.size());
+        if (r.spec.consume != Consume::none) lw = std::max<std::size_t>(lw, 17);
+    }
     std::string out = fmt::format(
-        "{:<5} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} "
+        "{:<{}} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} "
         "{}\n",
-        "layer", "tran", tw, "pattern", "mode", "size", "infl", "unit", "median", "min", "max",
+        "layer", lw, "tran", tw, "pattern", "mode", "size", "infl", "unit", "median", "min", "max",
         "baseline", "ratio", "best", "goal", "baseline is");
     for (const auto& r : records) {
         const Spec& s = r.spec;
+        // api rows name how results are consumed and the contexts x processes: "api/get 2x1".
+        std::string layer = s.layer;
+        if (s.consume != Consume::none)
+            layer = fmt::format("{}/{} {}x{}", s.layer, consume_name(s.consume), s.contexts, s.procs);
         std::string head =
-            fmt::format("{:<5} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} ", s.layer, s.transport, tw,
+            fmt::format("{:<{}} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} ", layer, lw, s.transport, tw,
                         pattern_name(s.pattern), mode_name(s.mode), size_label(s.size), s.inflight,
                         unit_name(unit_of(s.pattern)));
         if (!r.value) {
@@ -393,6 +426,11 @@ std::string format_json(const std::vector<Record>& records) {
         j["mode"] = mode_name(s.mode);
         j["size"] = s.size;
         j["inflight"] = s.inflight;
+        if (s.consume != Consume::none) {
+            j["contexts"] = s.contexts;
+            j["procs"] = s.procs;
+            j["consume"] = consume_name(s.consume);
+        }
         j["unit"] = unit_name(unit_of(s.pattern));
         j["median"] = opt(r.value ? std::optional(r.value->median) : std::nullopt);
         j["min"] = opt(r.value ? std::optional(r.value->min) : std::nullopt);

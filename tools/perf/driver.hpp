@@ -21,11 +21,15 @@ namespace talaria::perf {
 /// new peer); bulk: pull, push.
 enum class Pattern : uint8_t { pingpong, blast, put, get, rate, first, pull, push };
 enum class Mode : uint8_t { busy, block };
+/// api layer: how a caller consumes results (none: the other layers).
+enum class Consume : uint8_t { none, get, then, coawait };
 
 std::string_view pattern_name(Pattern p) noexcept;
 std::string_view mode_name(Mode m) noexcept;
 Result<Pattern> parse_pattern(std::string_view s);
 Result<Mode> parse_mode(std::string_view s);
+std::string_view consume_name(Consume c) noexcept;
+Result<Consume> parse_consume(std::string_view s);
 /// "8", "4K", "4KiB", "1M", "16MiB", "1G" -> bytes.
 Result<std::size_t> parse_size(std::string_view s);
 /// 8 -> "8", 4096 -> "4Ki", 16777216 -> "16Mi".
@@ -38,7 +42,11 @@ struct Spec {
     Pattern pattern = Pattern::pingpong;
     Mode mode = Mode::busy;
     std::size_t size = 8;  ///< message, argument (rpc) or transfer size in bytes
-    unsigned inflight = 1;
+    unsigned inflight = 1;  ///< per client thread (api: per context)
+    // api layer only:
+    unsigned contexts = 1;  ///< server contexts = client threads, each on its own context pair
+    unsigned procs = 1;     ///< client processes (each with `contexts` threads)
+    Consume consume = Consume::none;
 };
 
 /// What a measurement reports: latency per round trip, message rate, or bandwidth.
@@ -123,6 +131,7 @@ struct Record {
         bool at_most = true;
         double bound = 0;
         bool absolute = false;  ///< bound applies to the median (in the spec's unit)
+        bool plus = false;      ///< bound is a difference in the spec's unit (value - baseline)
     };
     [[nodiscard]] std::optional<Goal> goal() const noexcept;
     [[nodiscard]] std::optional<bool> goal_met() const noexcept;

@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
                    "ucx+<transports> (ucx+tcp, ucx+sm), where built (default: sm,tcp)")
         ->delimiter(',');
     app.add_option("--pattern,-p", c.patterns,
-                   "na: pingpong, blast, put, get; rpc: pingpong, rate, first; bulk: pull, push "
+                   "na: pingpong, blast, put, get; rpc: pingpong, rate, first; bulk: pull, push; "
+                   "api: pingpong, rate "
                    "(default: the layer's, first on tcp only)")
         ->delimiter(',');
     app.add_option("--mode,-m", c.modes, "busy (progress(0) loop), block (long progress timeout)")
@@ -57,6 +58,14 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--rate-inflight", c.rate_inflight,
                    "Calls in flight for rpc rate (default 1,16)")
+        ->delimiter(',');
+    app.add_option("--contexts,-k", c.contexts,
+                   "api: server contexts = client threads, each on its own context pair "
+                   "(default 1), e.g. 1,2,4")
+        ->delimiter(',')
+        ->check(CLI::Range(1u, 64u));
+    app.add_option("--consume", c.consume,
+                   "api: how a caller takes results: get, then, coawait (default: all)")
         ->delimiter(',');
     app.add_option("--reps,-r", c.repeat.reps, "Repetitions of each measurement")
         ->capture_default_str()

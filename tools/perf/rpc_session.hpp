@@ -6,7 +6,12 @@
 //   perf.empty : empty result; the measured call (its arguments are ignored)
 //   perf.ctl   : [u8 op][body]; op set_mode: [u8 Mode] (starts a measurement, releases any
 //                exposed buffer); end: leave the phase; bulk_setup: [u64 size] -> the encoding
-//                of a read-write bulk handle over `size` bytes; bulk_release.
+//                of a read-write bulk handle over `size` bytes; bulk_release;
+//                api_start: [u8 Mode][u8 contexts] -> the address of the server's api engine
+//                (a talaria::Engine with background progress and at least `contexts`
+//                contexts, serving perf.echo), its threads set to Mode; the core engine's own
+//                loop blocks meanwhile. set_mode puts the api engine back to block.
+//   perf.echo  : uint64_t(uint64_t), defined with talaria::Engine::define (the api layer).
 //   Errors come back as the core's error responses.
 #pragma once
 
@@ -27,8 +32,9 @@ namespace talaria::perf {
 
 inline constexpr std::string_view kRpcEmpty = "perf.empty";
 inline constexpr std::string_view kRpcCtl = "perf.ctl";
+inline constexpr std::string_view kRpcEcho = "perf.echo";
 
-enum class RpcCtlOp : uint8_t { set_mode = 1, end, bulk_setup, bulk_release };
+enum class RpcCtlOp : uint8_t { set_mode = 1, end, bulk_setup, bulk_release, api_start };
 
 /// The default address a perf engine opens for `transport` (transports.hpp default_url).
 std::string default_engine_url(std::string_view transport);
@@ -61,6 +67,9 @@ class RpcSession {
     Result<void> enter_phase();
     /// Enter the phase (if not in it) and tell the server the mode of the next measurement.
     Result<void> start(Mode m);
+    /// Enter the phase and start an api measurement: the server's api engine (opened with at
+    /// least `contexts` contexts) polls in mode `m`; returns its address.
+    Result<std::string> start_api(Mode m, unsigned contexts);
     /// Leave the phase (the server goes back to its control loop).
     Result<void> leave_phase();
     [[nodiscard]] bool in_phase() const noexcept { return in_phase_; }

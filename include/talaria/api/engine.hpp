@@ -55,7 +55,9 @@ enum class ProgressMode : uint8_t {
 /// How a background thread waits for work.
 enum class WaitMode : uint8_t {
     block,  ///< spin ~50 us polling, then sleep in the transport until woken
-    busy,   ///< poll only (lowest latency, one core per thread)
+    busy,   ///< poll while there is work (lowest latency, one core per busy thread); a thread
+            ///< whose context had nothing to do for kBusyIdle (see engine.cpp: 2 ms) sleeps in
+            ///< the transport until woken, so idle contexts never take cycles from busy ones
 };
 
 struct EngineOptions {
@@ -263,6 +265,11 @@ class Engine {
     unsigned trigger(uint8_t ctx = 0);
     /// progress(0) + trigger() on every context, the bulk one included; returns callbacks run.
     unsigned poll();
+
+    /// Change how the background threads wait (busy-poll during a burst, block otherwise).
+    /// Any thread; takes effect at each thread's next idle check. No effect in manual mode.
+    void set_wait_mode(WaitMode w) noexcept;
+    [[nodiscard]] WaitMode wait_mode() const noexcept;
 
     // --- introspection -----------------------------------------------------------------------
     [[nodiscard]] core::Counters counters() const;

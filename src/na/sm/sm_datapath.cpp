@@ -2,6 +2,7 @@
 // A busy-polling pair makes no system call per message: a send is a copy into a ring slot and
 // a release store; the receiver finds it by polling the ring. Eventfds are rung only when the
 // receiver announced it is about to sleep (RingCtl::waiting).
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -249,8 +250,9 @@ bool SmTransport::ring_push(Conn* c, const SmOp& op) noexcept {
     // our publish before our flag load, its flag store before its slot check, so one of us
     // sees the other. On x86 this is one xchg. Only a sleeping consumer costs a system call.
     slot_seq(slot).store(uint32_t(tail + 1), std::memory_order_seq_cst);
-    if (c->tx->waiting.load(std::memory_order_seq_cst) != 0) [[unlikely]] {
-        if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    const uint64_t bit = wake_bit(op.dest_ctx);
+    if (c->tx->waiting.load(std::memory_order_seq_cst) & bit) [[unlikely]] {
+        if (c->tx->waiting.fetch_and(~bit, std::memory_order_acq_rel) & bit) ring_bell(c);
     }
     return true;
 }
@@ -393,12 +395,28 @@ void SmTransport::poll_rings_locked() noexcept {
         retry_sends_locked();
 }
 
-bool SmTransport::arm_locked() noexcept {
-    armed_ = true;
+uint64_t SmTransport::wake_bits_locked(const Context& ctx) const noexcept {
+    uint64_t bits = wake_bit(ctx.id());
+    // Messages for a context id nobody has go to the lowest context (post_send_unexpected):
+    // its sleeper also answers for those ids.
+    bool lowest = true;
+    for (uint8_t i = 0; i < ctx.id() && i < ctxs_.size(); ++i)
+        if (ctxs_[i].ctx) lowest = false;
+    if (lowest) {
+        uint64_t present = 0;
+        for (std::size_t i = 0; i < ctxs_.size(); ++i)
+            if (ctxs_[i].ctx) present |= wake_bit(uint8_t(i));
+        bits |= ~present;
+    }
+    return bits;
+}
+
+bool SmTransport::arm_locked(uint64_t bits) noexcept {
+    armed_ |= bits;
     // Dekker with ring_push()/ring_drain() on the other side, all seq_cst: flags before the
     // re-check.
     for (Conn* c : active_) {
-        c->rx->waiting.store(1, std::memory_order_seq_cst);
+        c->rx->waiting.fetch_or(bits, std::memory_order_seq_cst);
         if (!c->pending_sends.empty()) c->tx->space_wanted.store(1, std::memory_order_seq_cst);
     }
     // A producer waiting for space we freed with a release store must hear of it before we
@@ -414,12 +432,18 @@ bool SmTransport::arm_locked() noexcept {
     return true;
 }
 
-void SmTransport::disarm_locked() noexcept {
-    armed_ = false;
-    for (Conn* c : active_) {
-        c->rx->waiting.store(0, std::memory_order_relaxed);
-        c->tx->space_wanted.store(0, std::memory_order_relaxed);
-    }
+void SmTransport::disarm_locked(uint64_t bits) noexcept {
+    // Only these bits: other contexts' sleepers keep theirs (a waking thread that cleared every
+    // flag left the others asleep with nobody to ring them: issue 9's ~100 ms stalls).
+    // space_wanted stays set: the peer clears it when it rings (one spurious bell at most).
+    uint64_t keep = try_armed_;  // bits another sleeper still needs (ids >= 63 share a bit)
+    for (const auto& cs : ctxs_)
+        keep |= cs.armed;
+    armed_ = keep;
+    bits &= ~keep;
+    if (bits == 0) return;
+    for (Conn* c : active_)
+        c->rx->waiting.fetch_and(~bits, std::memory_order_relaxed);
 }
 
 // --- progress ------------------------------------------------------------------------------------
@@ -431,9 +455,11 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
         {
             std::lock_guard g(mu_);
             periodic = (++busy_polls_ & 63) == 0;
-            if (armed_) [[unlikely]] {
+            if (try_armed_) [[unlikely]] {
                 // try_wait() armed us, so someone may have slept on our fds: look at them now.
-                disarm_locked();
+                uint64_t bits = try_armed_;
+                try_armed_ = 0;
+                disarm_locked(bits);
                 poll_fds_locked();
                 last_fd_poll_ns_ = now_ns();
             }
@@ -486,31 +512,41 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
             cpu_relax();
             continue;
         }
-        // Sleep until a doorbell, a socket event, a completion queued by another thread, or
-        // the deadline.
+        // Sleep until a doorbell for this context, a socket event, a completion queued by
+        // another thread, or the deadline. Each sleeper waits on its own context's eventfd
+        // (which no other thread reads) and on the transport's epoll fd (level: every sleeper
+        // sees it readable), so a wake-up meant for one context is never taken by another.
         if (!ctx.prepare_block()) return ok();
         bool idle;
+        uint64_t bits;
         {
             std::lock_guard g(mu_);
-            idle = arm_locked();
+            bits = wake_bits_locked(ctx);
+            ctxs_[ctx.id()].armed = bits;
+            idle = arm_locked(bits);
         }
-        epoll_event evs[32];
-        int n = idle ? ::epoll_wait(epfd_, evs, 32, ms_until(deadline)) : 0;
+        pollfd fds[2] = {{ctx.event_fd(), POLLIN, 0}, {epfd_, POLLIN, 0}};
+        int n = idle ? ::poll(fds, 2, ms_until(deadline)) : 0;
         ctx.end_block();
         ctx.drain_event_fd();
         std::lock_guard g(mu_);
-        disarm_locked();
-        for (int i = 0; i < n; ++i)
-            handle_event_locked(evs[i].data.u64, evs[i].events);
+        ctxs_[ctx.id()].armed = 0;
+        disarm_locked(bits);
+        if (n > 0 && (fds[1].revents & POLLIN)) poll_fds_locked();
         process_broken_locked();
         last_fd_poll_ns_ = now_ns();
     }
 }
 
 bool SmTransport::try_wait() {
+    // No context named: arm for every context (the caller blocks on a context's wait_fd, which
+    // nests the transport's epoll fd); the next progress() withdraws these bits.
     std::lock_guard g(mu_);
-    if (arm_locked()) return true;
-    disarm_locked();
+    try_armed_ = ~uint64_t{0};
+    if (arm_locked(try_armed_)) return true;
+    uint64_t bits = try_armed_;
+    try_armed_ = 0;
+    disarm_locked(bits);
     return false;
 }
 

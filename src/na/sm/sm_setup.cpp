@@ -38,7 +38,6 @@ namespace {
 // epoll keys: the kind in the top byte, a connection id or context id below.
 constexpr uint64_t kKeyListen = 1ull << 56;
 constexpr uint64_t kKeyWake = 2ull << 56;
-constexpr uint64_t kKeyCtx = 3ull << 56;
 constexpr uint64_t kKeyConn = 4ull << 56;
 constexpr uint64_t kKeyMask = (1ull << 56) - 1;
 
@@ -307,20 +306,15 @@ Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id) {
         return Error(Errc::already_exists, fmt::format("sm: context {} already exists", id));
     auto c = std::make_unique<SmContext>(this, id, opts_.thread_safe);
     if (c->event_fd() < 0) return Error(Errc::io_error, "sm: context eventfd creation failed");
-    // Edge-triggered: every enqueue() signal wakes a blocked progress once, and a signal for a
-    // context someone else progresses does not keep us spinning.
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLET;
-    ev.data.u64 = kKeyCtx | id;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, c->event_fd(), &ev) != 0)
-        return errno_error("sm: epoll_ctl(context eventfd)", errno);
+    // The context's eventfd is not in the transport's epoll set: only the thread progressing
+    // this context waits on it (progress() polls it beside epfd_), so no other thread's epoll
+    // can consume its wake-up.
     ctxs_[id].ctx = c.get();
     return std::unique_ptr<Context>(std::move(c));
 }
 
 void SmTransport::context_destroyed(SmContext* c) noexcept {
     std::lock_guard g(mu_);
-    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, c->event_fd(), nullptr);
     auto& cs = ctxs_[c->id()];
     if (cs.ctx != c) return;
     cs.ctx = nullptr;
@@ -582,6 +576,7 @@ Result<Conn*> SmTransport::connect_locked(Peer* peer) {
         return errno_error("sm: epoll_ctl(connection)", err);
     }
     conns_.emplace(c->id, c);
+    c->rx->waiting.store(armed_, std::memory_order_seq_cst);  // contexts asleep now
     active_.push_back(c);
     peer->conns.push_back(c);
     if (!peer->send_conn) peer->send_conn = c;
@@ -781,6 +776,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         return;
     }
     c->state = Conn::State::established;
+    c->rx->waiting.store(armed_, std::memory_order_seq_cst);  // contexts asleep now
     active_.push_back(c);
     p->conns.push_back(c);
     if (!p->send_conn) p->send_conn = c;
@@ -1002,7 +998,6 @@ void SmTransport::handle_event_locked(uint64_t key, uint32_t events) {
         if (!c->broken && (events & (EPOLLHUP | EPOLLERR)))
             fail_conn_later(c, Errc::disconnected, "hang-up on the socket");
     }
-    // kKeyCtx: a completion was queued by another thread; the caller re-checks its context.
 }
 
 void SmTransport::poll_fds_locked() {

@@ -220,9 +220,13 @@ class SmTransport final : public Transport {
     void retry_sends_locked() noexcept;
     void poll_rings_locked() noexcept;
     void ring_bell(Conn* c) noexcept;
-    /// Arm every wake-up flag, then re-check: false when work is already there.
-    bool arm_locked() noexcept;
-    void disarm_locked() noexcept;
+    /// Arm the wake-up bits `bits` on every ring (and space_wanted where sends wait), then
+    /// re-check: false when work is already there (the bits stay set; disarm them).
+    bool arm_locked(uint64_t bits) noexcept;
+    void disarm_locked(uint64_t bits) noexcept;
+    /// The wake bits a sleeper of `ctx` arms: its own, and where it is the lowest context the
+    /// bits of ids no context has (their messages are routed to it).
+    uint64_t wake_bits_locked(const Context& ctx) const noexcept;
     Stashed* stash_alloc() noexcept;
     /// Copy an early message out of its ring slot; nullptr (logged) when out of memory.
     Stashed* stash_copy_locked(Peer* p, const SlotHeader& h, const std::byte* payload) noexcept;
@@ -234,6 +238,7 @@ class SmTransport final : public Transport {
         SmContext* ctx = nullptr;
         IntrusiveList<SmOp> recvs;    ///< posted recv_unexpected
         IntrusiveList<Stashed> msgs;  ///< unexpected messages with no receive yet
+        uint64_t armed = 0;           ///< wake bits its sleeping thread armed (0: not asleep)
     };
 
     // First member, so destroyed last: every Addr the members below hold leaves it on the way.
@@ -263,7 +268,8 @@ class SmTransport final : public Transport {
     std::string sock_path_;
     uint64_t next_conn_id_ = 1;
     uint64_t next_seg_id_ = 1;
-    bool armed_ = false;
+    uint64_t armed_ = 0;      ///< wake bits armed by sleeping contexts (see RingCtl::waiting)
+    uint64_t try_armed_ = 0;  ///< bits armed by try_wait() (no context): withdrawn by progress
 #if defined(__SANITIZE_THREAD__)
     std::atomic<uint32_t> fence_word_{0};  ///< check_space_wanted_locked() under TSan
 #endif

@@ -43,9 +43,11 @@ inline constexpr std::size_t kMaxNameLen = 64;
 struct RingCtl {
     /// Sequence number of the next slot the consumer reads (written by the consumer only).
     alignas(kCacheLine) std::atomic<uint64_t> head;
-    /// Set by the consumer before it sleeps; the producer clears it and rings the consumer's
-    /// eventfd after publishing a slot.
-    alignas(kCacheLine) std::atomic<uint32_t> waiting;
+    /// One bit per consumer context about to sleep (bit min(id, 63)): the consumer sets its
+    /// context's bit before it sleeps; the producer, after publishing a slot for context `d`,
+    /// clears bit d and rings the consumer's eventfd if it was set. Per context, so that one
+    /// thread waking up never withdraws the request of another context's sleeping thread.
+    alignas(kCacheLine) std::atomic<uint64_t> waiting;
     /// Set by the producer before it sleeps on a full ring; the consumer clears it and rings
     /// the producer's eventfd after freeing slots.
     alignas(kCacheLine) std::atomic<uint32_t> space_wanted;
@@ -55,7 +57,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 inline constexpr uint32_t kSegMagic = 0x47534d54;  // "TMSG" little-endian: 'T','M','S','G'
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: RingCtl::waiting is a mask of contexts
+
+/// The bit of context `id` in RingCtl::waiting.
+constexpr uint64_t wake_bit(uint8_t id) noexcept {
+    return uint64_t{1} << (id < 63 ? id : 63);
+}
 
 /// First cache line of a segment (written once by the connecting side before the handshake).
 struct SegHeader {

@@ -1,0 +1,265 @@
+// talaria-perf: the api back end, measured through the public API a user calls:
+// talaria::Engine (background progress), Engine::define on the server (perf.echo,
+// uint64_t(uint64_t)) and Engine::remote<uint64_t(uint64_t)> on the client.
+//
+//   K = --contexts: the server's api engine has (at least) K contexts; the client engine has K
+//   contexts and K threads, thread i calling from its context i to the server's context i.
+//   pingpong : each thread keeps one call in flight and makes `iters` calls: the round trip in us
+//   rate     : each thread keeps --rate-inflight calls in flight; `iters` calls in all, split
+//              over the threads: calls per second for the whole client
+//   --consume: how a thread takes its results
+//     get     : a ring of `inflight` Futures; Future::get() the oldest, then issue the next
+//     then    : `inflight` chains; each result's then() issues the chain's next call (on the
+//               client's progress thread); the thread waits for the chains to end
+//     coawait : `inflight` coroutines, each a loop of co_await calls; the thread waits for them
+//
+// The same process also runs the core layer (rpc back end, one context) as this layer's
+// baseline, interleaved repetition by repetition (client.cpp), so the ratio is api / core.
+#include <array>
+#include <atomic>
+#include <barrier>
+#include <coroutine>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "rpc_session.hpp"
+#include "talaria/talaria.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::perf {
+
+namespace {
+
+using Echo = uint64_t(uint64_t);
+
+/// A coroutine that starts at once and frees itself at its end (what a user writes to keep
+/// calls in flight from coroutines on a background engine).
+struct Detached {
+    struct promise_type {
+        Detached get_return_object() noexcept { return {}; }
+        std::suspend_never initial_suspend() noexcept { return {}; }
+        std::suspend_never final_suspend() noexcept { return {}; }
+        void return_void() noexcept {}
+        void unhandled_exception() noexcept { std::terminate(); }
+    };
+};
+
+/// Makes `n` calls one after another with co_await, then counts itself out of `running`.
+Detached call_loop(Procedure<Echo> p, uint64_t n, std::atomic<uint64_t>& errors,
+                   std::atomic<unsigned>& running) {
+    for (uint64_t i = 0; i < n; ++i) {
+        auto r = co_await p(i).as_result();
+        if (!r || *r != i) errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (running.fetch_sub(1, std::memory_order_acq_rel) == 1) running.notify_all();
+}
+
+/// One `then` chain: each completion issues the next call until `left` reaches 0.
+struct Chain {
+    Procedure<Echo> p;
+    uint64_t left = 0;
+    std::atomic<uint64_t>* errors = nullptr;
+    std::atomic<unsigned>* running = nullptr;
+
+    void issue() {
+        uint64_t v = left;
+        p(v).then([this, v](Result<uint64_t>&& r) {
+            if (!r || *r != v) errors->fetch_add(1, std::memory_order_relaxed);
+            if (--left > 0) {
+                issue();
+            } else if (running->fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                running->notify_all();
+            }
+        });
+    }
+};
+
+class ApiClient final : public Runner {
+  public:
+    static Result<std::unique_ptr<Runner>> create(std::string_view transport,
+                                                  std::string_view server_address, int ctl_fd,
+                                                  const LayerOptions& opt) {
+        auto c = std::unique_ptr<ApiClient>(new ApiClient());
+        TALARIA_TRY(s, RpcSession::create("api", transport, server_address, ctl_fd, opt));
+        c->s_ = std::move(s);
+        c->transport_ = transport;
+        return std::unique_ptr<Runner>(std::move(c));
+    }
+
+    ~ApiClient() override {
+        // Addresses before the engine whose transport they belong to.
+        proc_ = {};
+        server_ = {};
+        engine_.reset();
+    }
+
+    [[nodiscard]] std::string describe(const Spec&) const override { return "api"; }
+
+    Result<void> prepare(const Spec& s) override {
+        if (s.pattern != Pattern::pingpong && s.pattern != Pattern::rate)
+            return Error(Errc::invalid_argument,
+                         fmt::format("the api layer measures pingpong and rate, not {}",
+                                     pattern_name(s.pattern)));
+        if (s.contexts == 0 || s.contexts > 64)
+            return Error(Errc::invalid_argument, "--contexts: 1 to 64");
+        if (s.procs != 1)
+            return Error(Errc::not_supported, "the api layer measures one client process");
+        prepared_ = true;
+        auto addr = s_->start_api(s.mode, s.contexts);
+        if (!addr) {
+            (void)finish(s);
+            return std::move(addr).error();
+        }
+        // A client engine shaped for this spec: K contexts, background threads in its mode.
+        if (!engine_ || engine_->context_count() != s.contexts || server_address_ != *addr) {
+            proc_ = {};
+            server_ = {};
+            engine_.reset();
+            EngineOptions eo;
+            eo.contexts = static_cast<uint8_t>(s.contexts);
+            auto url = s_->options().url.empty() ? default_engine_url(transport_)
+                                                 : s_->options().url;
+            auto e = Engine::open(url, false, eo);
+            if (!e) {
+                (void)finish(s);
+                return Error(e.error().code(),
+                             fmt::format("api client engine: {}", e.error().describe()));
+            }
+            engine_ = std::make_unique<Engine>(std::move(*e));
+            auto ep = engine_->try_lookup(*addr);
+            if (!ep) {
+                (void)finish(s);
+                return std::move(ep).error();
+            }
+            server_ = *ep;
+            server_address_ = *addr;
+            proc_ = engine_->remote<Echo>(kRpcEcho).on(server_);
+        }
+        engine_->set_wait_mode(s.mode == Mode::busy ? WaitMode::busy : WaitMode::block);
+        return ok();
+    }
+
+    Result<Duration> run(const Spec& s, uint64_t iters) override {
+        const unsigned k = s.contexts;
+        const unsigned inflight = s.pattern == Pattern::pingpong ? 1 : std::max(1u, s.inflight);
+        // pingpong: every thread makes `iters` calls (the unit is one thread's round trip);
+        // rate: `iters` calls in all.
+        std::vector<uint64_t> per(k, s.pattern == Pattern::pingpong ? iters : iters / k);
+        if (s.pattern != Pattern::pingpong) per[0] += iters % k;
+        std::atomic<uint64_t> errors{0};
+        std::barrier sync(static_cast<std::ptrdiff_t>(k + 1));
+        std::vector<std::thread> threads;
+        threads.reserve(k);
+        for (unsigned i = 0; i < k; ++i) {
+            Procedure<Echo> p = proc_.from(static_cast<uint8_t>(i)).context(static_cast<uint8_t>(i));
+            threads.emplace_back([&, p, i] {
+                sync.arrive_and_wait();
+                work(s.consume, p, per[i], inflight, errors, running_[i]);
+                sync.arrive_and_wait();
+            });
+        }
+        sync.arrive_and_wait();
+        auto t0 = Clock::now();
+        sync.arrive_and_wait();
+        auto elapsed = Clock::now() - t0;
+        for (auto& t : threads)
+            t.join();
+        if (uint64_t e = errors.load(); e != 0)
+            return Error(Errc::protocol_error,
+                         fmt::format("api: {} calls failed or returned a wrong value", e));
+        return elapsed;
+    }
+
+    Result<void> finish(const Spec&) override {
+        if (!prepared_) return ok();
+        prepared_ = false;
+        return s_->leave_phase();
+    }
+
+    Result<void> suspend(const Spec&) override {
+        if (engine_) engine_->set_wait_mode(WaitMode::block);  // idle between repetitions
+        return s_->leave_phase();
+    }
+    Result<void> resume(const Spec& s) override {
+        TALARIA_CHECK(s_->start_api(s.mode, s.contexts));
+        engine_->set_wait_mode(s.mode == Mode::busy ? WaitMode::busy : WaitMode::block);
+        return ok();
+    }
+
+  private:
+    ApiClient() = default;
+
+    /// `running` counts the chains or coroutines still going; it outlives the run (the last
+    /// one notifies it from the progress thread, possibly after this thread saw it reach 0).
+    static void work(Consume how, const Procedure<Echo>& p, uint64_t n, unsigned inflight,
+                     std::atomic<uint64_t>& errors, std::atomic<unsigned>& running) {
+        if (n == 0) return;
+        inflight = static_cast<unsigned>(std::min<uint64_t>(inflight, n));
+        switch (how) {
+            case Consume::none:
+            case Consume::get: {
+                std::vector<Future<uint64_t>> ring(inflight);
+                std::vector<uint64_t> want(inflight);
+                uint64_t issued = 0;
+                for (; issued < inflight; ++issued) {
+                    want[issued] = issued;
+                    ring[issued] = p(issued);
+                }
+                for (uint64_t done = 0; done < n; ++done) {
+                    std::size_t slot = done % inflight;
+                    auto r = ring[slot].try_get();
+                    if (!r || *r != want[slot]) errors.fetch_add(1, std::memory_order_relaxed);
+                    if (issued < n) {
+                        want[slot] = issued;
+                        ring[slot] = p(issued);
+                        ++issued;
+                    }
+                }
+                return;
+            }
+            case Consume::then: {
+                running.store(inflight);
+                std::vector<Chain> chains(inflight);
+                for (unsigned c = 0; c < inflight; ++c)
+                    chains[c] = Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors,
+                                      &running};
+                for (auto& c : chains)
+                    c.issue();
+                for (unsigned r = running.load(); r != 0; r = running.load())
+                    running.wait(r);
+                return;
+            }
+            case Consume::coawait: {
+                // `inflight` coroutines, each a loop of co_await calls, resumed on the client's
+                // progress thread; this thread waits for the last to end.
+                running.store(inflight);
+                for (unsigned c = 0; c < inflight; ++c)
+                    call_loop(p, n / inflight + (c < n % inflight ? 1 : 0), errors, running);
+                for (unsigned r = running.load(); r != 0; r = running.load())
+                    running.wait(r);
+                return;
+            }
+        }
+    }
+
+    std::unique_ptr<RpcSession> s_;
+    std::string transport_;
+    std::array<std::atomic<unsigned>, 64> running_{};  ///< per thread; outlives engine_
+    std::unique_ptr<Engine> engine_;
+    Endpoint server_;
+    std::string server_address_;
+    Procedure<Echo> proc_;
+    bool prepared_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Runner>> make_api_client(std::string_view transport,
+                                                std::string_view server_address, int ctl_fd,
+                                                const LayerOptions& opt) {
+    return ApiClient::create(transport, server_address, ctl_fd, opt);
+}
+
+}  // namespace talaria::perf
