@@ -3,6 +3,8 @@
 // Shared state: one allocation per call (std::make_shared of State<T>): the caller's Future and
 // the completion callback registered with the layer below each hold a reference. The result is
 // decoded when the response arrives (on the progress thread), so no response buffer is kept.
+// The hand-off between the completing thread and the consumer is one atomic word (see
+// StateBase): no mutex, no condition variable; get() spins briefly, then sleeps on a futex.
 //
 // Consuming a Future: get() / try_get() (block; on a manual-progress engine they drive the
 // engine's progress themselves), then(callback) (runs on the completing thread), or co_await
@@ -11,7 +13,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <coroutine>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,7 @@
 
 #include "talaria/api/error.hpp"
 #include "talaria/util/clock.hpp"
+#include "talaria/util/cpu.hpp"
 #include "talaria/util/result.hpp"
 
 namespace talaria {
@@ -77,10 +79,29 @@ struct Continuation {
     virtual void run() = 0;
 };
 
+/// Waits on a 32-bit word with the Linux futex (no mutex, no condition variable): the calls
+/// behind a completion handing its result to a sleeping thread. Out of line (future.cpp).
+void futex_wait(const std::atomic<uint32_t>& word, uint32_t expected, TimePoint deadline) noexcept;
+void futex_wake_all(const std::atomic<uint32_t>& word) noexcept;
+
 /// Completion state shared by a Future and the callback that completes it.
+///
+/// One atomic word carries the hand-off (no lock): the completing thread stores the result,
+/// then sets kReady; a consumer registers a continuation or coroutine (kLinked) or announces a
+/// sleep (kSleeper) with one read-modify-write each, so exactly one side sees the other's bit.
+/// A thread waiting in get() spins briefly (kSpin) before it sleeps on the futex,
+/// and the completing thread makes the wake-up system call only when a sleeper announced itself.
 class StateBase {
   public:
-    [[nodiscard]] bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
+    static constexpr uint32_t kReady = 1, kLinked = 2, kSleeper = 4;
+    /// How long get() polls before it sleeps: a round trip on shared memory is about a
+    /// microsecond, and a sleep costs a few; longer spins only steal a core from the thread
+    /// that completes the call where threads outnumber cores.
+    static constexpr Duration kSpin = std::chrono::microseconds(3);
+
+    [[nodiscard]] bool ready() const noexcept {
+        return (word_.load(std::memory_order_acquire) & kReady) != 0;
+    }
 
     /// Block until ready or `deadline`; drives the engine when it is a manual one.
     bool wait_until(TimePoint deadline) {
@@ -99,12 +120,20 @@ class StateBase {
             }
             return true;
         }
-        std::unique_lock g(mu_);
-        if (deadline == TimePoint::max()) {
-            cv_.wait(g, [&] { return ready(); });
-            return true;
+        // Work is near (a round trip is microseconds): poll before paying for a sleep.
+        for (TimePoint end = Clock::now() + kSpin;;) {
+            for (unsigned i = 0; i < 16; ++i) {
+                if (ready()) return true;
+                cpu_relax();
+            }
+            if (Clock::now() >= end) break;
         }
-        return cv_.wait_until(g, deadline, [&] { return ready(); });
+        for (;;) {
+            uint32_t w = word_.fetch_or(kSleeper, std::memory_order_acq_rel);
+            if (w & kReady) return true;
+            if (deadline != TimePoint::max() && deadline_passed(deadline)) return ready();
+            futex_wait(word_, w | kSleeper, deadline);
+        }
     }
 
     /// Record the manual engine that must be driven to complete this state.
@@ -118,40 +147,33 @@ class StateBase {
 
     /// Store the coroutine to resume on completion; false if already complete (do not suspend).
     bool suspend(std::coroutine_handle<> h) {
-        std::lock_guard g(mu_);
-        if (ready()) return false;
         waiter_ = h;
-        return true;
+        return (word_.fetch_or(kLinked, std::memory_order_acq_rel) & kReady) == 0;
     }
     /// Store a continuation; runs it at once (on this thread) if already complete.
     void set_continuation(std::unique_ptr<Continuation> c) {
-        {
-            std::lock_guard g(mu_);
-            if (!ready()) {
-                cont_ = std::move(c);
-                return;
-            }
-        }
-        c->run();
+        cont_ = std::move(c);
+        if (word_.fetch_or(kLinked, std::memory_order_acq_rel) & kReady) run_linked();
     }
 
   protected:
-    /// Publish the result (already stored by the derived class under mu_) and wake/resume the
-    /// consumer. Called once, by the completing thread, with `g` holding mu_.
-    void publish(std::unique_lock<std::mutex>& g) {
-        ready_.store(true, std::memory_order_release);
-        auto waiter = std::exchange(waiter_, nullptr);
-        auto cont = std::move(cont_);
-        cv_.notify_all();
-        g.unlock();
-        if (cont) cont->run();
-        if (waiter) waiter.resume();
+    /// Publish the result (already stored by the derived class) and wake/resume the consumer.
+    /// Called once, by the completing thread.
+    void publish() {
+        uint32_t w = word_.fetch_or(kReady, std::memory_order_acq_rel);
+        if (w & kSleeper) futex_wake_all(word_);
+        if (w & kLinked) run_linked();
     }
-    std::mutex mu_;
 
   private:
-    std::condition_variable cv_;
-    std::atomic<bool> ready_{false};
+    void run_linked() {
+        // Both out first: the continuation may hold the last reference to this state.
+        auto cont = std::move(cont_);
+        auto h = std::exchange(waiter_, nullptr);
+        if (cont) cont->run();
+        if (h) h.resume();
+    }
+    std::atomic<uint32_t> word_{0};
     std::coroutine_handle<> waiter_;
     std::unique_ptr<Continuation> cont_;
     std::weak_ptr<Driver> driver_;
@@ -164,9 +186,8 @@ class State : public StateBase {
   public:
     /// Complete with `r`, once.
     void set(Result<T>&& r) {
-        std::unique_lock g(mu_);
         result_.emplace(std::move(r));
-        publish(g);
+        publish();
     }
     /// The result, moved out (only after ready()).
     Result<T> take() { return std::move(*result_); }
