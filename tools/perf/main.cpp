@@ -2,7 +2,7 @@
 //   talaria-perf                                   the default set on sm and tcp (< 1 minute)
 //   talaria-perf na --transport sm,tcp [options]   measure the na layer (starts its own server)
 //   talaria-perf rpc [bulk] [options]              the rpc (and bulk) layers, one server
-//   talaria-perf demo                              the RPC demo (rpc + bulk, mostly busy mode)
+//   talaria-perf demo                              the RPC demo (rpc + bulk + api, mostly busy)
 //   talaria-perf serve na --transport tcp --listen tcp://0.0.0.0:5000
 //   talaria-perf na --transport tcp --connect tcp://10.0.0.2:5000 [--ctl 10.0.0.2:5001]
 #include <csignal>
@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
     auto* demo = app.add_subcommand(
         "demo",
         "The RPC demo: rpc ping-pong (busy and block), rate (1 and 16 in flight) and first call "
-        "(tcp), bulk pull/push 4K..16M, on sm and tcp, with the raw baselines");
+        "(tcp), bulk pull/push 4K..16M, and the api layer (get, then, coawait) against the core "
+        "layer, on sm and tcp, with the raw baselines");
     demo->fallthrough();
 
     ServeOptions s;
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
             if (sub == l) c.layers.push_back(l->get_name());
     if (demo->parsed()) {
         c.demo = true;
-        c.layers = {"rpc", "bulk"};
+        c.layers = {"rpc", "bulk", "api"};
     }
     c.thread_safe = !single;
     c.repeat.rep_time = std::chrono::milliseconds(rep_ms);
