@@ -438,6 +438,25 @@ TEST_P(Api, BlockingRoundTripsAreNotLost) {
                        << std::chrono::duration<double, std::milli>(worst).count() << " ms)";
 }
 
+// Issue 9: a call to a context the server does not have fails promptly with not_found naming
+// it. (Not yet for the id right after the last RPC context, where the engine keeps its bulk
+// transfer context: see docs/architecture.md, Known limits.)
+TEST_P(Api, CallToMissingContextFailsPromptly) {
+    open();
+    server->define("echo", [](uint64_t x) { return x; });
+    for (uint8_t target : {uint8_t(5), uint8_t(200)}) {
+        auto t0 = Clock::now();
+        auto r = result_within(
+            client->remote<uint64_t(uint64_t)>("echo").on(ep).context(target)(1), 5s);
+        auto took = Clock::now() - t0;
+        ASSERT_FALSE(r) << "context " << int(target);
+        EXPECT_EQ(r.code(), Errc::not_found) << r.error().describe();
+        EXPECT_NE(r.error().message().find("context " + std::to_string(target)), std::string::npos)
+            << r.error().describe();
+        EXPECT_LT(took, 2s) << "context " << int(target);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(api, Api, ::testing::ValuesIn(na::test::transport_kinds()), kind_name);
 
 }  // namespace
