@@ -987,9 +987,13 @@ void SmTransport::handle_event_locked(uint64_t key, uint32_t events) {
     if (kind == kKeyListen) {
         accept_locked();
     } else if (kind == kKeyWake) {
+        // Whoever takes the doorbell delivers at once (enqueue wakes the context it was for):
+        // a thread polling once and leaving must not swallow another context's wake-up.
         uint64_t v;
-        while (::read(wake_fd_, &v, sizeof v) > 0) {
-        }
+        bool rung = false;
+        while (::read(wake_fd_, &v, sizeof v) > 0)
+            rung = true;
+        if (rung) poll_rings_locked();
     } else if (kind == kKeyConn) {
         auto it = conns_.find(key & kKeyMask);
         if (it == conns_.end()) return;
