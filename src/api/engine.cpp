@@ -45,7 +45,7 @@ class EngineState {
 
     std::atomic<bool> stop{false};
     std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
-    std::vector<std::thread> threads;  ///< one per core context, then one for bulk_ctx
+    std::vector<std::thread> threads;             ///< one per core context, then one for bulk_ctx
 
     /// Transfers in flight, so that shutdown can cancel them (keyed by a sequence number
     /// because the callback may run before bulk::transfer() has returned the id).

@@ -25,8 +25,8 @@ void futex_wait(const std::atomic<uint32_t>& word, uint32_t expected, TimePoint 
     }
     // Returns at once when the word no longer holds `expected` (EAGAIN), on a wake-up, a
     // signal or the timeout: the caller re-checks the word in every case.
-    ::syscall(SYS_futex, reinterpret_cast<const uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
-              tp, nullptr, 0);
+    ::syscall(SYS_futex, reinterpret_cast<const uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, tp,
+              nullptr, 0);
 }
 
 void futex_wake_all(const std::atomic<uint32_t>& word) noexcept {

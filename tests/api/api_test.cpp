@@ -446,8 +446,8 @@ TEST_P(Api, CallToMissingContextFailsPromptly) {
     server->define("echo", [](uint64_t x) { return x; });
     for (uint8_t target : {uint8_t(5), uint8_t(200)}) {
         auto t0 = Clock::now();
-        auto r = result_within(
-            client->remote<uint64_t(uint64_t)>("echo").on(ep).context(target)(1), 5s);
+        auto r =
+            result_within(client->remote<uint64_t(uint64_t)>("echo").on(ep).context(target)(1), 5s);
         auto took = Clock::now() - t0;
         ASSERT_FALSE(r) << "context " << int(target);
         EXPECT_EQ(r.code(), Errc::not_found) << r.error().describe();

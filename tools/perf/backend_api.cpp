@@ -119,8 +119,8 @@ class ApiClient final : public Runner {
             engine_.reset();
             EngineOptions eo;
             eo.contexts = static_cast<uint8_t>(s.contexts);
-            auto url = s_->options().url.empty() ? default_engine_url(transport_)
-                                                 : s_->options().url;
+            auto url =
+                s_->options().url.empty() ? default_engine_url(transport_) : s_->options().url;
             auto e = Engine::open(url, false, eo);
             if (!e) {
                 (void)finish(s);
@@ -153,7 +153,8 @@ class ApiClient final : public Runner {
         std::vector<std::thread> threads;
         threads.reserve(k);
         for (unsigned i = 0; i < k; ++i) {
-            Procedure<Echo> p = proc_.from(static_cast<uint8_t>(i)).context(static_cast<uint8_t>(i));
+            Procedure<Echo> p =
+                proc_.from(static_cast<uint8_t>(i)).context(static_cast<uint8_t>(i));
             threads.emplace_back([&, p, i] {
                 sync.arrive_and_wait();
                 work(s.consume, p, per[i], inflight, errors, running_[i]);
@@ -223,8 +224,8 @@ class ApiClient final : public Runner {
                 running.store(inflight);
                 std::vector<Chain> chains(inflight);
                 for (unsigned c = 0; c < inflight; ++c)
-                    chains[c] = Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors,
-                                      &running};
+                    chains[c] =
+                        Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors, &running};
                 for (auto& c : chains)
                     c.issue();
                 for (unsigned r = running.load(); r != 0; r = running.load())

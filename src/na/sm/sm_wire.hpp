@@ -57,7 +57,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 inline constexpr uint32_t kSegMagic = 0x47534d54;  // "TMSG" little-endian: 'T','M','S','G'
-inline constexpr uint32_t kVersion = 2;  // 2: RingCtl::waiting is a mask of contexts
+inline constexpr uint32_t kVersion = 2;            // 2: RingCtl::waiting is a mask of contexts
 
 /// The bit of context `id` in RingCtl::waiting.
 constexpr uint64_t wake_bit(uint8_t id) noexcept {
