@@ -3,9 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <thread>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -26,8 +24,6 @@ constexpr Duration kSleepSlice = std::chrono::milliseconds(100);
 // idle threads of a busy engine (the bulk context with no transfer, contexts with no traffic)
 // leave the cores to the busy ones. Work keeps it polling.
 constexpr Duration kBusyIdle = std::chrono::milliseconds(2);
-// Shutdown: how long transfers still in flight may take to drain after being canceled.
-constexpr Duration kDrainLimit = std::chrono::seconds(10);
 
 }  // namespace
 
@@ -39,28 +35,20 @@ class EngineState {
   public:
     EngineOptions opts;
     std::unique_ptr<core::Engine> core;
-    /// The context bulk transfers of this layer run on (na id = opts.contexts).
+    /// The context bulk transfers of this layer run on (na id = opts.contexts), and the
+    /// transfers on it (destroyed first: it cancels and drains what is in flight).
     std::unique_ptr<na::Context> bulk_ctx;
+    std::unique_ptr<bulk::Context> bulk;
     std::shared_ptr<ManualDriver> driver;  ///< manual mode only
 
     std::atomic<bool> stop{false};
     std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
     std::vector<std::thread> threads;             ///< one per core context, then one for bulk_ctx
 
-    /// Transfers in flight, so that shutdown can cancel them (keyed by a sequence number
-    /// because the callback may run before bulk::transfer() has returned the id).
-    std::mutex tmu;
-    std::unordered_map<uint64_t, bulk::TransferId> transfers;
-    uint64_t next_transfer = 1;
-
     ~EngineState() { shutdown(); }
 
     void start_threads();
     void shutdown() noexcept;
-    void finish_transfer(uint64_t key) {
-        std::lock_guard g(tmu);
-        transfers.erase(key);
-    }
 };
 
 class ManualDriver final : public Driver {
@@ -134,26 +122,9 @@ void EngineState::shutdown() noexcept {
     // it again (they get shutdown) or start transfers (canceled below).
     core->shutdown();
 
+    // Cancels the transfers still in flight and drives bulk_ctx until they have completed.
+    bulk.reset();
     if (bulk_ctx) {
-        {
-            std::lock_guard g(tmu);
-            for (auto& [key, id] : transfers)
-                if (id.valid()) (void)bulk::cancel(id);
-        }
-        TimePoint limit = deadline_after(kDrainLimit);
-        for (;;) {
-            bulk_ctx->trigger();
-            {
-                std::lock_guard g(tmu);
-                if (transfers.empty()) break;
-            }
-            if (deadline_passed(limit)) {
-                TALARIA_LOG(api, error, "engine shutdown: {} bulk transfers did not drain",
-                            transfers.size());
-                break;
-            }
-            (void)bulk_ctx->progress(std::chrono::milliseconds(10));
-        }
         bulk_ctx->trigger();
         bulk_ctx.reset();
     }
@@ -184,7 +155,7 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
                             std::size_t local_off, std::size_t len) {
     const char* what = dir == bulk::Direction::pull ? "pull" : "push";
-    if (!e.bulk_ctx)
+    if (!e.bulk)
         return Future<void>::ready_with(
             Error(Errc::shutdown, fmt::format("bulk {}: the engine is shutting down", what)));
     if (!peer.valid())
@@ -194,27 +165,13 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
                         what)));
     auto st = std::make_shared<State<void>>();
     if (e.driver) st->set_driver(manual_driver(e), kBulkContext);
-    uint64_t key;
-    {
-        std::lock_guard g(e.tmu);
-        key = e.next_transfer++;
-        e.transfers.emplace(key, bulk::TransferId{});
-    }
     Future<void> fut(st);
-    auto id = bulk::transfer(*e.bulk_ctx, dir, peer, remote, remote_off, local, local_off, len,
-                             [es = &e, s = std::move(st), key, len](Result<void>&& r) {
-                                 es->core->note_bulk(1, r ? len : 0, r.has_value());
-                                 es->finish_transfer(key);
-                                 s->set(std::move(r));
-                             });
-    if (!id) {
-        e.finish_transfer(key);
-        return Future<void>::ready_with(std::move(id).error());
-    }
-    {
-        std::lock_guard g(e.tmu);
-        if (auto it = e.transfers.find(key); it != e.transfers.end()) it->second = *id;
-    }
+    auto id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
+                               [es = &e, s = std::move(st), len](Result<void>&& r) {
+                                   es->core->note_bulk(1, r ? len : 0, r.has_value());
+                                   s->set(std::move(r));
+                               });
+    if (!id) return Future<void>::ready_with(std::move(id).error());
     return fut;
 }
 
@@ -308,8 +265,13 @@ Result<Engine> Engine::open(std::string_view address, bool accept, EngineOptions
     st->wait.store(opts.wait, std::memory_order_relaxed);
     TALARIA_TRY(ce, core::Engine::open(address, co));
     st->core = std::move(ce);
-    TALARIA_TRY(bc, st->core->transport().context_create(opts.contexts));
+    // The bulk context takes no calls: one aimed at its id is answered like one aimed at a
+    // context that does not exist (not_found), by the lowest RPC context.
+    na::ContextOptions bco;
+    bco.unexpected = false;
+    TALARIA_TRY(bc, st->core->transport().context_create(opts.contexts, bco));
     st->bulk_ctx = std::move(bc);
+    st->bulk = std::make_unique<bulk::Context>(*st->bulk_ctx);
     if (opts.progress == ProgressMode::manual)
         st->driver = std::make_shared<detail::ManualDriver>(st.get());
     else

@@ -1,13 +1,14 @@
-// bulk::transfer and bulk::cancel: one transfer split into na put/get pieces, one per
-// overlapping pair of remote and local segments, at most kMaxInflight of them posted at once.
+// bulk::Context: one transfer split into na put/get pieces, one per overlapping pair of remote
+// and local segments, at most kMaxInflight of them posted at once.
 //
-// Each transfer lives in a TransferState taken from a process-wide pool. States are never
-// freed, only recycled with a new generation, so a TransferId that outlived its transfer still
-// points at valid memory and cancel() can tell it is stale (not_found) by the generation. The
-// pool is a lock-free stack (an index plus an ABA tag in one 64-bit word): taking and returning
-// a state costs one compare-and-swap, and no lock is shared between transfers. Everything else
-// about a transfer is guarded by its own small mutex, so transfer() and cancel() may run on any
-// thread while the context's thread runs the piece completions.
+// Each transfer lives in a TransferState taken from its Context's pool. States are freed only
+// with the Context, and recycled with a new generation meanwhile, so a TransferId that outlived
+// its transfer still points at valid memory and cancel() can tell it is stale (not_found) by the
+// generation. The pool is a lock-free stack (an index plus an ABA tag in one 64-bit word):
+// taking and returning a state costs one compare-and-swap, and no lock is shared between
+// transfers, nor between contexts. Everything else about a transfer is guarded by its own small
+// mutex, so transfer() and cancel() may run on any thread while the context's thread runs the
+// piece completions.
 //
 // Completion: a transfer completes exactly once, from its context's trigger(): from the last
 // piece's completion, or from a callback queued with na::Context::post() when nothing is in
@@ -15,7 +16,7 @@
 //
 // Back-pressure (na says `again`): with pieces of this transfer in flight, the next completion
 // posts again. With none, a retry is queued with ctx.post(); if that retry is refused too, the
-// next ones are queued from a timer thread after a short, growing delay (RetryTimer). Queuing
+// next ones are timers of the same na context (post_at) after a short, growing delay. Queuing
 // them straight from the retry callback would never let trigger() return (it runs callbacks
 // queued meanwhile in the same call), and the operations holding the transport's max_ops could
 // then never complete on a single-threaded context.
@@ -23,14 +24,11 @@
 #include <array>
 #include <atomic>
 #include <bit>
-#include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <new>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -60,8 +58,11 @@ struct Piece {
     uint64_t loff = 0;
 };
 
+class StatePool;
+
 struct TransferState {
     // --- pool bookkeeping (never changes / atomic) ---
+    StatePool* pool = nullptr;           ///< the owner's pool (released into it)
     uint32_t index = 0;                  ///< position in the pool
     std::atomic<uint32_t> next_free{0};  ///< pool stack link: index + 1 of the next, 0 = none
 
@@ -96,7 +97,7 @@ struct TransferState {
     Error error{Errc::ok};
     bool canceled = false;       ///< cancel() was called
     bool saw_canceled = false;   ///< a piece completed with canceled after cancel()
-    bool retry_pending = false;  ///< a retry is queued (ctx->post() or the RetryTimer)
+    bool retry_pending = false;  ///< a retry is queued (ctx->post() or post_at())
     unsigned retries = 0;        ///< retries in a row that met back-pressure again
 };
 
@@ -104,6 +105,14 @@ struct TransferState {
 
 class StatePool {
   public:
+    StatePool() = default;
+    StatePool(const StatePool&) = delete;
+    StatePool& operator=(const StatePool&) = delete;
+    ~StatePool() {
+        for (auto& c : chunks_)
+            delete[] c.load(std::memory_order_relaxed);
+    }
+
     /// A free state, or nullptr when kMaxChunks * kChunk transfers are in flight.
     TransferState* acquire() {
         uint64_t h = head_.load(std::memory_order_acquire);
@@ -120,11 +129,30 @@ class StatePool {
         }
     }
 
-    void release(TransferState* s) noexcept { push_chain(s, s); }
+    void release(TransferState* s) noexcept {
+        push_chain(s, s);
+        active_.fetch_sub(1, std::memory_order_release);
+    }
+    void note_acquired() noexcept { active_.fetch_add(1, std::memory_order_relaxed); }
+    [[nodiscard]] std::size_t active() const noexcept {
+        return active_.load(std::memory_order_acquire);
+    }
+
+    /// Call f(state) for every state ever created (any thread; states are never freed while
+    /// the pool lives).
+    template <class F>
+    void for_each(F&& f) {
+        uint32_t n = nchunks_.load(std::memory_order_acquire);
+        for (uint32_t c = 0; c < n; ++c) {
+            TransferState* chunk = chunks_[c].load(std::memory_order_acquire);
+            for (uint32_t i = 0; i < kChunk; ++i)
+                f(&chunk[i]);
+        }
+    }
 
   private:
     static constexpr uint32_t kChunk = 256;
-    static constexpr uint32_t kMaxChunks = 16384;  // 4 Mi transfers in flight at most
+    static constexpr uint32_t kMaxChunks = 1024;  // 256 Ki transfers in flight per context
 
     static uint64_t tagged(uint64_t old_head, uint32_t idx1) noexcept {
         return ((old_head >> 32) + 1) << 32 | idx1;
@@ -152,6 +180,7 @@ class StatePool {
         auto* chunk = new (std::nothrow) TransferState[kChunk];
         if (!chunk) return nullptr;
         for (uint32_t i = 0; i < kChunk; ++i) {
+            chunk[i].pool = this;
             chunk[i].index = n * kChunk + i;
             if (i > 1) chunk[i - 1].next_free.store(chunk[i].index + 1, std::memory_order_relaxed);
         }
@@ -164,85 +193,13 @@ class StatePool {
     std::atomic<uint64_t> head_{0};  ///< (ABA tag << 32) | (index + 1), 0 = empty
     std::mutex grow_mu_;
     std::atomic<uint32_t> nchunks_{0};
+    std::atomic<std::size_t> active_{0};  ///< acquired and not released
     std::array<std::atomic<TransferState*>, kMaxChunks> chunks_{};
 };
 
-StatePool& pool() {
-    // Never destroyed: a TransferId may be canceled (and a late transfer finish) during exit.
-    static auto* p = new StatePool;
-    return *p;
-}
-
 // --- helpers -------------------------------------------------------------------------------------
 
-// --- delayed retries
-// ------------------------------------------------------------------------------
-
 void on_retry(TransferState* s);
-
-/// Queues retries with their context after a delay, from one thread started on first use.
-/// Only transfers that met back-pressure twice in a row with nothing in flight come here, so
-/// its lock is off every normal path.
-class RetryTimer {
-  public:
-    /// False if the thread cannot be started (the caller then queues the retry at once).
-    bool schedule(TimePoint due, na::Context* ctx, TransferState* s) {
-        std::lock_guard g(mu_);
-        if (!started_) {
-            try {
-                std::thread([this] { run(); }).detach();
-            } catch (const std::system_error&) {
-                return false;
-            }
-            started_ = true;
-        }
-        entries_.push_back({due, ctx, s});
-        std::push_heap(entries_.begin(), entries_.end(), later);
-        cv_.notify_one();
-        return true;
-    }
-
-  private:
-    struct Entry {
-        TimePoint due;
-        na::Context* ctx;
-        TransferState* s;
-    };
-    static bool later(const Entry& a, const Entry& b) noexcept { return a.due > b.due; }
-
-    [[noreturn]] void run() {
-        std::unique_lock lk(mu_);
-        for (;;) {
-            if (entries_.empty()) {
-                cv_.wait(lk);
-                continue;
-            }
-            if (Clock::now() < entries_.front().due) {
-                cv_.wait_until(lk, entries_.front().due);
-                continue;
-            }
-            std::pop_heap(entries_.begin(), entries_.end(), later);
-            Entry e = entries_.back();
-            entries_.pop_back();
-            // The transfer cannot complete while its retry is pending, so `e` stays valid.
-            if (!e.ctx->post([s = e.s](const na::Completion&) { on_retry(s); })) {
-                e.due = Clock::now() + std::chrono::milliseconds(1);  // out of memory: later
-                entries_.push_back(e);
-                std::push_heap(entries_.begin(), entries_.end(), later);
-            }
-        }
-    }
-
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<Entry> entries_;  // a min-heap on `due`
-    bool started_ = false;
-};
-
-RetryTimer& retry_timer() {
-    static auto* t = new RetryTimer;  // never destroyed: its thread runs until exit
-    return *t;
-}
 
 // --- helpers -------------------------------------------------------------------------------------
 
@@ -351,7 +308,7 @@ void finish(TransferState* s, std::unique_lock<std::mutex>& lk) {
     remote = Handle();
     local = Handle();
     peer.reset();
-    pool().release(s);
+    s->pool->release(s);
     done(std::move(r));
 }
 
@@ -361,14 +318,14 @@ void continue_in_trigger(TransferState* s, std::unique_lock<std::mutex>& lk, Nex
         // The first retry in a row goes straight to the context; later ones wait a little
         // (50 us, doubling up to 1.6 ms) so that trigger() returns and progress can free slots.
         unsigned k = s->retries++;
+        na::Callback cb = [s](const na::Completion&) { on_retry(s); };
+        Result<void> r;
         if (k > 0) {
             auto delay = std::chrono::microseconds(50u << std::min(k - 1, 5u));
-            if (retry_timer().schedule(Clock::now() + delay, s->ctx, s)) {
-                s->retry_pending = true;
-                return;
-            }
+            r = s->ctx->post_at(Clock::now() + delay, std::move(cb));
+        } else {
+            r = s->ctx->post(std::move(cb));
         }
-        auto r = s->ctx->post([s](const na::Completion&) { on_retry(s); });
         if (r) {
             s->retry_pending = true;
             return;
@@ -431,9 +388,63 @@ void copy_inline(const Handle::Impl& rim, uint64_t roff, const Handle::Impl& lim
 
 // --- the public functions ------------------------------------------------------------------------
 
-Result<TransferId> transfer(na::Context& ctx, Direction dir, const na::Addr& peer,
-                            const Handle& remote, std::size_t remote_off, const Handle& local,
-                            std::size_t local_off, std::size_t len, DoneFn done) {
+struct Context::Impl {
+    explicit Impl(na::Context& c) noexcept : ctx(c) {}
+    na::Context& ctx;
+    StatePool pool;
+};
+
+namespace {
+/// How long the destructor waits for canceled transfers to complete.
+constexpr Duration kDrainLimit = std::chrono::seconds(10);
+Result<void> cancel_locked(TransferState* s, uint64_t gen);
+}  // namespace
+
+Context::Context(na::Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
+
+Context::~Context() {
+    if (!impl_ || impl_->pool.active() == 0) return;
+    std::size_t n = cancel_all();
+    TALARIA_LOG(bulk, debug, "bulk context: canceled {} transfers still in flight", n);
+    na::Context& ctx = impl_->ctx;
+    TimePoint limit = deadline_after(kDrainLimit);
+    for (;;) {
+        ctx.trigger();
+        if (impl_->pool.active() == 0) return;
+        if (deadline_passed(limit)) break;
+        (void)ctx.progress(std::chrono::milliseconds(10));
+    }
+    // Their na operations may still complete and run callbacks that touch the states: keep
+    // the states (a leak) rather than free memory under them.
+    TALARIA_LOG(bulk, error,
+                "bulk context: {} canceled transfers did not complete within {} s; their "
+                "states are leaked so that late completions stay safe",
+                impl_->pool.active(),
+                std::chrono::duration_cast<std::chrono::seconds>(kDrainLimit).count());
+    (void)impl_.release();
+}
+
+na::Context& Context::na_context() const noexcept {
+    return impl_->ctx;
+}
+
+std::size_t Context::in_flight() const noexcept {
+    return impl_->pool.active();
+}
+
+std::size_t Context::cancel_all() {
+    std::size_t n = 0;
+    impl_->pool.for_each([&](TransferState* s) {
+        std::lock_guard g(s->mu);
+        if (s->active && cancel_locked(s, s->gen)) ++n;
+    });
+    return n;
+}
+
+Result<TransferId> Context::transfer(Direction dir, const na::Addr& peer, const Handle& remote,
+                                     std::size_t remote_off, const Handle& local,
+                                     std::size_t local_off, std::size_t len, DoneFn done) {
+    na::Context& ctx = impl_->ctx;
     if (dir != Direction::pull && dir != Direction::push)
         return Error(Errc::invalid_argument,
                      fmt::format("bulk transfer: invalid direction {}", unsigned(dir)));
@@ -490,8 +501,9 @@ Result<TransferId> transfer(na::Context& ctx, Direction dir, const na::Addr& pee
                 "transport)",
                 dn, peer ? "the peer address belongs to another transport" : "no peer address"));
 
-    TransferState* s = pool().acquire();
+    TransferState* s = impl_->pool.acquire();
     if (!s) return Error(Errc::again, fmt::format("bulk {}: too many transfers in flight", dn));
+    impl_->pool.note_acquired();
     std::unique_lock lk(s->mu);
     s->active = true;
     TransferId id{s, ++s->gen};
@@ -548,7 +560,7 @@ Result<TransferId> transfer(na::Context& ctx, Direction dir, const na::Addr& pee
         s->active = false;
         ++s->gen;
         lk.unlock();
-        pool().release(s);
+        impl_->pool.release(s);
         return Error(r.code(), fmt::format("bulk {}: cannot queue the completion: {}", dn,
                                            r.error().describe()));
     }
@@ -559,11 +571,10 @@ Result<TransferId> transfer(na::Context& ctx, Direction dir, const na::Addr& pee
     return id;
 }
 
-Result<void> cancel(TransferId id) {
-    if (!id.valid()) return Error(Errc::invalid_argument, "bulk cancel: empty TransferId");
-    auto* s = static_cast<TransferState*>(id.state);
-    std::lock_guard g(s->mu);
-    if (!s->active || s->gen != id.gen)
+namespace {
+/// cancel() with the state's mutex held.
+Result<void> cancel_locked(TransferState* s, uint64_t gen) {
+    if (!s->active || s->gen != gen)
         return Error(Errc::not_found, "bulk cancel: the transfer already completed");
     if (s->canceled) return ok();
     s->canceled = true;
@@ -578,6 +589,14 @@ Result<void> cancel(TransferId id) {
     TALARIA_LOG(bulk, debug, "bulk {}: cancel with {} pieces in flight", dir_name(s->dir),
                 s->inflight);
     return ok();
+}
+}  // namespace
+
+Result<void> Context::cancel(TransferId id) {
+    if (!id.valid()) return Error(Errc::invalid_argument, "bulk cancel: empty TransferId");
+    auto* s = static_cast<TransferState*>(id.state);
+    std::lock_guard g(s->mu);
+    return cancel_locked(s, id.gen);
 }
 
 }  // namespace talaria::bulk

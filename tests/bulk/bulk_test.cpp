@@ -98,7 +98,9 @@ std::vector<std::size_t> interesting_offsets(const std::vector<std::size_t>& siz
 struct Side {
     std::unique_ptr<na::Transport> t;
     std::unique_ptr<na::Context> ctx;
+    std::unique_ptr<bulk::Context> bulk;  ///< the transfers on ctx
     void close() {
+        bulk.reset();
         ctx.reset();
         t.reset();
     }
@@ -132,6 +134,7 @@ class Bulk : public ::testing::TestWithParam<TransportKind> {
         if (!c)
             return ::testing::AssertionFailure() << "context_create(0): " << c.error().describe();
         s.ctx = std::move(*c);
+        s.bulk = std::make_unique<bulk::Context>(*s.ctx);
         return ::testing::AssertionSuccess();
     }
 
@@ -174,7 +177,7 @@ class Bulk : public ::testing::TestWithParam<TransportKind> {
                 std::size_t loff, std::size_t len) {
         Outcome o;
         auto id =
-            transfer(*client_.ctx, dir, remote.owner(), remote, roff, local, loff, len, record(o));
+            client_.bulk->transfer(dir, remote.owner(), remote, roff, local, loff, len, record(o));
         if (!id) {
             o.code = id.code();
             o.message = id.error().message();
@@ -184,7 +187,8 @@ class Bulk : public ::testing::TestWithParam<TransportKind> {
         EXPECT_TRUE(progress_until(
             {client_.ctx.get(), server_.ctx.get()}, [&] { return o.done(); }, 20s))
             << "transfer did not complete";
-        EXPECT_EQ(cancel(*id).code(), Errc::not_found) << "id still live after completion";
+        EXPECT_EQ(client_.bulk->cancel(*id).code(), Errc::not_found)
+            << "id still live after completion";
         return o;
     }
 
@@ -316,7 +320,7 @@ TEST_P(Bulk, OutOfRangeRejected) {
         for (Direction d : {Direction::pull, Direction::push}) {
             Outcome o;
             auto id =
-                transfer(*client_.ctx, d, rh.owner(), rh, c.roff, lh, c.loff, c.len, record(o));
+                client_.bulk->transfer(d, rh.owner(), rh, c.roff, lh, c.loff, c.len, record(o));
             ASSERT_FALSE(id) << c.roff << "/" << c.loff << "/" << c.len;
             EXPECT_EQ(id.code(), Errc::out_of_range);
             EXPECT_NE(id.error().message().find(c.side), std::string::npos) << id.error().message();
@@ -372,7 +376,7 @@ TEST_P(Bulk, WrongHandlesRejected) {
     auto expect_invalid = [&](const Handle& remote, const Handle& local, const na::Addr& peer,
                               const char* says) {
         Outcome o;
-        auto id = transfer(*client_.ctx, Direction::pull, peer, remote, 0, local, 0, 8, record(o));
+        auto id = client_.bulk->transfer(Direction::pull, peer, remote, 0, local, 0, 8, record(o));
         ASSERT_FALSE(id) << says;
         EXPECT_EQ(id.code(), Errc::invalid_argument);
         EXPECT_NE(id.error().message().find(says), std::string::npos) << id.error().message();
@@ -443,7 +447,7 @@ TEST_P(Bulk, InlineSmallHandle) {
     EXPECT_EQ(lr.bufs[0][1], expect[40]);
     // No peer address needed for an inline pull; push is refused (read_only).
     Outcome o2;
-    auto id = transfer(*client_.ctx, Direction::pull, na::Addr(), *rh, 0, lh, 0, 100, record(o2));
+    auto id = client_.bulk->transfer(Direction::pull, na::Addr(), *rh, 0, lh, 0, 100, record(o2));
     ASSERT_TRUE(id) << id.error().describe();
     ASSERT_TRUE(progress_until({client_.ctx.get()}, [&] { return o2.done(); }));
     EXPECT_EQ(o2.code, Errc::ok);
@@ -507,17 +511,18 @@ TEST_P(Bulk, CancelLargeTransfer) {
     std::set<Errc> seen;
     for (int round = 0; round < 4; ++round) {
         Outcome o;
-        auto id = transfer(*client_.ctx, round % 2 ? Direction::push : Direction::pull, rh.owner(),
-                           rh, 0, lh, 0, lr.size(), record(o));
+        auto id = client_.bulk->transfer(round % 2 ? Direction::push : Direction::pull, rh.owner(),
+                                         rh, 0, lh, 0, lr.size(), record(o));
         ASSERT_TRUE(id) << id.error().describe();
         if (round >= 2)  // let some pieces finish first
             (void)progress_until(
                 {client_.ctx.get(), server_.ctx.get()}, [&] { return o.done(); }, 2ms);
-        auto c = cancel(*id);
+        auto c = client_.bulk->cancel(*id);
         if (!c) {
             EXPECT_EQ(c.code(), Errc::not_found) << "cancel: " << c.error().describe();
         }
-        EXPECT_TRUE(cancel(*id) || o.done()) << "a second cancel of a live transfer must be ok";
+        EXPECT_TRUE(client_.bulk->cancel(*id) || o.done())
+            << "a second cancel of a live transfer must be ok";
         ASSERT_TRUE(progress_until(
             {client_.ctx.get(), server_.ctx.get()}, [&] { return o.done(); }, 20s));
         na::test::progress_for({client_.ctx.get(), server_.ctx.get()}, 50ms);
@@ -527,20 +532,62 @@ TEST_P(Bulk, CancelLargeTransfer) {
             EXPECT_NE(o.message.find("canceled"), std::string::npos) << o.message;
         }
         seen.insert(o.code);
-        EXPECT_EQ(cancel(*id).code(), Errc::not_found);
+        EXPECT_EQ(client_.bulk->cancel(*id).code(), Errc::not_found);
     }
     // Handles still work afterwards.
     rr.fill(77);
     Outcome o = run(Direction::pull, rh, 0, lh, 0, lr.size());
     ASSERT_EQ(o.code, Errc::ok) << o.message;
     EXPECT_FALSE(pattern_mismatch(lr.flat(), 77));
-    EXPECT_EQ(cancel(TransferId{}).code(), Errc::invalid_argument);
+    EXPECT_EQ(client_.bulk->cancel(TransferId{}).code(), Errc::invalid_argument);
 }
 
-TEST_P(Bulk, BackPressureRetryThread) {
+TEST_P(Bulk, DestroyingTheContextCancelsAndDrainsItsTransfers) {
+    // Transfers still in flight when their bulk::Context goes: each completes once (canceled,
+    // or ok if it won the race) before the destructor returns, and nothing is left behind.
+    std::vector<std::size_t> sizes(64, 64 * 1024);
+    Region rr(sizes), lr{4 * 1024 * 1024};
+    rr.fill(5);
+    Handle rh = to_client(make(server_, rr, Access::read_write));
+    Handle lh = make(client_, lr, Access::read_write);
+    ASSERT_TRUE(rh && lh);
+    Outcome o[3];
+    for (auto& x : o) {
+        auto id =
+            client_.bulk->transfer(Direction::pull, rh.owner(), rh, 0, lh, 0, lr.size(), record(x));
+        ASSERT_TRUE(id) << id.error().describe();
+    }
+    EXPECT_EQ(client_.bulk->in_flight(), 3u);
+    // The server serves gets on tcp-like transports: keep it progressing meanwhile.
+    std::atomic<bool> stop{false};
+    std::thread server([&] {
+        while (!stop.load()) {
+            (void)server_.ctx->progress(1ms);
+            server_.ctx->trigger();
+        }
+    });
+    auto t0 = Clock::now();
+    client_.bulk.reset();
+    auto took = Clock::now() - t0;
+    stop = true;
+    server.join();
+    for (auto& x : o) {
+        EXPECT_EQ(x.calls, 1) << "a transfer did not complete exactly once";
+        EXPECT_TRUE(x.code == Errc::canceled || x.code == Errc::ok) << errc_name(x.code);
+    }
+    EXPECT_LT(took, 5s) << "the destructor waited long for canceled transfers";
+    // A new context on the same na context works.
+    client_.bulk = std::make_unique<bulk::Context>(*client_.ctx);
+    rr.fill(6);
+    Outcome again = run(Direction::pull, rh, 0, lh, 0, lr.size());
+    EXPECT_EQ(again.code, Errc::ok) << again.message;
+    EXPECT_FALSE(pattern_mismatch(lr.flat(), 6));
+}
+
+TEST_P(Bulk, BackPressureRetriesAreTimersOfTheContext) {
     // max_ops 1: one na operation at a time for the whole transport. Occupy it with a receive,
-    // so every piece is refused with again until the receive is canceled (retries then come
-    // from bulk's retry timer thread, hence "Thread" in the name: the tsan run takes it).
+    // so every piece is refused with again until the receive is canceled. The retries are
+    // timers of the transfer's own na context (post_at): no thread of bulk's runs them.
     Side tight;
     na::Options o;
     o.max_ops = 1;
@@ -564,11 +611,13 @@ TEST_P(Bulk, BackPressureRetryThread) {
     ASSERT_TRUE(rid) << rid.error().describe();
     Outcome out;
     auto id =
-        transfer(*tight.ctx, Direction::pull, rh->owner(), *rh, 0, *lh, 0, rr.size(), record(out));
+        tight.bulk->transfer(Direction::pull, rh->owner(), *rh, 0, *lh, 0, rr.size(), record(out));
     ASSERT_TRUE(id) << id.error().describe();
     na::test::progress_for({tight.ctx.get(), server_.ctx.get()}, 30ms);
     EXPECT_FALSE(out.done()) << "completed while no operation could be posted: "
                              << errc_name(out.code) << " " << out.message;
+    EXPECT_EQ(tight.ctx->timers_pending(), 1u) << "the next retry is not a timer of the context";
+    EXPECT_EQ(tight.bulk->in_flight(), 1u);
     ASSERT_TRUE(tight.t->cancel(*rid));
     ASSERT_TRUE(progress_until(
         {tight.ctx.get(), server_.ctx.get()}, [&] { return out.done() && rec.done(); }, 20s));
@@ -578,8 +627,8 @@ TEST_P(Bulk, BackPressureRetryThread) {
     // Without the receive in the way, pieces go one at a time (again after each post).
     lr.zero();
     Outcome out2;
-    id = transfer(*tight.ctx, Direction::pull, rh->owner(), *rh, 5, *lh, 0, rr.size() - 5,
-                  record(out2));
+    id = tight.bulk->transfer(Direction::pull, rh->owner(), *rh, 5, *lh, 0, rr.size() - 5,
+                              record(out2));
     ASSERT_TRUE(id);
     ASSERT_TRUE(progress_until(
         {tight.ctx.get(), server_.ctx.get()}, [&] { return out2.done(); }, 20s));
@@ -878,7 +927,7 @@ TEST_P(Bulk, TwoProcessesPullPush) {
                     std::size_t len) {
         Outcome o;
         auto id =
-            transfer(*client_.ctx, dir, remote.owner(), remote, roff, lh, loff, len, record(o));
+            client_.bulk->transfer(dir, remote.owner(), remote, roff, lh, loff, len, record(o));
         if (!id) return id.code();
         EXPECT_TRUE(progress_until(
             {client_.ctx.get()}, [&] { return o.done(); }, 20s));
@@ -972,17 +1021,20 @@ TEST_P(Bulk, ThreadedTransfers) {
     // Contexts 1.. of the client, one per thread, created here (context_create is not a data
     // path call).
     std::vector<std::unique_ptr<na::Context>> ctxs;
+    std::vector<std::unique_ptr<bulk::Context>> bctxs;  // the transfers of each
     for (int i = 0; i < kThreads; ++i) {
         auto c = client_.t->context_create(uint8_t(1 + i));
         ASSERT_TRUE(c) << c.error().describe();
         ctxs.push_back(std::move(*c));
+        bctxs.push_back(std::make_unique<bulk::Context>(*ctxs.back()));
     }
     std::atomic<int> failures{0};
     std::mutex ids_mu;
-    std::vector<TransferId> live;  // for the canceling thread
+    std::vector<std::pair<bulk::Context*, TransferId>> live;  // for the canceling thread
     std::atomic<int> cancels_ok{0};
     auto worker = [&](int w) {
         na::Context& ctx = *ctxs[w];
+        bulk::Context& bctx = *bctxs[w];
         std::size_t base = slice_start[w], len = slice_start[w + 1] - base;
         Region lr{len / 3, len - len / 3};
         auto lh = Handle::create(*client_.t, lr.segs, Access::read_write);
@@ -996,7 +1048,7 @@ TEST_P(Bulk, ThreadedTransfers) {
         };
         for (int round = 0; round < kRounds && failures == 0; ++round) {
             Outcome o;
-            auto id = transfer(ctx, Direction::pull, rh.owner(), rh, base, *lh, 0, len, record(o));
+            auto id = bctx.transfer(Direction::pull, rh.owner(), rh, base, *lh, 0, len, record(o));
             if (!id) return fail(id.error().describe());
             if (!progress_until(
                     {&ctx}, [&] { return o.done(); }, 20s))
@@ -1013,7 +1065,7 @@ TEST_P(Bulk, ThreadedTransfers) {
                 fill_pattern(b, uint32_t(4 + round), base + moved);
                 moved += b.size();
             }
-            id = transfer(ctx, Direction::push, rh.owner(), rh, base, *lh, 0, len, record(p));
+            id = bctx.transfer(Direction::push, rh.owner(), rh, base, *lh, 0, len, record(p));
             if (!id) return fail(id.error().describe());
             if (!progress_until(
                     {&ctx}, [&] { return p.done(); }, 20s))
@@ -1023,11 +1075,11 @@ TEST_P(Bulk, ThreadedTransfers) {
             Region scratch{len};
             auto sh = Handle::create(*client_.t, scratch.segs, Access::read_write);
             if (!sh) return fail(sh.error().describe());
-            id = transfer(ctx, Direction::pull, rh.owner(), rh, base, *sh, 0, len, record(q));
+            id = bctx.transfer(Direction::pull, rh.owner(), rh, base, *sh, 0, len, record(q));
             if (!id) return fail(id.error().describe());
             {
                 std::lock_guard g(ids_mu);
-                live.push_back(*id);
+                live.emplace_back(&bctx, *id);
             }
             if (!progress_until(
                     {&ctx}, [&] { return q.done(); }, 20s))
@@ -1038,13 +1090,13 @@ TEST_P(Bulk, ThreadedTransfers) {
     };
     std::thread canceler([&] {
         while (!stop.load()) {
-            std::vector<TransferId> ids;
+            std::vector<std::pair<bulk::Context*, TransferId>> ids;
             {
                 std::lock_guard g(ids_mu);
                 ids.swap(live);
             }
-            for (auto id : ids) {
-                auto r = cancel(id);
+            for (auto [bc, id] : ids) {
+                auto r = bc->cancel(id);
                 if (r)
                     ++cancels_ok;
                 else if (r.code() != Errc::not_found)
@@ -1069,6 +1121,7 @@ TEST_P(Bulk, ThreadedTransfers) {
             std::span(got).subspan(slice_start[w], slice_start[w + 1] - slice_start[w]),
             uint32_t(4 + kRounds - 1), slice_start[w]))
             << "slice " << w;
+    bctxs.clear();
     ctxs.clear();
 }
 

@@ -1,6 +1,6 @@
 // talaria-perf: the bulk back end. The client obtains the server's bulk handle once per
 // measurement (a perf.ctl bulk_setup call: the server registers `size` bytes read-write and
-// responds with the handle's encoding), then moves the bytes with bulk::transfer directly:
+// responds with the handle's encoding), then moves the bytes with bulk::Context::transfer directly:
 //   pull : remote -> local (na get underneath), GB/s
 //   push : local -> remote (na put), GB/s
 // `inflight` transfers (--rma-inflight, default 1) are kept in flight. No RPC per transfer:
@@ -70,7 +70,8 @@ class BulkClient final : public Runner {
     }
 
     ~BulkClient() override {
-        // Handles before the session's engine (and transport) go away.
+        // Transfers and handles before the session's engine (and transport) go away.
+        bulk_.reset();
         remote_ = bulk::Handle();
         local_ = bulk::Handle();
         region_.reset();
@@ -94,22 +95,24 @@ class BulkClient final : public Runner {
         auto dir = s.pattern == Pattern::pull ? bulk::Direction::pull : bulk::Direction::push;
         unsigned inflight = std::max(1u, s.inflight);
         na::Context& nctx = s_->context().na_context();
+        // The transfers of the session's context (a new one if the session changed contexts).
+        if (!bulk_ || &bulk_->na_context() != &nctx) bulk_ = std::make_unique<bulk::Context>(nctx);
         uint64_t base = done_;
         uint64_t posted = 0;
         auto t0 = Clock::now();
         while (done_ - base < iters) {
             while (posted < iters && posted - (done_ - base) < inflight) {
-                auto id = bulk::transfer(nctx, dir, s_->server(), remote_, 0, local_, 0, s.size,
-                                         [this](Result<void>&& r) {
-                                             ++done_;
-                                             if (!r && !first_error_)
-                                                 first_error_ = std::move(r).error();
-                                         });
+                auto id = bulk_->transfer(dir, s_->server(), remote_, 0, local_, 0, s.size,
+                                          [this](Result<void>&& r) {
+                                              ++done_;
+                                              if (!r && !first_error_)
+                                                  first_error_ = std::move(r).error();
+                                          });
                 if (!id) {
                     (void)s_->wait(s_->context(), &done_, base + posted,
                                    "transfers to drain after an error");
                     return Error(id.code(),
-                                 fmt::format("bulk::transfer: {}", id.error().describe()));
+                                 fmt::format("bulk transfer: {}", id.error().describe()));
                 }
                 ++posted;
             }
@@ -173,6 +176,7 @@ class BulkClient final : public Runner {
 
     std::unique_ptr<RpcSession> s_;
     Region region_;
+    std::unique_ptr<bulk::Context> bulk_;
     bulk::Handle local_;
     bulk::Handle remote_;
     bool prepared_ = false;

@@ -101,26 +101,57 @@ enum class Direction : uint8_t {
 /// free again when it runs.
 using DoneFn = InplaceFunction<void(Result<void>&&), 48>;
 
-/// Names a transfer, for cancel().
+/// Names a transfer, for Context::cancel(). Valid while the Context that started it lives.
 struct TransferId {
     void* state = nullptr;
     uint64_t gen = 0;
     [[nodiscard]] bool valid() const noexcept { return state != nullptr; }
 };
 
-/// Move `len` bytes between remote[remote_off..] and local[local_off..] in direction `dir`,
-/// with the remote handle's owner at `peer` (pass remote.owner() unless you know better).
-/// Bounds and access modes are checked here, before anything moves: out_of_range,
-/// access_denied (pull needs remote readable and local writable; push the reverse),
-/// invalid_argument (a handle of another transport, or not local/remote as needed).
-/// Operations refused for back-pressure (again) are retried as earlier ones complete.
-/// Any thread may call it; `done` runs from `ctx`'s trigger().
-Result<TransferId> transfer(na::Context& ctx, Direction dir, const na::Addr& peer,
-                            const Handle& remote, std::size_t remote_off, const Handle& local,
-                            std::size_t local_off, std::size_t len, DoneFn done);
+/// The bulk transfers of one na::Context. It owns their states (a pool that grows in chunks
+/// and is freed with this object; nothing is shared with other contexts or kept by the
+/// process) and completes them from that na context's trigger(); delayed retries after
+/// back-pressure are timers of that na context (na::Context::post_at), so whoever drives it
+/// drives them, and no thread of ours runs in the background.
+///
+/// Ownership: `ctx` must outlive this object. The destructor cancels the transfers still in
+/// flight and drives `ctx` (progress + trigger) until they have completed, for up to 10 s:
+/// destroy it from the thread that drives `ctx`, or once that thread has stopped. Should some
+/// never complete (a transport that lost them), their states are leaked on purpose, with an
+/// error in the log, rather than freed under callbacks that may still run.
+class Context {
+  public:
+    explicit Context(na::Context& ctx);
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
 
-/// Stop a transfer: it completes with canceled (or normally, if it finished first);
-/// not_found if it already completed.
-Result<void> cancel(TransferId id);
+    [[nodiscard]] na::Context& na_context() const noexcept;
+
+    /// Move `len` bytes between remote[remote_off..] and local[local_off..] in direction `dir`,
+    /// with the remote handle's owner at `peer` (pass remote.owner() unless you know better).
+    /// Bounds and access modes are checked here, before anything moves: out_of_range,
+    /// access_denied (pull needs remote readable and local writable; push the reverse),
+    /// invalid_argument (a handle of another transport, or not local/remote as needed).
+    /// Operations refused for back-pressure (again) are retried as earlier ones complete.
+    /// Any thread may call it; `done` runs from the na context's trigger().
+    Result<TransferId> transfer(Direction dir, const na::Addr& peer, const Handle& remote,
+                                std::size_t remote_off, const Handle& local, std::size_t local_off,
+                                std::size_t len, DoneFn done);
+
+    /// Stop a transfer: it completes with canceled (or normally, if it finished first);
+    /// not_found if it already completed. Any thread.
+    Result<void> cancel(TransferId id);
+    /// Cancel every transfer in flight; returns how many were asked to stop.
+    std::size_t cancel_all();
+
+    /// Transfers started and not yet completed (a snapshot).
+    [[nodiscard]] std::size_t in_flight() const noexcept;
+
+    struct Impl;
+
+  private:
+    std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace talaria::bulk

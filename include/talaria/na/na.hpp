@@ -254,6 +254,16 @@ struct Options {
     uint8_t max_contexts = 16;
 };
 
+/// How a context is used (Transport::context_create).
+struct ContextOptions {
+    /// false: the context takes no unexpected messages. One that names it is handed, like one
+    /// naming a context that does not exist, to the lowest context that takes them
+    /// (Completion::context_id still names it), so the layer above can answer the sender
+    /// instead of leaving it waiting. For contexts that only move bulk data (put/get) and
+    /// expected messages, such as the api engine's bulk context.
+    bool unexpected = true;
+};
+
 /// A transport instance: one endpoint of one transport kind (like Mercury's na_class).
 class Transport {
   public:
@@ -266,7 +276,11 @@ class Transport {
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
 
     /// Create the context with this id (0 <= id < Options::max_contexts), once per id.
-    virtual Result<std::unique_ptr<Context>> context_create(uint8_t id) = 0;
+    virtual Result<std::unique_ptr<Context>> context_create(uint8_t id,
+                                                            const ContextOptions& opts) = 0;
+    Result<std::unique_ptr<Context>> context_create(uint8_t id) {
+        return context_create(id, ContextOptions{});
+    }
 
     // --- addresses ---------------------------------------------------------------------------
     /// Resolve an address string of this transport. Does not block on the network: connections
@@ -378,8 +392,23 @@ class Context {
     /// to hand work to the thread that drives a context (a cancel, a response made elsewhere).
     /// Allocates (rarely used; not on a message path).
     Result<void> post(Callback cb);
+    /// Queue `cb` like post(), to run from trigger() once `due` has passed: progress() on this
+    /// context sleeps no later than the earliest such time and then queues what is due, and
+    /// wait_fd() becomes readable then. Any thread may call it; a context's timers are its own
+    /// (no thread, nothing shared with other contexts). Callbacks still waiting when the
+    /// context is destroyed are dropped without running, like queued completions. Allocates
+    /// (meant for retries and delays, not for a message path).
+    Result<void> post_at(TimePoint due, Callback cb);
+    /// Callbacks waiting in post_at() for their time.
+    [[nodiscard]] std::size_t timers_pending() const noexcept;
+
+    /// False for a context created with ContextOptions::unexpected = false.
+    [[nodiscard]] bool takes_unexpected() const noexcept { return takes_unexpected_; }
 
     // --- for transports --------------------------------------------------------------------
+    /// Record ContextOptions::unexpected; before the context is published to the transport's
+    /// routing (under the transport's lock).
+    void set_takes_unexpected(bool v) noexcept { takes_unexpected_ = v; }
     /// Queue a finished operation (thread-safe when the transport is). Wakes a waiter.
     void enqueue(Op* op) noexcept;
     /// The eventfd signalled by enqueue() while a progressing thread may be blocked; transports
@@ -399,6 +428,7 @@ class Context {
     struct Impl;
     Transport* transport_;
     uint8_t id_;
+    bool takes_unexpected_ = true;
     std::unique_ptr<Impl> impl_;
 };
 

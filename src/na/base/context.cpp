@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "na/base/op.hpp"
 #include "talaria/na/na.hpp"
@@ -27,6 +29,20 @@ struct UserOp final : Op, OpReleaser {
     void release(Op* op) noexcept override { delete static_cast<UserOp*>(op); }
 };
 
+namespace {
+/// A completed user op for `ctx` carrying `cb`, or nullptr when out of memory.
+Op* new_user_op(Context* ctx, Callback&& cb) noexcept {
+    auto* op = new (std::nothrow) UserOp;
+    if (!op) return nullptr;
+    op->cb = std::move(cb);
+    op->completion.type = OpType::user;
+    op->ctx = ctx;
+    op->releaser = op;
+    op->completed = true;
+    return op;
+}
+}  // namespace
+
 struct Context::Impl {
     explicit Impl(bool thread_safe) : mu(thread_safe) {}
     MaybeSpinLock mu;
@@ -35,7 +51,57 @@ struct Context::Impl {
     std::atomic<std::size_t> batch{0};  ///< ops taken by trigger() whose callbacks have not run
     std::atomic<bool> waiting{false};   ///< written under mu
     int evfd = -1;
-    int wait_epfd = -1;  // epoll over evfd + the transport's progress fd, for wait_fd()
+    int wait_epfd = -1;  // epoll over evfd, tfd and the transport's progress fd, for wait_fd()
+
+    // Timers (post_at): a min-heap on `due` under mu. `next_due` mirrors its front (ns of
+    // Clock, INT64_MAX when empty), so that progress() pays one load when there is none.
+    struct Timer {
+        int64_t due;
+        Op* op;
+    };
+    static bool later(const Timer& a, const Timer& b) noexcept { return a.due > b.due; }
+    std::vector<Timer> timers;
+    std::atomic<int64_t> next_due{INT64_MAX};
+    int tfd = -1;  // a timerfd armed at next_due, in wait_epfd, for threads blocked in epoll
+
+    /// Under mu: publish the heap's front and arm the timerfd for it.
+    void rearm_locked() noexcept {
+        int64_t due = timers.empty() ? INT64_MAX : timers.front().due;
+        next_due.store(due, std::memory_order_release);
+        if (tfd < 0) return;
+        itimerspec its{};
+        if (due != INT64_MAX) {
+            // 0 would disarm: a time already passed is armed as 1 ns (fires at once).
+            int64_t at = due > 0 ? due : 1;
+            its.it_value.tv_sec = at / 1000000000;
+            its.it_value.tv_nsec = at % 1000000000;
+        }
+        ::timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, nullptr);
+    }
+
+    /// Queue the timers whose time has come; true if any was. The context's progressing thread
+    /// calls it (no wake-up needed: that thread is awake).
+    bool fire_due() noexcept {
+        int64_t now = std::chrono::duration_cast<Duration>(Clock::now().time_since_epoch()).count();
+        if (next_due.load(std::memory_order_acquire) > now) return false;
+        bool any = false;
+        {
+            std::lock_guard g(mu);
+            while (!timers.empty() && timers.front().due <= now) {
+                std::pop_heap(timers.begin(), timers.end(), later);
+                cq.push_back(*timers.back().op);
+                timers.pop_back();
+                any = true;
+            }
+            ready.store(cq.size(), std::memory_order_release);
+            rearm_locked();
+        }
+        if (tfd >= 0) {
+            uint64_t ticks;
+            [[maybe_unused]] ssize_t r = ::read(tfd, &ticks, sizeof ticks);  // level: clear it
+        }
+        return any;
+    }
 };
 
 Context::Context(Transport* t, uint8_t id, bool thread_safe)
@@ -55,19 +121,44 @@ Context::Context(Transport* t, uint8_t id, bool thread_safe)
         ev.data.fd = pfd;
         ::epoll_ctl(impl_->wait_epfd, EPOLL_CTL_ADD, pfd, &ev);
     }
+    impl_->tfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (impl_->tfd < 0) {
+        // post_at() still works for threads in progress(); only wait_fd() misses the timers.
+        TALARIA_LOG(na, warn, "context {}: timerfd_create failed: errno {}", id, errno);
+    } else {
+        ev.data.fd = impl_->tfd;
+        ::epoll_ctl(impl_->wait_epfd, EPOLL_CTL_ADD, impl_->tfd, &ev);
+    }
 }
 
 Context::~Context() {
-    // Completions never triggered: release their ops without running callbacks.
+    // Completions never triggered and timers never due: release their ops without running
+    // callbacks.
     while (Op* op = impl_->cq.pop_front())
         op->releaser->release(op);
+    for (auto& t : impl_->timers)
+        t.op->releaser->release(t.op);
     if (impl_->evfd >= 0) ::close(impl_->evfd);
+    if (impl_->tfd >= 0) ::close(impl_->tfd);
     if (impl_->wait_epfd >= 0) ::close(impl_->wait_epfd);
 }
 
 Result<void> Context::progress(Duration timeout) {
     if (has_completions()) return ok();
-    return transport_->progress(*this, deadline_after(timeout));
+    int64_t due = impl_->next_due.load(std::memory_order_acquire);
+    if (due == INT64_MAX) [[likely]]
+        return transport_->progress(*this, deadline_after(timeout));
+    // A timer is waiting: queue it if due, else sleep no later than its time.
+    if (impl_->fire_due()) return ok();
+    TimePoint at{Duration(due)};
+    TimePoint dl = deadline_after(timeout);
+    bool capped = dl != kPollOnce && at < dl;
+    auto r = transport_->progress(*this, capped ? at : dl);
+    if (!r && r.code() == Errc::timeout && capped) {
+        impl_->fire_due();
+        return ok();
+    }
+    return r;
 }
 
 namespace {
@@ -137,6 +228,11 @@ int Context::wait_fd() const noexcept {
 
 bool Context::try_wait() {
     if (!prepare_block()) return false;
+    if (impl_->next_due.load(std::memory_order_acquire) <=
+        std::chrono::duration_cast<Duration>(Clock::now().time_since_epoch()).count()) {
+        end_block();  // a timer is due: progress() queues it
+        return false;
+    }
     if (!transport_->try_wait()) {
         end_block();
         return false;
@@ -145,15 +241,43 @@ bool Context::try_wait() {
 }
 
 Result<void> Context::post(Callback cb) {
-    auto* op = new (std::nothrow) UserOp;
+    Op* op = new_user_op(this, std::move(cb));
     if (!op) return Error{Errc::no_memory, "Context::post: out of memory"};
-    op->cb = std::move(cb);
-    op->completion.type = OpType::user;
-    op->ctx = this;
-    op->releaser = op;
-    op->completed = true;
     enqueue(op);
     return ok();
+}
+
+Result<void> Context::post_at(TimePoint due, Callback cb) {
+    Op* op = new_user_op(this, std::move(cb));
+    if (!op) return Error{Errc::no_memory, "Context::post_at: out of memory"};
+    int64_t at = std::chrono::duration_cast<Duration>(due.time_since_epoch()).count();
+    Impl& im = *impl_;
+    bool wake;
+    {
+        std::lock_guard g(im.mu);
+        try {
+            im.timers.push_back({at, op});
+        } catch (const std::bad_alloc&) {
+            op->releaser->release(op);
+            return Error{Errc::no_memory, "Context::post_at: out of memory"};
+        }
+        std::push_heap(im.timers.begin(), im.timers.end(), Impl::later);
+        bool front = im.timers.front().op == op;
+        if (front) im.rearm_locked();
+        // A thread sleeping in progress() chose its wake-up time before this timer existed.
+        wake = front && im.waiting.load(std::memory_order_relaxed);
+    }
+    if (wake) {
+        // Transports go back to sleep after a bare eventfd wake-up with nothing queued, so
+        // queue an empty callback: progress() returns, and the next one sleeps until `due`.
+        if (Op* nudge = new_user_op(this, Callback())) enqueue(nudge);
+    }
+    return ok();
+}
+
+std::size_t Context::timers_pending() const noexcept {
+    std::lock_guard g(impl_->mu);
+    return impl_->timers.size();
 }
 
 bool Context::has_completions() const noexcept {

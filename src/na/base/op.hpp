@@ -18,6 +18,22 @@
 
 namespace talaria::na {
 
+/// Where an unexpected message naming context `id` goes (docs/architecture.md, "Messages"):
+/// slot `id` when its context exists and takes unexpected messages, else the lowest slot whose
+/// context does; nullptr when none does. `slots` is indexable by id and iterable in id order;
+/// `ctx_of(slot)` is the slot's Context* (nullptr: none). Call under the transport's lock.
+template <class Slots, class CtxOf>
+auto* route_unexpected(Slots& slots, std::size_t n, uint8_t id, CtxOf ctx_of) noexcept {
+    auto takes = [&](std::size_t i) {
+        const Context* c = ctx_of(slots[i]);
+        return c != nullptr && c->takes_unexpected();
+    };
+    if (id < n && takes(id)) return &slots[id];
+    for (std::size_t i = 0; i < n; ++i)
+        if (takes(i)) return &slots[i];
+    return static_cast<decltype(&slots[0])>(nullptr);
+}
+
 class OpReleaser {
   public:
     virtual void release(Op* op) noexcept = 0;

@@ -165,12 +165,14 @@ InprocTransport::~InprocTransport() {
     TALARIA_LOG(inproc, debug, "endpoint '{}' closed", name_);
 }
 
-Result<std::unique_ptr<Context>> InprocTransport::context_create(uint8_t id) {
+Result<std::unique_ptr<Context>> InprocTransport::context_create(uint8_t id,
+                                                                 const ContextOptions& opts) {
     if (id >= opts_.max_contexts)
         return Error(Errc::invalid_argument,
                      fmt::format("inproc '{}': context id {} is out of range (max_contexts {})",
                                  name_, id, opts_.max_contexts));
     auto ctx = std::make_unique<InprocContext>(this, id, opts_.thread_safe);
+    ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->wait_fd() < 0 || ctx->event_fd() < 0)
         return Error(Errc::io_error, "inproc: the context could not create its eventfd/epoll fd");
     std::lock_guard g(port_->mu);

@@ -125,7 +125,9 @@ class InprocTransport final : public Transport {
     ~InprocTransport() override;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "inproc"; }
-    Result<std::unique_ptr<Context>> context_create(uint8_t id) override;
+    using Transport::context_create;
+    Result<std::unique_ptr<Context>> context_create(uint8_t id,
+                                                    const ContextOptions& opts) override;
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override;

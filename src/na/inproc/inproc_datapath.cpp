@@ -96,9 +96,8 @@ void InprocTransport::deliver_locked(const std::string& src_name, bool expected,
         // A context that does not exist: the lowest one that does takes the message
         // (Completion::context_id still names the one asked for), so the layer above can
         // answer the sender instead of leaving it waiting.
-        Slot* sp = ctx_id < opts_.max_contexts && slots_[ctx_id].ctx ? &slots_[ctx_id] : nullptr;
-        for (uint8_t i = 0; !sp && i < opts_.max_contexts; ++i)
-            if (slots_[i].ctx) sp = &slots_[i];
+        Slot* sp = route_unexpected(slots_, opts_.max_contexts, ctx_id,
+                                    [](const Slot& s) { return s.ctx; });
         if (!sp) {
             TALARIA_LOG(inproc, warn,
                         "'{}': dropped an unexpected message from {} (tag {}, {} bytes): no "

@@ -604,11 +604,9 @@ void OfiTransport::repost_rx(RxBuf* rb) {
 }
 
 OfiTransport::CtxSlot* OfiTransport::route_locked(uint8_t id) noexcept {
-    // A context that does not exist: the lowest one that does takes the message.
-    if (id < slots_.size() && slots_[id].ctx) return &slots_[id];
-    for (CtxSlot& s : slots_)
-        if (s.ctx) return &s;
-    return nullptr;
+    // A context that does not exist (or takes no unexpected messages): the lowest one that
+    // takes them gets the message.
+    return route_unexpected(slots_, slots_.size(), id, [](const CtxSlot& s) { return s.ctx; });
 }
 
 void OfiTransport::on_message(std::span<const std::byte> msg) {

@@ -146,7 +146,8 @@ OfiContext::~OfiContext() {
     if (block_epfd_ >= 0) ::close(block_epfd_);
 }
 
-Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id) {
+Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id,
+                                                              const ContextOptions& opts) {
     if (id >= opts_.max_contexts)
         return Error(Errc::invalid_argument,
                      fmt::format("context id {} out of range: this {} transport has "
@@ -155,6 +156,7 @@ Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id) {
     std::lock_guard g(mu_);
     if (slots_[id].ctx) return Error(Errc::already_exists, fmt::format("context {} exists", id));
     auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe);
+    ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
     slots_[id].ctx = ctx.get();
@@ -364,9 +366,10 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
 }
 
 namespace {
-/// Provider parameters libfabric reads only from the environment, set once per process before
-/// the first fi_getinfo (which loads the providers and reads them). overwrite = 0: a value the
-/// user set wins.
+/// Provider parameters libfabric reads only from the environment, once per process, when
+/// fi_getinfo first loads the providers. The library does not set them (no setenv: the
+/// environment belongs to the application); open() warns, naming what to set, when one that
+/// matters to the provider opened is missing. docs/transports.md has the list.
 ///  * FI_OFI_RXM_CM_PROGRESS_INTERVAL=100 (µs; default 10000): rxm looks at connection
 ///    management only that often while the CQ is polled, so every connection setup handshake
 ///    step waited up to 10 ms: the first call to a new ofi+tcp peer took ~20 ms, ~3 ms with 100.
@@ -374,18 +377,36 @@ namespace {
 ///    reads a message straight into the posted buffer, and in 1.17 a message larger than that
 ///    buffer (FI_ETRUNC, our message_too_large) breaks the connection: later sends to and from
 ///    that peer fail. Without them rxm receives into its own buffers and truncates cleanly.
-void set_provider_env_once() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100", 0);
-        ::setenv("FI_OFI_RXM_ENABLE_DYN_RBUF", "0", 0);
-    });
+struct ProviderEnv {
+    const char* name;
+    const char* value;
+    const char* why;
+};
+constexpr ProviderEnv kRxmEnv[] = {
+    {"FI_OFI_RXM_ENABLE_DYN_RBUF", "0",
+     "with 1 (libfabric's default) a message larger than the receive buffer posted for it "
+     "breaks the connection to that peer instead of failing only that receive"},
+    {"FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100",
+     "with 10000 (the default) the first call to each new peer waits ~20 ms for the "
+     "connection handshake"},
+};
+
+/// Warn about the rxm settings missing from the environment (only rxm-based providers).
+void warn_missing_provider_env(std::string_view prov) {
+    if (prov.find("ofi_rxm") == std::string_view::npos) return;
+    for (const ProviderEnv& e : kRxmEnv)
+        if (::getenv(e.name) == nullptr)
+            TALARIA_LOG(ofi, warn,
+                        "ofi+{}: {} is not set: {}. Set {}={} in the environment before the "
+                        "process opens its first ofi transport (libfabric reads it only there "
+                        "and only once; Talaria does not change the environment)",
+                        prov.substr(0, prov.find(';')), e.name, e.why, e.name, e.value);
 }
 }  // namespace
 
 Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view rest) {
-    set_provider_env_once();
     const std::string prov = provider_of(sub);
+    warn_missing_provider_env(prov);
     prov_.prov_name = prov;
     fi_info* hints = fi_allocinfo();
     if (!hints) return Error(Errc::no_memory, "ofi: fi_allocinfo failed");

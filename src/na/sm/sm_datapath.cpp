@@ -323,12 +323,11 @@ void SmTransport::check_space_wanted_locked() noexcept {
 void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept {
     Peer* p = c->peer;
     if (h.kind == MsgKind::unexpected) {
-        CtxState* csp = h.ctx < ctxs_.size() && ctxs_[h.ctx].ctx ? &ctxs_[h.ctx] : nullptr;
-        // A context that does not exist: the lowest one that does takes the message
-        // (Completion::context_id still names the one asked for), so the layer above can
-        // answer the sender instead of leaving it waiting.
-        for (std::size_t i = 0; !csp && i < ctxs_.size(); ++i)
-            if (ctxs_[i].ctx) csp = &ctxs_[i];
+        // A context that does not exist (or takes no unexpected messages): the lowest one that
+        // takes them gets the message (Completion::context_id still names the one asked for),
+        // so the layer above can answer the sender instead of leaving it waiting.
+        CtxState* csp =
+            route_unexpected(ctxs_, ctxs_.size(), h.ctx, [](const CtxState& cs) { return cs.ctx; });
         if (!csp) [[unlikely]] {
             TALARIA_LOG(sm, warn,
                         "sm://{}: dropped an unexpected message (tag {}, {} bytes) from sm://{} "
@@ -397,15 +396,18 @@ void SmTransport::poll_rings_locked() noexcept {
 
 uint64_t SmTransport::wake_bits_locked(const Context& ctx) const noexcept {
     uint64_t bits = wake_bit(ctx.id());
-    // Messages for a context id nobody has go to the lowest context (post_send_unexpected):
-    // its sleeper also answers for those ids.
+    // Messages for a context id nobody has (or whose context takes no unexpected messages) go
+    // to the lowest context that takes them (route_unexpected): its sleeper also answers for
+    // those ids.
+    auto takes = [&](std::size_t i) { return ctxs_[i].ctx && ctxs_[i].ctx->takes_unexpected(); };
+    if (!ctx.takes_unexpected()) return bits;
     bool lowest = true;
     for (uint8_t i = 0; i < ctx.id() && i < ctxs_.size(); ++i)
-        if (ctxs_[i].ctx) lowest = false;
+        if (takes(i)) lowest = false;
     if (lowest) {
         uint64_t present = 0;
         for (std::size_t i = 0; i < ctxs_.size(); ++i)
-            if (ctxs_[i].ctx) present |= wake_bit(uint8_t(i));
+            if (takes(i)) present |= wake_bit(uint8_t(i));
         bits |= ~present;
     }
     return bits;

@@ -296,7 +296,8 @@ SmTransport::~SmTransport() {
 
 // --- contexts ------------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id) {
+Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id,
+                                                             const ContextOptions& opts) {
     if (id >= opts_.max_contexts)
         return Error(Errc::invalid_argument,
                      fmt::format("sm: context id {} is not below Options::max_contexts ({})", id,
@@ -305,6 +306,7 @@ Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id) {
     if (ctxs_[id].ctx)
         return Error(Errc::already_exists, fmt::format("sm: context {} already exists", id));
     auto c = std::make_unique<SmContext>(this, id, opts_.thread_safe);
+    c->set_takes_unexpected(opts.unexpected);
     if (c->event_fd() < 0) return Error(Errc::io_error, "sm: context eventfd creation failed");
     // The context's eventfd is not in the transport's epoll set: only the thread progressing
     // this context waits on it (progress() polls it beside epfd_), so no other thread's epoll

@@ -129,7 +129,9 @@ class SmTransport final : public Transport {
     ~SmTransport() override;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "sm"; }
-    Result<std::unique_ptr<Context>> context_create(uint8_t id) override;
+    using Transport::context_create;
+    Result<std::unique_ptr<Context>> context_create(uint8_t id,
+                                                    const ContextOptions& opts) override;
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override;

@@ -176,7 +176,9 @@ class TcpTransport final : public Transport {
     Result<void> init(std::string_view rest);
 
     std::string_view name() const noexcept override { return "tcp"; }
-    Result<std::unique_ptr<Context>> context_create(uint8_t id) override;
+    using Transport::context_create;
+    Result<std::unique_ptr<Context>> context_create(uint8_t id,
+                                                    const ContextOptions& opts) override;
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }

@@ -550,13 +550,11 @@ bool TcpTransport::start_frame(Conn* c) {
 }
 
 TcpTransport::CtxSlot* TcpTransport::route_locked(uint8_t id) noexcept {
-    // A context that does not exist: the lowest one that does takes the message
+    // A context that does not exist (or takes no unexpected messages): the lowest one that
+    // takes them gets the message
     // (Completion::context_id still names the one asked for), so the layer above can answer
     // the sender instead of leaving it waiting.
-    if (id < slots_.size() && slots_[id].ctx) return &slots_[id];
-    for (CtxSlot& s : slots_)
-        if (s.ctx) return &s;
-    return nullptr;
+    return route_unexpected(slots_, slots_.size(), id, [](const CtxSlot& s) { return s.ctx; });
 }
 
 void TcpTransport::deliver_queued(QueuedMsg* m) {

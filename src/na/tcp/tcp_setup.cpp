@@ -114,7 +114,8 @@ TcpContext::~TcpContext() {
     if (block_epfd_ >= 0) ::close(block_epfd_);
 }
 
-Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id) {
+Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
+                                                              const ContextOptions& opts) {
     if (id >= opts_.max_contexts)
         return Error(Errc::invalid_argument,
                      fmt::format("context id {} out of range: this tcp transport has "
@@ -124,6 +125,7 @@ Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id) {
     if (slots_[id].ctx)
         return Error(Errc::already_exists, fmt::format("context {} already exists", id));
     auto ctx = std::make_unique<TcpContext>(this, id, opts_.thread_safe);
+    ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
     slots_[id].ctx = ctx.get();

@@ -159,7 +159,9 @@ class UcxTransport final : public Transport {
     Result<void> init(std::string_view sub, std::string_view rest);
 
     std::string_view name() const noexcept override { return scheme_; }
-    Result<std::unique_ptr<Context>> context_create(uint8_t id) override;
+    using Transport::context_create;
+    Result<std::unique_ptr<Context>> context_create(uint8_t id,
+                                                    const ContextOptions& opts) override;
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }

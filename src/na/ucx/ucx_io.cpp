@@ -404,12 +404,10 @@ Result<void> UcxTransport::cancel(OpId id) {
 // --- receiving ----------------------------------------------------------------------------------
 
 UcxTransport::CtxSlot* UcxTransport::route_locked(uint8_t id) noexcept {
-    // A context that does not exist: the lowest one that does takes the message
+    // A context that does not exist (or takes no unexpected messages): the lowest one that
+    // takes them gets the message
     // (Completion::context_id still names the one asked for), see na.hpp.
-    if (id < slots_.size() && slots_[id].ctx) return &slots_[id];
-    for (CtxSlot& s : slots_)
-        if (s.ctx) return &s;
-    return nullptr;
+    return route_unexpected(slots_, slots_.size(), id, [](const CtxSlot& s) { return s.ctx; });
 }
 
 void UcxTransport::deliver_locked(const MsgHeader& h, const Addr& source, const std::byte* data,

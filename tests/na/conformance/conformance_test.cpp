@@ -853,6 +853,86 @@ TEST_P(Conformance, WaitFdWakesOwnPollLoop) {
     EXPECT_GE(blocked, 1) << "try_wait() never allowed blocking";
 }
 
+// --- timers (Context::post_at)
+// ---------------------------------------------------------------------
+
+TEST_P(Conformance, TimersRunInOrderAndNotBeforeTheirTime) {
+    // Posted out of order; each runs from trigger() once its time has passed, earliest first,
+    // and a long progress() wakes for them instead of sleeping its whole timeout.
+    std::vector<int> order;
+    std::vector<TimePoint> ran(3), due(3);
+    auto t0 = Clock::now();
+    const Duration at[3] = {60ms, 20ms, 40ms};
+    for (int i = 0; i < 3; ++i) {
+        due[i] = t0 + at[i];
+        ASSERT_TRUE(server_.ctx->post_at(due[i], [&, i](const Completion& c) {
+            EXPECT_EQ(c.type, OpType::user);
+            order.push_back(i);
+            ran[i] = Clock::now();
+        }));
+    }
+    EXPECT_EQ(server_.ctx->timers_pending(), 3u);
+    while (order.size() < 3 && Clock::now() - t0 < 10s) {
+        (void)server_.ctx->progress(20s);
+        server_.ctx->trigger();
+    }
+    ASSERT_EQ(order.size(), 3u) << "timers did not all run within 10 s";
+    EXPECT_EQ(order, (std::vector<int>{1, 2, 0}));
+    for (int i = 0; i < 3; ++i)
+        EXPECT_GE(ran[i], due[i]) << "timer " << i << " ran early";
+    EXPECT_LT(Clock::now() - t0, 5s) << "progress(20s) slept past the timers";
+    EXPECT_EQ(server_.ctx->timers_pending(), 0u);
+}
+
+TEST_P(Conformance, TimerWakesWaitFd) {
+    // Someone blocking in their own poll on wait_fd() wakes when a timer is due.
+    bool ran = false;
+    auto t0 = Clock::now();
+    ASSERT_TRUE(server_.ctx->post_at(t0 + 50ms, [&](const Completion&) { ran = true; }));
+    int blocked = 0;
+    while (!ran && Clock::now() - t0 < 10s) {
+        if (server_.ctx->try_wait()) {
+            pollfd p{server_.ctx->wait_fd(), POLLIN, 0};
+            ::poll(&p, 1, 20000);
+            ++blocked;
+        }
+        (void)server_.ctx->progress(Duration::zero());
+        server_.ctx->trigger();
+    }
+    EXPECT_TRUE(ran);
+    EXPECT_GE(blocked, 1) << "try_wait() never allowed blocking";
+    EXPECT_LT(Clock::now() - t0, 5s) << "poll(wait_fd) did not wake for the timer";
+}
+
+TEST_P(Conformance, TimerFromAnotherThreadShortensASleep) {
+    // A thread sleeping in progress(20s) chose its wake-up time before the timer existed.
+    std::atomic<bool> ran{false};
+    std::jthread poster([&] {
+        std::this_thread::sleep_for(100ms);
+        EXPECT_TRUE(
+            server_.ctx->post_at(Clock::now() + 10ms, [&](const Completion&) { ran.store(true); }));
+    });
+    auto t0 = Clock::now();
+    while (!ran.load() && Clock::now() - t0 < 10s) {
+        (void)server_.ctx->progress(20s);
+        server_.ctx->trigger();
+    }
+    EXPECT_TRUE(ran.load());
+    EXPECT_LT(Clock::now() - t0, 5s) << "the sleep was not cut short for the new timer";
+}
+
+TEST_P(Conformance, TimersNotDueAreDroppedWithTheContext) {
+    auto token = std::make_shared<int>(0);
+    bool ran = false;
+    ASSERT_TRUE(server_.ctx->post_at(Clock::now() + std::chrono::hours(1),
+                                     [&ran, token](const Completion&) { ran = true; }));
+    ASSERT_TRUE(server_.ctx->post_at(Clock::now() - 1s, [&ran](const Completion&) { ran = true; }));
+    EXPECT_EQ(token.use_count(), 2);
+    server_.ctx.reset();
+    EXPECT_FALSE(ran) << "a timer ran without progress/trigger";
+    EXPECT_EQ(token.use_count(), 1) << "a dropped timer's callback was not destroyed";
+}
+
 // --- threads -------------------------------------------------------------------------------------
 
 TEST_P(Conformance, ThreadSafePostingWhileOneThreadProgresses) {

@@ -23,7 +23,16 @@ bool ipv6_loopback_works() {
 }
 }  // namespace
 
+void use_recommended_provider_env() {
+    // The test programs are applications: they set what docs/transports.md asks of one (the
+    // library never changes the environment). A value already set wins. Peer processes
+    // spawned later inherit it.
+    ::setenv("FI_OFI_RXM_ENABLE_DYN_RBUF", "0", 0);
+    ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100", 0);
+}
+
 std::vector<TransportKind> transport_kinds() {
+    use_recommended_provider_env();
     std::vector<TransportKind> v;
     for (auto name : transports_built()) {
         if (name == "inproc") {

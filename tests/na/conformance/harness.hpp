@@ -31,6 +31,9 @@ inline void PrintTo(const TransportKind& k, std::ostream* os) {
     *os << k.label << " (" << k.address << ")";
 }
 
+/// Set the libfabric provider variables docs/transports.md recommends, unless already set
+/// (transport_kinds() calls it first, so every suite and the peers it spawns run with them).
+void use_recommended_provider_env();
 /// Every transport compiled in (na::transports_built()), plus tcp over [::1] when ::1 can be
 /// bound here.
 std::vector<TransportKind> transport_kinds();

@@ -29,6 +29,9 @@ using test::progress_until;
 using test::record;
 using test::Recorder;
 
+// Before any test opens a provider (libfabric reads them once, at the first fi_getinfo).
+[[maybe_unused]] const bool kProviderEnv = (test::use_recommended_provider_env(), true);
+
 struct Peer {
     std::unique_ptr<Transport> t;
     std::unique_ptr<Context> ctx;
