@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "talaria/api/engine.hpp"
+#include "talaria/util/thread_cache.hpp"
 
 namespace talaria {
 
@@ -143,7 +144,9 @@ class Procedure<R(Args...)> {
             return Future<Ret>::ready_with(Error(
                 r.error().code(), "rpc '" + info_->name + "': arguments: " + r.error().message()));
 
-        auto st = std::make_shared<detail::CallState<Ret>>(info_, peer_.addr());
+        // From the calling thread's block cache: no malloc per call once warm.
+        auto st = std::allocate_shared<detail::CallState<Ret>>(
+            ThreadCacheAllocator<detail::CallState<Ret>>{}, info_, peer_.addr());
         if (auto d = detail::manual_driver(*engine_); !d.expired()) st->set_driver(d, from_);
         core::CallOptions opts;
         opts.target_context = target_;
