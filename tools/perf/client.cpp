@@ -131,8 +131,9 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
                         }
                         if (cs.empty()) cs = {Consume::get, Consume::then, Consume::coawait};
                         if (size != 8)
-                            return Error(Errc::invalid_argument,
-                                         "the api layer calls uint64_t echo(uint64_t): size 8 only");
+                            return Error(
+                                Errc::invalid_argument,
+                                "the api layer calls uint64_t echo(uint64_t): size 8 only");
                     }
                     for (unsigned k : ks)
                         for (Consume c : cs)

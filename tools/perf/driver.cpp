@@ -55,10 +55,14 @@ Result<Mode> parse_mode(std::string_view s) {
 
 std::string_view consume_name(Consume c) noexcept {
     switch (c) {
-        case Consume::none: return "-";
-        case Consume::get: return "get";
-        case Consume::then: return "then";
-        case Consume::coawait: return "coawait";
+        case Consume::none:
+            return "-";
+        case Consume::get:
+            return "get";
+        case Consume::then:
+            return "then";
+        case Consume::coawait:
+            return "coawait";
     }
     return "?";
 }
@@ -391,7 +395,8 @@ std::string format_table(const std::vector<Record>& records) {
         // api rows name how results are consumed and the contexts x processes: "api/get 2x1".
         std::string layer = s.layer;
         if (s.consume != Consume::none)
-            layer = fmt::format("{}/{} {}x{}", s.layer, consume_name(s.consume), s.contexts, s.procs);
+            layer =
+                fmt::format("{}/{} {}x{}", s.layer, consume_name(s.consume), s.contexts, s.procs);
         std::string head =
             fmt::format("{:<{}} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} ", layer, lw, s.transport, tw,
                         pattern_name(s.pattern), mode_name(s.mode), size_label(s.size), s.inflight,

@@ -41,7 +41,7 @@ struct Spec {
     std::string transport;  ///< "sm", "tcp", "ofi+tcp", "ucx+sm", ... (transports.hpp)
     Pattern pattern = Pattern::pingpong;
     Mode mode = Mode::busy;
-    std::size_t size = 8;  ///< message, argument (rpc) or transfer size in bytes
+    std::size_t size = 8;   ///< message, argument (rpc) or transfer size in bytes
     unsigned inflight = 1;  ///< per client thread (api: per context)
     // api layer only:
     unsigned contexts = 1;  ///< server contexts = client threads, each on its own context pair
