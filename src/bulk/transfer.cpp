@@ -118,14 +118,14 @@ class StatePool {
         uint64_t h = head_.load(std::memory_order_acquire);
         for (;;) {
             auto idx = static_cast<uint32_t>(h);
-            if (idx == 0) return grow();
+            if (idx == 0) return counted(grow());
             TransferState* s = at(idx - 1);
             // `s` may be taken by another thread meanwhile: then `next` is stale, but the tag in
             // `h` has changed too and the exchange fails.
             uint32_t next = s->next_free.load(std::memory_order_relaxed);
             if (head_.compare_exchange_weak(h, tagged(h, next), std::memory_order_acquire,
                                             std::memory_order_acquire))
-                return s;
+                return counted(s);
         }
     }
 
@@ -133,7 +133,6 @@ class StatePool {
         push_chain(s, s);
         active_.fetch_sub(1, std::memory_order_release);
     }
-    void note_acquired() noexcept { active_.fetch_add(1, std::memory_order_relaxed); }
     [[nodiscard]] std::size_t active() const noexcept {
         return active_.load(std::memory_order_acquire);
     }
@@ -151,6 +150,11 @@ class StatePool {
     }
 
   private:
+    TransferState* counted(TransferState* s) noexcept {
+        if (s) active_.fetch_add(1, std::memory_order_relaxed);
+        return s;
+    }
+
     static constexpr uint32_t kChunk = 256;
     static constexpr uint32_t kMaxChunks = 1024;  // 256 Ki transfers in flight per context
 
@@ -502,8 +506,12 @@ Result<TransferId> Context::transfer(Direction dir, const na::Addr& peer, const 
                 dn, peer ? "the peer address belongs to another transport" : "no peer address"));
 
     TransferState* s = impl_->pool.acquire();
-    if (!s) return Error(Errc::again, fmt::format("bulk {}: too many transfers in flight", dn));
-    impl_->pool.note_acquired();
+    if (!s)
+        return Error(Errc::again,
+                     fmt::format("bulk {}: {} transfers already in flight on this context (the "
+                                 "most one bulk::Context holds, or memory ran out for more "
+                                 "states): wait for some to complete, then retry",
+                                 dn, impl_->pool.active()));
     std::unique_lock lk(s->mu);
     s->active = true;
     TransferId id{s, ++s->gen};

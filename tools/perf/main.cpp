@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
     using namespace talaria::perf;
     // libfabric's rxm settings docs/transports.md recommends (read from the environment only;
     // the library does not set them). The user's values win; the spawned server inherits them.
-    ::setenv("FI_OFI_RXM_ENABLE_DYN_RBUF", "0", 0);
-    ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100", 0);
+    for (const auto& e : talaria::na::recommended_env())
+        ::setenv(e.name, e.value, 0);
     CLI::App app{
         "talaria-perf: Talaria benchmarks with raw baselines measured in the same run.\n"
         "Without arguments: the default set on sm and tcp, against a server it starts itself."};

@@ -443,6 +443,18 @@ class Context {
 /// the transports that are built.
 Result<std::unique_ptr<Transport>> open(std::string_view address, const Options& options = {});
 
+/// A variable that a library under a transport reads only from the process environment, with
+/// the value Talaria recommends and what goes wrong without it (docs/transports.md). The
+/// library never sets them: an application may, before it opens its first transport, e.g.
+/// `for (auto& e : na::recommended_env()) setenv(e.name, e.value, 0);`.
+struct EnvSetting {
+    const char* name;
+    const char* value;
+    const char* why;
+};
+/// The settings for the transports built in (empty when none needs any).
+std::span<const EnvSetting> recommended_env() noexcept;
+
 /// The transports compiled into this build, e.g. {"inproc", "sm", "tcp", "ofi", "ucx"}. "ofi"
 /// and "ucx" are families: their schemes are "ofi+<provider>" and "ucx+<transports>".
 std::vector<std::string_view> transports_built();

@@ -147,4 +147,21 @@ void Transport::msg_buf_free(MsgBuffer& buf) noexcept {
     std::free(buf.data());
 }
 
+std::span<const EnvSetting> recommended_env() noexcept {
+#if TALARIA_HAVE_OFI
+    // libfabric's rxm reads these when fi_getinfo first loads the providers (ofi+tcp, verbs).
+    static constexpr EnvSetting kSettings[] = {
+        {"FI_OFI_RXM_ENABLE_DYN_RBUF", "0",
+         "with 1 (libfabric's default) a message larger than the receive buffer posted for it "
+         "breaks the connection to that peer instead of failing only that receive"},
+        {"FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100",
+         "with 10000 (the default) the first call to each new peer waits ~20 ms for the "
+         "connection handshake"},
+    };
+    return kSettings;
+#else
+    return {};
+#endif
+}
+
 }  // namespace talaria::na

@@ -369,7 +369,7 @@ namespace {
 /// Provider parameters libfabric reads only from the environment, once per process, when
 /// fi_getinfo first loads the providers. The library does not set them (no setenv: the
 /// environment belongs to the application); open() warns, naming what to set, when one that
-/// matters to the provider opened is missing. docs/transports.md has the list.
+/// matters to the provider opened is missing. recommended_env() (na.cpp) holds them.
 ///  * FI_OFI_RXM_CM_PROGRESS_INTERVAL=100 (µs; default 10000): rxm looks at connection
 ///    management only that often while the CQ is polled, so every connection setup handshake
 ///    step waited up to 10 ms: the first call to a new ofi+tcp peer took ~20 ms, ~3 ms with 100.
@@ -377,25 +377,12 @@ namespace {
 ///    reads a message straight into the posted buffer, and in 1.17 a message larger than that
 ///    buffer (FI_ETRUNC, our message_too_large) breaks the connection: later sends to and from
 ///    that peer fail. Without them rxm receives into its own buffers and truncates cleanly.
-struct ProviderEnv {
-    const char* name;
-    const char* value;
-    const char* why;
-};
-constexpr ProviderEnv kRxmEnv[] = {
-    {"FI_OFI_RXM_ENABLE_DYN_RBUF", "0",
-     "with 1 (libfabric's default) a message larger than the receive buffer posted for it "
-     "breaks the connection to that peer instead of failing only that receive"},
-    {"FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100",
-     "with 10000 (the default) the first call to each new peer waits ~20 ms for the "
-     "connection handshake"},
-};
 
 /// Warn about the rxm settings missing from the environment (only rxm-based providers).
 void warn_missing_provider_env(std::string_view prov) {
     if (prov.find("ofi_rxm") == std::string_view::npos) return;
-    for (const ProviderEnv& e : kRxmEnv)
-        if (::getenv(e.name) == nullptr)
+    for (const EnvSetting& e : recommended_env())
+        if (std::string_view(e.name).starts_with("FI_OFI_RXM_") && ::getenv(e.name) == nullptr)
             TALARIA_LOG(ofi, warn,
                         "ofi+{}: {} is not set: {}. Set {}={} in the environment before the "
                         "process opens its first ofi transport (libfabric reads it only there "

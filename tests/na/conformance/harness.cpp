@@ -27,8 +27,8 @@ void use_recommended_provider_env() {
     // The test programs are applications: they set what docs/transports.md asks of one (the
     // library never changes the environment). A value already set wins. Peer processes
     // spawned later inherit it.
-    ::setenv("FI_OFI_RXM_ENABLE_DYN_RBUF", "0", 0);
-    ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "100", 0);
+    for (const auto& e : talaria::na::recommended_env())
+        ::setenv(e.name, e.value, 0);
 }
 
 std::vector<TransportKind> transport_kinds() {
