@@ -69,9 +69,12 @@ struct Chain {
             if (!r || *r != v) errors->fetch_add(1, std::memory_order_relaxed);
             if (--left > 0) {
                 issue();
-            } else if (running->fetch_sub(1, std::memory_order_acq_rel) == 1) {
-                running->notify_all();
+                return;
             }
+            // Once the count reaches 0 the waiting thread may free this Chain: keep the
+            // counter's address, not `this`.
+            std::atomic<unsigned>* run = running;
+            if (run->fetch_sub(1, std::memory_order_acq_rel) == 1) run->notify_all();
         });
     }
 };

@@ -131,9 +131,12 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
                         }
                         if (cs.empty()) cs = {Consume::get, Consume::then, Consume::coawait};
                         if (size != 8)
-                            return Error(
-                                Errc::invalid_argument,
-                                "the api layer calls uint64_t echo(uint64_t): size 8 only");
+                            return Error(Errc::invalid_argument,
+                                         fmt::format("--size {}: the api layer measures an "
+                                                     "8-byte echo (uint64_t echo(uint64_t)) "
+                                                     "only; pass --size 8, or run the api "
+                                                     "layer on its own",
+                                                     size));
                     }
                     for (unsigned k : ks)
                         for (Consume c : cs)

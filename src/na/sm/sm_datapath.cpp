@@ -399,18 +399,13 @@ uint64_t SmTransport::wake_bits_locked(const Context& ctx) const noexcept {
     // Messages for a context id nobody has (or whose context takes no unexpected messages) go
     // to the lowest context that takes them (route_unexpected): its sleeper also answers for
     // those ids.
-    auto takes = [&](std::size_t i) { return ctxs_[i].ctx && ctxs_[i].ctx->takes_unexpected(); };
-    if (!ctx.takes_unexpected()) return bits;
-    bool lowest = true;
-    for (uint8_t i = 0; i < ctx.id() && i < ctxs_.size(); ++i)
-        if (takes(i)) lowest = false;
-    if (lowest) {
-        uint64_t present = 0;
-        for (std::size_t i = 0; i < ctxs_.size(); ++i)
-            if (takes(i)) present |= wake_bit(uint8_t(i));
-        bits |= ~present;
-    }
-    return bits;
+    auto ctx_of = [](const CtxState& cs) { return cs.ctx; };
+    // The context an id nobody takes is routed to (UINT8_MAX is never a context id).
+    if (route_unexpected(ctxs_, ctxs_.size(), UINT8_MAX, ctx_of) != &ctxs_[ctx.id()]) return bits;
+    uint64_t present = 0;
+    for (std::size_t i = 0; i < ctxs_.size(); ++i)
+        if (ctxs_[i].ctx && ctxs_[i].ctx->takes_unexpected()) present |= wake_bit(uint8_t(i));
+    return bits | ~present;
 }
 
 bool SmTransport::arm_locked(uint64_t bits) noexcept {
