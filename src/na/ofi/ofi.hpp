@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "na/base/addr_table.hpp"
+#include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
 #include "na/ofi/ofi_wire.hpp"
 #include "talaria/na/na.hpp"
@@ -135,7 +136,8 @@ struct OfiOp : Op, FiCtx {
     uint64_t raddr = 0;            ///< put/get: remote address (or offset) of byte 0
     uint64_t rkey = 0;             ///< put/get: remote key
     std::size_t posted_bytes = 0;  ///< put/get: bytes of fragments already posted
-    Addr peer;                     ///< send/put/get: destination; recv_expected: source to match
+    Addr peer;                     ///< send/put/get: destination; recv_expected: source (watched)
+    Addr match_source;             ///< recv_expected, software matching: source (Matcher)
     Tag match_tag = 0;
     uint32_t fragments = 0;  ///< put/get: fragments still in the provider
     Errc first_error = Errc::ok;
@@ -157,15 +159,6 @@ struct RxBuf : FiCtx {
 struct Probe : FiCtx {
     Addr peer;
     bool in_use = false;
-};
-
-/// A message nobody had posted a receive for yet.
-struct QueuedMsg : ListHook<> {
-    Addr source;
-    Tag tag = 0;
-    uint8_t context_id = 0;
-    bool expected = false;
-    std::vector<std::byte> data;  ///< capacity kept across reuse
 };
 
 class OfiContext final : public Context {
@@ -258,12 +251,6 @@ class OfiTransport final : public Transport {
 
   private:
     friend struct OfiAddr;
-    struct CtxSlot {
-        OfiContext* ctx = nullptr;
-        IntrusiveList<OfiOp> posted;    ///< recv_unexpected
-        IntrusiveList<QueuedMsg> msgs;  ///< unexpected messages waiting for a receive
-    };
-    CtxSlot* route_locked(uint8_t id) noexcept;
 
     // setup (ofi_setup.cpp)
     Result<void> open_provider(std::string_view sub, std::string_view rest);
@@ -281,8 +268,6 @@ class OfiTransport final : public Transport {
     /// A maximal slot for a copy of a foreign buffer (called under mu_), and its descriptor.
     std::byte* bounce_alloc(void** desc) noexcept;
     void bounce_free(std::byte* p) noexcept;
-    QueuedMsg* msg_alloc();
-    void msg_free(QueuedMsg* m) noexcept;
     void close_all() noexcept;
 
     // data path (ofi_io.cpp)
@@ -362,17 +347,15 @@ class OfiTransport final : public Transport {
     std::vector<std::unique_ptr<Slab>> slabs_;
     std::vector<std::byte*> free_slots_[2];
 
-    std::vector<CtxSlot> slots_;
-    IntrusiveList<OfiOp> posted_expected_;  ///< software matching only (!prov_.tagged)
+    /// Posted receives and early messages of every context (na/base/matcher.hpp); expected
+    /// ones only without provider tag matching (!prov_.tagged).
+    Matcher<OfiOp> match_;
     IntrusiveList<OfiOp> deferred_;
     IntrusiveList<OfiOp> inflight_;  ///< ops the provider holds (released at teardown)
     uint64_t pass_ = 0;
     uint64_t rx_buffer_messages_ = 0;  ///< see rx_buffer_messages()
-    IntrusiveList<QueuedMsg> queued_expected_;
     IntrusiveList<OfiAddr, WatchTag> watched_;
     TimePoint next_check_{};
-    std::vector<std::unique_ptr<QueuedMsg>> msgs_;
-    std::vector<QueuedMsg*> free_msgs_;
 
     /// Raw address -> AV entry, for every peer looked up (not on shm), used or heard from.
     /// Never removed: fi_av_remove of a peer in another process and reuse of its slot crashes

@@ -115,6 +115,7 @@ void OfiTransport::op_finished(OfiOp* op, Errc status) {
     op->counted = false;
     op->tagged = false;
     op->peer.reset();
+    op->match_source.reset();
     op->state = OpState::idle;
     complete_op(op, status);
 }
@@ -328,9 +329,7 @@ void OfiTransport::complete_recv(OfiOp* op, const Addr& source, uint8_t ctx_id, 
 
 namespace {
 Errc copy_queued(const QueuedMsg* m, OfiOp* op) {
-    if (m->data.size() > op->cap) return Errc::message_too_large;
-    if (!m->data.empty()) std::memcpy(op->buf, m->data.data(), m->data.size());
-    return Errc::ok;
+    return copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
 }
 }  // namespace
 
@@ -344,15 +343,12 @@ Result<OpId> OfiTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
-    CtxSlot& s = slots_[ctx.id()];
-    if (QueuedMsg* m = s.msgs.pop_front()) {
+    op->state = OpState::recv_posted;
+    if (QueuedMsg* m = match_.post_unexpected(ctx.id(), op)) {
         Errc st = copy_queued(m, op);
         complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        msg_free(m);
-        return id;
+        match_.msg_free(m);
     }
-    op->state = OpState::recv_posted;
-    s.posted.push_back(*op);
     return id;
 }
 
@@ -371,26 +367,23 @@ Result<OpId> OfiTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     op->cap = buf.size();
     OpId id = op->id();
     if (prov_.tagged) return post_trecv_locked(op, buf, source, tag);
-    for (QueuedMsg& m : queued_expected_) {
-        if (m.source == source && m.tag == tag) {
-            queued_expected_.erase(m);
-            Errc st = copy_queued(&m, op);
-            complete_recv(op, m.source, m.context_id, m.tag, m.data.size(), st);
-            msg_free(&m);
-            return id;
-        }
+    op->state = OpState::recv_posted;
+    if (QueuedMsg* m = match_.post_expected(op, source, tag)) {
+        // It arrived before its receive (also from a peer that died since).
+        Errc st = copy_queued(m, op);
+        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
+        match_.msg_free(m);
+        return id;
     }
     auto* peer = source.as<OfiAddr>();
     if (peer->dead) {
+        match_.withdraw(op);
         complete_recv(op, source, 0, tag, 0, Errc::disconnected);
         return id;
     }
     op->peer = source;
-    op->match_tag = tag;
-    op->state = OpState::recv_posted;
     op->counted = true;
     watch_inc(peer);  // a receive from a peer that dies must fail: watch it
-    posted_expected_.push_back(*op);
     return id;
 }
 
@@ -558,10 +551,7 @@ Result<void> OfiTransport::cancel(OpId id) {
             fmt::format("{} cancel: the operation already finished (stale OpId)", scheme_));
     if (op->state == OpState::recv_posted) {
         // Receives are matched in software: withdrawn here, completed once.
-        if (op->completion.type == OpType::recv_unexpected)
-            slots_[op->ctx->id()].posted.erase(*op);
-        else
-            posted_expected_.erase(*op);
+        match_.withdraw(op);
         op_finished(op, Errc::canceled);
     } else if (op->state == OpState::deferred && op->fragments == 0) {
         deferred_.erase(*op);
@@ -601,12 +591,6 @@ void OfiTransport::repost_rx(RxBuf* rb) {
     if (rc != 0)
         TALARIA_LOG(ofi, error, "{}: reposting a receive buffer failed: {}", prov_.prov_name,
                     fi_strerror(int(-rc)));
-}
-
-OfiTransport::CtxSlot* OfiTransport::route_locked(uint8_t id) noexcept {
-    // A context that does not exist (or takes no unexpected messages): the lowest one that
-    // takes them gets the message.
-    return route_unexpected(slots_, slots_.size(), id, [](const CtxSlot& s) { return s.ctx; });
 }
 
 void OfiTransport::on_message(std::span<const std::byte> msg) {
@@ -657,51 +641,20 @@ void OfiTransport::on_message(std::span<const std::byte> msg) {
     if (h->kind == MsgKind::probe) return;
     ++rx_buffer_messages_;
 
-    OfiOp* op = nullptr;
-    if (h->kind == MsgKind::unexpected) {
-        CtxSlot* s = route_locked(h->context_id);
-        if (!s) {
-            TALARIA_LOG(ofi, warn,
-                        "{}: dropping an unexpected message for context {}: no "
-                        "context exists",
-                        scheme_, h->context_id);
-            return;
-        }
-        op = s->posted.pop_front();
-        if (!op) {
-            QueuedMsg* m = msg_alloc();
-            m->source = std::move(src);
-            m->tag = h->tag;
-            m->context_id = h->context_id;
-            m->expected = false;
-            m->data.assign(payload.begin(), payload.end());
-            s->msgs.push_back(*m);
-            return;
-        }
-    } else {
-        for (OfiOp& o : posted_expected_) {
-            if (o.peer == src && o.match_tag == h->tag) {
-                op = &o;
-                break;
-            }
-        }
-        if (!op) {
-            QueuedMsg* m = msg_alloc();
-            m->source = std::move(src);
-            m->tag = h->tag;
-            m->context_id = h->context_id;
-            m->expected = true;
-            m->data.assign(payload.begin(), payload.end());
-            queued_expected_.push_back(*m);
-            return;
-        }
-        posted_expected_.erase(*op);
+    const bool expected = h->kind != MsgKind::unexpected;
+    bool no_context = false;
+    OfiOp* op = match_.match(expected, h->context_id, src, h->tag, &no_context);
+    if (no_context) {
+        TALARIA_LOG(ofi, warn,
+                    "{}: dropping an unexpected message for context {}: no context exists", scheme_,
+                    h->context_id);
+        return;
     }
-    Errc st = Errc::ok;
-    if (payload.size() > op->cap)
-        st = Errc::message_too_large;
-    else if (!payload.empty())
-        std::memcpy(op->buf, payload.data(), payload.size());
+    if (!op) {
+        match_.queue(match_.copy_out(expected, h->context_id, src, h->tag, payload));
+        return;
+    }
+    Errc st = copy_message(payload.data(), payload.size(), op->buf, op->cap);
     complete_recv(op, src, h->context_id, h->tag, payload.size(), st);
 }
 
@@ -860,12 +813,8 @@ void OfiTransport::peer_failed_locked(OfiAddr* a, Errc status, const std::string
         else
             to_provider_locked(&op);
     });
-    posted_expected_.for_each_safe([&](OfiOp& op) {
-        if (op.peer == hold) {
-            posted_expected_.erase(op);
-            complete_recv(&op, hold, 0, op.match_tag, 0, status);
-        }
-    });
+    match_.take_expected_from(
+        hold, [&](OfiOp* op) { complete_recv(op, hold, 0, op->match_tag, 0, status); });
     // Tagged receives from it sit in the provider, which never fails them: withdraw them. The
     // FI_ECANCELED completion finishes each once, with this status (see on_error); one the
     // provider could no longer withdraw completes as it would have.

@@ -154,34 +154,26 @@ Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id,
                                  "Options::max_contexts = {}",
                                  id, scheme_, opts_.max_contexts));
     std::lock_guard g(mu_);
-    if (slots_[id].ctx) return Error(Errc::already_exists, fmt::format("context {} exists", id));
+    if (match_.context(id))
+        return Error(Errc::already_exists, fmt::format("context {} exists", id));
     auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
-    slots_[id].ctx = ctx.get();
+    match_.attach(ctx.get());
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
 void OfiTransport::context_destroyed(uint8_t id) noexcept {
     std::lock_guard g(mu_);
-    CtxSlot& s = slots_[id];
-    Context* ctx = s.ctx;
-    s.ctx = nullptr;
     // The caller should have canceled and drained; release receives still posted on it.
-    while (OfiOp* op = s.posted.pop_front()) {
+    match_.detach(id, [&](OfiOp* op) {
+        if (op->counted) watch_dec(op->peer.as<OfiAddr>());
+        op->counted = false;
+        op->peer.reset();
+        op->match_source.reset();
         op->state = OpState::idle;
         op->releaser->release(op);
-    }
-    posted_expected_.for_each_safe([&](OfiOp& op) {
-        if (op.ctx == ctx) {
-            posted_expected_.erase(op);
-            if (op.counted) watch_dec(op.peer.as<OfiAddr>());
-            op.counted = false;
-            op.peer.reset();
-            op.state = OpState::idle;
-            op.releaser->release(&op);
-        }
     });
 }
 
@@ -194,7 +186,7 @@ OfiTransport::OfiTransport(const Options& o, std::string scheme)
       mu_(o.thread_safe),
       ops_(o.max_ops, o.thread_safe),
       buf_mu_(o.thread_safe),
-      slots_(o.max_contexts) {}
+      match_(o.max_contexts) {}
 
 OfiTransport::~OfiTransport() {
     close_all();
@@ -243,25 +235,19 @@ void OfiTransport::close_all() noexcept {
         if (op->bounce) bounce_free(op->bounce);
         op->bounce = nullptr;
         op->peer.reset();
+        op->match_source.reset();
         op->counted = false;
         op->state = OpState::idle;
         op->releaser->release(op);
     };
-    for (auto& s : slots_) {
-        while (OfiOp* op = s.posted.pop_front())
-            drop(op);
-        while (QueuedMsg* m = s.msgs.pop_front())
-            msg_free(m);
-    }
+    for (uint8_t id = 0; id < opts_.max_contexts; ++id)
+        match_.detach(id, drop);
     watched_.clear();  // before the addresses on it may go
-    for (auto* list : {&posted_expected_, &inflight_, &deferred_})
+    for (auto* list : {&inflight_, &deferred_})
         while (OfiOp* op = list->pop_front())
             drop(op);
-    while (QueuedMsg* m = queued_expected_.pop_front())
-        msg_free(m);
+    match_.clear();
     probes_.clear();
-    msgs_.clear();
-    free_msgs_.clear();
     self_.reset();
     close_fid(rx_mr_ ? &rx_mr_->fid : nullptr, "receive buffers' mr", prov_.prov_name);
     rx_mr_ = nullptr;
@@ -1074,21 +1060,6 @@ std::byte* OfiTransport::bounce_alloc(void** desc) noexcept {
 void OfiTransport::bounce_free(std::byte* p) noexcept {
     std::lock_guard g(buf_mu_);
     free_slots_[1].push_back(p);
-}
-
-QueuedMsg* OfiTransport::msg_alloc() {
-    if (free_msgs_.empty()) {
-        msgs_.push_back(std::make_unique<QueuedMsg>());
-        free_msgs_.push_back(msgs_.back().get());
-    }
-    QueuedMsg* m = free_msgs_.back();
-    free_msgs_.pop_back();
-    return m;
-}
-
-void OfiTransport::msg_free(QueuedMsg* m) noexcept {
-    m->source.reset();
-    free_msgs_.push_back(m);
 }
 
 }  // namespace ofi

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "na/base/addr_table.hpp"
+#include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
 #include "na/base/url.hpp"
 #include "na/tcp/frame.hpp"
@@ -76,15 +77,6 @@ struct Control : SendItem {
     /// while the response is half sent.
     std::unique_ptr<std::byte[]> owned;
     alignas(8) std::byte payload[kMaxHelloPayload]{};
-};
-
-/// An incoming message nobody had posted a receive for yet.
-struct QueuedMsg : ListHook<> {
-    Addr source;
-    Tag tag = 0;
-    uint8_t context_id = 0;
-    bool expected = false;
-    std::vector<std::byte> data;  ///< capacity kept across reuse
 };
 
 /// One peer. `conn` is the connection we send on (set by our own connect, or by the first
@@ -224,14 +216,6 @@ class TcpTransport final : public Transport {
     void mem_unregister(uint64_t key) noexcept;
 
   private:
-    struct CtxSlot {
-        TcpContext* ctx = nullptr;
-        IntrusiveList<TcpOp> posted;    ///< recv_unexpected
-        IntrusiveList<QueuedMsg> msgs;  ///< unexpected messages waiting for a receive
-    };
-    /// The context slot an unexpected message for context `id` goes to (see na.hpp).
-    CtxSlot* route_locked(uint8_t id) noexcept;
-
     // setup (tcp_setup.cpp)
     Result<Addr> lookup_locked(std::string_view address, bool numeric_only);
     /// The address interned under `canonical`, created if absent (or dying).
@@ -242,8 +226,6 @@ class TcpTransport final : public Transport {
     Result<void> watch(Conn* c, uint32_t events);
     Control* control_alloc();
     void control_free(Control* c) noexcept;
-    QueuedMsg* msg_alloc();
-    void msg_free(QueuedMsg* m) noexcept;
 
     // data path (tcp_io.cpp)
     Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
@@ -284,16 +266,13 @@ class TcpTransport final : public Transport {
     uint64_t instance_ = 0;
     Addr self_;
     std::unordered_map<uint64_t, TcpMem*> regions_;
-    std::vector<CtxSlot> slots_;
-    IntrusiveList<TcpOp> posted_expected_;
-    IntrusiveList<QueuedMsg> queued_expected_;
+    /// Posted receives and early messages of every context (na/base/matcher.hpp).
+    Matcher<TcpOp> match_;
     IntrusiveList<Conn, ConnTag> conns_;
     std::vector<Conn*> dead_;
     unsigned polls_ = 0;  ///< poll_once calls, to ask epoll only every kEpollEvery busy polls
     std::vector<std::unique_ptr<Control>> controls_;
     std::vector<Control*> free_controls_;
-    std::vector<std::unique_ptr<QueuedMsg>> msgs_;
-    std::vector<QueuedMsg*> free_msgs_;
 };
 
 }  // namespace talaria::na::tcp

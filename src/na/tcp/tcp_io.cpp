@@ -118,10 +118,8 @@ void TcpTransport::complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, 
 }
 
 /// Hand a queued message to a receive: copy if it fits, message_too_large if not.
-static Errc copy_queued(QueuedMsg* m, TcpOp* op) {
-    if (m->data.size() > op->cap) return Errc::message_too_large;
-    if (!m->data.empty()) std::memcpy(op->buf, m->data.data(), m->data.size());
-    return Errc::ok;
+static Errc copy_queued(const QueuedMsg* m, TcpOp* op) {
+    return copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
 }
 
 Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
@@ -133,15 +131,12 @@ Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
-    CtxSlot& s = slots_[ctx.id()];
-    if (QueuedMsg* m = s.msgs.pop_front()) {
+    op->state = OpState::recv_posted;
+    if (QueuedMsg* m = match_.post_unexpected(ctx.id(), op)) {
         Errc st = copy_queued(m, op);
         complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        msg_free(m);
-        return id;
+        match_.msg_free(m);
     }
-    op->state = OpState::recv_posted;
-    s.posted.push_back(*op);
     return id;
 }
 
@@ -157,19 +152,12 @@ Result<OpId> TcpTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
-    for (QueuedMsg& m : queued_expected_) {
-        if (m.source == source && m.tag == tag) {
-            queued_expected_.erase(m);
-            Errc st = copy_queued(&m, op);
-            complete_recv(op, m.source, m.context_id, m.tag, m.data.size(), st);
-            msg_free(&m);
-            return id;
-        }
-    }
-    op->match_source = source;
-    op->match_tag = tag;
     op->state = OpState::recv_posted;
-    posted_expected_.push_back(*op);
+    if (QueuedMsg* m = match_.post_expected(op, source, tag)) {
+        Errc st = copy_queued(m, op);
+        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
+        match_.msg_free(m);
+    }
     return id;
 }
 
@@ -277,10 +265,7 @@ Result<void> TcpTransport::cancel(OpId id) {
         return Error(Errc::not_found, "tcp cancel: the operation already finished (stale OpId)");
     switch (op->state) {
         case OpState::recv_posted:
-            if (op->completion.type == OpType::recv_unexpected)
-                slots_[op->ctx->id()].posted.erase(*op);
-            else
-                posted_expected_.erase(*op);
+            match_.withdraw(op);
             op->state = OpState::idle;
             op->match_source.reset();
             complete_op(op, Errc::canceled);
@@ -445,38 +430,26 @@ bool TcpTransport::start_frame(Conn* c) {
         return proto(fmt::format("frame type {} before the hello", int(h.type)));
     } else {
         switch (h.type) {
-            case FrameType::msg_unexpected: {
-                CtxSlot* s = route_locked(h.context_id);
-                if (!s) {
+            case FrameType::msg_unexpected:
+            case FrameType::msg_expected: {
+                bool expected = h.type == FrameType::msg_expected;
+                bool no_context = false;
+                if (TcpOp* op = match_.match(expected, h.context_id, c->peer, h.tag, &no_context)) {
+                    // Read straight into the receive's buffer.
+                    op->state = OpState::receiving;
+                    c->rx_op = op;
+                    c->sink = Conn::Sink::op;
+                    c->rx_status = h.length > op->cap ? Errc::message_too_large : Errc::ok;
+                    c->dest = c->rx_status == Errc::ok ? op->buf : nullptr;
+                } else if (no_context) {
                     TALARIA_LOG(tcp, warn,
                                 "dropping a {}-byte unexpected message (tag {}) from {} for "
                                 "context {}: no context exists here",
                                 h.length, h.tag, c->peer.as<TcpAddr>()->str, h.context_id);
                     c->sink = Conn::Sink::discard;
                     c->dest = nullptr;
-                } else if (TcpOp* op = s->posted.pop_front()) {
-                    op->state = OpState::receiving;
-                    c->rx_op = op;
-                    c->sink = Conn::Sink::op;
-                    c->rx_status = h.length > op->cap ? Errc::message_too_large : Errc::ok;
-                    c->dest = c->rx_status == Errc::ok ? op->buf : nullptr;
                 } else {
                     c->sink = Conn::Sink::queued;
-                }
-                break;
-            }
-            case FrameType::msg_expected: {
-                c->sink = Conn::Sink::queued;
-                for (TcpOp& op : posted_expected_) {
-                    if (op.match_source == c->peer && op.match_tag == h.tag) {
-                        posted_expected_.erase(op);
-                        op.state = OpState::receiving;
-                        c->rx_op = &op;
-                        c->sink = Conn::Sink::op;
-                        c->rx_status = h.length > op.cap ? Errc::message_too_large : Errc::ok;
-                        c->dest = c->rx_status == Errc::ok ? op.buf : nullptr;
-                        break;
-                    }
                 }
                 break;
             }
@@ -535,7 +508,7 @@ bool TcpTransport::start_frame(Conn* c) {
         }
     }
     if (c->sink == Conn::Sink::queued) {
-        QueuedMsg* m = msg_alloc();
+        QueuedMsg* m = match_.msg_alloc();
         m->data.resize(h.length);
         m->source = c->peer;
         m->tag = h.tag;
@@ -549,49 +522,19 @@ bool TcpTransport::start_frame(Conn* c) {
     return true;
 }
 
-TcpTransport::CtxSlot* TcpTransport::route_locked(uint8_t id) noexcept {
-    // A context that does not exist (or takes no unexpected messages): the lowest one that
-    // takes them gets the message
-    // (Completion::context_id still names the one asked for), so the layer above can answer
-    // the sender instead of leaving it waiting.
-    return route_unexpected(slots_, slots_.size(), id, [](const CtxSlot& s) { return s.ctx; });
-}
-
 void TcpTransport::deliver_queued(QueuedMsg* m) {
     // A receive may have been posted while the message was being read.
-    TcpOp* op = nullptr;
-    if (!m->expected) {
-        CtxSlot* sp = route_locked(m->context_id);
-        if (!sp) {
-            TALARIA_LOG(tcp, warn,
-                        "dropping an unexpected message for context {}: no context exists "
-                        "here any more",
-                        m->context_id);
-            msg_free(m);
-            return;
-        }
-        CtxSlot& s = *sp;
-        op = s.posted.pop_front();
-        if (!op) {
-            s.msgs.push_back(*m);
-            return;
-        }
-    } else {
-        for (TcpOp& o : posted_expected_) {
-            if (o.match_source == m->source && o.match_tag == m->tag) {
-                op = &o;
-                break;
-            }
-        }
-        if (!op) {
-            queued_expected_.push_back(*m);
-            return;
-        }
-        posted_expected_.erase(*op);
-    }
+    bool dropped = false;
+    TcpOp* op = match_.match_or_queue(m, &dropped);
+    if (dropped)
+        TALARIA_LOG(tcp, warn,
+                    "dropping an unexpected message for context {}: no context exists here any "
+                    "more",
+                    m->context_id);
+    if (!op) return;
     Errc st = copy_queued(m, op);
     complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-    msg_free(m);
+    match_.msg_free(m);
 }
 
 bool TcpTransport::finish_frame(Conn* c) {
@@ -762,10 +705,9 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
         TcpOp* op = c->rx_op;
         c->rx_op = nullptr;
         if (c->sink == Conn::Sink::op && op->completion.type == OpType::recv_unexpected &&
-            slots_[op->ctx->id()].ctx) {
+            match_.repost_front(op)) {
             // A receive from anyone: the message died with its sender, the receive did not.
             op->state = OpState::recv_posted;
-            slots_[op->ctx->id()].posted.push_front(*op);
         } else if (c->sink == Conn::Sink::op) {
             complete_recv(op, c->peer, c->hdr.context_id, c->hdr.tag, 0, status);
         } else {
@@ -774,7 +716,7 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
         }
     }
     if (c->rx_msg) {
-        msg_free(c->rx_msg);
+        match_.msg_free(c->rx_msg);
         c->rx_msg = nullptr;
     }
     c->in_payload = false;
@@ -809,11 +751,8 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
         for (Conn& o : conns_)
             if (&o != c && o.peer == c->peer && o.state != Conn::State::closed) other = true;
         if (!other) {
-            posted_expected_.for_each_safe([&](TcpOp& op) {
-                if (op.match_source == c->peer) {
-                    posted_expected_.erase(op);
-                    complete_recv(&op, c->peer, 0, op.match_tag, 0, status);
-                }
+            match_.take_expected_from(c->peer, [&](TcpOp* op) {
+                complete_recv(op, c->peer, 0, op->match_tag, 0, status);
             });
         }
     }

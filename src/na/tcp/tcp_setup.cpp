@@ -122,33 +122,24 @@ Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
                                  "Options::max_contexts = {}",
                                  id, opts_.max_contexts));
     std::lock_guard g(mu_);
-    if (slots_[id].ctx)
+    if (match_.context(id))
         return Error(Errc::already_exists, fmt::format("context {} already exists", id));
     auto ctx = std::make_unique<TcpContext>(this, id, opts_.thread_safe);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
-    slots_[id].ctx = ctx.get();
+    match_.attach(ctx.get());
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
 void TcpTransport::context_destroyed(uint8_t id) noexcept {
     std::lock_guard g(mu_);
-    CtxSlot& s = slots_[id];
-    Context* ctx = s.ctx;
-    s.ctx = nullptr;
     // The caller should have canceled and drained; release receives still posted on it so
     // that nothing refers to the dead context.
-    while (TcpOp* op = s.posted.pop_front()) {
+    match_.detach(id, [](TcpOp* op) {
         op->state = OpState::idle;
+        op->match_source.reset();
         op->releaser->release(op);
-    }
-    posted_expected_.for_each_safe([&](TcpOp& op) {
-        if (op.ctx == ctx) {
-            posted_expected_.erase(op);
-            op.state = OpState::idle;
-            op.releaser->release(&op);
-        }
     });
 }
 
@@ -159,7 +150,7 @@ TcpTransport::TcpTransport(const Options& o)
       opts_(o),
       mu_(o.thread_safe),
       ops_(o.max_ops, o.thread_safe),
-      slots_(o.max_contexts) {}
+      match_(o.max_contexts) {}
 
 TcpTransport::~TcpTransport() {
     while (Conn* c = conns_.pop_front()) {
@@ -167,20 +158,13 @@ TcpTransport::~TcpTransport() {
         while (SendItem* it = c->sendq.pop_front())
             if (it->kind == SendItem::Kind::control) control_free(static_cast<Control*>(it));
         c->rma_wait.clear();
-        if (c->rx_msg) msg_free(c->rx_msg);
+        if (c->rx_msg) match_.msg_free(c->rx_msg);
         dead_.push_back(c);
     }
     for (Conn* c : dead_)
         delete c;
     dead_.clear();
-    for (auto& s : slots_) {
-        s.posted.clear();
-        while (QueuedMsg* m = s.msgs.pop_front())
-            msg_free(m);
-    }
-    posted_expected_.clear();
-    while (QueuedMsg* m = queued_expected_.pop_front())
-        msg_free(m);
+    match_.clear();
     // Every connection is gone (each dropped its peer reference), so no address points at one.
     self_.reset();
     if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -533,21 +517,6 @@ Control* TcpTransport::control_alloc() {
 void TcpTransport::control_free(Control* c) noexcept {
     c->owned.reset();
     free_controls_.push_back(c);
-}
-
-QueuedMsg* TcpTransport::msg_alloc() {
-    if (free_msgs_.empty()) {
-        msgs_.push_back(std::make_unique<QueuedMsg>());
-        free_msgs_.push_back(msgs_.back().get());
-    }
-    QueuedMsg* m = free_msgs_.back();
-    free_msgs_.pop_back();
-    return m;
-}
-
-void TcpTransport::msg_free(QueuedMsg* m) noexcept {
-    m->source.reset();
-    free_msgs_.push_back(m);
 }
 
 }  // namespace tcp

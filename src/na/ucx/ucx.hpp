@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "na/base/addr_table.hpp"
+#include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
 #include "na/base/url.hpp"
 #include "na/ucx/wire.hpp"
@@ -67,16 +68,12 @@ struct UcxOp : Op, ListHook<InflightTag> {
     alignas(8) std::byte header[kMsgHeaderSize]{};  ///< send: the AM header (UCX may keep it)
 };
 
-/// An incoming message nobody had posted a receive for yet.
-struct QueuedMsg : ListHook<> {
-    Addr source;
-    Tag tag = 0;
-    uint8_t context_id = 0;
-    bool expected = false;
-    bool bye = false;             ///< held_: a bye
-    uint64_t instance = 0;        ///< held_: the sender's instance
-    uint32_t seq = 0;             ///< held_: its place in the sender's stream
-    std::vector<std::byte> data;  ///< capacity kept across reuse
+/// An incoming message nobody had posted a receive for yet (queued by the Matcher), or one not
+/// deliverable yet (held_: its sender's hello or its turn has not come).
+struct UcxMsg : QueuedMsg {
+    bool bye = false;       ///< held_: a bye
+    uint64_t instance = 0;  ///< held_: the sender's instance
+    uint32_t seq = 0;       ///< held_: its place in the sender's stream
 };
 
 /// Messages that cannot be delivered yet are held, at most this many: from a sender whose
@@ -227,13 +224,6 @@ class UcxTransport final : public Transport {
                        const ucp_am_recv_param_t* param);
 
   private:
-    struct CtxSlot {
-        UcxContext* ctx = nullptr;
-        IntrusiveList<UcxOp> posted;    ///< recv_unexpected
-        IntrusiveList<QueuedMsg> msgs;  ///< unexpected messages waiting for a receive
-    };
-    CtxSlot* route_locked(uint8_t id) noexcept;
-
     // setup (ucx_setup.cpp)
     Result<void> init_context();
     Result<void> init_worker();
@@ -249,8 +239,6 @@ class UcxTransport final : public Transport {
     void send_hello_locked(Ep* e);
     void close_ep_locked(Ep* e);
     void reap_closed_locked();
-    QueuedMsg* msg_alloc();
-    void msg_free(QueuedMsg* m) noexcept;
     Error ucs_error(Errc code, std::string_view call, ucs_status_t st,
                     std::string_view detail = {}) const;
 
@@ -308,18 +296,16 @@ class UcxTransport final : public Transport {
     std::unordered_map<uint64_t, UcxAddr*> instances_;  ///< peers' instance ids (weak)
     uint64_t last_instance_ = 0;  ///< the last sender's instance, and its address (on_am)
     Addr last_source_;
-    std::vector<CtxSlot> slots_;
-    IntrusiveList<UcxOp> posted_expected_;
-    IntrusiveList<QueuedMsg> queued_expected_;
-    IntrusiveList<QueuedMsg> held_;  ///< not deliverable yet (kMaxHeldMsgs), arrival order
+    /// Posted receives and early messages of every context (na/base/matcher.hpp); its message
+    /// storage also holds held_.
+    Matcher<UcxOp, UcxMsg> match_;
+    IntrusiveList<UcxMsg> held_;  ///< not deliverable yet (kMaxHeldMsgs), arrival order
     std::size_t held_count_ = 0;
     IntrusiveList<UcxOp, InflightTag> inflight_;
     IntrusiveList<Ep, EpTag> eps_;          ///< live endpoints
     IntrusiveList<Ep, EpTag> closing_eps_;  ///< being closed (close_req pending)
     std::vector<Ep*> failed_;               ///< error callback ran, not handled yet
     std::vector<Addr> byes_;                ///< peers that said bye, not handled yet
-    std::vector<std::unique_ptr<QueuedMsg>> msgs_;
-    std::vector<QueuedMsg*> free_msgs_;
 };
 
 /// Errc for a UCS status of a failed operation or endpoint.

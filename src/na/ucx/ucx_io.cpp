@@ -153,10 +153,8 @@ void UcxTransport::complete_recv(UcxOp* op, const Addr& source, uint8_t ctx_id, 
 }
 
 /// Hand a queued message to a receive: copy if it fits, message_too_large if not.
-static Errc copy_queued(QueuedMsg* m, UcxOp* op) {
-    if (m->data.size() > op->cap) return Errc::message_too_large;
-    if (!m->data.empty()) std::memcpy(op->buf, m->data.data(), m->data.size());
-    return Errc::ok;
+static Errc copy_queued(const UcxMsg* m, UcxOp* op) {
+    return copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
 }
 
 Result<OpId> UcxTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
@@ -170,15 +168,12 @@ Result<OpId> UcxTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
-    CtxSlot& s = slots_[ctx.id()];
-    if (QueuedMsg* m = s.msgs.pop_front()) {
+    op->state = OpState::recv_posted;
+    if (UcxMsg* m = match_.post_unexpected(ctx.id(), op)) {
         Errc st = copy_queued(m, op);
         complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        msg_free(m);
-        return id;
+        match_.msg_free(m);
     }
-    op->state = OpState::recv_posted;
-    s.posted.push_back(*op);
     return id;
 }
 
@@ -197,27 +192,22 @@ Result<OpId> UcxTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
-    for (QueuedMsg& m : queued_expected_) {
-        if (m.source == source && m.tag == tag) {
-            queued_expected_.erase(m);
-            Errc st = copy_queued(&m, op);
-            complete_recv(op, m.source, m.context_id, m.tag, m.data.size(), st);
-            msg_free(&m);
-            return id;
-        }
+    op->state = OpState::recv_posted;
+    if (UcxMsg* m = match_.post_expected(op, source, tag)) {
+        Errc st = copy_queued(m, op);
+        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
+        match_.msg_free(m);
+        return id;
     }
     auto* pa = source.as<UcxAddr>();
     if (pa->dead) {
+        match_.withdraw(op);
         complete_recv(op, source, 0, tag, 0, pa->dead_status);
         return id;
     }
     // An endpoint to the source watches it: if it dies, UCX tells us and this receive fails
     // with disconnected instead of waiting forever.
     if (!pa->ep && !pa->anonymous && source != self_) (void)ep_for_locked(pa);
-    op->match_source = source;
-    op->match_tag = tag;
-    op->state = OpState::recv_posted;
-    posted_expected_.push_back(*op);
     return id;
 }
 
@@ -378,10 +368,7 @@ Result<void> UcxTransport::cancel(OpId id) {
             fmt::format("{} cancel: the operation already finished (stale OpId)", scheme_));
     switch (op->state) {
         case OpState::recv_posted:
-            if (op->completion.type == OpType::recv_unexpected)
-                slots_[op->ctx->id()].posted.erase(*op);
-            else
-                posted_expected_.erase(*op);
+            match_.withdraw(op);
             op->state = OpState::idle;
             op->match_source.reset();
             complete_op(op, Errc::canceled);
@@ -403,58 +390,27 @@ Result<void> UcxTransport::cancel(OpId id) {
 
 // --- receiving ----------------------------------------------------------------------------------
 
-UcxTransport::CtxSlot* UcxTransport::route_locked(uint8_t id) noexcept {
-    // A context that does not exist (or takes no unexpected messages): the lowest one that
-    // takes them gets the message
-    // (Completion::context_id still names the one asked for), see na.hpp.
-    return route_unexpected(slots_, slots_.size(), id, [](const CtxSlot& s) { return s.ctx; });
-}
-
 void UcxTransport::deliver_locked(const MsgHeader& h, const Addr& source, const std::byte* data,
                                   std::size_t len) {
     if (h.kind == MsgKind::bye) {  // handled once progress returns (it closes endpoints)
         byes_.push_back(source);
         return;
     }
-    UcxOp* op = nullptr;
-    CtxSlot* slot = nullptr;
-    if (h.kind == MsgKind::unexpected) {
-        slot = route_locked(h.context_id);
-        if (!slot) {
-            TALARIA_LOG(ucx, warn,
-                        "dropping an unexpected message for context {}: no context exists here",
-                        h.context_id);
-            return;
-        }
-        op = slot->posted.pop_front();
-    } else {
-        for (UcxOp& o : posted_expected_) {
-            if (o.match_source == source && o.match_tag == h.tag) {
-                op = &o;
-                break;
-            }
-        }
-        if (op) posted_expected_.erase(*op);
+    const bool expected = h.kind == MsgKind::expected;
+    bool no_context = false;
+    UcxOp* op = match_.match(expected, h.context_id, source, h.tag, &no_context);
+    if (no_context) {
+        TALARIA_LOG(ucx, warn,
+                    "dropping an unexpected message for context {}: no context exists here",
+                    h.context_id);
+        return;
     }
     if (op) {
-        Errc st = Errc::ok;
-        if (len > op->cap)
-            st = Errc::message_too_large;
-        else if (len)
-            std::memcpy(op->buf, data, len);
+        Errc st = copy_message(data, len, op->buf, op->cap);
         complete_recv(op, source, h.context_id, h.tag, len, st);
         return;
     }
-    QueuedMsg* m = msg_alloc();
-    m->data.assign(data, data + len);
-    m->source = source;
-    m->tag = h.tag;
-    m->context_id = h.context_id;
-    m->expected = h.kind == MsgKind::expected;
-    if (slot)
-        slot->msgs.push_back(*m);
-    else
-        queued_expected_.push_back(*m);
+    match_.queue(match_.copy_out(expected, h.context_id, source, h.tag, {data, len}));
 }
 
 void UcxTransport::on_hello_locked(const MsgHeader& h, std::span<const std::byte> payload) {
@@ -530,7 +486,7 @@ void UcxTransport::hold_locked(const MsgHeader& h, std::span<const std::byte> da
                     scheme_, h.instance, held_count_);
         return;
     }
-    QueuedMsg* m = msg_alloc();
+    UcxMsg* m = match_.msg_alloc();
     m->data.assign(data.begin(), data.end());
     m->tag = h.tag;
     m->context_id = h.context_id;
@@ -563,7 +519,7 @@ void UcxTransport::release_held_locked() {
     // nothing more is deliverable.
     for (bool progress = true; progress && held_count_ > 0;) {
         progress = false;
-        held_.for_each_safe([&](QueuedMsg& m) {
+        held_.for_each_safe([&](UcxMsg& m) {
             Addr source;
             {
                 std::lock_guard gi(inst_mu_);
@@ -577,7 +533,7 @@ void UcxTransport::release_held_locked() {
                 if (int32_t(m.seq - pa->rx_next) < 0) {  // a duplicate
                     held_.erase(m);
                     --held_count_;
-                    msg_free(&m);
+                    match_.msg_free(&m);
                 }
                 return;
             }
@@ -591,7 +547,7 @@ void UcxTransport::release_held_locked() {
             mh.instance = m.instance;
             mh.seq = m.seq;
             deliver_locked(mh, source, m.data.data(), m.data.size());
-            msg_free(&m);
+            match_.msg_free(&m);
             progress = true;
         });
     }
@@ -672,19 +628,15 @@ void UcxTransport::peer_gone_locked(const Addr& peer, Errc st, const std::string
         addrs_.unlink(pa->key, pa);
     }
     if (held_count_ > 0 && pa->instance != 0) {
-        held_.for_each_safe([&](QueuedMsg& m) {
+        held_.for_each_safe([&](UcxMsg& m) {
             if (m.instance != pa->instance) return;
             held_.erase(m);
             --held_count_;
-            msg_free(&m);
+            match_.msg_free(&m);
         });
     }
-    posted_expected_.for_each_safe([&](UcxOp& op) {
-        if (op.match_source == peer) {
-            posted_expected_.erase(op);
-            complete_recv(&op, peer, 0, op.match_tag, 0, st);
-        }
-    });
+    match_.take_expected_from(peer,
+                              [&](UcxOp* op) { complete_recv(op, peer, 0, op->match_tag, 0, st); });
     // Every endpoint to it: forced closes fail the UCX requests still pending on them.
     eps_.for_each_safe([&](Ep& o) {
         if (o.peer == peer) close_ep_locked(&o);

@@ -227,35 +227,25 @@ Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id,
                                  "Options::max_contexts = {}",
                                  id, scheme_, opts_.max_contexts));
     std::lock_guard g(mu_);
-    if (slots_[id].ctx)
+    if (match_.context(id))
         return Error(Errc::already_exists, fmt::format("context {} already exists", id));
     auto ctx = std::make_unique<UcxContext>(this, id, opts_.thread_safe);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
-    slots_[id].ctx = ctx.get();
+    match_.attach(ctx.get());
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
 void UcxTransport::context_destroyed(uint8_t id) noexcept {
     std::lock_guard g(mu_);
-    CtxSlot& s = slots_[id];
-    Context* ctx = s.ctx;
-    s.ctx = nullptr;
+    const Context* ctx = match_.context(id);
     // The caller should have canceled and drained; release receives still posted on it, and
     // orphan UCX operations still in flight (their completion then only frees them).
-    while (UcxOp* op = s.posted.pop_front()) {
+    match_.detach(id, [](UcxOp* op) {
         op->state = OpState::idle;
         op->match_source.reset();
         op->releaser->release(op);
-    }
-    posted_expected_.for_each_safe([&](UcxOp& op) {
-        if (op.ctx == ctx) {
-            posted_expected_.erase(op);
-            op.state = OpState::idle;
-            op.match_source.reset();
-            op.releaser->release(&op);
-        }
     });
     for (UcxOp& op : inflight_)
         if (op.ctx == ctx) op.ctx = nullptr;
@@ -269,7 +259,7 @@ UcxTransport::UcxTransport(const Options& o)
       mu_(o.thread_safe),
       inst_mu_(o.thread_safe),
       ops_(o.max_ops, o.thread_safe),
-      slots_(o.max_contexts) {}
+      match_(o.max_contexts) {}
 
 UcxTransport::~UcxTransport() {
     {
@@ -311,16 +301,9 @@ UcxTransport::~UcxTransport() {
             if (e->close_req) ucp_request_free(e->close_req);
             delete e;
         }
-        for (auto& s : slots_) {
-            s.posted.clear();
-            while (QueuedMsg* m = s.msgs.pop_front())
-                msg_free(m);
-        }
-        posted_expected_.clear();
-        while (QueuedMsg* m = queued_expected_.pop_front())
-            msg_free(m);
-        while (QueuedMsg* m = held_.pop_front())
-            msg_free(m);
+        match_.clear();
+        while (UcxMsg* m = held_.pop_front())
+            match_.msg_free(m);
         held_count_ = 0;
         // Requests UCX never completed: cancel them; an op left over is not ours to touch.
         while (UcxOp* op = inflight_.pop_front()) {
@@ -880,21 +863,6 @@ Result<MemHandle> UcxTransport::mem_deserialize(std::span<const std::byte> in) {
         m->pidns = b.pidns;
     }
     return MemHandle(std::move(m));
-}
-
-QueuedMsg* UcxTransport::msg_alloc() {
-    if (free_msgs_.empty()) {
-        msgs_.push_back(std::make_unique<QueuedMsg>());
-        free_msgs_.push_back(msgs_.back().get());
-    }
-    QueuedMsg* m = free_msgs_.back();
-    free_msgs_.pop_back();
-    return m;
-}
-
-void UcxTransport::msg_free(QueuedMsg* m) noexcept {
-    m->source.reset();
-    free_msgs_.push_back(m);
 }
 
 }  // namespace ucx

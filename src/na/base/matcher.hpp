@@ -1,0 +1,254 @@
+// The software matcher shared by the transports that match messages themselves (tcp, ofi
+// without provider tag matching, ucx): per-context unexpected queues, expected matching on
+// (source, tag), routing an unexpected message to the context that takes it, and the queue of
+// messages that arrived before their receive. docs/architecture.md, "Messages" and "Matching".
+//
+// The matcher owns the queued messages (from its own free list, reused) and the lists of posted
+// receives; it never owns the operations and never completes them: it hands back the receive a
+// message goes to (or the message a new receive takes), and the transport copies and completes,
+// since what a completion touches (op state, watch counts, provider requests) is its own. No
+// lock of its own: call it under the lock that guards the state it belongs to.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "na/base/op.hpp"
+#include "talaria/na/na.hpp"
+#include "talaria/util/intrusive_list.hpp"
+
+namespace talaria::na {
+
+/// A message that arrived before a receive for it was posted, copied off the wire. A
+/// transport that holds messages for reasons of its own (ucx: out of order) derives from it.
+struct QueuedMsg : ListHook<> {
+    Addr source;
+    Tag tag = 0;
+    uint8_t context_id = 0;  ///< the destination context the sender named
+    bool expected = false;
+    std::vector<std::byte> data;  ///< capacity kept across reuse
+};
+
+/// Copy a `len`-byte message into a receive buffer of `cap` bytes: ok, or message_too_large
+/// (nothing copied) when it does not fit.
+inline Errc copy_message(const std::byte* data, std::size_t len, std::byte* buf,
+                         std::size_t cap) noexcept {
+    if (len > cap) return Errc::message_too_large;
+    if (len != 0) std::memcpy(buf, data, len);
+    return Errc::ok;
+}
+
+/// OpT: a transport's op type, derived from Op (its ListHook<> links it on one list here), with
+/// `Addr match_source` and `Tag match_tag` (set here for an expected receive).
+template <class OpT, class MsgT = QueuedMsg>
+class Matcher {
+  public:
+    explicit Matcher(std::size_t max_contexts) : slots_(max_contexts) {}
+    ~Matcher() { clear(); }
+    Matcher(const Matcher&) = delete;
+    Matcher& operator=(const Matcher&) = delete;
+
+    // --- contexts -------------------------------------------------------------------------
+    /// Context `ctx` (id < max_contexts) receives from now on.
+    void attach(const Context* ctx) noexcept { slots_[ctx->id()].ctx = ctx; }
+    /// The context attached under `id`, or nullptr.
+    [[nodiscard]] const Context* context(uint8_t id) const noexcept { return slots_[id].ctx; }
+    /// Context `id` is going: its posted unexpected receives are removed and handed to
+    /// `on_posted(OpT*)` (the caller completes them), and so are the expected receives it
+    /// posted; the unexpected messages queued for it are dropped.
+    template <class F>
+    void detach(uint8_t id, F&& on_posted) {
+        Slot& s = slots_[id];
+        const Context* ctx = s.ctx;
+        s.ctx = nullptr;
+        while (OpT* op = s.posted.pop_front())
+            on_posted(op);
+        while (MsgT* m = s.msgs.pop_front())
+            msg_free(m);
+        if (ctx == nullptr) return;
+        expected_.for_each_safe([&](OpT& op) {
+            if (op.ctx != ctx) return;
+            expected_.erase(op);
+            on_posted(&op);
+        });
+    }
+
+    // --- receives ---------------------------------------------------------------------------
+    /// An unexpected receive on context `ctx_id`: the queued message it takes at once (hand it
+    /// over with copy_message(), then msg_free() it), or nullptr, and `op` waits for one.
+    MsgT* post_unexpected(uint8_t ctx_id, OpT* op) noexcept {
+        Slot& s = slots_[ctx_id];
+        if (MsgT* m = s.msgs.pop_front()) return m;
+        s.posted.push_back(*op);
+        return nullptr;
+    }
+    /// An expected receive from `source` with `tag`: the queued message it takes (first come,
+    /// first matched), or nullptr, and `op` (with match_source/match_tag set) waits for it.
+    MsgT* post_expected(OpT* op, const Addr& source, Tag tag) {
+        for (MsgT& m : early_expected_) {
+            if (m.source == source && m.tag == tag) {
+                early_expected_.erase(m);
+                return &m;
+            }
+        }
+        op->match_source = source;
+        op->match_tag = tag;
+        expected_.push_back(*op);
+        return nullptr;
+    }
+    /// An unexpected receive that lost the message it was taking (its sender died mid-message)
+    /// goes back to the head of its context's queue. False when its context left meanwhile.
+    bool repost_front(OpT* op) noexcept {
+        Slot& s = slots_[op->ctx->id()];
+        if (s.ctx == nullptr) return false;
+        s.posted.push_front(*op);
+        return true;
+    }
+    /// Take back a receive posted here and still waiting (cancel).
+    void withdraw(OpT* op) noexcept {
+        if (op->completion.type == OpType::recv_unexpected)
+            slots_[op->ctx->id()].posted.erase(*op);
+        else
+            expected_.erase(*op);
+    }
+    /// The expected receives waiting for a message from `source`: removed and handed to
+    /// `f(OpT*)` (a dead peer fails them).
+    template <class F>
+    void take_expected_from(const Addr& source, F&& f) {
+        expected_.for_each_safe([&](OpT& op) {
+            if (op.match_source != source) return;
+            expected_.erase(op);
+            f(&op);
+        });
+    }
+
+    // --- messages ---------------------------------------------------------------------------
+    /// Where an arriving message goes. Returns the waiting receive it completes (removed from
+    /// its list), or nullptr: then queue it with queue(), unless `*no_context` says that no
+    /// context takes it (unexpected, and this side has no context that takes unexpected
+    /// messages: drop it, and say so). An unexpected message naming a context that does not
+    /// exist or takes none goes to the lowest one that does (route_unexpected).
+    OpT* match(bool expected, uint8_t ctx_id, const Addr& source, Tag tag,
+               bool* no_context) noexcept {
+        *no_context = false;
+        if (!expected) {
+            Slot* s = route(ctx_id);
+            if (s == nullptr) {
+                *no_context = true;
+                return nullptr;
+            }
+            return s->posted.pop_front();
+        }
+        for (OpT& op : expected_) {
+            if (op.match_source == source && op.match_tag == tag) {
+                expected_.erase(op);
+                return &op;
+            }
+        }
+        return nullptr;
+    }
+    /// A message with every field set, its payload copied from `data` (a fresh or reused
+    /// QueuedMsg of this matcher), ready for queue().
+    MsgT* copy_out(bool expected, uint8_t ctx_id, const Addr& source, Tag tag,
+                   std::span<const std::byte> data) {
+        MsgT* m = msg_alloc();
+        m->source = source;
+        m->tag = tag;
+        m->context_id = ctx_id;
+        m->expected = expected;
+        m->data.assign(data.begin(), data.end());
+        return m;
+    }
+    /// Queue a message no receive waits for. False when no context takes it (any more): `m`
+    /// is freed, and the caller says it dropped it.
+    bool queue(MsgT* m) noexcept {
+        if (m->expected) {
+            early_expected_.push_back(*m);
+            return true;
+        }
+        Slot* s = route(m->context_id);
+        if (s == nullptr) {
+            msg_free(m);
+            return false;
+        }
+        s->msgs.push_back(*m);
+        return true;
+    }
+    /// A message that was read into `m` while receives may have been posted (tcp reads a
+    /// payload over several polls): match it now, or queue it. The receive it completes, or
+    /// nullptr (queued, or dropped when `*dropped`).
+    OpT* match_or_queue(MsgT* m, bool* dropped) noexcept {
+        bool none = false;
+        OpT* op = match(m->expected, m->context_id, m->source, m->tag, &none);
+        *dropped = false;
+        if (op != nullptr) return op;
+        if (none) {
+            msg_free(m);
+            *dropped = true;
+        } else {
+            *dropped = !queue(m);
+        }
+        return nullptr;
+    }
+    // --- message storage -------------------------------------------------------------------
+    MsgT* msg_alloc() {
+        if (free_.empty()) {
+            all_.push_back(std::make_unique<MsgT>());
+            return all_.back().get();
+        }
+        MsgT* m = free_.back();
+        free_.pop_back();
+        return m;
+    }
+    void msg_free(MsgT* m) noexcept {
+        m->source.reset();
+        free_.push_back(m);
+    }
+
+    /// Drop everything (transport teardown): waiting receives are unlinked (the ops are the
+    /// caller's), queued messages freed and their addresses released.
+    void clear() noexcept {
+        for (Slot& s : slots_) {
+            s.posted.clear();
+            while (MsgT* m = s.msgs.pop_front())
+                msg_free(m);
+        }
+        expected_.clear();
+        while (MsgT* m = early_expected_.pop_front())
+            msg_free(m);
+    }
+    /// Queued messages and waiting receives (for tests and leak checks).
+    [[nodiscard]] std::size_t queued() const noexcept {
+        std::size_t n = early_expected_.size();
+        for (const Slot& s : slots_)
+            n += s.msgs.size();
+        return n;
+    }
+    [[nodiscard]] std::size_t waiting() const noexcept {
+        std::size_t n = expected_.size();
+        for (const Slot& s : slots_)
+            n += s.posted.size();
+        return n;
+    }
+
+  private:
+    struct Slot {
+        const Context* ctx = nullptr;
+        IntrusiveList<OpT> posted;  ///< unexpected receives waiting, in post order
+        IntrusiveList<MsgT> msgs;   ///< unexpected messages waiting, in arrival order
+    };
+    Slot* route(uint8_t id) noexcept {
+        return route_unexpected(slots_, slots_.size(), id, [](const Slot& s) { return s.ctx; });
+    }
+
+    std::vector<Slot> slots_;
+    IntrusiveList<OpT> expected_;         ///< expected receives waiting, in post order
+    IntrusiveList<MsgT> early_expected_;  ///< expected messages waiting, in arrival order
+    std::vector<MsgT*> free_;
+    std::vector<std::unique_ptr<MsgT>> all_;
+};
+
+}  // namespace talaria::na

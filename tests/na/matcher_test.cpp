@@ -1,0 +1,227 @@
+// The software matcher shared by tcp, ofi and ucx (src/na/base/matcher.hpp): order, routing of
+// unexpected messages, expected matching on (source, tag), cancel, a context leaving, a dead
+// peer, message storage reuse. The transports' own suites check it end to end.
+#include "na/base/matcher.hpp"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace talaria::na {
+namespace {
+
+struct TestOp : Op {
+    std::byte* buf = nullptr;
+    std::size_t cap = 0;
+    Addr match_source;
+    Tag match_tag = 0;
+};
+
+struct TestAddr final : AddrImpl {
+    TestAddr() : AddrImpl(nullptr) {}
+};
+
+std::span<const std::byte> bytes(const std::string& s) {
+    return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+std::string text(const QueuedMsg& m) {
+    return {reinterpret_cast<const char*>(m.data.data()), m.data.size()};
+}
+
+class MatcherTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        auto t = open("inproc://matcher-test");
+        ASSERT_TRUE(t) << t.error().describe();
+        tp = std::move(*t);
+        for (uint8_t id : {0, 1}) {
+            auto c = tp->context_create(id);
+            ASSERT_TRUE(c);
+            ctx[id] = std::move(*c);
+        }
+        // Context 2 only moves bulk data: it takes no unexpected messages.
+        auto c = tp->context_create(2, ContextOptions{.unexpected = false});
+        ASSERT_TRUE(c);
+        ctx[2] = std::move(*c);
+        for (auto& c2 : ctx)
+            m.attach(c2.get());
+    }
+    TestOp* op(uint8_t ctx_id, OpType type) {
+        ops.push_back(std::make_unique<TestOp>());
+        TestOp* o = ops.back().get();
+        o->ctx = ctx[ctx_id].get();
+        o->completion.type = type;
+        return o;
+    }
+    void deliver(bool expected, uint8_t ctx_id, const Addr& src, Tag tag, const std::string& s) {
+        bool none = false;
+        TestOp* o = m.match(expected, ctx_id, src, tag, &none);
+        ASSERT_FALSE(none);
+        ASSERT_EQ(o, nullptr);
+        ASSERT_TRUE(m.queue(m.copy_out(expected, ctx_id, src, tag, bytes(s))));
+    }
+
+    std::unique_ptr<Transport> tp;
+    std::array<std::unique_ptr<Context>, 3> ctx;
+    std::vector<std::unique_ptr<TestOp>> ops;  // outlives the matcher that links them
+    Matcher<TestOp> m{4};
+    Addr a{new TestAddr};
+    Addr b{new TestAddr};
+};
+
+TEST_F(MatcherTest, UnexpectedMessagesWaitInArrivalOrderPerContext) {
+    deliver(false, 0, a, 7, "first");
+    deliver(false, 1, b, 8, "for ctx 1");
+    deliver(false, 0, b, 9, "second");
+    EXPECT_EQ(m.queued(), 3u);
+    QueuedMsg* q = m.post_unexpected(0, op(0, OpType::recv_unexpected));
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(text(*q), "first");
+    EXPECT_EQ(q->source, a);
+    EXPECT_EQ(q->tag, 7u);
+    m.msg_free(q);
+    q = m.post_unexpected(0, op(0, OpType::recv_unexpected));
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(text(*q), "second");
+    m.msg_free(q);
+    // Context 0 has nothing more: its next receive waits; context 1's message is still there.
+    TestOp* w = op(0, OpType::recv_unexpected);
+    EXPECT_EQ(m.post_unexpected(0, w), nullptr);
+    EXPECT_EQ(m.waiting(), 1u);
+    q = m.post_unexpected(1, op(1, OpType::recv_unexpected));
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(text(*q), "for ctx 1");
+    m.msg_free(q);
+}
+
+TEST_F(MatcherTest, ReceivesPostedFirstTakeMessagesInPostOrder) {
+    TestOp* r1 = op(1, OpType::recv_unexpected);
+    TestOp* r2 = op(1, OpType::recv_unexpected);
+    EXPECT_EQ(m.post_unexpected(1, r1), nullptr);
+    EXPECT_EQ(m.post_unexpected(1, r2), nullptr);
+    bool none = true;
+    EXPECT_EQ(m.match(false, 0, a, 1, &none), nullptr);  // context 0 has none posted
+    EXPECT_FALSE(none);
+    EXPECT_EQ(m.match(false, 1, a, 1, &none), r1);
+    EXPECT_EQ(m.match(false, 1, a, 1, &none), r2);
+    EXPECT_EQ(m.match(false, 1, a, 1, &none), nullptr);
+    EXPECT_EQ(m.waiting(), 0u);
+}
+
+TEST_F(MatcherTest, UnexpectedMessagesForMissingOrBulkContextsGoToTheLowestThatTakesThem) {
+    TestOp* r0 = op(0, OpType::recv_unexpected);
+    EXPECT_EQ(m.post_unexpected(0, r0), nullptr);
+    bool none = true;
+    // Context 9 does not exist: routed to 0, the message still names 9.
+    EXPECT_EQ(m.match(false, 9, a, 1, &none), r0);
+    EXPECT_FALSE(none);
+    deliver(false, 2, a, 2, "for the bulk context");
+    QueuedMsg* q = m.post_unexpected(0, op(0, OpType::recv_unexpected));
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->context_id, 2u);
+    m.msg_free(q);
+    // Once no context takes unexpected messages, they are refused, not queued.
+    m.detach(0, [](TestOp*) {});
+    m.detach(1, [](TestOp*) {});
+    EXPECT_EQ(m.match(false, 0, a, 1, &none), nullptr);
+    EXPECT_TRUE(none);
+    EXPECT_FALSE(m.queue(m.copy_out(false, 0, a, 1, bytes("x"))));
+    EXPECT_EQ(m.queued(), 0u);
+}
+
+TEST_F(MatcherTest, ExpectedMessagesMatchSourceAndTag) {
+    TestOp* ra = op(0, OpType::recv_expected);
+    TestOp* rb = op(1, OpType::recv_expected);
+    EXPECT_EQ(m.post_expected(ra, a, 5), nullptr);
+    EXPECT_EQ(m.post_expected(rb, b, 5), nullptr);
+    EXPECT_EQ(ra->match_source, a);
+    bool none = true;
+    EXPECT_EQ(m.match(true, 0, a, 6, &none), nullptr);  // wrong tag
+    EXPECT_FALSE(none);
+    EXPECT_EQ(m.match(true, 0, b, 5, &none), rb);  // the context id plays no part
+    EXPECT_EQ(m.match(true, 3, a, 5, &none), ra);
+    // Early ones: a receive takes the first from its source with its tag.
+    deliver(true, 0, a, 1, "a1");
+    deliver(true, 0, b, 1, "b1");
+    deliver(true, 0, a, 1, "a1 again");
+    QueuedMsg* q = m.post_expected(op(0, OpType::recv_expected), b, 1);
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(text(*q), "b1");
+    m.msg_free(q);
+    q = m.post_expected(op(0, OpType::recv_expected), a, 1);
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(text(*q), "a1");
+    m.msg_free(q);
+    EXPECT_EQ(m.queued(), 1u);
+}
+
+TEST_F(MatcherTest, WithdrawRepostAndDeadPeers) {
+    TestOp* u = op(0, OpType::recv_unexpected);
+    TestOp* e1 = op(0, OpType::recv_expected);
+    TestOp* e2 = op(1, OpType::recv_expected);
+    TestOp* e3 = op(1, OpType::recv_expected);
+    m.post_unexpected(0, u);
+    m.post_expected(e1, a, 1);
+    m.post_expected(e2, b, 1);
+    m.post_expected(e3, a, 2);
+    m.withdraw(u);
+    m.withdraw(e1);
+    EXPECT_EQ(m.waiting(), 2u);
+    std::vector<TestOp*> failed;
+    m.take_expected_from(a, [&](TestOp* o) { failed.push_back(o); });
+    ASSERT_EQ(failed.size(), 1u);
+    EXPECT_EQ(failed[0], e3);
+    // A receive that lost its message goes back first in line.
+    TestOp* later = op(0, OpType::recv_unexpected);
+    m.post_unexpected(0, later);
+    EXPECT_TRUE(m.repost_front(u));
+    bool none = false;
+    EXPECT_EQ(m.match(false, 0, a, 1, &none), u);
+    EXPECT_EQ(m.match(false, 0, a, 1, &none), later);
+}
+
+TEST_F(MatcherTest, DetachHandsBackTheContextsReceivesAndDropsItsMessages) {
+    TestOp* u0 = op(0, OpType::recv_unexpected);
+    TestOp* e0 = op(0, OpType::recv_expected);
+    TestOp* e1 = op(1, OpType::recv_expected);
+    m.post_unexpected(0, u0);
+    m.post_expected(e0, a, 1);
+    m.post_expected(e1, a, 1);
+    deliver(false, 1, a, 3, "for 1");
+    std::vector<TestOp*> back;
+    m.detach(0, [&](TestOp* o) { back.push_back(o); });
+    EXPECT_EQ(back, (std::vector<TestOp*>{u0, e0}));
+    EXPECT_EQ(m.context(0), nullptr);
+    EXPECT_FALSE(m.repost_front(u0));
+    back.clear();
+    m.detach(1, [&](TestOp* o) { back.push_back(o); });
+    EXPECT_EQ(back, (std::vector<TestOp*>{e1}));
+    EXPECT_EQ(m.queued(), 0u);
+    EXPECT_EQ(m.waiting(), 0u);
+}
+
+TEST_F(MatcherTest, MessageStorageIsReusedAndReleasesItsSource) {
+    QueuedMsg* first = m.copy_out(false, 0, a, 1, bytes("payload"));
+    EXPECT_EQ(a.impl()->ref_count(), 2u);
+    m.msg_free(first);
+    EXPECT_EQ(a.impl()->ref_count(), 1u);
+    QueuedMsg* again = m.copy_out(false, 0, b, 1, bytes("x"));
+    EXPECT_EQ(again, first);  // from the free list: no allocation once warm
+    m.msg_free(again);
+}
+
+TEST(CopyMessage, RefusesWhatDoesNotFit) {
+    std::array<std::byte, 4> buf{};
+    std::string s = "12345";
+    EXPECT_EQ(copy_message(bytes(s).data(), 5, buf.data(), buf.size()), Errc::message_too_large);
+    EXPECT_EQ(buf[0], std::byte{0});
+    EXPECT_EQ(copy_message(bytes(s).data(), 4, buf.data(), buf.size()), Errc::ok);
+    EXPECT_EQ(buf[3], std::byte{'4'});
+    EXPECT_EQ(copy_message(nullptr, 0, nullptr, 0), Errc::ok);
+}
+
+}  // namespace
+}  // namespace talaria::na
