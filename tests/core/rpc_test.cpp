@@ -1892,7 +1892,12 @@ TEST_P(Rpc, TwoProcessesPeerDeath) {
     bool done = drive(
         {client_.get()}, [&] { return hang->done(); }, 10s);
     ASSERT_TRUE(done) << "a call to a killed peer is still pending after 10 s";
-    EXPECT_LT(hang->at - t0, 5s) << "the peer's death was noticed slowly";
+    // Every transport notices within about 1 s on an idle machine (ofi+tcp took 2.9 s before
+    // its probes learned to ask the peer's address, ucx+sm takes ~1 s of UCX keepalive); the
+    // bound leaves room for a loaded CI host.
+    std::printf("peer death noticed after %.3f s\n",
+                std::chrono::duration<double>(hang->at - t0).count());
+    EXPECT_LT(hang->at - t0, 2s) << "the peer's death was noticed slowly";
     EXPECT_TRUE(is_one_of(hang->code, {Errc::disconnected, Errc::unreachable}))
         << errc_name(hang->code) << ": " << hang->message;
     EXPECT_EQ(client_->counters().in_flight, 0u);

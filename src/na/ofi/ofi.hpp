@@ -87,7 +87,12 @@ struct OfiAddr final : AddrImpl, ListHook<WatchTag> {
     uint64_t stalled_pass = 0;        ///< the retry pass in which the provider refused it
     TimePoint heard{};                ///< last message or successful probe from it
     TimePoint probe_sent{};
-    TimePoint refused_since{};         ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
+    TimePoint refused_since{};  ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
+    /// Socket-address providers (tcp): a non-blocking TCP connect to its address, made while a
+    /// probe is refused or unanswered; refused means nothing listens there: its process is
+    /// gone (see listener_gone_locked). -1 when none is open. Under the lock.
+    int listen_check_fd = -1;
+    bool listen_checked = false;       ///< its listener answered in this episode of silence
     std::vector<std::string> aliases;  ///< other lookup strings interned for it
     bool raw_alias = false;            ///< interned under "\x01" + raw
 
@@ -301,6 +306,13 @@ class OfiTransport final : public Transport {
     void watch_dec(OfiAddr* a);
     void check_peers_locked(TimePoint now);
     void send_probe_locked(OfiAddr* a, TimePoint now);
+    /// Is the peer's listening address refusing connections? Starts a non-blocking connect to
+    /// it the first time (false then), and reads its outcome later: true once refused (the
+    /// process that listened there is gone; a host that vanished times out instead and is left
+    /// to the probes' kProbeTimeout). One check per episode of silence. tcp-based providers
+    /// only (a socket address), false for others.
+    bool listener_gone_locked(OfiAddr* a);
+    static void close_listen_check(OfiAddr* a) noexcept;
     void peer_failed_locked(OfiAddr* a, Errc status, const std::string& why);
     /// shm peers in this very process: false (and the peer declared dead) once that endpoint
     /// closed. shm 1.17 reaches an in-process peer's region through that endpoint's own

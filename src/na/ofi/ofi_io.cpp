@@ -1,5 +1,7 @@
 // ofi transport data path: posting, completion processing, software matching of messages from
 // the receive buffers, put/get, peer-death probing, cancel, progress.
+#include <netinet/in.h>
+#include <poll.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
@@ -7,6 +9,7 @@
 #include <rdma/fi_tagged.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -796,6 +799,7 @@ void OfiTransport::poll_cq_locked() {
 void OfiTransport::peer_failed_locked(OfiAddr* a, Errc status, const std::string& why) {
     if (a->dead) return;
     a->dead = true;
+    close_listen_check(a);
     TALARIA_LOG(ofi, debug, "{}: peer {} is dead: {}", scheme_, a->str, why);
     // The next lookup of that name makes a new address (a restarted peer).
     addrs_.unlink(a->str, a);
@@ -854,7 +858,14 @@ void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
     ssize_t rc = fi_send(ep_, probe_mem_.get(), self_header_size_, probe_desc_, a->fi,
                          static_cast<FiCtx*>(p));
     if (rc == -FI_EAGAIN) {
-        // rxm answers -FI_EAGAIN while it (re)connects, forever if the peer is gone.
+        // rxm answers -FI_EAGAIN while it (re)connects, forever if the peer is gone. A peer
+        // whose address now refuses TCP connections is gone at once.
+        if (listener_gone_locked(a)) {
+            peer_failed_locked(a, Errc::disconnected,
+                               "its address refuses connections (the provider cannot reach "
+                               "it either): its process is gone");
+            return;
+        }
         if (a->refused_since == TimePoint{}) {
             a->refused_since = now;
         } else if (now - a->refused_since > kProbeTimeout) {
@@ -868,6 +879,8 @@ void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
         return;
     }
     a->refused_since = TimePoint{};
+    a->listen_checked = false;
+    close_listen_check(a);
     if (rc != 0) {
         peer_failed_locked(a, Errc::disconnected,
                            fmt::format("probe send failed: {}", fi_strerror(int(-rc))));
@@ -877,6 +890,46 @@ void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
     p->peer = Addr(a);
     a->probing = true;
     a->probe_sent = now;
+}
+
+void OfiTransport::close_listen_check(OfiAddr* a) noexcept {
+    if (a->listen_check_fd >= 0) ::close(a->listen_check_fd);
+    a->listen_check_fd = -1;
+}
+
+bool OfiTransport::listener_gone_locked(OfiAddr* a) {
+    if (a->listen_checked) return false;
+    if (a->listen_check_fd < 0) {
+        sockaddr_storage ss{};
+        if (a->raw.size() != sizeof(sockaddr_in) && a->raw.size() != sizeof(sockaddr_in6))
+            return false;
+        std::memcpy(&ss, a->raw.data(), a->raw.size());
+        if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return false;
+        int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) return false;
+        int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&ss), socklen_t(a->raw.size()));
+        if (rc != 0 && errno == ECONNREFUSED) {
+            ::close(fd);
+            return true;
+        }
+        if (rc == 0 || errno != EINPROGRESS) {
+            // Connected at once (a listener is there), or a local error: no verdict.
+            ::close(fd);
+            a->listen_checked = true;
+            return false;
+        }
+        a->listen_check_fd = fd;
+        return false;
+    }
+    pollfd pfd{a->listen_check_fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, 0) <= 0) return false;  // still connecting (a host far or gone)
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(a->listen_check_fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    close_listen_check(a);
+    if (err == ECONNREFUSED) return true;
+    a->listen_checked = true;  // something listens there: leave it to the probes
+    return false;
 }
 
 void OfiTransport::check_peers_locked(TimePoint now) {
@@ -892,6 +945,10 @@ void OfiTransport::check_peers_locked(TimePoint now) {
         if (a.probing) {
             if (now - a.probe_sent > kProbeTimeout)
                 peer_failed_locked(&a, Errc::disconnected, "a probe got no completion in time");
+            else if (now - a.probe_sent > kProbeAfterSilence && listener_gone_locked(&a))
+                peer_failed_locked(&a, Errc::disconnected,
+                                   "a probe is unanswered and its address refuses connections: "
+                                   "its process is gone");
             return;
         }
         if (now - a.heard >= kProbeAfterSilence) send_probe_locked(&a, now);
