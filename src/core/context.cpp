@@ -140,26 +140,49 @@ Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
     }
     p->retiring = false;
     p->idle_sweeps = 0;
-    if (!p->watch_posted) post_watch_locked(p);
     return p;
 }
 
-void Context::Impl::post_watch_locked(Peer* p) {
-    if (closing.load(std::memory_order_relaxed)) return;
+bool Context::Impl::claim_watch_locked(Peer* p) noexcept {
+    if (p->watch_posted || p->watch_posting || closing.load(std::memory_order_relaxed))
+        return false;
+    p->watch_posting = true;
+    p->watch_fired = false;
+    return true;
+}
+
+void Context::Impl::post_watch(Peer* p) {
+    // p stays (watch_posting) and its watch fields are ours until we take the lock again.
+    Result<na::OpId> r = Error{Errc::no_memory, "no buffer for the watch"};
     if (!p->watch_buf.valid()) {
-        auto b = t->msg_buf_alloc(16);
-        if (!b) return;  // the call still works; only prompt failure detection is lost
-        p->watch_buf = std::move(*b);
+        if (auto b = t->msg_buf_alloc(16))
+            p->watch_buf = std::move(*b);
+        else
+            r = std::move(b).error();
     }
-    auto r = t->post_recv_expected(
-        *na, [this, p](const na::Completion& c) { on_watch(p, c); }, p->watch_buf, p->addr,
-        wire::kWatchTag);
-    if (r) {
-        p->watch = *r;
-        p->watch_posted = true;
-    } else {
+    if (p->watch_buf.valid())
+        r = t->post_recv_expected(
+            *na, [this, p](const na::Completion& c) { on_watch(p, c); }, p->watch_buf, p->addr,
+            wire::kWatchTag);
+    na::OpId cancel_now;
+    {
+        std::lock_guard g(mu);
+        p->watch_posting = false;
+        if (r && !p->watch_fired) {
+            p->watch = *r;
+            p->watch_posted = true;
+            // Shut down while we posted: begin_shutdown did not see it; cancel it here.
+            if (closing.load(std::memory_order_relaxed)) cancel_now = *r;
+        } else if (p->inflight == 0 && (p->watch_fired || closing.load(std::memory_order_relaxed))) {
+            // It fired already (the peer failed, and on_watch left the peer to us) or nothing
+            // will watch it: forget an unused peer.
+            if (last_peer == p) last_peer = nullptr;
+            peers.erase(p->addr.impl());  // frees p
+        }
+    }
+    if (!r)  // the call still works; only prompt failure detection is lost
         TALARIA_LOG(core, debug, "context {}: no watch on a peer: {}", id, r.error().describe());
-    }
+    if (cancel_now.valid()) (void)t->cancel(cancel_now);
 }
 
 void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
@@ -167,36 +190,49 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
     std::vector<std::unique_ptr<LargeOut>> garbage;
     std::string who;
     na::Addr p_addr;
+    bool repost = false;
+    const bool failed_peer = c.status != Errc::canceled && c.status != Errc::ok;
     {
         std::lock_guard g(mu);
+        // Its poster has not taken the lock again since posting it (post_watch): the peer is
+        // the poster's to keep or erase.
+        const bool posting = p->watch_posting;
+        if (posting) p->watch_fired = true;
         p->watch_posted = false;
         bool is_closing = closing.load(std::memory_order_relaxed);
-        if (c.status == Errc::canceled || c.status == Errc::ok) {
+        if (!failed_peer) {
             // Canceled: we retired it (idle peer) or are closing. Ok: someone sent our watch
             // tag; keep watching.
-            if (!is_closing && (!p->retiring || p->inflight > 0)) {
-                post_watch_locked(p);
+            if (posting) {
+                // Nothing to do: its poster sees watch_fired.
+            } else if (!is_closing && (!p->retiring || p->inflight > 0)) {
+                repost = claim_watch_locked(p);
             } else if (p->inflight == 0) {
                 if (last_peer == p) last_peer = nullptr;
                 peers.erase(p->addr.impl());  // frees p
             }
-            return;
-        }
-        // The transport failed the peer: fail every call to it.
-        for (uint32_t i = 0; i < slots.size(); ++i) {
-            if (slots[i].seq != 0 && slots[i].peer == p) {
-                garbage.emplace_back();
-                failed.push_back(release_slot_locked(i, garbage.back()));
+        } else {
+            // The transport failed the peer: fail every call to it.
+            for (uint32_t i = 0; i < slots.size(); ++i) {
+                if (slots[i].seq != 0 && slots[i].peer == p) {
+                    garbage.emplace_back();
+                    failed.push_back(release_slot_locked(i, garbage.back()));
+                }
+            }
+            p_addr = p->addr;
+            // Forget the failed peer (no call to it is left); a new call starts afresh.
+            if (p->inflight == 0 && !is_closing && !posting) {
+                if (last_peer == p) last_peer = nullptr;
+                peers.erase(p->addr.impl());  // frees p
             }
         }
-        who = t->addr_to_string(p->addr);
-        p_addr = p->addr;
-        // Forget the failed peer (no call to it is left); a new call starts afresh.
-        if (p->inflight == 0 && !is_closing) {
-            if (last_peer == p) last_peer = nullptr;
-            peers.erase(p->addr.impl());  // frees p
-        }
     }
+    if (!failed_peer) {
+        // Reposted without the lock held across the transport call.
+        if (repost) post_watch(p);
+        return;
+    }
+    who = t->addr_to_string(p_addr);
     {
         // Nobody will pull the arguments of calls to a dead peer.
         std::lock_guard g(pend_mu);
@@ -258,6 +294,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
 
     uint32_t idx;
     uint32_t seq;
+    Peer* watch = nullptr;  // a peer to watch, posted once the lock is released
     {
         std::lock_guard g(mu);
         if (free_head == kNoSlot)
@@ -276,12 +313,15 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.large = std::move(lo);
         s.peer = peer_for_locked(dest);
         ++s.peer->inflight;
+        if (claim_watch_locked(s.peer)) watch = s.peer;
         if (opts.timeout > Duration::zero()) {
             s.deadline = Clock::now() + opts.timeout;
             heap_push_locked(idx);
         }
         inflight.store(inflight.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
+
+    if (watch) post_watch(watch);  // before the call goes out, as a reply may fail it
 
     wire::Header h;
     h.flags = (opts.one_way ? wire::kOneWay : 0) | (large ? wire::kMore : 0);
@@ -501,19 +541,25 @@ unsigned Context::Impl::expire_timers() {
 void Context::Impl::sweep(TimePoint now) {
     next_sweep = now + kSweepPeriod;
     expire_pending(now);
-    std::lock_guard g(mu);
-    for (auto& [key, p] : peers) {
-        if (p->inflight != 0 || !p->watch_posted || p->retiring) continue;
-        if (++p->idle_sweeps < kIdleSweeps) continue;
-        p->retiring = true;
-        (void)t->cancel(p->watch);  // on_watch erases it
+    std::vector<na::OpId> retire;  // canceled once the lock is released (stale ids are safe)
+    {
+        std::lock_guard g(mu);
+        for (auto& [key, p] : peers) {
+            if (p->inflight != 0 || !p->watch_posted || p->retiring) continue;
+            if (++p->idle_sweeps < kIdleSweeps) continue;
+            p->retiring = true;
+            retire.push_back(p->watch);  // on_watch erases it
+        }
     }
+    for (na::OpId w : retire)
+        (void)t->cancel(w);
 }
 
 // --- shutdown ---------------------------------------------------------------------------------
 
 void Context::Impl::begin_shutdown() {
     closing.store(true, std::memory_order_relaxed);
+    std::vector<na::OpId> watches;
     std::vector<ResponseFn> failed;
     std::vector<std::unique_ptr<LargeOut>> garbage;
     {
@@ -524,8 +570,10 @@ void Context::Impl::begin_shutdown() {
             failed.push_back(release_slot_locked(i, garbage.back()));
         }
         for (auto& [key, p] : peers)
-            if (p->watch_posted) (void)t->cancel(p->watch);
+            if (p->watch_posted) watches.push_back(p->watch);
     }
+    for (na::OpId w : watches)  // without the lock (stale ids are refused safely)
+        (void)t->cancel(w);
     run_deferred();
     for (auto& fn : failed)
         if (fn) fn(Error{Errc::shutdown, "the engine was destroyed with the call in flight"});
@@ -542,7 +590,7 @@ bool Context::Impl::drained() const {
     for (auto& rs : recvs)
         if (rs->posted) return false;
     for (auto& [key, p] : peers)
-        if (p->watch_posted) return false;
+        if (p->watch_posted || p->watch_posting) return false;
     if (pulls.load() != 0) return false;
     return free_bufs.size() == all_bufs.size();
 }

@@ -76,6 +76,12 @@ struct Peer {
     na::Addr addr;
     uint32_t inflight = 0;
     bool watch_posted = false;
+    /// A thread claimed the watch and posts it without the lock (post_watch): until it is
+    /// done, the peer is not erased and nobody else touches watch / watch_buf.
+    bool watch_posting = false;
+    /// The watch being posted completed before its poster took the lock again (on_watch ran
+    /// first): the poster does not mark it posted.
+    bool watch_fired = false;
     bool retiring = false;  ///< the watch is being canceled because the peer went idle
     unsigned idle_sweeps = 0;
     na::OpId watch;
@@ -213,7 +219,10 @@ struct Context::Impl {
     bool complete_call(uint32_t seq, const na::Addr* source, Result<std::span<const std::byte>> r,
                        bool count_response);
     Peer* peer_for_locked(const na::Addr& dest);
-    void post_watch_locked(Peer* p);
+    /// Under mu: should this peer get a watch now? Claims the posting (watch_posting) when so.
+    bool claim_watch_locked(Peer* p) noexcept;
+    /// Post a claimed watch, without mu held across the transport call (takes it after).
+    void post_watch(Peer* p);
     void on_watch(Peer* p, const na::Completion& c);
     /// Take the completion out of a slot and free it (under mu). Large args are moved to
     /// `garbage` so they are deregistered outside the lock.
