@@ -78,7 +78,7 @@ class Matcher {
 
     // --- receives ---------------------------------------------------------------------------
     /// An unexpected receive on context `ctx_id`: the queued message it takes at once (hand it
-    /// over with copy_message(), then msg_free() it), or nullptr, and `op` waits for one.
+    /// over with deliver()), or nullptr, and `op` waits for one.
     MsgT* post_unexpected(uint8_t ctx_id, OpT* op) noexcept {
         Slot& s = slots_[ctx_id];
         if (MsgT* m = s.msgs.pop_front()) return m;
@@ -193,6 +193,16 @@ class Matcher {
         }
         return nullptr;
     }
+    /// Hand early message `m` (from post_unexpected, post_expected or match_or_queue) to
+    /// receive `op` (it needs `buf` and `cap`): copy it in, or message_too_large when it does
+    /// not fit, call `complete(op, source, context_id, tag, size, status)`, free `m`.
+    template <class Complete>
+    void deliver(MsgT* m, OpT* op, Complete&& complete) {
+        Errc st = copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
+        complete(op, m->source, m->context_id, m->tag, m->data.size(), st);
+        msg_free(m);
+    }
+
     // --- message storage -------------------------------------------------------------------
     MsgT* msg_alloc() {
         if (free_.empty()) {

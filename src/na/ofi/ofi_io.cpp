@@ -330,12 +330,6 @@ void OfiTransport::complete_recv(OfiOp* op, const Addr& source, uint8_t ctx_id, 
     op_finished(op, status);
 }
 
-namespace {
-Errc copy_queued(const QueuedMsg* m, OfiOp* op) {
-    return copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
-}
-}  // namespace
-
 Result<OpId> OfiTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
     if (&ctx.transport() != this)
         return Error(Errc::invalid_argument,
@@ -348,9 +342,7 @@ Result<OpId> OfiTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     OpId id = op->id();
     op->state = OpState::recv_posted;
     if (QueuedMsg* m = match_.post_unexpected(ctx.id(), op)) {
-        Errc st = copy_queued(m, op);
-        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        match_.msg_free(m);
+        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -373,9 +365,7 @@ Result<OpId> OfiTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     op->state = OpState::recv_posted;
     if (QueuedMsg* m = match_.post_expected(op, source, tag)) {
         // It arrived before its receive (also from a peer that died since).
-        Errc st = copy_queued(m, op);
-        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        match_.msg_free(m);
+        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
         return id;
     }
     auto* peer = source.as<OfiAddr>();

@@ -117,11 +117,6 @@ void TcpTransport::complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, 
     complete_op(op, status);
 }
 
-/// Hand a queued message to a receive: copy if it fits, message_too_large if not.
-static Errc copy_queued(const QueuedMsg* m, TcpOp* op) {
-    return copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
-}
-
 Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
     if (&ctx.transport() != this)
         return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
@@ -133,9 +128,7 @@ Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     OpId id = op->id();
     op->state = OpState::recv_posted;
     if (QueuedMsg* m = match_.post_unexpected(ctx.id(), op)) {
-        Errc st = copy_queued(m, op);
-        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        match_.msg_free(m);
+        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -154,9 +147,7 @@ Result<OpId> TcpTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     OpId id = op->id();
     op->state = OpState::recv_posted;
     if (QueuedMsg* m = match_.post_expected(op, source, tag)) {
-        Errc st = copy_queued(m, op);
-        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        match_.msg_free(m);
+        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -532,9 +523,7 @@ void TcpTransport::deliver_queued(QueuedMsg* m) {
                     "more",
                     m->context_id);
     if (!op) return;
-    Errc st = copy_queued(m, op);
-    complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-    match_.msg_free(m);
+    match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
 }
 
 bool TcpTransport::finish_frame(Conn* c) {

@@ -152,11 +152,6 @@ void UcxTransport::complete_recv(UcxOp* op, const Addr& source, uint8_t ctx_id, 
     complete_op(op, status);
 }
 
-/// Hand a queued message to a receive: copy if it fits, message_too_large if not.
-static Errc copy_queued(const UcxMsg* m, UcxOp* op) {
-    return copy_message(m->data.data(), m->data.size(), op->buf, op->cap);
-}
-
 Result<OpId> UcxTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
     if (&ctx.transport() != this)
         return Error(Errc::invalid_argument,
@@ -170,9 +165,7 @@ Result<OpId> UcxTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     OpId id = op->id();
     op->state = OpState::recv_posted;
     if (UcxMsg* m = match_.post_unexpected(ctx.id(), op)) {
-        Errc st = copy_queued(m, op);
-        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        match_.msg_free(m);
+        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -194,9 +187,7 @@ Result<OpId> UcxTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     OpId id = op->id();
     op->state = OpState::recv_posted;
     if (UcxMsg* m = match_.post_expected(op, source, tag)) {
-        Errc st = copy_queued(m, op);
-        complete_recv(op, m->source, m->context_id, m->tag, m->data.size(), st);
-        match_.msg_free(m);
+        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
         return id;
     }
     auto* pa = source.as<UcxAddr>();
