@@ -153,17 +153,15 @@ bool Context::Impl::claim_watch_locked(Peer* p) noexcept {
 
 void Context::Impl::post_watch(Peer* p) {
     // p stays (watch_posting) and its watch fields are ours until we take the lock again.
-    Result<na::OpId> r = Error{Errc::no_memory, "no buffer for the watch"};
-    if (!p->watch_buf.valid()) {
-        if (auto b = t->msg_buf_alloc(16))
-            p->watch_buf = std::move(*b);
-        else
-            r = std::move(b).error();
-    }
-    if (p->watch_buf.valid())
-        r = t->post_recv_expected(
+    auto r = [&]() -> Result<na::OpId> {
+        if (!p->watch_buf.valid()) {
+            TALARIA_TRY(b, t->msg_buf_alloc(16));
+            p->watch_buf = std::move(b);
+        }
+        return t->post_recv_expected(
             *na, [this, p](const na::Completion& c) { on_watch(p, c); }, p->watch_buf, p->addr,
             wire::kWatchTag);
+    }();
     na::OpId cancel_now;
     {
         std::lock_guard g(mu);
@@ -173,7 +171,8 @@ void Context::Impl::post_watch(Peer* p) {
             p->watch_posted = true;
             // Shut down while we posted: begin_shutdown did not see it; cancel it here.
             if (closing.load(std::memory_order_relaxed)) cancel_now = *r;
-        } else if (p->inflight == 0 && (p->watch_fired || closing.load(std::memory_order_relaxed))) {
+        } else if (p->inflight == 0 &&
+                   (p->watch_fired || closing.load(std::memory_order_relaxed))) {
             // It fired already (the peer failed, and on_watch left the peer to us) or nothing
             // will watch it: forget an unused peer.
             if (last_peer == p) last_peer = nullptr;

@@ -42,8 +42,9 @@ inline Errc copy_message(const std::byte* data, std::size_t len, std::byte* buf,
 }
 
 /// OpT: a transport's op type, derived from Op (its ListHook<> links it on one list here), with
-/// `Addr match_source` and `Tag match_tag` (set here for an expected receive).
-template <class OpT, class MsgT = QueuedMsg>
+/// `Tag match_tag`, and the Addr member `Source` (default `match_source`) that an expected
+/// receive's source is kept in (set here).
+template <class OpT, class MsgT = QueuedMsg, Addr OpT::*Source = &OpT::match_source>
 class Matcher {
   public:
     explicit Matcher(std::size_t max_contexts) : slots_(max_contexts) {}
@@ -86,7 +87,7 @@ class Matcher {
         return nullptr;
     }
     /// An expected receive from `source` with `tag`: the queued message it takes (first come,
-    /// first matched), or nullptr, and `op` (with match_source/match_tag set) waits for it.
+    /// first matched), or nullptr, and `op` (with its Source and match_tag set) waits for it.
     MsgT* post_expected(OpT* op, const Addr& source, Tag tag) {
         for (MsgT& m : early_expected_) {
             if (m.source == source && m.tag == tag) {
@@ -94,7 +95,7 @@ class Matcher {
                 return &m;
             }
         }
-        op->match_source = source;
+        op->*Source = source;
         op->match_tag = tag;
         expected_.push_back(*op);
         return nullptr;
@@ -119,7 +120,7 @@ class Matcher {
     template <class F>
     void take_expected_from(const Addr& source, F&& f) {
         expected_.for_each_safe([&](OpT& op) {
-            if (op.match_source != source) return;
+            if (op.*Source != source) return;
             expected_.erase(op);
             f(&op);
         });
@@ -143,7 +144,7 @@ class Matcher {
             return s->posted.pop_front();
         }
         for (OpT& op : expected_) {
-            if (op.match_source == source && op.match_tag == tag) {
+            if (op.*Source == source && op.match_tag == tag) {
                 expected_.erase(op);
                 return &op;
             }

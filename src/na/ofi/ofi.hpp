@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "na/base/addr_table.hpp"
 #include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
+#include "na/base/url.hpp"
 #include "na/ofi/ofi_wire.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
@@ -141,8 +143,7 @@ struct OfiOp : Op, FiCtx {
     uint64_t raddr = 0;            ///< put/get: remote address (or offset) of byte 0
     uint64_t rkey = 0;             ///< put/get: remote key
     std::size_t posted_bytes = 0;  ///< put/get: bytes of fragments already posted
-    Addr peer;                     ///< send/put/get: destination; recv_expected: source (watched)
-    Addr match_source;             ///< recv_expected, software matching: source (Matcher)
+    Addr peer;  ///< send/put/get: destination; recv_expected: source (watched; the Matcher's)
     Tag match_tag = 0;
     uint32_t fragments = 0;  ///< put/get: fragments still in the provider
     Errc first_error = Errc::ok;
@@ -190,6 +191,10 @@ struct ProviderInfo {
     bool wait_fd = false;
     bool tagged = false;        ///< FI_TAGGED | FI_DIRECTED_RECV: expected messages are tagged
     bool av_on_lookup = false;  ///< addr_lookup inserts into the AV (not shm: bounded AV)
+    /// A peer's address is a TCP socket it listens on (tcp;ofi_rxm), so a refused TCP connect
+    /// to it proves its process gone (listener_gone_locked). Not verbs: its socket addresses
+    /// name rdma_cm listeners, which refuse TCP even when alive.
+    bool tcp_listener = false;
 };
 
 class OfiTransport final : public Transport {
@@ -264,6 +269,9 @@ class OfiTransport final : public Transport {
     Addr intern_locked(const std::string& canonical, std::string raw);
     /// The canonical address string of a raw provider address (empty if not representable).
     std::string canonical_of(std::span<const std::byte> raw) const;
+    /// The socket address in a raw provider address (FI_SOCKADDR_IN / _IN6 providers): family
+    /// and length checked, port nonzero; nullopt for other formats or bad bytes.
+    std::optional<SockAddr> sock_addr_of(std::span<const std::byte> raw) const;
     /// The raw provider address of a canonical string's part after "scheme://".
     Result<std::string> raw_of(std::string_view rest, bool from_wire) const;
     Result<void> av_insert_locked(OfiAddr* a);
@@ -361,7 +369,7 @@ class OfiTransport final : public Transport {
 
     /// Posted receives and early messages of every context (na/base/matcher.hpp); expected
     /// ones only without provider tag matching (!prov_.tagged).
-    Matcher<OfiOp> match_;
+    Matcher<OfiOp, QueuedMsg, &OfiOp::peer> match_;
     IntrusiveList<OfiOp> deferred_;
     IntrusiveList<OfiOp> inflight_;  ///< ops the provider holds (released at teardown)
     uint64_t pass_ = 0;

@@ -118,7 +118,6 @@ void OfiTransport::op_finished(OfiOp* op, Errc status) {
     op->counted = false;
     op->tagged = false;
     op->peer.reset();
-    op->match_source.reset();
     op->state = OpState::idle;
     complete_op(op, status);
 }
@@ -374,9 +373,8 @@ Result<OpId> OfiTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
         complete_recv(op, source, 0, tag, 0, Errc::disconnected);
         return id;
     }
-    op->peer = source;
-    op->counted = true;
-    watch_inc(peer);  // a receive from a peer that dies must fail: watch it
+    op->counted = true;  // op->peer is the source (set by the matcher)
+    watch_inc(peer);     // a receive from a peer that dies must fail: watch it
     return id;
 }
 
@@ -888,16 +886,13 @@ void OfiTransport::close_listen_check(OfiAddr* a) noexcept {
 }
 
 bool OfiTransport::listener_gone_locked(OfiAddr* a) {
-    if (a->listen_checked) return false;
+    if (!prov_.tcp_listener || a->listen_checked) return false;
     if (a->listen_check_fd < 0) {
-        sockaddr_storage ss{};
-        if (a->raw.size() != sizeof(sockaddr_in) && a->raw.size() != sizeof(sockaddr_in6))
-            return false;
-        std::memcpy(&ss, a->raw.data(), a->raw.size());
-        if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return false;
-        int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        auto sa = sock_addr_of(std::as_bytes(std::span(a->raw)));
+        if (!sa) return false;
+        int fd = ::socket(sa->family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) return false;
-        int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&ss), socklen_t(a->raw.size()));
+        int rc = ::connect(fd, sa->sa(), sa->len);
         if (rc != 0 && errno == ECONNREFUSED) {
             ::close(fd);
             return true;

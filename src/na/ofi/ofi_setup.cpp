@@ -171,7 +171,6 @@ void OfiTransport::context_destroyed(uint8_t id) noexcept {
         if (op->counted) watch_dec(op->peer.as<OfiAddr>());
         op->counted = false;
         op->peer.reset();
-        op->match_source.reset();
         op->state = OpState::idle;
         op->releaser->release(op);
     });
@@ -235,7 +234,6 @@ void OfiTransport::close_all() noexcept {
         if (op->bounce) bounce_free(op->bounce);
         op->bounce = nullptr;
         op->peer.reset();
-        op->match_source.reset();
         op->counted = false;
         op->state = OpState::idle;
         op->releaser->release(op);
@@ -498,6 +496,7 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
     prov_.fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
     prov_.domain = info->domain_attr->name ? info->domain_attr->name : "";
     prov_.addr_format = info->addr_format;
+    prov_.tcp_listener = prov_.prov_name.starts_with("tcp");
     prov_.mr_mode = uint64_t(info->domain_attr->mr_mode);
     prov_.inject_size = info->tx_attr->inject_size;
     prov_.max_msg_size = info->ep_attr->max_msg_size;
@@ -694,26 +693,24 @@ bool OfiTransport::shm_peer_gone_locked(std::string_view raw) const {
     return false;
 }
 
+std::optional<SockAddr> OfiTransport::sock_addr_of(std::span<const std::byte> raw) const {
+    SockAddr sa;
+    const bool v4 = prov_.addr_format == FI_SOCKADDR_IN;
+    if (!v4 && prov_.addr_format != FI_SOCKADDR_IN6) return std::nullopt;
+    if (raw.size() != (v4 ? sizeof(sockaddr_in) : sizeof(sockaddr_in6))) return std::nullopt;
+    std::memcpy(&sa.storage, raw.data(), raw.size());
+    sa.len = socklen_t(raw.size());
+    if (sa.family() != (v4 ? AF_INET : AF_INET6) || sa.port() == 0) return std::nullopt;
+    return sa;
+}
+
 std::string OfiTransport::canonical_of(std::span<const std::byte> raw) const {
     std::string prefix = scheme_ + "://";
     switch (prov_.addr_format) {
-        case FI_SOCKADDR_IN: {
-            if (raw.size() != sizeof(sockaddr_in)) return {};
-            sockaddr_in sin;
-            std::memcpy(&sin, raw.data(), sizeof sin);
-            if (sin.sin_family != AF_INET || sin.sin_port == 0) return {};
-            char buf[INET_ADDRSTRLEN];
-            inet_ntop(AF_INET, &sin.sin_addr, buf, sizeof buf);
-            return fmt::format("{}{}:{}", prefix, buf, ntohs(sin.sin_port));
-        }
+        case FI_SOCKADDR_IN:
         case FI_SOCKADDR_IN6: {
-            if (raw.size() != sizeof(sockaddr_in6)) return {};
-            sockaddr_in6 sin6;
-            std::memcpy(&sin6, raw.data(), sizeof sin6);
-            if (sin6.sin6_family != AF_INET6 || sin6.sin6_port == 0) return {};
-            char buf[INET6_ADDRSTRLEN];
-            inet_ntop(AF_INET6, &sin6.sin6_addr, buf, sizeof buf);
-            return fmt::format("{}[{}]:{}", prefix, buf, ntohs(sin6.sin6_port));
+            auto sa = sock_addr_of(raw);
+            return sa ? prefix + sa->to_string() : std::string{};
         }
         case FI_ADDR_STR: {
             std::string_view s(reinterpret_cast<const char*>(raw.data()), raw.size());
