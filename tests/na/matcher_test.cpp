@@ -61,7 +61,7 @@ class MatcherTest : public ::testing::Test {
         TestOp* o = m.match(expected, ctx_id, src, tag, &none);
         ASSERT_FALSE(none);
         ASSERT_EQ(o, nullptr);
-        ASSERT_TRUE(m.queue(m.copy_out(expected, ctx_id, src, tag, bytes(s))));
+        ASSERT_EQ(m.queue_copy(expected, ctx_id, src, tag, bytes(s)), Queued::ok);
     }
 
     std::unique_ptr<Transport> tp;
@@ -128,7 +128,8 @@ TEST_F(MatcherTest, UnexpectedMessagesForMissingOrBulkContextsGoToTheLowestThatT
     m.detach(1, [](TestOp*) {});
     EXPECT_EQ(m.match(false, 0, a, 1, &none), nullptr);
     EXPECT_TRUE(none);
-    EXPECT_FALSE(m.queue(m.copy_out(false, 0, a, 1, bytes("x"))));
+    EXPECT_EQ(m.queue_copy(false, 0, a, 1, bytes("x")), Queued::no_context);
+    EXPECT_EQ(m.refusal(Queued::no_context), "no context here takes unexpected messages");
     EXPECT_EQ(m.queued(), 0u);
 }
 
@@ -204,13 +205,47 @@ TEST_F(MatcherTest, DetachHandsBackTheContextsReceivesAndDropsItsMessages) {
 }
 
 TEST_F(MatcherTest, MessageStorageIsReusedAndReleasesItsSource) {
-    QueuedMsg* first = m.copy_out(false, 0, a, 1, bytes("payload"));
+    deliver(false, 0, a, 1, "payload");
     EXPECT_EQ(a.impl()->ref_count(), 2u);
+    QueuedMsg* first = m.post_unexpected(0, op(0, OpType::recv_unexpected));
+    ASSERT_NE(first, nullptr);
     m.msg_free(first);
     EXPECT_EQ(a.impl()->ref_count(), 1u);
-    QueuedMsg* again = m.copy_out(false, 0, b, 1, bytes("x"));
+    deliver(false, 0, b, 1, "x");
+    QueuedMsg* again = m.post_unexpected(0, op(0, OpType::recv_unexpected));
     EXPECT_EQ(again, first);  // from the free list: no allocation once warm
     m.msg_free(again);
+}
+
+TEST_F(MatcherTest, EarlyExpectedMessagesAreBoundedByCountAndBytes) {
+    // A peer sending expected messages nobody asked for cannot make the matcher hold memory
+    // without a bound: past kMaxEarlyExpected messages the newest are refused.
+    for (std::size_t i = 0; i < kMaxEarlyExpected; ++i)
+        ASSERT_EQ(m.queue_copy(true, 0, a, Tag(i), bytes("x")), Queued::ok) << i;
+    EXPECT_EQ(m.queue_copy(true, 0, a, 1, bytes("x")), Queued::full);
+    EXPECT_NE(m.refusal(Queued::full).find("4096 early expected messages"), std::string::npos)
+        << m.refusal(Queued::full);
+    // Unexpected ones are not counted against it, and a receive taking one makes room.
+    EXPECT_EQ(m.queue_copy(false, 0, a, 1, bytes("x")), Queued::ok);
+    QueuedMsg* q = m.post_expected(op(0, OpType::recv_expected), a, 7);
+    ASSERT_NE(q, nullptr);
+    m.msg_free(q);
+    EXPECT_EQ(m.queue_copy(true, 0, a, 7, bytes("x")), Queued::ok);
+    m.clear();
+    // By bytes: 64 KiB messages reach kMaxEarlyExpectedBytes first.
+    std::string big(64 << 10, 'b');
+    std::size_t n = 0;
+    while (m.queue_copy(true, 0, b, Tag(n), bytes(big)) == Queued::ok)
+        ++n;
+    EXPECT_EQ(n, kMaxEarlyExpectedBytes / big.size());
+    // A message read into storage first (tcp) is refused the same way, and freed.
+    QueuedMsg* read = m.msg_alloc();
+    read->source = b;
+    read->expected = true;
+    read->data.assign(big.size(), std::byte{1});
+    Queued how = Queued::ok;
+    EXPECT_EQ(m.match_or_queue(read, &how), nullptr);
+    EXPECT_EQ(how, Queued::full);
 }
 
 TEST(CopyMessage, RefusesWhatDoesNotFit) {

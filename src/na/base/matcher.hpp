@@ -14,7 +14,10 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "na/base/op.hpp"
 #include "talaria/na/na.hpp"
@@ -40,6 +43,20 @@ inline Errc copy_message(const std::byte* data, std::size_t len, std::byte* buf,
     if (len != 0) std::memcpy(buf, data, len);
     return Errc::ok;
 }
+
+/// Early expected messages one matcher keeps at most, by count and by payload bytes. An expected
+/// message answers a receive its receiver posts (the core posts them before it asks), so a
+/// pile of early ones is a peer sending what nobody asked for: beyond these bounds the newest
+/// is dropped (Queued::full) instead of holding memory without a bound.
+inline constexpr std::size_t kMaxEarlyExpected = 4096;
+inline constexpr std::size_t kMaxEarlyExpectedBytes = std::size_t{32} << 20;
+
+/// What became of a message no receive waited for.
+enum class Queued : uint8_t {
+    ok,          ///< queued until a receive takes it
+    no_context,  ///< unexpected, and no context here takes unexpected messages: dropped
+    full,        ///< expected, and kMaxEarlyExpected(Bytes) are reached: dropped
+};
 
 /// OpT: a transport's op type, derived from Op (its ListHook<> links it on one list here), with
 /// `Tag match_tag`, and the Addr member `Source` (default `match_source`) that an expected
@@ -92,6 +109,7 @@ class Matcher {
         for (MsgT& m : early_expected_) {
             if (m.source == source && m.tag == tag) {
                 early_expected_.erase(m);
+                early_bytes_ -= m.data.size();
                 return &m;
             }
         }
@@ -128,7 +146,7 @@ class Matcher {
 
     // --- messages ---------------------------------------------------------------------------
     /// Where an arriving message goes. Returns the waiting receive it completes (removed from
-    /// its list), or nullptr: then queue it with queue(), unless `*no_context` says that no
+    /// its list), or nullptr: then queue it with queue_copy(), unless `*no_context` says that no
     /// context takes it (unexpected, and this side has no context that takes unexpected
     /// messages: drop it, and say so). An unexpected message naming a context that does not
     /// exist or takes none goes to the lowest one that does (route_unexpected).
@@ -151,48 +169,59 @@ class Matcher {
         }
         return nullptr;
     }
-    /// A message with every field set, its payload copied from `data` (a fresh or reused
-    /// QueuedMsg of this matcher), ready for queue().
-    MsgT* copy_out(bool expected, uint8_t ctx_id, const Addr& source, Tag tag,
-                   std::span<const std::byte> data) {
+    /// Queue a copy of a message no receive waits for (match() returned nullptr), unless it
+    /// is refused (no_context, full: then nothing is copied and the caller logs why, with
+    /// refusal()).
+    Queued queue_copy(bool expected, uint8_t ctx_id, const Addr& source, Tag tag,
+                      std::span<const std::byte> data) {
+        if (!expected && route(ctx_id) == nullptr) return Queued::no_context;
+        if (expected && early_full(data.size())) return Queued::full;
         MsgT* m = msg_alloc();
         m->source = source;
         m->tag = tag;
         m->context_id = ctx_id;
         m->expected = expected;
         m->data.assign(data.begin(), data.end());
-        return m;
+        return queue(m);
     }
-    /// Queue a message no receive waits for. False when no context takes it (any more): `m`
-    /// is freed, and the caller says it dropped it.
-    bool queue(MsgT* m) noexcept {
+    /// Queue message `m` (every field set) that no receive waits for. Refused (no_context,
+    /// full): `m` is freed and the caller logs why.
+    Queued queue(MsgT* m) noexcept {
         if (m->expected) {
+            if (early_full(m->data.size())) {
+                msg_free(m);
+                return Queued::full;
+            }
+            early_bytes_ += m->data.size();
             early_expected_.push_back(*m);
-            return true;
+            return Queued::ok;
         }
         Slot* s = route(m->context_id);
         if (s == nullptr) {
             msg_free(m);
-            return false;
+            return Queued::no_context;
         }
         s->msgs.push_back(*m);
-        return true;
+        return Queued::ok;
     }
     /// A message that was read into `m` while receives may have been posted (tcp reads a
-    /// payload over several polls): match it now, or queue it. The receive it completes, or
-    /// nullptr (queued, or dropped when `*dropped`).
-    OpT* match_or_queue(MsgT* m, bool* dropped) noexcept {
+    /// payload over several polls): the receive it completes, or nullptr and `*how` says
+    /// whether it was queued or refused (and freed).
+    OpT* match_or_queue(MsgT* m, Queued* how) noexcept {
         bool none = false;
-        OpT* op = match(m->expected, m->context_id, m->source, m->tag, &none);
-        *dropped = false;
-        if (op != nullptr) return op;
-        if (none) {
-            msg_free(m);
-            *dropped = true;
-        } else {
-            *dropped = !queue(m);
-        }
+        *how = Queued::ok;
+        if (OpT* op = match(m->expected, m->context_id, m->source, m->tag, &none)) return op;
+        *how = queue(m);
         return nullptr;
+    }
+    /// Why a message was refused, for the transport's log line.
+    [[nodiscard]] std::string refusal(Queued q) const {
+        if (q == Queued::no_context) return "no context here takes unexpected messages";
+        return fmt::format(
+            "{} early expected messages ({} bytes) already wait for receives, the most kept "
+            "(post expected receives before the peer sends; a peer that sends what nobody "
+            "asked for is misbehaving)",
+            early_expected_.size(), early_bytes_);
     }
     /// Hand early message `m` (from post_unexpected, post_expected or match_or_queue) to
     /// receive `op` (it needs `buf` and `cap`): copy it in, or message_too_large when it does
@@ -230,6 +259,7 @@ class Matcher {
         expected_.clear();
         while (MsgT* m = early_expected_.pop_front())
             msg_free(m);
+        early_bytes_ = 0;
     }
     /// Queued messages and waiting receives (for tests and leak checks).
     [[nodiscard]] std::size_t queued() const noexcept {
@@ -251,6 +281,10 @@ class Matcher {
         IntrusiveList<OpT> posted;  ///< unexpected receives waiting, in post order
         IntrusiveList<MsgT> msgs;   ///< unexpected messages waiting, in arrival order
     };
+    [[nodiscard]] bool early_full(std::size_t size) const noexcept {
+        return early_expected_.size() >= kMaxEarlyExpected ||
+               early_bytes_ + size > kMaxEarlyExpectedBytes;
+    }
     Slot* route(uint8_t id) noexcept {
         return route_unexpected(slots_, slots_.size(), id, [](const Slot& s) { return s.ctx; });
     }
@@ -258,6 +292,7 @@ class Matcher {
     std::vector<Slot> slots_;
     IntrusiveList<OpT> expected_;         ///< expected receives waiting, in post order
     IntrusiveList<MsgT> early_expected_;  ///< expected messages waiting, in arrival order
+    std::size_t early_bytes_ = 0;         ///< their payload bytes (kMaxEarlyExpectedBytes)
     std::vector<MsgT*> free_;
     std::vector<std::unique_ptr<MsgT>> all_;
 };

@@ -635,14 +635,13 @@ void OfiTransport::on_message(std::span<const std::byte> msg) {
     const bool expected = h->kind != MsgKind::unexpected;
     bool no_context = false;
     OfiOp* op = match_.match(expected, h->context_id, src, h->tag, &no_context);
-    if (no_context) {
-        TALARIA_LOG(ofi, warn,
-                    "{}: dropping an unexpected message for context {}: no context exists", scheme_,
-                    h->context_id);
-        return;
-    }
     if (!op) {
-        match_.queue(match_.copy_out(expected, h->context_id, src, h->tag, payload));
+        Queued q = match_.queue_copy(expected, h->context_id, src, h->tag, payload);
+        if (q != Queued::ok)
+            TALARIA_LOG(ofi, warn,
+                        "{}: dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
+                        scheme_, payload.size(), expected ? "expected" : "unexpected", h->tag,
+                        a->str, h->context_id, match_.refusal(q));
         return;
     }
     Errc st = copy_message(payload.data(), payload.size(), op->buf, op->cap);

@@ -247,7 +247,9 @@ class TcpTransport final : public Transport {
     bool process_rx(Conn* c);
     bool start_frame(Conn* c);
     bool finish_frame(Conn* c);
-    void deliver_queued(QueuedMsg* m);
+    /// A message read off `c` into `m` with no receive posted at its start: to a receive posted
+    /// since, or queued (or refused, and logged).
+    void deliver_queued(Conn* c, QueuedMsg* m);
     void complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,
                        Errc status);
     Errc validate_target(const FrameHeader& h, bool write, std::byte** where);

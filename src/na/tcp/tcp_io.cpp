@@ -513,15 +513,19 @@ bool TcpTransport::start_frame(Conn* c) {
     return true;
 }
 
-void TcpTransport::deliver_queued(QueuedMsg* m) {
+void TcpTransport::deliver_queued(Conn* c, QueuedMsg* m) {
     // A receive may have been posted while the message was being read.
-    bool dropped = false;
-    TcpOp* op = match_.match_or_queue(m, &dropped);
-    if (dropped)
-        TALARIA_LOG(tcp, warn,
-                    "dropping an unexpected message for context {}: no context exists here any "
-                    "more",
-                    m->context_id);
+    const std::size_t size = m->data.size();
+    const Tag tag = m->tag;
+    const uint8_t ctx_id = m->context_id;
+    const bool expected = m->expected;
+    // m is freed when refused
+    Queued q = Queued::ok;
+    TcpOp* op = match_.match_or_queue(m, &q);
+    if (q != Queued::ok)
+        TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
+                    size, expected ? "expected" : "unexpected", tag, c->peer.as<TcpAddr>()->str,
+                    ctx_id, match_.refusal(q));
     if (!op) return;
     match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
 }
@@ -570,7 +574,7 @@ bool TcpTransport::finish_frame(Conn* c) {
         case Conn::Sink::queued: {
             QueuedMsg* m = c->rx_msg;
             c->rx_msg = nullptr;
-            deliver_queued(m);
+            deliver_queued(c, m);
             break;
         }
         case Conn::Sink::put:

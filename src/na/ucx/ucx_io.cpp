@@ -389,19 +389,17 @@ void UcxTransport::deliver_locked(const MsgHeader& h, const Addr& source, const 
     }
     const bool expected = h.kind == MsgKind::expected;
     bool no_context = false;
-    UcxOp* op = match_.match(expected, h.context_id, source, h.tag, &no_context);
-    if (no_context) {
-        TALARIA_LOG(ucx, warn,
-                    "dropping an unexpected message for context {}: no context exists here",
-                    h.context_id);
-        return;
-    }
-    if (op) {
+    if (UcxOp* op = match_.match(expected, h.context_id, source, h.tag, &no_context)) {
         Errc st = copy_message(data, len, op->buf, op->cap);
         complete_recv(op, source, h.context_id, h.tag, len, st);
         return;
     }
-    match_.queue(match_.copy_out(expected, h.context_id, source, h.tag, {data, len}));
+    Queued q = match_.queue_copy(expected, h.context_id, source, h.tag, {data, len});
+    if (q != Queued::ok)
+        TALARIA_LOG(ucx, warn,
+                    "{}: dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
+                    scheme_, len, expected ? "expected" : "unexpected", h.tag,
+                    source.as<UcxAddr>()->str, h.context_id, match_.refusal(q));
 }
 
 void UcxTransport::on_hello_locked(const MsgHeader& h, std::span<const std::byte> payload) {
