@@ -22,6 +22,7 @@ struct ClientOptions {
     unsigned rma_inflight = 1;            ///< put/get, pull/push
     std::vector<unsigned> rate_inflight;  ///< rpc rate; empty: 1 and 16
     std::vector<unsigned> contexts;       ///< api: contexts (= client threads); empty: 1
+    std::vector<unsigned> procs;          ///< api: client processes; empty: 1
     std::vector<std::string> consume;     ///< api: get, then, coawait; empty: all three
     RepeatOptions repeat;
     std::string json_path;
@@ -51,5 +52,16 @@ struct ServeOptions {
 /// Returns the process exit code.
 int run_client(const ClientOptions& opt);
 int run_serve(const ServeOptions& opt);
+
+/// One extra client process of `talaria-perf api --procs P` (hidden subcommand api-worker):
+/// an Engine at `url` with `contexts` contexts calling the server's contexts first.. on
+/// commands read from stdin (backend_api.cpp).
+struct ApiWorkerOptions {
+    std::string url;
+    std::string server;
+    unsigned contexts = 1;
+    unsigned first = 0;
+};
+int run_api_worker(const ApiWorkerOptions& opt);
 
 }  // namespace talaria::perf

@@ -4,6 +4,10 @@
 //
 //   K = --contexts: the server's api engine has (at least) K contexts; the client engine has K
 //   contexts and K threads, thread i calling from its context i to the server's context i.
+//   P = --procs: P client processes of K threads each (this one and P-1 workers, hidden
+//   subcommand `api-worker`, taking commands on stdin); the server has K*P contexts and
+//   process p's thread i calls server context p*K + i. Rates are for all processes together,
+//   over the slowest process's time.
 //   pingpong : each thread keeps one call in flight and makes `iters` calls: the round trip in us
 //   rate     : each thread keeps --rate-inflight calls in flight; `iters` calls in all, split
 //              over the threads: calls per second for the whole client
@@ -19,11 +23,13 @@
 #include <atomic>
 #include <barrier>
 #include <coroutine>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "app.hpp"
 #include "rpc_session.hpp"
 #include "talaria/talaria.hpp"
 #include "talaria/util/log.hpp"
@@ -79,6 +85,108 @@ struct Chain {
     }
 };
 
+/// `running` counts the chains or coroutines still going; it outlives the run (the last
+/// one notifies it from the progress thread, possibly after this thread saw it reach 0).
+void work(Consume how, const Procedure<Echo>& p, uint64_t n, unsigned inflight,
+          std::atomic<uint64_t>& errors, std::atomic<unsigned>& running) {
+    if (n == 0) return;
+    inflight = static_cast<unsigned>(std::min<uint64_t>(inflight, n));
+    switch (how) {
+        case Consume::none:
+        case Consume::get: {
+            std::vector<Future<uint64_t>> ring(inflight);
+            std::vector<uint64_t> want(inflight);
+            uint64_t issued = 0;
+            for (; issued < inflight; ++issued) {
+                want[issued] = issued;
+                ring[issued] = p(issued);
+            }
+            for (uint64_t done = 0; done < n; ++done) {
+                std::size_t slot = done % inflight;
+                auto r = ring[slot].try_get();
+                if (!r || *r != want[slot]) errors.fetch_add(1, std::memory_order_relaxed);
+                if (issued < n) {
+                    want[slot] = issued;
+                    ring[slot] = p(issued);
+                    ++issued;
+                }
+            }
+            return;
+        }
+        case Consume::then: {
+            running.store(inflight);
+            std::vector<Chain> chains(inflight);
+            for (unsigned c = 0; c < inflight; ++c)
+                chains[c] = Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors, &running};
+            for (auto& c : chains)
+                c.issue();
+            for (unsigned r = running.load(); r != 0; r = running.load())
+                running.wait(r);
+            return;
+        }
+        case Consume::coawait: {
+            // `inflight` coroutines, each a loop of co_await calls, resumed on the client's
+            // progress thread; this thread waits for the last to end.
+            running.store(inflight);
+            for (unsigned c = 0; c < inflight; ++c)
+                call_loop(p, n / inflight + (c < n % inflight ? 1 : 0), errors, running);
+            for (unsigned r = running.load(); r != 0; r = running.load())
+                running.wait(r);
+            return;
+        }
+    }
+}
+
+/// Calls per thread: pingpong, `iters` each (the unit is one thread's round trip); rate,
+/// `iters` in all.
+std::vector<uint64_t> split_calls(Pattern pattern, uint64_t iters, unsigned k) {
+    std::vector<uint64_t> per(k, pattern == Pattern::pingpong ? iters : iters / k);
+    if (pattern != Pattern::pingpong) per[0] += iters % k;
+    return per;
+}
+
+/// One process's share: `per[i]` calls on thread i from client context i to server context
+/// first + i. The elapsed time; errors counts calls that failed or returned a wrong value.
+Duration run_threads(const Procedure<Echo>& proc, unsigned first, Consume consume,
+                     unsigned inflight, const std::vector<uint64_t>& per,
+                     std::array<std::atomic<unsigned>, 64>& running,
+                     std::atomic<uint64_t>& errors) {
+    const auto k = static_cast<unsigned>(per.size());
+    std::barrier sync(static_cast<std::ptrdiff_t>(k + 1));
+    std::vector<std::thread> threads;
+    threads.reserve(k);
+    for (unsigned i = 0; i < k; ++i) {
+        Procedure<Echo> p =
+            proc.from(static_cast<uint8_t>(i)).context(static_cast<uint8_t>(first + i));
+        threads.emplace_back([&, p, i] {
+            sync.arrive_and_wait();
+            work(consume, p, per[i], inflight, errors, running[i]);
+            sync.arrive_and_wait();
+        });
+    }
+    sync.arrive_and_wait();
+    auto t0 = Clock::now();
+    sync.arrive_and_wait();
+    auto elapsed = Clock::now() - t0;
+    for (auto& t : threads)
+        t.join();
+    return elapsed;
+}
+
+/// A worker's next line; its "error ..." line becomes the error it names.
+Result<std::string> read_worker(ServerProcess& w, Duration timeout) {
+    auto line = w.read_line(timeout);
+    if (!line)
+        return Error(line.error().code(), fmt::format("api worker (pid {}): {}", w.pid(),
+                                                      line.error().code() == Errc::disconnected
+                                                          ? "exited (see its messages above)"
+                                                          : line.error().message()));
+    if (line->starts_with("error "))
+        return Error(Errc::io_error, fmt::format("api worker (pid {}): {}", w.pid(),
+                                                 std::string_view(*line).substr(6)));
+    return line;
+}
+
 class ApiClient final : public Runner {
   public:
     static Result<std::unique_ptr<Runner>> create(std::string_view transport,
@@ -105,12 +213,13 @@ class ApiClient final : public Runner {
             return Error(Errc::invalid_argument,
                          fmt::format("the api layer measures pingpong and rate, not {}",
                                      pattern_name(s.pattern)));
-        if (s.contexts == 0 || s.contexts > 64)
-            return Error(Errc::invalid_argument, "--contexts: 1 to 64");
-        if (s.procs != 1)
-            return Error(Errc::not_supported, "the api layer measures one client process");
+        if (s.contexts == 0 || s.procs == 0 || s.contexts * s.procs > 64)
+            return Error(Errc::invalid_argument,
+                         fmt::format("--contexts {} x --procs {}: the server would need {} "
+                                     "contexts, at most 64",
+                                     s.contexts, s.procs, s.contexts * s.procs));
         prepared_ = true;
-        auto addr = s_->start_api(s.mode, s.contexts);
+        auto addr = s_->start_api(s.mode, s.contexts * s.procs);
         if (!addr) {
             (void)finish(s);
             return std::move(addr).error();
@@ -139,37 +248,38 @@ class ApiClient final : public Runner {
             server_ = *ep;
             server_address_ = *addr;
             proc_ = engine_->remote<Echo>(kRpcEcho).on(server_);
+            workers_.clear();
         }
-        engine_->set_wait_mode(s.mode == Mode::busy ? WaitMode::busy : WaitMode::block);
-        return ok();
+        if (auto r = start_workers(s, *addr); !r) {
+            (void)finish(s);
+            return r;
+        }
+        return set_mode(s.mode);
     }
 
     Result<Duration> run(const Spec& s, uint64_t iters) override {
         const unsigned k = s.contexts;
         const unsigned inflight = s.pattern == Pattern::pingpong ? 1 : std::max(1u, s.inflight);
-        // pingpong: every thread makes `iters` calls (the unit is one thread's round trip);
-        // rate: `iters` calls in all.
-        std::vector<uint64_t> per(k, s.pattern == Pattern::pingpong ? iters : iters / k);
-        if (s.pattern != Pattern::pingpong) per[0] += iters % k;
+        // rate: `iters` calls over all processes (this one takes the remainder).
+        const unsigned procs = s.procs;
+        const uint64_t share = s.pattern == Pattern::pingpong ? iters : iters / procs;
+        for (auto& w : workers_)
+            TALARIA_CHECK(
+                w->write_line(fmt::format("run {} {} {} {}", share, consume_name(s.consume),
+                                          pattern_name(s.pattern), inflight)));
+        const uint64_t mine = s.pattern == Pattern::pingpong ? iters : share + iters % procs;
         std::atomic<uint64_t> errors{0};
-        std::barrier sync(static_cast<std::ptrdiff_t>(k + 1));
-        std::vector<std::thread> threads;
-        threads.reserve(k);
-        for (unsigned i = 0; i < k; ++i) {
-            Procedure<Echo> p =
-                proc_.from(static_cast<uint8_t>(i)).context(static_cast<uint8_t>(i));
-            threads.emplace_back([&, p, i] {
-                sync.arrive_and_wait();
-                work(s.consume, p, per[i], inflight, errors, running_[i]);
-                sync.arrive_and_wait();
-            });
+        Duration elapsed = run_threads(proc_, 0, s.consume, inflight,
+                                       split_calls(s.pattern, mine, k), running_, errors);
+        for (auto& w : workers_) {
+            TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(120)));
+            unsigned long long ns = 0, errs = 0;
+            if (std::sscanf(line.c_str(), "done %llu %llu", &ns, &errs) != 2)
+                return Error(Errc::protocol_error,
+                             fmt::format("api worker: unexpected answer '{}'", line));
+            elapsed = std::max(elapsed, Duration(std::chrono::nanoseconds(ns)));
+            errors += errs;
         }
-        sync.arrive_and_wait();
-        auto t0 = Clock::now();
-        sync.arrive_and_wait();
-        auto elapsed = Clock::now() - t0;
-        for (auto& t : threads)
-            t.join();
         if (uint64_t e = errors.load(); e != 0)
             return Error(Errc::protocol_error,
                          fmt::format("api: {} calls failed or returned a wrong value", e));
@@ -183,69 +293,50 @@ class ApiClient final : public Runner {
     }
 
     Result<void> suspend(const Spec&) override {
-        if (engine_) engine_->set_wait_mode(WaitMode::block);  // idle between repetitions
+        if (engine_) TALARIA_CHECK(set_mode(Mode::block));  // idle between repetitions
         return s_->leave_phase();
     }
     Result<void> resume(const Spec& s) override {
-        TALARIA_CHECK(s_->start_api(s.mode, s.contexts));
-        engine_->set_wait_mode(s.mode == Mode::busy ? WaitMode::busy : WaitMode::block);
-        return ok();
+        TALARIA_CHECK(s_->start_api(s.mode, s.contexts * s.procs));
+        return set_mode(s.mode);
     }
 
   private:
     ApiClient() = default;
 
-    /// `running` counts the chains or coroutines still going; it outlives the run (the last
-    /// one notifies it from the progress thread, possibly after this thread saw it reach 0).
-    static void work(Consume how, const Procedure<Echo>& p, uint64_t n, unsigned inflight,
-                     std::atomic<uint64_t>& errors, std::atomic<unsigned>& running) {
-        if (n == 0) return;
-        inflight = static_cast<unsigned>(std::min<uint64_t>(inflight, n));
-        switch (how) {
-            case Consume::none:
-            case Consume::get: {
-                std::vector<Future<uint64_t>> ring(inflight);
-                std::vector<uint64_t> want(inflight);
-                uint64_t issued = 0;
-                for (; issued < inflight; ++issued) {
-                    want[issued] = issued;
-                    ring[issued] = p(issued);
-                }
-                for (uint64_t done = 0; done < n; ++done) {
-                    std::size_t slot = done % inflight;
-                    auto r = ring[slot].try_get();
-                    if (!r || *r != want[slot]) errors.fetch_add(1, std::memory_order_relaxed);
-                    if (issued < n) {
-                        want[slot] = issued;
-                        ring[slot] = p(issued);
-                        ++issued;
-                    }
-                }
-                return;
-            }
-            case Consume::then: {
-                running.store(inflight);
-                std::vector<Chain> chains(inflight);
-                for (unsigned c = 0; c < inflight; ++c)
-                    chains[c] =
-                        Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors, &running};
-                for (auto& c : chains)
-                    c.issue();
-                for (unsigned r = running.load(); r != 0; r = running.load())
-                    running.wait(r);
-                return;
-            }
-            case Consume::coawait: {
-                // `inflight` coroutines, each a loop of co_await calls, resumed on the client's
-                // progress thread; this thread waits for the last to end.
-                running.store(inflight);
-                for (unsigned c = 0; c < inflight; ++c)
-                    call_loop(p, n / inflight + (c < n % inflight ? 1 : 0), errors, running);
-                for (unsigned r = running.load(); r != 0; r = running.load())
-                    running.wait(r);
-                return;
-            }
+    /// This engine's threads and every worker's: busy, or blocking (also while idle).
+    Result<void> set_mode(Mode m) {
+        engine_->set_wait_mode(m == Mode::busy ? WaitMode::busy : WaitMode::block);
+        for (auto& w : workers_) {
+            TALARIA_CHECK(w->write_line(mode_name(m)));
+            TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(30)));
+            if (line != "ok")
+                return Error(Errc::protocol_error,
+                             fmt::format("api worker: unexpected answer '{}'", line));
         }
+        return ok();
+    }
+
+    /// The P-1 other client processes, started once per shape (kept across repetitions and
+    /// modes): process p has K contexts calling server contexts p*K .. p*K+K-1.
+    Result<void> start_workers(const Spec& s, const std::string& server) {
+        if (workers_.size() == s.procs - 1 && worker_k_ == s.contexts) return ok();
+        workers_.clear();
+        worker_k_ = s.contexts;
+        auto url = s_->options().url.empty() ? default_engine_url(transport_) : s_->options().url;
+        for (unsigned p = 1; p < s.procs; ++p) {
+            auto w = std::make_unique<ServerProcess>();
+            TALARIA_CHECK(
+                w->start({"api-worker", "--url", url, "--server", server, "--contexts",
+                          std::to_string(s.contexts), "--first", std::to_string(p * s.contexts)},
+                         -1, true));
+            TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(30)));
+            if (line != "ready")
+                return Error(Errc::protocol_error,
+                             fmt::format("api worker {} did not start: {}", p, line));
+            workers_.push_back(std::move(w));
+        }
+        return ok();
     }
 
     std::unique_ptr<RpcSession> s_;
@@ -255,10 +346,65 @@ class ApiClient final : public Runner {
     Endpoint server_;
     std::string server_address_;
     Procedure<Echo> proc_;
+    std::vector<std::unique_ptr<ServerProcess>> workers_;  ///< --procs: the other processes
+    unsigned worker_k_ = 0;                                ///< their contexts each
     bool prepared_ = false;
 };
 
 }  // namespace
+
+int run_api_worker(const ApiWorkerOptions& o) {
+    auto fail = [](const std::string& why) {
+        fmt::print("error {}\n", why);
+        std::fflush(stdout);
+        return 1;
+    };
+    std::array<std::atomic<unsigned>, 64> running{};  // outlives the engine's last callback
+    EngineOptions eo;
+    eo.contexts = static_cast<uint8_t>(o.contexts);
+    auto e = Engine::open(o.url, false, eo);
+    if (!e) return fail(fmt::format("engine: {}", e.error().describe()));
+    auto engine = std::make_unique<Engine>(std::move(*e));
+    auto ep = engine->try_lookup(o.server);
+    if (!ep) return fail(fmt::format("lookup {}: {}", o.server, ep.error().describe()));
+    Procedure<Echo> proc = engine->remote<Echo>(kRpcEcho).on(*ep);
+    fmt::print("ready\n");
+    std::fflush(stdout);
+    // Commands, one a line: "busy" / "block" (answer "ok"); "run CALLS CONSUME PATTERN
+    // INFLIGHT" (answer "done NANOSECONDS ERRORS"). End of input: exit.
+    char line[256];
+    while (std::fgets(line, sizeof line, stdin)) {
+        std::string_view cmd(line);
+        while (!cmd.empty() && (cmd.back() == '\n' || cmd.back() == '\r'))
+            cmd.remove_suffix(1);
+        if (auto m = parse_mode(cmd)) {
+            engine->set_wait_mode(*m == Mode::busy ? WaitMode::busy : WaitMode::block);
+            fmt::print("ok\n");
+        } else if (cmd.starts_with("run ")) {
+            unsigned long long calls = 0;
+            unsigned inflight = 0;
+            char consume[16] = {}, pattern[16] = {};
+            if (std::sscanf(line, "run %llu %15s %15s %u", &calls, consume, pattern, &inflight) !=
+                4)
+                return fail(fmt::format("bad command '{}'", cmd));
+            auto c = parse_consume(consume);
+            auto p = parse_pattern(pattern);
+            if (!c || !p) return fail(fmt::format("bad command '{}'", cmd));
+            std::atomic<uint64_t> errors{0};
+            Duration d = run_threads(proc, o.first, *c, inflight,
+                                     split_calls(*p, calls, o.contexts), running, errors);
+            fmt::print("done {} {}\n",
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(),
+                       errors.load());
+        } else {
+            return fail(fmt::format("unknown command '{}'", cmd));
+        }
+        std::fflush(stdout);
+    }
+    engine->set_wait_mode(WaitMode::block);
+    proc = {};
+    return 0;
+}
 
 Result<std::unique_ptr<Runner>> make_api_client(std::string_view transport,
                                                 std::string_view server_address, int ctl_fd,

@@ -121,9 +121,11 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
                     }
                     // api: every contexts count x way of consuming results.
                     std::vector<unsigned> ks{1};
+                    std::vector<unsigned> ps{1};
                     std::vector<Consume> cs{Consume::none};
                     if (layer->name == "api") {
                         if (!o.contexts.empty()) ks = o.contexts;
+                        if (!o.procs.empty()) ps = o.procs;
                         cs.clear();
                         for (const auto& c : o.consume) {
                             TALARIA_TRY(v, parse_consume(c));
@@ -139,20 +141,22 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
                                                      size));
                     }
                     for (unsigned k : ks)
-                        for (Consume c : cs)
-                            for (unsigned n : inflights)
-                                for (Mode m : pm) {
-                                    Spec s;
-                                    s.layer = layer->name;
-                                    s.transport = t;
-                                    s.pattern = p;
-                                    s.mode = m;
-                                    s.size = size;
-                                    s.inflight = n;
-                                    s.contexts = k;
-                                    s.consume = c;
-                                    specs.push_back(s);
-                                }
+                        for (unsigned procs : ps)
+                            for (Consume c : cs)
+                                for (unsigned n : inflights)
+                                    for (Mode m : pm) {
+                                        Spec s;
+                                        s.layer = layer->name;
+                                        s.transport = t;
+                                        s.pattern = p;
+                                        s.mode = m;
+                                        s.size = size;
+                                        s.inflight = n;
+                                        s.contexts = k;
+                                        s.procs = procs;
+                                        s.consume = c;
+                                        specs.push_back(s);
+                                    }
                 }
             }
         }

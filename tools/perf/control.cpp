@@ -298,9 +298,16 @@ ServerProcess::~ServerProcess() {
     stop(std::chrono::milliseconds(500));
 }
 
-Result<void> ServerProcess::start(const std::vector<std::string>& args, int cpu) {
+Result<void> ServerProcess::start(const std::vector<std::string>& args, int cpu, bool commands) {
     int pipefd[2];
     if (::pipe2(pipefd, O_CLOEXEC) != 0) return errno_error("pipe2", errno);
+    int infd[2] = {-1, -1};
+    if (commands && ::pipe2(infd, O_CLOEXEC) != 0) {
+        int e = errno;
+        ::close(pipefd[0]);
+        ::close(pipefd[1]);
+        return errno_error("pipe2", e);
+    }
     // Everything the child needs is built before fork: only async-signal-safe calls after.
     std::vector<std::string> all{"talaria-perf"};
     all.insert(all.end(), args.begin(), args.end());
@@ -316,21 +323,38 @@ Result<void> ServerProcess::start(const std::vector<std::string>& args, int cpu)
     pid_t pid = ::fork();
     if (pid < 0) {
         int e = errno;
-        ::close(pipefd[0]);
-        ::close(pipefd[1]);
+        for (int fd : {pipefd[0], pipefd[1], infd[0], infd[1]})
+            if (fd >= 0) ::close(fd);
         return errno_error("fork", e);
     }
     if (pid == 0) {
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
         ::dup2(pipefd[1], STDOUT_FILENO);         // dup2 clears O_CLOEXEC on the copy
+        if (infd[0] >= 0) ::dup2(infd[0], STDIN_FILENO);
         if (cpu >= 0) ::sched_setaffinity(0, sizeof set, &set);
         ::execv("/proc/self/exe", argv.data());
         ::_exit(127);
     }
     ::close(pipefd[1]);
+    if (infd[0] >= 0) ::close(infd[0]);
     pid_ = pid;
     out_fd_ = pipefd[0];
+    in_fd_ = infd[1];
+    return ok();
+}
+
+Result<void> ServerProcess::write_line(std::string_view line) {
+    if (in_fd_ < 0) return Error(Errc::invalid_argument, "the child takes no commands");
+    std::string buf(line);
+    buf.push_back('\n');
+    std::size_t off = 0;
+    while (off < buf.size()) {
+        ssize_t n = ::write(in_fd_, buf.data() + off, buf.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno_error("write to the child's stdin", errno);
+        off += std::size_t(n);
+    }
     return ok();
 }
 
@@ -368,6 +392,10 @@ Result<std::string> ServerProcess::read_line(Duration timeout) {
 }
 
 void ServerProcess::stop(Duration grace) {
+    if (in_fd_ >= 0) {  // EOF on its stdin: a worker's signal to exit
+        ::close(in_fd_);
+        in_fd_ = -1;
+    }
     if (out_fd_ >= 0) {
         ::close(out_fd_);
         out_fd_ = -1;

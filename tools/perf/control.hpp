@@ -119,9 +119,13 @@ class ServerProcess {
     ~ServerProcess();
 
     /// fork + exec /proc/self/exe with `args` (argv[1..]); pinned to `cpu` when cpu >= 0.
-    Result<void> start(const std::vector<std::string>& args, int cpu);
+    /// With `commands`, its stdin is a pipe that write_line() writes (a worker that takes
+    /// commands); otherwise it inherits ours.
+    Result<void> start(const std::vector<std::string>& args, int cpu, bool commands = false);
     /// The next line the server prints on stdout, waiting at most `timeout`.
     Result<std::string> read_line(Duration timeout);
+    /// Write `line` and a newline to its stdin (started with `commands`).
+    Result<void> write_line(std::string_view line);
     /// Wait up to `grace` for a clean exit, then SIGKILL; always reaps.
     void stop(Duration grace);
     [[nodiscard]] pid_t pid() const noexcept { return pid_; }
@@ -129,6 +133,7 @@ class ServerProcess {
   private:
     pid_t pid_ = -1;
     int out_fd_ = -1;
+    int in_fd_ = -1;  ///< its stdin (with `commands`)
     std::string buffered_;
 };
 

@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
                    "(default 1), e.g. 1,2,4")
         ->delimiter(',')
         ->check(CLI::Range(1u, 64u));
+    app.add_option("--procs", c.procs,
+                   "api: client processes, each with --contexts threads; the server gets "
+                   "contexts x procs contexts (default 1), e.g. 1,2")
+        ->delimiter(',')
+        ->check(CLI::Range(1u, 64u));
     app.add_option("--consume", c.consume,
                    "api: how a caller takes results: get, then, coawait (default: all)")
         ->delimiter(',');
@@ -170,6 +175,14 @@ int main(int argc, char** argv) {
     raw_rma->add_option("--timeout-s", rma.timeout_s);
 #endif
 
+    // One extra client process of `api --procs P` (spawned by the api layer; hidden).
+    ApiWorkerOptions worker;
+    auto* api_worker = app.add_subcommand("api-worker", "")->group("");
+    api_worker->add_option("--url", worker.url)->required();
+    api_worker->add_option("--server", worker.server)->required();
+    api_worker->add_option("--contexts", worker.contexts)->check(CLI::Range(1u, 64u));
+    api_worker->add_option("--first", worker.first)->check(CLI::Range(0u, 63u));
+
     CLI11_PARSE(app, argc, argv);
     std::signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as an error, not a signal
 
@@ -194,6 +207,7 @@ int main(int argc, char** argv) {
         return run_raw_ofi_rma(rma);
     }
 #endif
+    if (api_worker->parsed()) return run_api_worker(worker);
     if (serve->parsed()) {
         for (std::size_t i = 0; i < serve_layers.size(); ++i)
             if (serve_layers[i]->parsed()) s.layer = serve_layers[i]->get_name();
