@@ -89,12 +89,8 @@ struct OfiAddr final : AddrImpl, ListHook<WatchTag> {
     uint64_t stalled_pass = 0;        ///< the retry pass in which the provider refused it
     TimePoint heard{};                ///< last message or successful probe from it
     TimePoint probe_sent{};
-    TimePoint refused_since{};  ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
-    /// Socket-address providers (tcp): a non-blocking TCP connect to its address, made while a
-    /// probe is refused or unanswered; refused means nothing listens there: its process is
-    /// gone (see listener_gone_locked). -1 when none is open. Under the lock.
-    int listen_check_fd = -1;
-    bool listen_checked = false;       ///< its listener answered in this episode of silence
+    TimePoint refused_since{};         ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
+    TimePoint listen_checked_at{};     ///< last listener_gone_locked look (rate limit)
     std::vector<std::string> aliases;  ///< other lookup strings interned for it
     bool raw_alias = false;            ///< interned under "\x01" + raw
 
@@ -191,9 +187,9 @@ struct ProviderInfo {
     bool wait_fd = false;
     bool tagged = false;        ///< FI_TAGGED | FI_DIRECTED_RECV: expected messages are tagged
     bool av_on_lookup = false;  ///< addr_lookup inserts into the AV (not shm: bounded AV)
-    /// A peer's address is a TCP socket it listens on (tcp;ofi_rxm), so a refused TCP connect
-    /// to it proves its process gone (listener_gone_locked). Not verbs: its socket addresses
-    /// name rdma_cm listeners, which refuse TCP even when alive.
+    /// A peer's address is a TCP socket it listens on (tcp;ofi_rxm), so no listener on a
+    /// loopback peer's port proves its process gone (listener_gone_locked). Not verbs: its
+    /// socket addresses name rdma_cm listeners, not TCP ones.
     bool tcp_listener = false;
 };
 
@@ -314,13 +310,13 @@ class OfiTransport final : public Transport {
     void watch_dec(OfiAddr* a);
     void check_peers_locked(TimePoint now);
     void send_probe_locked(OfiAddr* a, TimePoint now);
-    /// Is the peer's listening address refusing connections? Starts a non-blocking connect to
-    /// it the first time (false then), and reads its outcome later: true once refused (the
-    /// process that listened there is gone; a host that vanished times out instead and is left
-    /// to the probes' kProbeTimeout). One check per episode of silence. tcp-based providers
-    /// only (a socket address), false for others.
-    bool listener_gone_locked(OfiAddr* a);
-    static void close_listen_check(OfiAddr* a) noexcept;
+    /// Is a loopback peer's listening socket gone? True when /proc/net/tcp{,6} of this network
+    /// namespace shows nothing listening on its port: the process that listened there is gone.
+    /// Nothing is sent to the peer (a TCP connect to a live rxm listener leaks memory inside
+    /// libfabric 1.17 when it carries no handshake). False for remote peers (the probes'
+    /// kProbeTimeout decides), other providers, or when /proc cannot tell; at most one look
+    /// per peer per kProbeAfterSilence.
+    bool listener_gone_locked(OfiAddr* a, TimePoint now);
     void peer_failed_locked(OfiAddr* a, Errc status, const std::string& why);
     /// shm peers in this very process: false (and the peer declared dead) once that endpoint
     /// closed. shm 1.17 reaches an in-process peer's region through that endpoint's own

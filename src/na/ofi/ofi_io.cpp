@@ -1,7 +1,6 @@
 // ofi transport data path: posting, completion processing, software matching of messages from
 // the receive buffers, put/get, peer-death probing, cancel, progress.
 #include <netinet/in.h>
-#include <poll.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
@@ -16,8 +15,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -786,7 +787,6 @@ void OfiTransport::poll_cq_locked() {
 void OfiTransport::peer_failed_locked(OfiAddr* a, Errc status, const std::string& why) {
     if (a->dead) return;
     a->dead = true;
-    close_listen_check(a);
     TALARIA_LOG(ofi, debug, "{}: peer {} is dead: {}", scheme_, a->str, why);
     // The next lookup of that name makes a new address (a restarted peer).
     addrs_.unlink(a->str, a);
@@ -847,10 +847,10 @@ void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
     if (rc == -FI_EAGAIN) {
         // rxm answers -FI_EAGAIN while it (re)connects, forever if the peer is gone. A peer
         // whose address now refuses TCP connections is gone at once.
-        if (listener_gone_locked(a)) {
+        if (listener_gone_locked(a, now)) {
             peer_failed_locked(a, Errc::disconnected,
-                               "its address refuses connections (the provider cannot reach "
-                               "it either): its process is gone");
+                               "nothing listens on its port any more (and the provider cannot "
+                               "reach it): its process is gone");
             return;
         }
         if (a->refused_since == TimePoint{}) {
@@ -866,8 +866,6 @@ void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
         return;
     }
     a->refused_since = TimePoint{};
-    a->listen_checked = false;
-    close_listen_check(a);
     if (rc != 0) {
         peer_failed_locked(a, Errc::disconnected,
                            fmt::format("probe send failed: {}", fi_strerror(int(-rc))));
@@ -879,41 +877,53 @@ void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
     a->probe_sent = now;
 }
 
-void OfiTransport::close_listen_check(OfiAddr* a) noexcept {
-    if (a->listen_check_fd >= 0) ::close(a->listen_check_fd);
-    a->listen_check_fd = -1;
+namespace {
+
+bool is_loopback(const SockAddr& sa) noexcept {
+    if (sa.family() == AF_INET) {
+        const auto* in = reinterpret_cast<const sockaddr_in*>(sa.sa());
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa.sa());
+    return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+           (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127);
 }
 
-bool OfiTransport::listener_gone_locked(OfiAddr* a) {
-    if (!prov_.tcp_listener || a->listen_checked) return false;
-    if (a->listen_check_fd < 0) {
-        auto sa = sock_addr_of(std::as_bytes(std::span(a->raw)));
-        if (!sa) return false;
-        int fd = ::socket(sa->family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) return false;
-        int rc = ::connect(fd, sa->sa(), sa->len);
-        if (rc != 0 && errno == ECONNREFUSED) {
-            ::close(fd);
-            return true;
+/// Does a socket of this network namespace listen on TCP `port` (any address)? nullopt when
+/// neither /proc/net/tcp nor /proc/net/tcp6 can be read.
+std::optional<bool> tcp_port_listened(uint16_t port) {
+    bool read_any = false;
+    for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+        std::FILE* f = std::fopen(path, "re");
+        if (!f) continue;
+        read_any = true;
+        char line[512];
+        bool found = false;
+        // "  sl  local_address rem_address   st ...": the first line names the columns.
+        for (bool header = true; !found && std::fgets(line, sizeof line, f); header = false) {
+            char local[64];
+            unsigned state = 0;
+            if (header || std::sscanf(line, "%*s %63s %*s %x", local, &state) != 2) continue;
+            const char* colon = std::strrchr(local, ':');
+            found = colon && state == 0x0A /* TCP_LISTEN */ &&
+                    std::strtoul(colon + 1, nullptr, 16) == port;
         }
-        if (rc == 0 || errno != EINPROGRESS) {
-            // Connected at once (a listener is there), or a local error: no verdict.
-            ::close(fd);
-            a->listen_checked = true;
-            return false;
-        }
-        a->listen_check_fd = fd;
-        return false;
+        std::fclose(f);
+        if (found) return true;
     }
-    pollfd pfd{a->listen_check_fd, POLLOUT, 0};
-    if (::poll(&pfd, 1, 0) <= 0) return false;  // still connecting (a host far or gone)
-    int err = 0;
-    socklen_t len = sizeof err;
-    ::getsockopt(a->listen_check_fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    close_listen_check(a);
-    if (err == ECONNREFUSED) return true;
-    a->listen_checked = true;  // something listens there: leave it to the probes
+    if (!read_any) return std::nullopt;
     return false;
+}
+
+}  // namespace
+
+bool OfiTransport::listener_gone_locked(OfiAddr* a, TimePoint now) {
+    if (!prov_.tcp_listener || now - a->listen_checked_at < kProbeAfterSilence) return false;
+    a->listen_checked_at = now;
+    auto sa = sock_addr_of(std::as_bytes(std::span(a->raw)));
+    if (!sa || !is_loopback(*sa)) return false;
+    auto listened = tcp_port_listened(sa->port());
+    return listened && !*listened;
 }
 
 void OfiTransport::check_peers_locked(TimePoint now) {
@@ -929,10 +939,10 @@ void OfiTransport::check_peers_locked(TimePoint now) {
         if (a.probing) {
             if (now - a.probe_sent > kProbeTimeout)
                 peer_failed_locked(&a, Errc::disconnected, "a probe got no completion in time");
-            else if (now - a.probe_sent > kProbeAfterSilence && listener_gone_locked(&a))
+            else if (now - a.probe_sent > kProbeAfterSilence && listener_gone_locked(&a, now))
                 peer_failed_locked(&a, Errc::disconnected,
-                                   "a probe is unanswered and its address refuses connections: "
-                                   "its process is gone");
+                                   "a probe is unanswered and nothing listens on its port any "
+                                   "more: its process is gone");
             return;
         }
         if (now - a.heard >= kProbeAfterSilence) send_probe_locked(&a, now);

@@ -621,7 +621,6 @@ bool OfiTransport::shm_local_peer_ok_locked(OfiAddr* a) {
 OfiAddr::OfiAddr(OfiTransport* t, std::string s) : AddrImpl(t), str(std::move(s)), owner_(t) {}
 
 OfiAddr::~OfiAddr() {
-    if (listen_check_fd >= 0) ::close(listen_check_fd);
     // No transport lock here (we may be running under it): only the table's leaf lock. The AV
     // entry stays (see OfiTransport::av_cache_).
     AddrTable& table = owner_->addrs_;
