@@ -313,9 +313,11 @@ class Transport {
     /// (its whole size is the capacity). Messages that arrive before a receive is posted are
     /// queued, never lost. A message longer than the buffer completes with message_too_large.
     virtual Result<OpId> post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) = 0;
-    /// Send an expected message: matched at `dest` by (source, tag) against a posted
-    /// post_recv_expected. Messages that arrive before their receive is posted are queued (on
-    /// tcp, ofi and ucx at most 4096 of them and 32 MiB per transport: post the receive first).
+    /// Send an expected message to `dest`'s context `dest_ctx`: matched there by (source, tag)
+    /// against a post_recv_expected on that context (on sm each context matches its own; on
+    /// the other transports, still against every context's receives). Messages that arrive before
+    /// their receive is posted are queued (on tcp, ofi and ucx at most 4096 of them and 32 MiB per
+    /// transport: post the receive first).
     virtual Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
                                             std::size_t len, const Addr& dest, uint8_t dest_ctx,
                                             Tag tag) = 0;
@@ -355,6 +357,12 @@ class Transport {
     /// Prepare to block on progress_fd(): false when work is already pending (do not block).
     /// For sm this arms the peer's wake-up signal.
     virtual bool try_wait() = 0;
+    /// try_wait() on behalf of `ctx` (Context::try_wait): a transport whose contexts are
+    /// separate progress domains arms only that context's. Default: try_wait().
+    virtual bool try_wait_for(Context& ctx) {
+        (void)ctx;
+        return try_wait();
+    }
 
     /// Called by MsgBuffer's destructor.
     virtual void msg_buf_free(MsgBuffer& buf) noexcept;
@@ -421,6 +429,9 @@ class Context {
     bool prepare_block() noexcept;
     /// After blocking (whatever prepare_block() returned).
     void end_block() noexcept;
+    /// Add `fd` (readable when this context has work: a transport's per-context doorbell) to
+    /// what wait_fd() waits on. False (errno set) when the kernel refuses.
+    bool watch_fd(int fd) noexcept;
 
   protected:
     Context(Transport* t, uint8_t id, bool thread_safe);

@@ -233,7 +233,7 @@ bool Context::try_wait() {
         end_block();  // a timer is due: progress() queues it
         return false;
     }
-    if (!transport_->try_wait()) {
+    if (!transport_->try_wait_for(*this)) {
         end_block();
         return false;
     }
@@ -318,6 +318,13 @@ bool Context::prepare_block() noexcept {
     if (im.ready.load(std::memory_order_relaxed) != 0) return false;
     im.waiting.store(true, std::memory_order_relaxed);
     return true;
+}
+
+bool Context::watch_fd(int fd) noexcept {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return ::epoll_ctl(impl_->wait_epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 
 void Context::end_block() noexcept {

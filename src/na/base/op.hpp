@@ -99,6 +99,10 @@ class OpPool final : public OpReleaser {
         if (op->releaser != releaser_ || op->gen != id.gen || op->completed) return nullptr;
         return op;
     }
+    /// Is `op` a slot of this pool (in use or not)? No lock: the slots never move.
+    [[nodiscard]] bool owns(const Op* op) const noexcept {
+        return pool_.owns(static_cast<const T*>(op));
+    }
     [[nodiscard]] std::size_t in_use() noexcept {
         std::lock_guard g(mu_);
         return pool_.in_use();

@@ -2,8 +2,14 @@
 // A busy-polling pair makes no system call per message: a send is a copy into a ring slot and
 // a release store; the receiver finds it by polling the ring. Eventfds are rung only when the
 // receiver announced it is about to sleep (RingCtl::waiting).
+//
+// Everything here runs in one lane (the context's progress domain, see Lane) under that lane's
+// lock alone: two contexts driven by two threads share no lock and no written cache line on
+// this path. The transport's setup lock is taken only to connect, on socket events and on
+// failures (sm_setup.cpp).
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -62,6 +68,52 @@ inline void copy_msg(std::byte* dst, const std::byte* src, std::size_t n) noexce
 
 // --- messages ------------------------------------------------------------------------------------
 
+Lane::Lane(uint8_t lane_id, const Options& o)
+    : mu(o.thread_safe), id(lane_id), pool(o.max_ops, false, &releaser) {
+    bell_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+Lane::~Lane() {
+    if (bell_fd >= 0) ::close(bell_fd);
+}
+
+void Lane::ring_own_bell() const noexcept {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = ::write(bell_fd, &one, sizeof one);
+}
+
+namespace {
+void drain_bell(int fd) noexcept {
+    uint64_t v;
+    while (::read(fd, &v, sizeof v) > 0) {
+    }
+}
+}  // namespace
+
+void Lane::Releaser::release(Op* op) noexcept {
+    std::lock_guard g(lane->mu);
+    lane->pool.release(op);
+}
+
+Lane& SmTransport::lane_of(Context& ctx) noexcept {
+    return static_cast<SmContext&>(ctx).lane();
+}
+
+Conn* SmTransport::route_locked(Lane& l, const Peer* peer, uint8_t remote_ctx) noexcept {
+    if (l.last_route < l.routes.size()) [[likely]] {
+        const Lane::Route& r = l.routes[l.last_route];
+        if (r.peer == peer && r.remote_ctx == remote_ctx) [[likely]]
+            return r.conn;
+    }
+    for (std::size_t i = 0; i < l.routes.size(); ++i) {
+        if (l.routes[i].peer == peer && l.routes[i].remote_ctx == remote_ctx) {
+            l.last_route = i;
+            return l.routes[i].conn;
+        }
+    }
+    return nullptr;
+}
+
 Result<OpId> SmTransport::post_send_unexpected(Context& ctx, Callback cb, const MsgBuffer& buf,
                                                std::size_t len, const Addr& dest, uint8_t dest_ctx,
                                                Tag tag) {
@@ -87,8 +139,17 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
         return Error(Errc::invalid_argument,
                      "sm send: the destination address or the context is not of this transport");
     auto* peer = dest.as<Peer>();
-    std::lock_guard g(mu_);
-    SmOp* op = pool_.acquire(
+    Lane& l = lane_of(ctx);
+    std::unique_lock g(l.mu);
+    Conn* c = route_locked(l, peer, dest_ctx);
+    if (!c) [[unlikely]] {
+        // First message from this context to that one: connect (setup lock, not ours).
+        g.unlock();
+        TALARIA_CHECK(ensure_route(l, peer, dest_ctx));
+        g.lock();
+        c = route_locked(l, peer, dest_ctx);  // nullptr: the peer is dead (or died meanwhile)
+    }
+    SmOp* op = l.pool.acquire(
         ctx, std::move(cb),
         kind == MsgKind::unexpected ? OpType::send_unexpected : OpType::send_expected);
     if (!op) [[unlikely]]
@@ -100,32 +161,18 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
     op->dest_ctx = dest_ctx;
     op->kind = kind;
     OpId id = op->id();
-    if (peer->dead) [[unlikely]] {
+    if (!c || peer->dead.load(std::memory_order_relaxed)) [[unlikely]] {
         complete_op(op, Errc::disconnected);
         return id;
-    }
-    Conn* c = peer->send_conn;
-    if (!c) [[unlikely]] {
-        auto r = connect_locked(peer);
-        if (!r) {
-            pool_.release(op);
-            return std::move(r).error();
-        }
-        c = *r;
     }
     if (c->pending_sends.empty() && ring_push(c, *op)) [[likely]] {
         complete_op(op, Errc::ok);  // copied into the ring: the buffer is free again
     } else {
         c->pending_sends.push_back(*op);
         op->list = &c->pending_sends;
-        ++pending_sends_;
+        ++l.pending_sends;
     }
     return id;
-}
-
-void SmTransport::Releaser::release(Op* op) noexcept {
-    std::lock_guard g(t->mu_);
-    t->pool_.release(op);
 }
 
 Errc SmTransport::fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
@@ -142,21 +189,21 @@ Errc SmTransport::fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const
 Result<OpId> SmTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
     if (&ctx.transport() != this) [[unlikely]]
         return Error(Errc::invalid_argument, "sm recv: the context is not of this transport");
-    std::lock_guard g(mu_);
-    SmOp* op = pool_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    SmOp* op = l.pool.acquire(ctx, std::move(cb), OpType::recv_unexpected);
     if (!op) [[unlikely]]
         return ops_exhausted("sm", opts_.max_ops);
     op->data = buf.data();
     op->len = buf.size();
     OpId id = op->id();
-    CtxState& cs = ctxs_[ctx.id()];
-    if (Stashed* s = cs.msgs.pop_front()) {
+    if (Stashed* s = l.msgs.pop_front()) {
         Errc st = fill_recv(op, std::move(s->source), s->tag, s->ctx, s->data, s->len);
-        stash_free(s);
+        stash_free(l, s);
         complete_op(op, st);
     } else {
-        cs.recvs.push_back(*op);
-        op->list = &cs.recvs;
+        l.recvs.push_back(*op);
+        op->list = &l.recvs;
     }
     return id;
 }
@@ -168,8 +215,9 @@ Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffe
                      "sm recv_expected: the source address or the context is not of this "
                      "transport");
     auto* peer = source.as<Peer>();
-    std::lock_guard g(mu_);
-    SmOp* op = pool_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    SmOp* op = l.pool.acquire(ctx, std::move(cb), OpType::recv_expected);
     if (!op) [[unlikely]]
         return ops_exhausted("sm", opts_.max_ops);
     op->data = buf.data();
@@ -177,41 +225,47 @@ Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffe
     op->peer = peer;
     op->tag = tag;
     OpId id = op->id();
-    for (Stashed& s : expected_msgs_) {
+    for (Stashed& s : l.expected_msgs) {
         if (s.source.impl() != peer || s.tag != tag) continue;
-        expected_msgs_.erase(s);
+        l.expected_msgs.erase(s);
         Errc st = fill_recv(op, std::move(s.source), s.tag, s.ctx, s.data, s.len);
-        stash_free(&s);
+        stash_free(l, &s);
         complete_op(op, st);
         return id;
     }
-    if (peer->dead) {
+    // fail_peer_locked() marks the peer dead before it looks at the lanes' receives (under
+    // their locks): either we see `dead` here or it finds this receive.
+    if (peer->dead.load(std::memory_order_acquire)) {
         complete_op(op, Errc::disconnected);
         return id;
     }
-    expected_recvs_.push_back(*op);
-    op->list = &expected_recvs_;
+    l.expected_recvs.push_back(*op);
+    op->list = &l.expected_recvs;
     return id;
 }
 
-Stashed* SmTransport::stash_alloc() noexcept {
-    if (!stash_free_.empty()) {
-        Stashed* s = stash_free_.back();
-        stash_free_.pop_back();
+Stashed* SmTransport::stash_alloc(Lane& l) noexcept {
+    if (!l.stash_free.empty()) {
+        Stashed* s = l.stash_free.back();
+        l.stash_free.pop_back();
         return s;
     }
     try {
-        stash_all_.push_back(std::make_unique<Stashed>());
-        stash_free_.reserve(stash_all_.size());
-        return stash_all_.back().get();
+        l.stash_all.push_back(std::make_unique<Stashed>());
+        l.stash_free.reserve(l.stash_all.size());
+        return l.stash_all.back().get();
     } catch (const std::bad_alloc&) {
         return nullptr;
     }
 }
 
-void SmTransport::stash_free(Stashed* s) noexcept {
+void SmTransport::stash_free(Lane& l, Stashed* s) noexcept {
+    if (s->loose) {
+        delete s;
+        return;
+    }
     s->source.reset();
-    stash_free_.push_back(s);  // cannot throw: reserved in stash_alloc
+    l.stash_free.push_back(s);  // cannot throw: reserved in stash_alloc
 }
 
 // --- rings ---------------------------------------------------------------------------------------
@@ -221,12 +275,12 @@ void SmTransport::ring_bell(Conn* c) noexcept {
         uint64_t one = 1;
         [[maybe_unused]] ssize_t r = ::write(c->peer_evfd, &one, sizeof one);
     } else {
-        send_wake_locked(c);  // handshake not finished: its socket is the only way to wake it
+        send_wake(c);  // handshake not finished: its socket is the only way to wake it
     }
 }
 
 bool SmTransport::ring_push(Conn* c, const SmOp& op) noexcept {
-    if (c->broken) [[unlikely]]
+    if (c->broken.load(std::memory_order_relaxed)) [[unlikely]]
         return false;
     uint64_t tail = c->tx_tail;
     if (tail - c->tx_head_cache >= kRingSlots) {
@@ -250,9 +304,8 @@ bool SmTransport::ring_push(Conn* c, const SmOp& op) noexcept {
     // our publish before our flag load, its flag store before its slot check, so one of us
     // sees the other. On x86 this is one xchg. Only a sleeping consumer costs a system call.
     slot_seq(slot).store(uint32_t(tail + 1), std::memory_order_seq_cst);
-    const uint64_t bit = wake_bit(op.dest_ctx);
-    if (c->tx->waiting.load(std::memory_order_seq_cst) & bit) [[unlikely]] {
-        if (c->tx->waiting.fetch_and(~bit, std::memory_order_acq_rel) & bit) ring_bell(c);
+    if (c->tx->waiting.load(std::memory_order_seq_cst) != 0) [[unlikely]] {
+        if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
     }
     return true;
 }
@@ -302,18 +355,18 @@ void SmTransport::ring_drain(Conn* c) noexcept {
     }
 }
 
-void SmTransport::check_space_wanted_locked() noexcept {
+void SmTransport::check_space_wanted_locked(Lane& l) noexcept {
     // Pairs with the producer's seq_cst space_wanted store and head re-load: after this fence,
     // either we see its flag or it sees every head we published before it.
 #if defined(__SANITIZE_THREAD__)
     // GCC's TSan does not support fences (-Wtsan): a seq_cst read-modify-write is the same full
     // barrier on the hardware, and TSan checks data races, not this ordering.
-    fence_word_.fetch_add(1, std::memory_order_seq_cst);
+    l.fence_word.fetch_add(1, std::memory_order_seq_cst);
 #else
     std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
-    for (Conn* c : active_) {
-        if (c->broken) continue;
+    for (Conn* c : l.active) {
+        if (c->broken.load(std::memory_order_relaxed)) continue;
         if (c->rx->space_wanted.load(std::memory_order_relaxed) != 0) [[unlikely]] {
             if (c->rx->space_wanted.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
         }
@@ -321,43 +374,128 @@ void SmTransport::check_space_wanted_locked() noexcept {
 }
 
 void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept {
+    Lane& l = *c->lane;
     Peer* p = c->peer;
+    // A connection joins the context the peer asked for, so its messages name this lane. They
+    // do not when that context did not exist at the handshake (the connection joined the one
+    // its messages are routed to), takes no unexpected messages, or was destroyed since: then
+    // the lane they belong to takes them through its inbox (rare path).
+    if (h.ctx != l.id || !l.ctx || (h.kind == MsgKind::unexpected && !l.ctx->takes_unexpected()))
+        [[unlikely]] {
+        hand_over_locked(l, p, h, payload);
+        return;
+    }
     if (h.kind == MsgKind::unexpected) {
-        // A context that does not exist (or takes no unexpected messages): the lowest one that
-        // takes them gets the message (Completion::context_id still names the one asked for),
-        // so the layer above can answer the sender instead of leaving it waiting.
-        CtxState* csp =
-            route_unexpected(ctxs_, ctxs_.size(), h.ctx, [](const CtxState& cs) { return cs.ctx; });
-        if (!csp) [[unlikely]] {
-            TALARIA_LOG(sm, warn,
-                        "sm://{}: dropped an unexpected message (tag {}, {} bytes) from sm://{} "
-                        "for context {}: no context exists here",
-                        name_, h.tag, h.len, p->name, h.ctx);
-            return;
-        }
-        CtxState& cs = *csp;
-        if (SmOp* op = cs.recvs.pop_front()) [[likely]] {
+        if (SmOp* op = l.recvs.pop_front()) [[likely]] {
             op->list = nullptr;
             complete_op(op, fill_recv(op, Addr(p), h.tag, h.ctx, payload, h.len));
             return;
         }
-        if (Stashed* s = stash_copy_locked(p, h, payload)) cs.msgs.push_back(*s);
+        if (Stashed* s = stash_copy_locked(l, p, h, payload)) l.msgs.push_back(*s);
         return;
     }
-    for (SmOp& op : expected_recvs_) {
+    for (SmOp& op : l.expected_recvs) {
         if (op.peer != p || op.tag != h.tag) continue;
-        expected_recvs_.erase(op);
+        l.expected_recvs.erase(op);
         op.list = nullptr;
         complete_op(&op, fill_recv(&op, Addr(p), h.tag, h.ctx, payload, h.len));
         return;
     }
-    if (Stashed* s = stash_copy_locked(p, h, payload)) expected_msgs_.push_back(*s);
+    if (Stashed* s = stash_copy_locked(l, p, h, payload)) l.expected_msgs.push_back(*s);
 }
 
-Stashed* SmTransport::stash_copy_locked(Peer* p, const SlotHeader& h,
+void SmTransport::hand_over_locked(Lane& from, Peer* p, const SlotHeader& h,
+                                   const std::byte* payload) noexcept {
+    auto* s = new (std::nothrow) Stashed;
+    if (!s) [[unlikely]] {
+        TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
+                    p->name);
+        return;
+    }
+    s->loose = true;
+    s->source = Addr(p);
+    s->tag = h.tag;
+    s->ctx = h.ctx;
+    s->kind = h.kind;
+    s->len = h.len;
+    std::memcpy(s->data, payload, h.len);
+    Lane* to = nullptr;
+    {
+        std::lock_guard g(route_mu_);
+        auto ctx_of = [](const std::unique_ptr<Lane>& x) -> const Context* {
+            return x ? x->ctx : nullptr;
+        };
+        if (h.kind == MsgKind::unexpected) {
+            // A context that does not exist (or takes no unexpected messages): the lowest one
+            // that takes them gets the message (Completion::context_id still names the one asked
+            // for), so the layer above can answer the sender instead of leaving it waiting.
+            if (auto* x = route_unexpected(lanes_, lanes_.size(), h.ctx, ctx_of)) to = x->get();
+        } else if (h.ctx < lanes_.size() && ctx_of(lanes_[h.ctx])) {
+            to = lanes_[h.ctx].get();
+        } else {
+            for (auto& x : lanes_)
+                if (ctx_of(x)) {
+                    to = x.get();
+                    break;
+                }
+        }
+        if (to && to != &from) {
+            to->inbox.push_back(*s);
+            to->has_inbox.store(true, std::memory_order_seq_cst);
+            to->ring_own_bell();  // its thread may sleep
+            return;
+        }
+    }
+    if (!to) {
+        TALARIA_LOG(sm, warn,
+                    "sm://{}: dropped a message (tag {}, {} bytes) from sm://{} for context {}: "
+                    "no context exists here that takes it",
+                    name_, h.tag, h.len, p->name, h.ctx);
+        delete s;
+        return;
+    }
+    accept_stashed_locked(from, s);  // it belongs here after all
+}
+
+void SmTransport::drain_inbox_locked(Lane& l) noexcept {
+    IntrusiveList<Stashed> got;
+    {
+        std::lock_guard g(route_mu_);
+        got.splice_back(l.inbox);
+        l.has_inbox.store(false, std::memory_order_relaxed);
+    }
+    while (Stashed* s = got.pop_front())
+        accept_stashed_locked(l, s);
+}
+
+void SmTransport::accept_stashed_locked(Lane& l, Stashed* s) noexcept {
+    if (s->kind == MsgKind::unexpected) {
+        if (SmOp* op = l.recvs.pop_front()) {
+            op->list = nullptr;
+            Errc st = fill_recv(op, std::move(s->source), s->tag, s->ctx, s->data, s->len);
+            stash_free(l, s);
+            complete_op(op, st);
+        } else {
+            l.msgs.push_back(*s);
+        }
+        return;
+    }
+    for (SmOp& op : l.expected_recvs) {
+        if (op.peer != s->source.impl() || op.tag != s->tag) continue;
+        l.expected_recvs.erase(op);
+        op.list = nullptr;
+        Errc st = fill_recv(&op, std::move(s->source), s->tag, s->ctx, s->data, s->len);
+        stash_free(l, s);
+        complete_op(&op, st);
+        return;
+    }
+    l.expected_msgs.push_back(*s);
+}
+
+Stashed* SmTransport::stash_copy_locked(Lane& l, Peer* p, const SlotHeader& h,
                                         const std::byte* payload) noexcept {
     // A message nobody has posted a receive for yet: copy it out so the ring slot is freed.
-    Stashed* s = stash_alloc();
+    Stashed* s = stash_alloc(l);
     if (!s) [[unlikely]] {
         TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
                     p->name);
@@ -366,61 +504,57 @@ Stashed* SmTransport::stash_copy_locked(Peer* p, const SlotHeader& h,
     s->source = Addr(p);
     s->tag = h.tag;
     s->ctx = h.ctx;
+    s->kind = h.kind;
     s->len = h.len;
     std::memcpy(s->data, payload, h.len);
     return s;
 }
 
-void SmTransport::retry_sends_locked() noexcept {
-    for (std::size_t i = 0; i < active_.size() && pending_sends_ != 0; ++i) {
-        Conn* c = active_[i];
+void SmTransport::retry_sends_locked(Lane& l) noexcept {
+    for (std::size_t i = 0; i < l.active.size() && l.pending_sends != 0; ++i) {
+        Conn* c = l.active[i];
         while (SmOp* op = c->pending_sends.front()) {
             if (!ring_push(c, *op)) break;
             c->pending_sends.pop_front();
             op->list = nullptr;
-            --pending_sends_;
+            --l.pending_sends;
             complete_op(op, Errc::ok);
         }
     }
 }
 
-void SmTransport::poll_rings_locked() noexcept {
-    for (std::size_t i = 0; i < active_.size(); ++i) {
-        Conn* c = active_[i];
+void SmTransport::poll_rings_locked(Lane& l) noexcept {
+    for (std::size_t i = 0; i < l.active.size(); ++i) {
+        Conn* c = l.active[i];
         // An empty ring costs one load of its next slot's sequence word (no call).
-        if (!c->broken && ring_ready(c)) ring_drain(c);
+        if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
     }
-    if (pending_sends_ != 0) [[unlikely]]
-        retry_sends_locked();
+    if (l.pending_sends != 0) [[unlikely]]
+        retry_sends_locked(l);
+    if (l.has_inbox.load(std::memory_order_relaxed)) [[unlikely]]
+        drain_inbox_locked(l);
 }
 
-uint64_t SmTransport::wake_bits_locked(const Context& ctx) const noexcept {
-    uint64_t bits = wake_bit(ctx.id());
-    // Messages for a context id nobody has (or whose context takes no unexpected messages) go
-    // to the lowest context that takes them (route_unexpected): its sleeper also answers for
-    // those ids.
-    auto ctx_of = [](const CtxState& cs) { return cs.ctx; };
-    // The context an id nobody takes is routed to (UINT8_MAX is never a context id).
-    if (route_unexpected(ctxs_, ctxs_.size(), UINT8_MAX, ctx_of) != &ctxs_[ctx.id()]) return bits;
-    uint64_t present = 0;
-    for (std::size_t i = 0; i < ctxs_.size(); ++i)
-        if (ctxs_[i].ctx && ctxs_[i].ctx->takes_unexpected()) present |= wake_bit(uint8_t(i));
-    return bits | ~present;
+void SmTransport::poll_orphan_locked(Lane& l) noexcept {
+    for (std::size_t i = 0; i < l.active.size(); ++i) {
+        Conn* c = l.active[i];
+        if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
+    }
 }
 
-bool SmTransport::arm_locked(uint64_t bits) noexcept {
-    armed_ |= bits;
+bool SmTransport::arm_locked(Lane& l) noexcept {
     // Dekker with ring_push()/ring_drain() on the other side, all seq_cst: flags before the
     // re-check.
-    for (Conn* c : active_) {
-        c->rx->waiting.fetch_or(bits, std::memory_order_seq_cst);
+    for (Conn* c : l.active) {
+        c->rx->waiting.store(1, std::memory_order_seq_cst);
         if (!c->pending_sends.empty()) c->tx->space_wanted.store(1, std::memory_order_seq_cst);
     }
     // A producer waiting for space we freed with a release store must hear of it before we
     // sleep (the waiting stores above are seq_cst; the fence makes the pairing explicit).
-    check_space_wanted_locked();
-    if (!broken_.empty()) return false;
-    for (Conn* c : active_) {
+    check_space_wanted_locked(l);
+    if (any_broken_.load(std::memory_order_seq_cst)) return false;
+    if (l.has_inbox.load(std::memory_order_seq_cst)) return false;
+    for (Conn* c : l.active) {
         if (ring_ready(c)) return false;
         if (!c->pending_sends.empty() &&
             c->tx_tail - c->tx->head.load(std::memory_order_seq_cst) < kRingSlots)
@@ -429,79 +563,70 @@ bool SmTransport::arm_locked(uint64_t bits) noexcept {
     return true;
 }
 
-void SmTransport::disarm_locked(uint64_t bits) noexcept {
-    // Only these bits: other contexts' sleepers keep theirs (a waking thread that cleared every
-    // flag left the others asleep with nobody to ring them: issue 9's ~100 ms stalls).
+void SmTransport::disarm_locked(Lane& l) noexcept {
+    // Another thread of this context still sleeping, or try_wait()'s request, keeps the flags.
     // space_wanted stays set: the peer clears it when it rings (one spurious bell at most).
-    uint64_t keep = try_armed_;  // bits another sleeper still needs (ids >= 63 share a bit)
-    for (const auto& cs : ctxs_)
-        keep |= cs.armed;
-    armed_ = keep;
-    bits &= ~keep;
-    if (bits == 0) return;
-    for (Conn* c : active_)
-        c->rx->waiting.fetch_and(~bits, std::memory_order_relaxed);
+    if (l.armed != 0 || l.try_armed) return;
+    for (Conn* c : l.active)
+        c->rx->waiting.store(0, std::memory_order_relaxed);
 }
 
 // --- progress ------------------------------------------------------------------------------------
 
 Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
+    Lane& l = lane_of(ctx);
     TimePoint spin_end{};
     for (;;) {
         bool periodic;
+        bool fds_now = false;
         {
-            std::lock_guard g(mu_);
-            periodic = (++busy_polls_ & 63) == 0;
-            if (try_armed_) [[unlikely]] {
-                // try_wait() armed us, so someone may have slept on our fds: look at them now.
-                uint64_t bits = try_armed_;
-                try_armed_ = 0;
-                disarm_locked(bits);
-                poll_fds_locked();
-                last_fd_poll_ns_ = now_ns();
+            std::lock_guard g(l.mu);
+            periodic = (++l.busy_polls & 63) == 0;
+            if (l.try_armed) [[unlikely]] {
+                // try_wait() armed us, so someone may have slept on wait_fd(): the bells rang
+                // our context's eventfd, and the sockets may want attention.
+                l.try_armed = false;
+                disarm_locked(l);
+                drain_bell(l.bell_fd);
+                fds_now = true;
             }
-            poll_rings_locked();
+            poll_rings_locked(l);
         }
-        if (ctx.has_completions()) {
+        if (fds_now || any_broken_.load(std::memory_order_relaxed)) [[unlikely]] {
+            poll_fds(true);
+            std::lock_guard g(l.mu);
+            l.last_fd_poll_ns = now_ns();
+        }
+        if (ctx.has_completions() || deadline == TimePoint::min()) {
             // Busy: no clock read here, but look at the sockets every so often all the same.
             if (periodic) [[unlikely]] {
-                std::lock_guard g(mu_);
-                check_space_wanted_locked();
-                uint64_t t = now_ns();
-                if (t - last_fd_poll_ns_ >= kFdPollIntervalNs) {
-                    last_fd_poll_ns_ = t;
-                    poll_fds_locked();
+                bool fds;
+                {
+                    std::lock_guard g(l.mu);
+                    check_space_wanted_locked(l);
+                    uint64_t t = now_ns();
+                    fds = t - l.last_fd_poll_ns >= kFdPollIntervalNs;
+                    if (fds) l.last_fd_poll_ns = t;
                 }
+                if (fds) poll_fds(false);
             }
-            return ok();
-        }
-        if (deadline == TimePoint::min()) {
-            // "Poll once", said without a clock read (reading it costs as much as a poll).
-            if (periodic) [[unlikely]] {
-                std::lock_guard g(mu_);
-                check_space_wanted_locked();
-                uint64_t t = now_ns();
-                if (t - last_fd_poll_ns_ >= kFdPollIntervalNs || !broken_.empty()) {
-                    last_fd_poll_ns_ = t;
-                    poll_fds_locked();
-                }
-                return ctx.has_completions() ? ok() : Result<void>(Errc::timeout);
-            }
-            return Errc::timeout;  // nothing was queued by the poll above (checked just now)
+            // "Poll once" (a deadline in the past) is said without a clock read: reading it
+            // costs as much as a poll.
+            return ctx.has_completions() ? ok() : Result<void>(Errc::timeout);
         }
         TimePoint now = Clock::now();
+        bool fds;
         {
             auto t = uint64_t(
                 std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch())
                     .count());
-            std::lock_guard g(mu_);
+            std::lock_guard g(l.mu);
             if (periodic) [[unlikely]]
-                check_space_wanted_locked();
-            if (t - last_fd_poll_ns_ >= kFdPollIntervalNs || !broken_.empty()) {
-                last_fd_poll_ns_ = t;
-                poll_fds_locked();
-            }
+                check_space_wanted_locked(l);
+            fds = t - l.last_fd_poll_ns >= kFdPollIntervalNs;
+            if (fds) l.last_fd_poll_ns = t;
         }
+        if (fds) poll_fds(false);
         if (ctx.has_completions()) return ok();
         if (now >= deadline) return Errc::timeout;
         if (spin_end == TimePoint{}) spin_end = now + kSpin;
@@ -509,41 +634,63 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
             cpu_relax();
             continue;
         }
-        // Sleep until a doorbell for this context, a socket event, a completion queued by
-        // another thread, or the deadline. Each sleeper waits on its own context's eventfd
-        // (which no other thread reads) and on the transport's epoll fd (level: every sleeper
-        // sees it readable), so a wake-up meant for one context is never taken by another.
+        // Sleep until a doorbell of this lane (peers ring it), a completion queued by another
+        // thread (the context's eventfd), a socket event (the transport's epoll fd, level: every
+        // sleeper sees it readable), or the deadline.
         if (!ctx.prepare_block()) return ok();
         bool idle;
-        uint64_t bits;
         {
-            std::lock_guard g(mu_);
-            bits = wake_bits_locked(ctx);
-            ctxs_[ctx.id()].armed = bits;
-            idle = arm_locked(bits);
+            std::lock_guard g(l.mu);
+            ++l.armed;
+            idle = arm_locked(l);
         }
-        pollfd fds[2] = {{ctx.event_fd(), POLLIN, 0}, {epfd_, POLLIN, 0}};
-        int n = idle ? ::poll(fds, 2, ms_until(deadline)) : 0;
+        pollfd fds2[3] = {{ctx.event_fd(), POLLIN, 0}, {epfd_, POLLIN, 0}, {l.bell_fd, POLLIN, 0}};
+        int n = idle ? ::poll(fds2, 3, ms_until(deadline)) : 0;
         ctx.end_block();
         ctx.drain_event_fd();
-        std::lock_guard g(mu_);
-        ctxs_[ctx.id()].armed = 0;
-        disarm_locked(bits);
-        if (n > 0 && (fds[1].revents & POLLIN)) poll_fds_locked();
-        process_broken_locked();
-        last_fd_poll_ns_ = now_ns();
+        if (n > 0 && (fds2[2].revents & POLLIN)) drain_bell(l.bell_fd);
+        {
+            std::lock_guard g(l.mu);
+            --l.armed;
+            disarm_locked(l);
+        }
+        if ((n > 0 && (fds2[1].revents & POLLIN)) || any_broken_.load(std::memory_order_relaxed))
+            poll_fds(true);
+        std::lock_guard g(l.mu);
+        l.last_fd_poll_ns = now_ns();
     }
 }
 
+bool SmTransport::try_wait_for(Context& ctx) {
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    l.try_armed = true;
+    if (arm_locked(l)) return true;
+    l.try_armed = false;
+    disarm_locked(l);
+    return false;
+}
+
 bool SmTransport::try_wait() {
-    // No context named: arm for every context (the caller blocks on a context's wait_fd, which
-    // nests the transport's epoll fd); the next progress() withdraws these bits.
-    std::lock_guard g(mu_);
-    try_armed_ = ~uint64_t{0};
-    if (arm_locked(try_armed_)) return true;
-    uint64_t bits = try_armed_;
-    try_armed_ = 0;
-    disarm_locked(bits);
+    // No context named: arm every lane (the next progress() of each withdraws it).
+    std::vector<Lane*> all;
+    {
+        std::lock_guard g(route_mu_);
+        for (auto& x : lanes_)
+            if (x && x->ctx) all.push_back(x.get());
+    }
+    bool idle = true;
+    for (Lane* l : all) {
+        std::lock_guard g(l->mu);
+        l->try_armed = true;
+        if (!arm_locked(*l)) idle = false;
+    }
+    if (idle) return true;
+    for (Lane* l : all) {
+        std::lock_guard g(l->mu);
+        l->try_armed = false;
+        disarm_locked(*l);
+    }
     return false;
 }
 
@@ -599,8 +746,12 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
         TALARIA_LOG(sm, debug, "sm {}: the remote region does not allow it", what);
         st = Errc::access_denied;
     }
-    std::unique_lock g(mu_);
-    SmOp* op = pool_.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
+    Lane& l = lane_of(ctx);
+    SmOp* op;
+    {
+        std::lock_guard g(l.mu);
+        op = l.pool.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
+    }
     if (!op) return ops_exhausted("sm", opts_.max_ops);
     op->peer = peer;
     op->is_put = is_put;
@@ -610,42 +761,49 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
     op->remote_pid = rm->pid;
     op->remote_instance = rm->instance;
     OpId id = op->id();
-    if (st == Errc::ok && peer->dead) st = Errc::disconnected;
+    if (st == Errc::ok && peer->dead.load(std::memory_order_acquire)) st = Errc::disconnected;
     if (st != Errc::ok || len == 0) {
         if (st == Errc::ok) op->completion.size = 0;
         complete_op(op, st);
         return id;
     }
-    if (peer->self || (peer->identified && peer->probed)) {
-        if (peer->rma_errc != Errc::ok) {
-            pool_.release(op);
-            return Error(peer->rma_errc, peer->rma_error);
-        }
-        if (rm->pid != peer->pid || rm->instance != peer->instance) {
-            pool_.release(op);
-            return Error(
-                Errc::invalid_argument,
-                fmt::format("sm {}: the remote handle belongs to pid {} (instance "
-                            "{:#x}), not to sm://{} (pid {}, instance {:#x}): pass the "
-                            "address of the process that registered it",
-                            what, rm->pid, rm->instance, peer->name, peer->pid, peer->instance));
-        }
-        g.unlock();  // a large copy must not hold up other threads' progress
-        st = exec_rma(*op);
-        g.lock();
-        complete_op(op, st);
-        return id;
-    }
-    // Handshake not done yet: the peer's pid is not verified. Connect, run it on the ack.
-    if (!peer->send_conn) {
-        auto r = connect_locked(peer);
-        if (!r) {
-            pool_.release(op);
-            return std::move(r).error();
+    auto release = [&] { l.releaser.release(op); };
+    if (!peer->rma_ready.load(std::memory_order_acquire)) {
+        // Handshake not done yet: the peer's pid is not verified. Connect, run it on the ack
+        // (the setup lock serializes this with the handshake that sets rma_ready).
+        std::lock_guard g(setup_mu_);
+        if (!peer->rma_ready.load(std::memory_order_acquire)) {
+            if (peer->dead.load(std::memory_order_relaxed)) {
+                complete_op(op, Errc::disconnected);
+                return id;
+            }
+            if (peer->conns.empty()) {
+                auto r = connect_locked(l, peer, 0);
+                if (!r) {
+                    release();
+                    return std::move(r).error();
+                }
+            }
+            peer->pending_rma.push_back(*op);
+            op->list = &peer->pending_rma;
+            return id;
         }
     }
-    peer->pending_rma.push_back(*op);
-    op->list = &peer->pending_rma;
+    // The peer's identity and verdict are final: the copy runs here, with no lock held.
+    if (peer->rma_errc != Errc::ok) {
+        release();
+        return Error(peer->rma_errc, peer->rma_error);
+    }
+    if (rm->pid != peer->pid || rm->instance != peer->instance) {
+        release();
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("sm {}: the remote handle belongs to pid {} (instance "
+                        "{:#x}), not to sm://{} (pid {}, instance {:#x}): pass the "
+                        "address of the process that registered it",
+                        what, rm->pid, rm->instance, peer->name, peer->pid, peer->instance));
+    }
+    complete_op(op, exec_rma(*op));
     return id;
 }
 
@@ -713,13 +871,38 @@ Errc SmTransport::exec_rma(SmOp& op) noexcept {
 // --- cancel --------------------------------------------------------------------------------------
 
 Result<void> SmTransport::cancel(OpId id) {
-    std::lock_guard g(mu_);
-    SmOp* op = pool_.lookup(id);
-    if (!op)
+    // The lane whose pool holds the op (slots never move, lanes are never freed before us).
+    Lane* l = nullptr;
+    {
+        std::lock_guard g(route_mu_);
+        for (auto& x : lanes_)
+            if (x && x->pool.owns(id.op)) {
+                l = x.get();
+                break;
+            }
+    }
+    auto stale = [] {
         return Error(Errc::not_found, "sm cancel: the operation has already completed (stale id)");
+    };
+    if (!l) return stale();
+    std::unique_lock g(l->mu);
+    SmOp* op = l->pool.lookup(id);
+    if (!op) return stale();
+    auto waits_for_handshake = [](const SmOp* o) {
+        OpType t = o->completion.type;
+        return o->list && (t == OpType::put || t == OpType::get);
+    };
+    if (waits_for_handshake(op)) {
+        // A put/get waiting for the handshake: its list is the setup lock's.
+        g.unlock();
+        std::lock_guard s(setup_mu_);
+        g.lock();
+        op = l->pool.lookup(id);
+        if (!op) return stale();
+    }
     if (op->list) {
         OpType t = op->completion.type;
-        if (t == OpType::send_unexpected || t == OpType::send_expected) --pending_sends_;
+        if (t == OpType::send_unexpected || t == OpType::send_expected) --l->pending_sends;
         op->list->erase(*op);
         op->list = nullptr;
         complete_op(op, Errc::canceled);

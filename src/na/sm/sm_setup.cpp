@@ -37,7 +37,6 @@ namespace {
 
 // epoll keys: the kind in the top byte, a connection id or context id below.
 constexpr uint64_t kKeyListen = 1ull << 56;
-constexpr uint64_t kKeyWake = 2ull << 56;
 constexpr uint64_t kKeyConn = 4ull << 56;
 constexpr uint64_t kKeyMask = (1ull << 56) - 1;
 
@@ -153,9 +152,10 @@ SmTransport::SmTransport(const Options& o, std::string name)
     : addrs_(o.thread_safe),
       opts_(o),
       name_(std::move(name)),
-      mu_(o.thread_safe),
-      pool_(o.max_ops, false, &releaser_),
-      ctxs_(o.max_contexts) {}
+      setup_mu_(o.thread_safe),
+      route_mu_(o.thread_safe),
+      lanes_(o.max_contexts),
+      broken_mu_(o.thread_safe) {}
 
 Result<std::unique_ptr<Transport>> SmTransport::open(std::string_view rest, const Options& o) {
     std::string name;
@@ -215,13 +215,8 @@ Result<void> SmTransport::init() {
 
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) return errno_error("sm: epoll_create1", errno);
-    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) return errno_error("sm: eventfd", errno);
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = kKeyWake;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0)
-        return errno_error("sm: epoll_ctl(wake eventfd)", errno);
 
     if (opts_.listen) {
         sock_path_ = fmt::format("{}/{}{}-{}.sock", kShmDir, kFilePrefix, pid_, name_);
@@ -257,6 +252,7 @@ Result<void> SmTransport::init() {
     self->probed = true;
     self->pid = uint32_t(pid_);
     self->instance = instance_;
+    self->rma_ready.store(true, std::memory_order_release);
     self_ = Addr(self);
     pins_.push_back(self_);
     addrs_.add(name_, self);
@@ -266,28 +262,41 @@ Result<void> SmTransport::init() {
 }
 
 SmTransport::~SmTransport() {
-    std::unique_lock g(mu_);
+    std::lock_guard g(setup_mu_);
     // Contexts are gone (the contract): drop what is still pending without completing it.
     std::vector<Conn*> all;
     for (auto& [id, c] : conns_)
         all.push_back(c);
-    for (Conn* c : all)
-        close_conn_locked(c, Errc::shutdown, false);
-    auto drop = [&](IntrusiveList<SmOp>& l) {
-        while (SmOp* op = l.pop_front())
-            pool_.release(op);
-    };
-    drop(expected_recvs_);
-    for (auto& cs : ctxs_)
-        drop(cs.recvs);
-    for (auto& a : pins_)
-        drop(a.as<Peer>()->pending_rma);
-    for (auto& cs : ctxs_)
-        cs.msgs.clear();
-    expected_msgs_.clear();
+    for (Conn* c : all) {
+        if (Lane* l = c->lane) {
+            std::lock_guard lg(l->mu);
+            close_conn_locked(c, Errc::shutdown, false);
+        } else {
+            close_conn_locked(c, Errc::shutdown, false);
+        }
+    }
+    for (auto& a : pins_) {
+        auto& rma = a.as<Peer>()->pending_rma;
+        while (SmOp* op = rma.pop_front())
+            op->releaser->release(op);
+    }
+    for (auto& x : lanes_) {
+        if (!x) continue;
+        Lane& l = *x;
+        std::lock_guard lg(l.mu);
+        for (auto* list : {&l.recvs, &l.expected_recvs})
+            while (SmOp* op = list->pop_front())
+                l.pool.release(op);
+        {
+            std::lock_guard rg(route_mu_);
+            l.msgs.splice_back(l.inbox);
+        }
+        for (auto* list : {&l.msgs, &l.expected_msgs})
+            while (Stashed* st = list->pop_front())
+                stash_free(l, st);
+    }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (!sock_path_.empty()) ::unlink(sock_path_.c_str());
-    if (wake_fd_ >= 0) ::close(wake_fd_);
     if (epfd_ >= 0) ::close(epfd_);
     if (lock_fd_ >= 0) ::close(lock_fd_);
     self_.reset();
@@ -302,44 +311,65 @@ Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id,
         return Error(Errc::invalid_argument,
                      fmt::format("sm: context id {} is not below Options::max_contexts ({})", id,
                                  opts_.max_contexts));
-    std::lock_guard g(mu_);
-    if (ctxs_[id].ctx)
-        return Error(Errc::already_exists, fmt::format("sm: context {} already exists", id));
-    auto c = std::make_unique<SmContext>(this, id, opts_.thread_safe);
+    std::lock_guard g(setup_mu_);
+    if (!lanes_[id]) {
+        auto lane = std::make_unique<Lane>(id, opts_);
+        if (lane->bell_fd < 0) return errno_error("sm: eventfd for a context's doorbell", errno);
+        std::lock_guard rg(route_mu_);
+        lanes_[id] = std::move(lane);
+    }
+    Lane& l = *lanes_[id];
+    if (l.ctx) return Error(Errc::already_exists, fmt::format("sm: context {} already exists", id));
+    auto c = std::make_unique<SmContext>(this, id, opts_.thread_safe, &l);
     c->set_takes_unexpected(opts.unexpected);
     if (c->event_fd() < 0) return Error(Errc::io_error, "sm: context eventfd creation failed");
-    // The context's eventfd is not in the transport's epoll set: only the thread progressing
-    // this context waits on it (progress() polls it beside epfd_), so no other thread's epoll
-    // can consume its wake-up.
-    ctxs_[id].ctx = c.get();
+    // The lane's doorbell (peers ring it; it travels in the handshake of each of its
+    // connections) wakes a thread blocked on the context's wait_fd() too.
+    if (!c->watch_fd(l.bell_fd)) return errno_error("sm: epoll_ctl(a context's doorbell)", errno);
+    l.orphaned = false;
+    std::lock_guard lg(l.mu);
+    std::lock_guard rg(route_mu_);
+    l.ctx = c.get();
     return std::unique_ptr<Context>(std::move(c));
 }
 
 void SmTransport::context_destroyed(SmContext* c) noexcept {
-    std::lock_guard g(mu_);
-    auto& cs = ctxs_[c->id()];
-    if (cs.ctx != c) return;
-    cs.ctx = nullptr;
-    while (Stashed* s = cs.msgs.pop_front())
-        stash_free(s);
+    std::lock_guard g(setup_mu_);
+    Lane& l = c->lane();
+    std::lock_guard lg(l.mu);
+    if (l.ctx != c) return;
+    {
+        std::lock_guard rg(route_mu_);
+        l.ctx = nullptr;
+        l.msgs.splice_back(l.inbox);
+        l.has_inbox.store(false, std::memory_order_relaxed);
+    }
+    // Its connections stay: peers must not take a context's end for the process's. poll_fds()
+    // drains their rings from now on and hands what arrives to the contexts left; a context
+    // created with this id again takes them back.
+    l.orphaned = true;
+    while (Stashed* s = l.msgs.pop_front())
+        stash_free(l, s);
+    while (Stashed* s = l.expected_msgs.pop_front())
+        stash_free(l, s);
     // The contract says cancel and drain first; drop leftovers rather than keep dangling ones.
-    auto drop_ctx = [&](IntrusiveList<SmOp>& l) {
+    auto drop = [&](IntrusiveList<SmOp>& list) {
         std::size_t n = 0;
-        l.for_each_safe([&](SmOp& op) {
+        list.for_each_safe([&](SmOp& op) {
             if (op.ctx != c) return;
-            l.erase(op);
+            list.erase(op);
             op.list = nullptr;
-            pool_.release(&op);
+            l.pool.release(&op);
             ++n;
         });
         return n;
     };
-    drop_ctx(cs.recvs);
-    drop_ctx(expected_recvs_);
-    for (auto& [id, conn] : conns_)
-        pending_sends_ -= drop_ctx(conn->pending_sends);
+    drop(l.recvs);
+    drop(l.expected_recvs);
+    for (Conn* conn : l.active)
+        l.pending_sends -= drop(conn->pending_sends);
     for (auto& a : pins_)
-        drop_ctx(a.as<Peer>()->pending_rma);
+        drop(a.as<Peer>()->pending_rma);
 }
 
 // --- addresses -----------------------------------------------------------------------------------
@@ -360,16 +390,21 @@ void SmTransport::sweep_peers_locked() {
     // at peers with a connection (sends) or hold the user's reference while they run (put/get
     // to a peer without a connection wait on its pending_rma, which a connection serves).
     std::vector<const Peer*> used;
-    for (const SmOp& op : expected_recvs_)
-        used.push_back(op.peer);
+    for (auto& x : lanes_) {
+        if (!x) continue;
+        std::lock_guard lg(x->mu);
+        for (const SmOp& op : x->expected_recvs)
+            used.push_back(op.peer);
+    }
     std::sort(used.begin(), used.end());
     std::size_t kept = 0;
     for (std::size_t i = 0; i < pins_.size(); ++i) {
         auto* p = pins_[i].as<Peer>();
-        // Under mu_ a count of 1 (our pin) is stable: new references come only from intern
-        // (under mu_) and from connections (p has none).
-        bool unused = p->ref_count() == 1 && p->conns.empty() && !p->send_conn &&
-                      p->pending_rma.empty() && !std::binary_search(used.begin(), used.end(), p);
+        // Under setup_mu_ a count of 1 (our pin) is stable: new references come only from
+        // intern (under setup_mu_) and from connections (p has none, and lanes route only to
+        // peers they have a connection with).
+        bool unused = p->ref_count() == 1 && p->conns.empty() && p->pending_rma.empty() &&
+                      !std::binary_search(used.begin(), used.end(), p);
         if (unused) {
             pins_[i].reset();  // destroys p (which leaves the table)
         } else {
@@ -389,7 +424,7 @@ Result<Addr> SmTransport::addr_lookup(std::string_view address) {
                      fmt::format("'{}' is not an sm address: expected sm://<name> with a name of "
                                  "1-{} characters of [A-Za-z0-9._-]",
                                  address, kMaxNameLen));
-    std::lock_guard g(mu_);
+    std::lock_guard g(setup_mu_);
     sweep_peers_locked();
     TALARIA_TRY(p, intern_locked(name));
     return Addr(p);
@@ -422,7 +457,7 @@ Result<std::size_t> SmTransport::addr_serialize(const Addr& a, std::span<std::by
 
 Result<Addr> SmTransport::addr_deserialize(std::span<const std::byte> in) {
     TALARIA_TRY(name, decode_addr(in));
-    std::lock_guard g(mu_);
+    std::lock_guard g(setup_mu_);
     sweep_peers_locked();
     TALARIA_TRY(p, intern_locked(name));
     return Addr(p);
@@ -470,7 +505,19 @@ Result<MemHandle> SmTransport::mem_deserialize(std::span<const std::byte> in) {
 
 // --- connections ---------------------------------------------------------------------------------
 
-Result<Conn*> SmTransport::connect_locked(Peer* peer) {
+Result<void> SmTransport::ensure_route(Lane& l, Peer* peer, uint8_t remote_ctx) {
+    std::lock_guard g(setup_mu_);
+    if (peer->dead.load(std::memory_order_relaxed)) return ok();  // the post completes with it
+    {
+        std::lock_guard lg(l.mu);
+        if (route_locked(l, peer, remote_ctx)) return ok();  // another thread connected it
+    }
+    TALARIA_TRY(c, connect_locked(l, peer, remote_ctx));
+    (void)c;
+    return ok();
+}
+
+Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ctx) {
     auto paths = find_sockets(peer->name);
     if (paths.empty())
         return Error(
@@ -546,7 +593,9 @@ Result<Conn*> SmTransport::connect_locked(Peer* peer) {
     m.instance = instance_;
     m.probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
     m.name = name_;
-    int fds[2] = {seg_fd.fd, wake_fd_};
+    m.src_ctx = l.id;
+    m.dst_ctx = remote_ctx;
+    int fds[2] = {seg_fd.fd, l.bell_fd};
     if (!send_packet(sock.fd, m, fds, 2, MSG_DONTWAIT)) {
         int err = errno;
         ::munmap(seg, kSegmentSize);
@@ -559,6 +608,7 @@ Result<Conn*> SmTransport::connect_locked(Peer* peer) {
     c->id = next_conn_id_++;
     c->state = Conn::State::ack_wait;
     c->outbound = true;
+    c->remote_ctx = remote_ctx;
     c->sock = sock.release();
     c->cred_pid = cr.pid;
     c->peer = peer;
@@ -578,12 +628,17 @@ Result<Conn*> SmTransport::connect_locked(Peer* peer) {
         return errno_error("sm: epoll_ctl(connection)", err);
     }
     conns_.emplace(c->id, c);
-    c->rx->waiting.store(armed_, std::memory_order_seq_cst);  // contexts asleep now
-    active_.push_back(c);
     peer->conns.push_back(c);
-    if (!peer->send_conn) peer->send_conn = c;
-    TALARIA_LOG(sm, debug, "sm://{}: connected to sm://{} (pid {}), conn {}", name_, peer->name,
-                cr.pid, c->id);
+    {
+        std::lock_guard lg(l.mu);
+        c->lane = &l;
+        // A thread of the lane asleep now wants a bell for this ring too.
+        c->rx->waiting.store(l.armed != 0 || l.try_armed ? 1 : 0, std::memory_order_seq_cst);
+        l.active.push_back(c);
+        l.routes.push_back({peer, remote_ctx, c});
+    }
+    TALARIA_LOG(sm, debug, "sm://{}: context {} connected to sm://{} (pid {}) context {}, conn {}",
+                name_, l.id, peer->name, cr.pid, remote_ctx, c->id);
     return c;
 }
 
@@ -624,7 +679,7 @@ void SmTransport::accept_locked() {
 }
 
 void SmTransport::on_socket_readable_locked(Conn* c) {
-    while (!c->broken) {
+    while (!c->broken.load(std::memory_order_relaxed)) {
         alignas(8) std::byte buf[kHsMaxSize + 8];
         alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)];
         iovec iov{buf, sizeof buf};
@@ -681,7 +736,10 @@ void SmTransport::on_socket_readable_locked(Conn* c) {
                     close_fds();
                     fail_conn_later(c, Errc::protocol_error, "wake packet carrying fds");
                 }
-                break;  // its only job was to make us poll the rings
+                // Its only job was to make the lane poll its rings: ring the lane's doorbell
+                // (another thread may have taken this packet while that lane went to sleep).
+                if (c->lane) c->lane->ring_own_bell();
+                break;
             case HsType::hello:
                 if (c->outbound || c->state != Conn::State::hello_wait) {
                     close_fds();
@@ -761,11 +819,12 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         fail_peer_locked(p, Errc::disconnected);
         p = *intern_locked(m.name);
     }
-    if (p->dead) p = *intern_locked(m.name);
+    if (p->dead.load(std::memory_order_relaxed)) p = *intern_locked(m.name);
     p->pid = m.pid;
     p->instance = m.instance;
     p->identified = true;
     c->peer = p;
+    c->remote_ctx = m.src_ctx;
 
     Handshake ack;
     ack.type = HsType::ack;
@@ -773,17 +832,53 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
     ack.instance = instance_;
     ack.probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
     ack.name = name_;
-    if (!send_packet(c->sock, ack, &wake_fd_, 1, MSG_DONTWAIT)) {
+    ack.dst_ctx = m.src_ctx;
+    // The lane it joins: the context asked for; where that does not exist, the one its
+    // messages are routed to (deliver_locked hands them on if that changes).
+    Lane* l = nullptr;
+    {
+        std::lock_guard rg(route_mu_);
+        auto ctx_of = [](const std::unique_ptr<Lane>& x) -> const Context* {
+            return x ? x->ctx : nullptr;
+        };
+        if (m.dst_ctx < lanes_.size() && ctx_of(lanes_[m.dst_ctx])) {
+            l = lanes_[m.dst_ctx].get();
+        } else if (auto* r = route_unexpected(lanes_, lanes_.size(), m.dst_ctx, ctx_of)) {
+            l = r->get();
+        } else {
+            for (auto& x : lanes_)
+                if (ctx_of(x)) {
+                    l = x.get();
+                    break;
+                }
+        }
+    }
+    if (!l) {
+        // No context at all: refuse this connection (not the peer): its sends fail with it.
+        ack.status = uint8_t(Errc::not_found);
+        send_packet(c->sock, ack, nullptr, 0, MSG_DONTWAIT);
+        TALARIA_LOG(sm, info, "sm://{}: refused a connection from sm://{}: no context exists here",
+                    name_, p->name);
+        close_conn_locked(c, Errc::not_found, true);
+        return;
+    }
+    ack.src_ctx = l->id;
+    if (!send_packet(c->sock, ack, &l->bell_fd, 1, MSG_DONTWAIT)) {
         fail_conn_later(c, Errc::disconnected, fmt::format("sending ack: {}", errno_text(errno)));
         return;
     }
-    c->state = Conn::State::established;
-    c->rx->waiting.store(armed_, std::memory_order_seq_cst);  // contexts asleep now
-    active_.push_back(c);
     p->conns.push_back(c);
-    if (!p->send_conn) p->send_conn = c;
-    TALARIA_LOG(sm, debug, "sm://{}: accepted sm://{} (pid {}), conn {}", name_, p->name, p->pid,
-                c->id);
+    {
+        std::lock_guard lg(l->mu);
+        c->state = Conn::State::established;
+        c->lane = l;
+        c->rx->waiting.store(l->armed != 0 || l->try_armed ? 1 : 0, std::memory_order_seq_cst);
+        l->active.push_back(c);
+        // Its replies go back on it, unless this lane already sends to that context elsewhere.
+        if (!route_locked(*l, p, m.src_ctx)) l->routes.push_back({p, m.src_ctx, c});
+    }
+    TALARIA_LOG(sm, debug, "sm://{}: context {} accepted sm://{} (pid {}) context {}, conn {}",
+                name_, l->id, p->name, p->pid, m.src_ctx, c->id);
     probe_rma_locked(p, m.probe_addr);
     run_pending_rma_locked(p);
 }
@@ -794,9 +889,18 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
             ::close(fds[i]);
         fail_conn_later(c, code, fmt::format("ack from sm://{}: {}", c->peer->name, why));
     };
-    if (m.status != 0)
-        return reject(Errc::unreachable,
-                      fmt::format("connection refused ({})", errc_name(Errc(m.status))));
+    if (m.status != 0) {
+        // Refused (the peer has no context): this connection ends, the peer is not dead.
+        for (int i = 0; i < nfds; ++i)
+            ::close(fds[i]);
+        TALARIA_LOG(
+            sm, info, "sm://{}: sm://{} refused conn {}: {}", name_, c->peer->name, c->id,
+            Errc(m.status) == Errc::not_found ? "it has no context" : errc_name(Errc(m.status)));
+        std::lock_guard lg(c->lane->mu);
+        close_conn_locked(
+            c, Errc(m.status) == Errc::not_found ? Errc::not_found : Errc::unreachable, true);
+        return;
+    }
     if (nfds != 1) return reject(Errc::protocol_error, fmt::format("{} fds, expected 1", nfds));
     if (m.name != c->peer->name)
         return reject(Errc::protocol_error, fmt::format("the endpoint is named '{}'", m.name));
@@ -812,18 +916,26 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
     p->pid = m.pid;
     p->instance = m.instance;
     p->identified = true;
-    c->peer_evfd = fds[0];
-    c->state = Conn::State::established;
-    // A doorbell we could not ring while the eventfd was unknown went out as a wake packet;
-    // ring once more in case the peer armed its flag since.
-    if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    {
+        std::lock_guard lg(c->lane->mu);
+        c->peer_evfd = fds[0];
+        c->state = Conn::State::established;
+        // A doorbell we could not ring while the eventfd was unknown went out as a wake
+        // packet; ring once more in case the peer armed its flag since.
+        if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
+    }
     probe_rma_locked(p, m.probe_addr);
     run_pending_rma_locked(p);
 }
 
 void SmTransport::probe_rma_locked(Peer* p, uint64_t probe_addr) {
-    if (p->probed || p->dead) return;
+    if (p->probed || p->dead.load(std::memory_order_relaxed)) return;
     p->probed = true;
+    // Whatever the verdict, it is final once written: lanes read it after this flag.
+    struct Publish {
+        Peer* p;
+        ~Publish() { p->rma_ready.store(true, std::memory_order_release); }
+    } publish{p};
     uint64_t word = 0;
     iovec l{&word, sizeof word};
     iovec r{reinterpret_cast<void*>(probe_addr), sizeof word};
@@ -894,7 +1006,7 @@ void SmTransport::run_pending_rma_locked(Peer* p) {
     }
 }
 
-void SmTransport::send_wake_locked(Conn* c) noexcept {
+void SmTransport::send_wake(Conn* c) noexcept {
     Handshake m;
     m.type = HsType::wake;
     send_packet(c->sock, m, nullptr, 0, MSG_DONTWAIT);
@@ -903,10 +1015,13 @@ void SmTransport::send_wake_locked(Conn* c) noexcept {
 // --- failures ------------------------------------------------------------------------------------
 
 void SmTransport::fail_conn_later(Conn* c, Errc why, std::string_view reason) noexcept {
-    if (c->broken) return;
-    c->broken = true;
-    c->fail_why = why;
-    broken_.push_back(c->id);
+    if (c->broken.exchange(true, std::memory_order_acq_rel)) return;
+    c->fail_why = why;  // read by process_broken_locked() after broken_mu_
+    {
+        std::lock_guard g(broken_mu_);
+        broken_.push_back(c->id);  // on failure to grow, process_broken_locked() sweeps conns_
+    }
+    any_broken_.store(true, std::memory_order_seq_cst);
     const char* who = c->peer ? c->peer->name.c_str() : "(handshake pending)";
     if (why == Errc::protocol_error)
         TALARIA_LOG(sm, warn, "sm://{}: disconnecting {} (conn {}): protocol_error: {}", name_, who,
@@ -916,38 +1031,59 @@ void SmTransport::fail_conn_later(Conn* c, Errc why, std::string_view reason) no
 }
 
 void SmTransport::process_broken_locked() {
-    while (!broken_.empty()) {
+    while (any_broken_.exchange(false, std::memory_order_acq_rel)) {
         std::vector<uint64_t> ids;
-        ids.swap(broken_);
+        {
+            std::lock_guard g(broken_mu_);
+            ids.swap(broken_);
+        }
         for (uint64_t id : ids) {
             auto it = conns_.find(id);
             if (it == conns_.end()) continue;
             Conn* c = it->second;
             // Messages the peer published before it died are still good.
-            if (c->fail_why != Errc::protocol_error && c->rx_slots) ring_drain(c);
-            if (c->peer)
+            if (c->fail_why != Errc::protocol_error && c->rx_slots && c->lane) {
+                std::lock_guard lg(c->lane->mu);
+                ring_drain(c);
+            }
+            if (c->peer) {
                 fail_peer_locked(c->peer, Errc::disconnected);
-            else
+            } else if (c->lane) {
+                std::lock_guard lg(c->lane->mu);
                 close_conn_locked(c, Errc::disconnected, true);
+            } else {
+                close_conn_locked(c, Errc::disconnected, true);
+            }
         }
     }
 }
 
 void SmTransport::fail_peer_locked(Peer* p, Errc why) {
     auto conns = p->conns;
-    for (Conn* c : conns)
-        close_conn_locked(c, why, true);
+    for (Conn* c : conns) {
+        if (Lane* l = c->lane) {
+            std::lock_guard lg(l->mu);
+            close_conn_locked(c, why, true);
+        } else {
+            close_conn_locked(c, why, true);
+        }
+    }
     p->conns.clear();
-    p->send_conn = nullptr;
     if (p->self) return;  // never declare ourselves dead: a new self connection is made on use
-    if (p->dead) return;
-    p->dead = true;
-    expected_recvs_.for_each_safe([&](SmOp& op) {
-        if (op.peer != p) return;
-        expected_recvs_.erase(op);
-        op.list = nullptr;
-        complete_op(&op, why);
-    });
+    if (p->dead.load(std::memory_order_relaxed)) return;
+    // Dead first, then the lanes' receives (under their locks): post_recv_expected() either
+    // sees the flag or has queued its receive where we look.
+    p->dead.store(true, std::memory_order_seq_cst);
+    for (auto& x : lanes_) {
+        if (!x) continue;
+        std::lock_guard lg(x->mu);
+        x->expected_recvs.for_each_safe([&](SmOp& op) {
+            if (op.peer != p) return;
+            x->expected_recvs.erase(op);
+            op.list = nullptr;
+            complete_op(&op, why);
+        });
+    }
     while (SmOp* op = p->pending_rma.pop_front()) {
         op->list = nullptr;
         complete_op(op, why);
@@ -960,24 +1096,27 @@ void SmTransport::fail_peer_locked(Peer* p, Errc why) {
 }
 
 void SmTransport::close_conn_locked(Conn* c, Errc why, bool complete) noexcept {
-    while (SmOp* op = c->pending_sends.pop_front()) {
-        op->list = nullptr;
-        --pending_sends_;
-        if (complete)
-            complete_op(op, why);
-        else
-            pool_.release(op);
+    if (Lane* l = c->lane) {
+        while (SmOp* op = c->pending_sends.pop_front()) {
+            op->list = nullptr;
+            --l->pending_sends;
+            if (complete)
+                complete_op(op, why);
+            else
+                l->pool.release(op);
+        }
+        auto a = std::find(l->active.begin(), l->active.end(), c);
+        if (a != l->active.end()) l->active.erase(a);
+        std::erase_if(l->routes, [c](const Lane::Route& r) { return r.conn == c; });
+        l->last_route = 0;
     }
     ::close(c->sock);  // also leaves the epoll set
     if (c->peer_evfd >= 0) ::close(c->peer_evfd);
     if (c->seg) ::munmap(c->seg, kSegmentSize);
-    auto a = std::find(active_.begin(), active_.end(), c);
-    if (a != active_.end()) active_.erase(a);
     conns_.erase(c->id);
     if (Peer* p = c->peer) {
         auto pc = std::find(p->conns.begin(), p->conns.end(), c);
         if (pc != p->conns.end()) p->conns.erase(pc);
-        if (p->send_conn == c) p->send_conn = nullptr;
     }
     delete c;
 }
@@ -988,30 +1127,33 @@ void SmTransport::handle_event_locked(uint64_t key, uint32_t events) {
     uint64_t kind = key & ~kKeyMask;
     if (kind == kKeyListen) {
         accept_locked();
-    } else if (kind == kKeyWake) {
-        // Whoever takes the doorbell delivers at once (enqueue wakes the context it was for):
-        // a thread polling once and leaving must not swallow another context's wake-up.
-        uint64_t v;
-        bool rung = false;
-        while (::read(wake_fd_, &v, sizeof v) > 0)
-            rung = true;
-        if (rung) poll_rings_locked();
     } else if (kind == kKeyConn) {
         auto it = conns_.find(key & kKeyMask);
         if (it == conns_.end()) return;
         Conn* c = it->second;
         if (events & EPOLLIN) on_socket_readable_locked(c);
-        if (!c->broken && (events & (EPOLLHUP | EPOLLERR)))
+        if (!c->broken.load(std::memory_order_relaxed) && (events & (EPOLLHUP | EPOLLERR)))
             fail_conn_later(c, Errc::disconnected, "hang-up on the socket");
     }
 }
 
-void SmTransport::poll_fds_locked() {
+void SmTransport::poll_fds(bool wait) {
+    std::unique_lock g(setup_mu_, std::defer_lock);
+    if (wait) {
+        g.lock();
+    } else if (!g.try_lock()) {
+        return;  // another context's thread is at it
+    }
     epoll_event evs[32];
     int n = ::epoll_wait(epfd_, evs, 32, 0);
     for (int i = 0; i < n; ++i)
         handle_event_locked(evs[i].data.u64, evs[i].events);
     process_broken_locked();
+    for (auto& x : lanes_) {
+        if (!x || !x->orphaned) continue;
+        std::lock_guard lg(x->mu);
+        poll_orphan_locked(*x);
+    }
 }
 
 }  // namespace sm

@@ -26,7 +26,9 @@
 namespace talaria::na::sm {
 
 class SmTransport;
+class SmContext;
 struct Conn;
+struct Lane;
 
 /// One posted operation. `list` names the pending list holding it (for cancel), if any.
 struct SmOp : Op {
@@ -52,8 +54,11 @@ struct SmOp : Op {
 /// pins every Peer it creates (SmTransport::pins_) because connections (Conn::peer) and posted
 /// ops (SmOp::peer) point at it without a reference; sweep_peers_locked() drops the pin of a
 /// peer nobody else references (count 1) with no connection and no op pointing at it, which
-/// destroys it. The destructor may run on any thread, also under mu_: it only takes the
-/// table's leaf lock to erase its entry.
+/// destroys it. The destructor may run on any thread: it only takes the table's leaf lock.
+///
+/// Threads: everything but `dead` and `rma_ready` is written under the transport's setup lock
+/// (handshakes, failures). Lanes read `dead` (atomic) on every post, and the identity fields
+/// only after an acquire of `rma_ready`, after which they never change.
 struct Peer final : AddrImpl {
     Peer(Transport* t, AddrTable* table, std::string n)
         : AddrImpl(t), name(std::move(n)), table_(table) {}
@@ -61,8 +66,10 @@ struct Peer final : AddrImpl {
     Peer(const Peer&) = delete;
     Peer& operator=(const Peer&) = delete;
     std::string name;
+    std::atomic<bool> dead{false};  ///< a connection broke: everything to/from it fails
+    /// pid, instance and the rma_* verdict are final (handshake and probe done, or self).
+    std::atomic<bool> rma_ready{false};
     bool identified = false;  ///< pid/instance known (handshake done, or self)
-    bool dead = false;        ///< a connection broke: everything to/from it fails
     bool self = false;
     bool probed = false;  ///< process_vm_readv tried on its probe word
     uint32_t pid = 0;
@@ -70,26 +77,30 @@ struct Peer final : AddrImpl {
     /// put/get must fail with this (e.g. the kernel forbids process_vm_* to this peer).
     Errc rma_errc = Errc::ok;
     std::string rma_error;
-    Conn* send_conn = nullptr;        ///< the connection our messages to it go through
-    std::vector<Conn*> conns;         ///< every connection with it (at most two: one per direction)
+    std::vector<Conn*> conns;         ///< every connection with it, of every lane
     IntrusiveList<SmOp> pending_rma;  ///< put/get waiting for the handshake
 
   private:
     AddrTable* table_;
 };
 
-/// One connection: a socket plus a mapped segment holding a ring per direction.
+/// One connection: a socket plus a mapped segment holding a ring per direction. A connection
+/// joins one of our contexts (its lane) with one context of the peer: the lane alone pushes
+/// into `tx` and drains `rx`, under its own lock.
 struct Conn {
     enum class State : uint8_t { hello_wait, ack_wait, established };
     uint64_t id = 0;
     State state = State::hello_wait;
     bool outbound = false;  ///< we connected (and created the segment)
-    bool broken = false;    ///< queued for process_broken_locked
+    /// Queued for process_broken_locked() (fail_conn_later, from any thread).
+    std::atomic<bool> broken{false};
     Errc fail_why = Errc::ok;
+    uint8_t remote_ctx = 0;  ///< the peer's context at the other end
     int sock = -1;
-    int peer_evfd = -1;  ///< rings the peer (its eventfd), -1 until the handshake gives it
+    int peer_evfd = -1;  ///< rings the peer's context (its eventfd), -1 until the handshake
     pid_t cred_pid = 0;  ///< the peer's pid as the kernel reports it (SO_PEERCRED)
     Peer* peer = nullptr;
+    Lane* lane = nullptr;  ///< the lane that owns it (nullptr while an inbound hello is awaited)
     void* seg = nullptr;
     // transmit ring (we produce) and receive ring (we consume)
     RingCtl* tx = nullptr;
@@ -107,8 +118,66 @@ struct Stashed : ListHook<> {
     Addr source;
     Tag tag = 0;
     uint8_t ctx = 0;
+    MsgKind kind = MsgKind::unexpected;
+    bool loose = false;  ///< allocated alone (handed between lanes): deleted when freed
     uint32_t len = 0;
     std::byte data[kMaxMsgSize];
+};
+
+/// The progress domain of one context id: its connections, op pool, queues and wake-up state,
+/// under its own lock, which only the thread driving the context and threads posting on it
+/// take. Owned by the transport (lanes_) and kept until it closes, so that ops released after
+/// their context is gone and connections pointing here stay valid; a context re-created with
+/// the same id gets the same lane back.
+struct Lane {
+    Lane(uint8_t lane_id, const Options& o);
+    ~Lane();
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+    /// Wake the lane's thread if it sleeps (any thread; the fd lives as long as the lane).
+    void ring_own_bell() const noexcept;
+    struct Releaser final : OpReleaser {
+        explicit Releaser(Lane* owner) noexcept : lane(owner) {}
+        void release(Op* op) noexcept override;
+        Lane* lane;
+    };
+    /// Where a send to (peer, its context) goes.
+    struct Route {
+        Peer* peer;
+        uint8_t remote_ctx;
+        Conn* conn;
+    };
+    alignas(64) MaybeSpinLock mu;
+    const uint8_t id;
+    SmContext* ctx = nullptr;  ///< under mu and the transport's route lock
+    /// The doorbell peers ring (an eventfd, passed in the handshake of each connection of the
+    /// lane): the lane's own rather than its context's, so that connections outlive a context
+    /// and serve the next one created with this id.
+    int bell_fd = -1;
+    bool orphaned = false;  ///< its context was destroyed (under the setup lock)
+    Releaser releaser{this};
+    OpPool<SmOp> pool;          ///< no lock of its own: every acquire runs under mu
+    std::vector<Conn*> active;  ///< connections whose rings this lane polls
+    std::vector<Route> routes;  ///< send connections by (peer, remote context)
+    std::size_t last_route = 0;
+    IntrusiveList<SmOp> recvs;             ///< posted recv_unexpected
+    IntrusiveList<Stashed> msgs;           ///< unexpected messages with no receive yet
+    IntrusiveList<SmOp> expected_recvs;    ///< posted recv_expected, matched on (peer, tag)
+    IntrusiveList<Stashed> expected_msgs;  ///< expected messages with no receive yet
+    std::vector<Stashed*> stash_free;
+    std::vector<std::unique_ptr<Stashed>> stash_all;
+    std::size_t pending_sends = 0;  ///< ops on any of its connections' pending_sends
+    unsigned armed = 0;             ///< threads of its context that armed the rings' flags to sleep
+    bool try_armed = false;         ///< try_wait() armed them: withdrawn by progress
+    uint32_t busy_polls = 0;
+    uint64_t last_fd_poll_ns = 0;
+#if defined(__SANITIZE_THREAD__)
+    std::atomic<uint32_t> fence_word{0};  ///< check_space_wanted_locked() under TSan
+#endif
+    /// Messages another lane drained for this one (misrouted, see deliver_locked), under the
+    /// transport's route lock; `has_inbox` tells progress to look without taking it.
+    IntrusiveList<Stashed> inbox;
+    std::atomic<bool> has_inbox{false};
 };
 
 /// A registered (local) or deserialized (remote) region; pid and instance name its owner.
@@ -119,8 +188,6 @@ class SmMem final : public MemImpl {
     uint32_t pid;
     uint64_t instance;
 };
-
-class SmContext;
 
 class SmTransport final : public Transport {
   public:
@@ -169,6 +236,7 @@ class SmTransport final : public Transport {
     Result<void> progress(Context& ctx, TimePoint deadline) override;
     [[nodiscard]] int progress_fd() const noexcept override { return epfd_; }
     bool try_wait() override;
+    bool try_wait_for(Context& ctx) override;
 
     // --- for SmContext ---
     void context_destroyed(SmContext* c) noexcept;
@@ -176,40 +244,52 @@ class SmTransport final : public Transport {
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
 
   private:
+    friend struct Lane;
     SmTransport(const Options& o, std::string name);
 
-    // setup (sm_setup.cpp)
+    // setup (sm_setup.cpp); `_locked`: under setup_mu_ (and no lane lock held)
     Result<void> init();
     /// The peer named `name` (created and pinned if absent or dead). The pointer stays valid
-    /// under mu_ until the next sweep_peers_locked().
+    /// under setup_mu_ until the next sweep_peers_locked().
     Result<Peer*> intern_locked(std::string_view name);
     /// Free the peers nobody uses, when pins_ doubled since the last sweep (amortized O(1)).
     /// Call only where no raw Peer* is held without a reference (public entry points).
     void sweep_peers_locked();
-    Result<Conn*> connect_locked(Peer* peer);
+    /// Connect lane `l` with context `remote_ctx` of `peer` (under setup_mu_, takes l.mu).
+    Result<Conn*> connect_locked(Lane& l, Peer* peer, uint8_t remote_ctx);
+    /// The connection lane `l` sends to (peer, remote_ctx) on, connecting if there is none.
+    /// Called without l.mu (takes setup_mu_, then l.mu).
+    Result<void> ensure_route(Lane& l, Peer* peer, uint8_t remote_ctx);
     void accept_locked();
     void on_socket_readable_locked(Conn* c);
     void on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfds);
     void on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds);
     void probe_rma_locked(Peer* p, uint64_t probe_addr);
-    void send_wake_locked(Conn* c) noexcept;
+    void send_wake(Conn* c) noexcept;
+    /// Mark `c` broken with its cause (under its lane's lock, or setup_mu_ before it has one).
     void fail_conn_later(Conn* c, Errc why, std::string_view reason) noexcept;
     void process_broken_locked();
     void fail_peer_locked(Peer* p, Errc why);
-    /// Close `c`; its pending sends complete with `why` (or are dropped when !complete).
+    /// Close `c` (its lane's lock held when it has one); its pending sends complete with `why`
+    /// (or are dropped when !complete).
     void close_conn_locked(Conn* c, Errc why, bool complete) noexcept;
     void run_pending_rma_locked(Peer* p);
     /// The copy of a put/get (no lock needed); a status, with the cause logged.
     Errc exec_rma(SmOp& op) noexcept;
     void handle_event_locked(uint64_t key, uint32_t events);
-    void poll_fds_locked();
+    /// Look at the sockets (accepts, handshakes, hang-ups) and fail broken connections. Takes
+    /// setup_mu_ (only if free when !wait); never called with a lane lock held.
+    void poll_fds(bool wait);
 
-    // hot path (sm_datapath.cpp)
+    // hot path (sm_datapath.cpp); `_locked`: under the lane's lock
     Result<OpId> post_send(Context& ctx, Callback&& cb, const MsgBuffer& buf, std::size_t len,
                            const Addr& dest, uint8_t dest_ctx, Tag tag, MsgKind kind);
     Result<OpId> post_rma(Context& ctx, Callback&& cb, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
                           std::size_t len, const Addr& remote_addr, bool is_put);
+    static Lane& lane_of(Context& ctx) noexcept;
+    /// The send connection of lane `l` to (peer, remote_ctx), or nullptr.
+    static Conn* route_locked(Lane& l, const Peer* peer, uint8_t remote_ctx) noexcept;
     /// Push one message into c's transmit ring; false when full (or the peer broke it).
     bool ring_push(Conn* c, const SmOp& op) noexcept;
     /// Consume the messages in c's receive ring (at most a ringful).
@@ -217,88 +297,76 @@ class SmTransport final : public Transport {
     /// Is the next message of c's receive ring published?
     [[gnu::always_inline]] static bool ring_ready(const Conn* c) noexcept;
     void deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept;
+    /// Hand a message of lane `from` to the lane it belongs to (route lock; rare path).
+    void hand_over_locked(Lane& from, Peer* p, const SlotHeader& h,
+                          const std::byte* payload) noexcept;
+    /// Take the messages other lanes handed to `l`.
+    void drain_inbox_locked(Lane& l) noexcept;
+    /// Give `s` to a receive posted on `l`, or queue it there.
+    void accept_stashed_locked(Lane& l, Stashed* s) noexcept;
     /// Fence, then wake any producer waiting for ring space (see ring_drain()).
-    void check_space_wanted_locked() noexcept;
-    void retry_sends_locked() noexcept;
-    void poll_rings_locked() noexcept;
+    void check_space_wanted_locked(Lane& l) noexcept;
+    void retry_sends_locked(Lane& l) noexcept;
+    void poll_rings_locked(Lane& l) noexcept;
+    /// A lane whose context was destroyed keeps its connections (see context_destroyed):
+    /// poll_fds() drains their rings, handing the messages to the contexts left.
+    void poll_orphan_locked(Lane& l) noexcept;
     void ring_bell(Conn* c) noexcept;
-    /// Arm the wake-up bits `bits` on every ring (and space_wanted where sends wait), then
-    /// re-check: false when work is already there (the bits stay set; disarm them).
-    bool arm_locked(uint64_t bits) noexcept;
-    void disarm_locked(uint64_t bits) noexcept;
-    /// The wake bits a sleeper of `ctx` arms: its own, and where it is the lowest context the
-    /// bits of ids no context has (their messages are routed to it).
-    uint64_t wake_bits_locked(const Context& ctx) const noexcept;
-    Stashed* stash_alloc() noexcept;
+    /// Arm the waiting flag of every ring of `l` (and space_wanted where sends wait), then
+    /// re-check: false when work is already there (the flags stay set; disarm them).
+    bool arm_locked(Lane& l) noexcept;
+    void disarm_locked(Lane& l) noexcept;
+    static Stashed* stash_alloc(Lane& l) noexcept;
     /// Copy an early message out of its ring slot; nullptr (logged) when out of memory.
-    Stashed* stash_copy_locked(Peer* p, const SlotHeader& h, const std::byte* payload) noexcept;
-    void stash_free(Stashed* s) noexcept;
+    Stashed* stash_copy_locked(Lane& l, Peer* p, const SlotHeader& h,
+                               const std::byte* payload) noexcept;
+    static void stash_free(Lane& l, Stashed* s) noexcept;
     static Errc fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
                           std::size_t len) noexcept;
 
-    struct CtxState {
-        SmContext* ctx = nullptr;
-        IntrusiveList<SmOp> recvs;    ///< posted recv_unexpected
-        IntrusiveList<Stashed> msgs;  ///< unexpected messages with no receive yet
-        uint64_t armed = 0;           ///< wake bits its sleeping thread armed (0: not asleep)
-    };
-
     // First member, so destroyed last: every Addr the members below hold leaves it on the way.
-    AddrTable addrs_;  ///< interned peers by name, weakly (see Peer); find+add under mu_
+    AddrTable addrs_;  ///< interned peers by name, weakly (see Peer); find+add under setup_mu_
     Options opts_;
     std::string name_;
     uint64_t instance_ = 0;
     alignas(8) uint64_t probe_word_ = 0;  ///< holds instance_: peers read it to check us
     pid_t pid_ = 0;
-    /// Guards all of the transport's state. A spin lock: the hot path takes it several times per
-    /// message for a few dozen instructions; the rare long holders (handshakes) only make a
-    /// contender spin, then yield.
-    MaybeSpinLock mu_;
-    /// Gives a triggered op back to pool_ under mu_. The pool has no lock of its own: every
-    /// acquire (post_*) already runs under mu_, so a post costs one lock, not two.
-    struct Releaser final : OpReleaser {
-        explicit Releaser(SmTransport* owner) noexcept : t(owner) {}
-        void release(Op* op) noexcept override;
-        SmTransport* t;
-    };
-    Releaser releaser_{this};
-    OpPool<SmOp> pool_;
+    /// Guards what the contexts share: the connection table, sockets and handshakes, peers,
+    /// failures. Taken on first contact, when sockets need attention (every 100 µs while busy,
+    /// with try_lock) and on failures, never per message. Order: setup_mu_, then a lane's mu,
+    /// then route_mu_.
+    MaybeMutex setup_mu_;
+    /// Leaf lock over which context each lane holds (routing of misrouted messages) and the
+    /// lanes' inboxes.
+    MaybeSpinLock route_mu_;
+    std::vector<std::unique_ptr<Lane>> lanes_;  ///< by context id; created on first use
     int epfd_ = -1;
-    int wake_fd_ = -1;    ///< our eventfd: peers write it to wake us
     int listen_fd_ = -1;  ///< -1 without Options::listen
     int lock_fd_ = -1;    ///< abstract socket holding our name (released when we die)
     std::string sock_path_;
     uint64_t next_conn_id_ = 1;
     uint64_t next_seg_id_ = 1;
-    uint64_t armed_ = 0;      ///< wake bits armed by sleeping contexts (see RingCtl::waiting)
-    uint64_t try_armed_ = 0;  ///< bits armed by try_wait() (no context): withdrawn by progress
-#if defined(__SANITIZE_THREAD__)
-    std::atomic<uint32_t> fence_word_{0};  ///< check_space_wanted_locked() under TSan
-#endif
-    uint64_t last_fd_poll_ns_ = 0;
-    uint32_t busy_polls_ = 0;
-    std::size_t pending_sends_ = 0;  ///< ops on any Conn::pending_sends
+    /// Some connection was marked broken (under broken_mu_): process_broken_locked() runs.
+    std::atomic<bool> any_broken_{false};
+    MaybeSpinLock broken_mu_;
+    std::vector<uint64_t> broken_;  ///< conn ids to fail at the next safe point (broken_mu_)
 
     Addr self_;
     std::vector<Addr> pins_;     ///< one reference on every Peer we created (see Peer)
     std::size_t sweep_at_ = 64;  ///< sweep_peers_locked() runs when pins_ reaches this
     std::unordered_map<uint64_t, Conn*> conns_;  ///< every open connection by id
-    std::vector<Conn*> active_;                  ///< connections whose rings we poll
-    std::vector<uint64_t> broken_;               ///< conn ids to fail at the next safe point
-    std::vector<CtxState> ctxs_;
-    IntrusiveList<SmOp> expected_recvs_;    ///< posted recv_expected, matched on (peer, tag)
-    IntrusiveList<Stashed> expected_msgs_;  ///< expected messages with no receive yet
-    std::vector<Stashed*> stash_free_;
-    std::vector<std::unique_ptr<Stashed>> stash_all_;
 };
 
 class SmContext final : public Context {
   public:
-    SmContext(SmTransport* t, uint8_t id, bool thread_safe) : Context(t, id, thread_safe), t_(t) {}
+    SmContext(SmTransport* t, uint8_t id, bool thread_safe, Lane* lane)
+        : Context(t, id, thread_safe), t_(t), lane_(lane) {}
     ~SmContext() override { t_->context_destroyed(this); }
+    [[nodiscard]] Lane& lane() const noexcept { return *lane_; }
 
   private:
     SmTransport* t_;
+    Lane* lane_;
 };
 
 /// Where sm keeps its files. "/dev/shm".

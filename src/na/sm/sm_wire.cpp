@@ -51,6 +51,8 @@ std::size_t encode_handshake(const Handshake& m, std::span<std::byte> out) noexc
     store<uint64_t>(p + 16, m.instance);
     store<uint32_t>(p + 24, kSlotSize);
     store<uint16_t>(p + 28, uint16_t(m.name.size()));
+    store<uint8_t>(p + 30, m.src_ctx);
+    store<uint8_t>(p + 31, m.dst_ctx);
     store<uint64_t>(p + 32, uint64_t(kSegmentSize));
     store<uint64_t>(p + 40, m.probe_addr);
     if (!m.name.empty()) std::memcpy(p + kHsFixedSize, m.name.data(), m.name.size());
@@ -90,8 +92,8 @@ Result<Handshake> decode_handshake(std::span<const std::byte> in) {
                                  "differs from this build's ({} of {}, {})",
                                  load<uint32_t>(p + 12), load<uint32_t>(p + 24),
                                  load<uint64_t>(p + 32), kRingSlots, kSlotSize, kSegmentSize));
-    if (load<uint16_t>(p + 30) != 0)
-        return Error(Errc::protocol_error, "sm handshake reserved field is not zero");
+    m.src_ctx = load<uint8_t>(p + 30);
+    m.dst_ctx = load<uint8_t>(p + 31);
     std::size_t name_len = load<uint16_t>(p + 28);
     if (in.size() != kHsFixedSize + name_len)
         return Error(Errc::protocol_error,

@@ -43,10 +43,9 @@ inline constexpr std::size_t kMaxNameLen = 64;
 struct RingCtl {
     /// Sequence number of the next slot the consumer reads (written by the consumer only).
     alignas(kCacheLine) std::atomic<uint64_t> head;
-    /// One bit per consumer context about to sleep (bit min(id, 63)): the consumer sets its
-    /// context's bit before it sleeps; the producer, after publishing a slot for context `d`,
-    /// clears bit d and rings the consumer's eventfd if it was set. Per context, so that one
-    /// thread waking up never withdraws the request of another context's sleeping thread.
+    /// Non-zero while the consumer is about to sleep (or asleep): the producer, after
+    /// publishing a slot, swaps it to 0 and rings the consumer's eventfd if it was set. A ring
+    /// has exactly one consumer context (the connection's), so one flag says it all.
     alignas(kCacheLine) std::atomic<uint64_t> waiting;
     /// Set by the producer before it sleeps on a full ring; the consumer clears it and rings
     /// the producer's eventfd after freeing slots.
@@ -57,12 +56,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 inline constexpr uint32_t kSegMagic = 0x47534d54;  // "TMSG" little-endian: 'T','M','S','G'
-inline constexpr uint32_t kVersion = 2;            // 2: RingCtl::waiting is a mask of contexts
-
-/// The bit of context `id` in RingCtl::waiting.
-constexpr uint64_t wake_bit(uint8_t id) noexcept {
-    return uint64_t{1} << (id < 63 ? id : 63);
-}
+/// 3: a connection joins one context of each side (hello names both), RingCtl::waiting is a
+/// flag again (one consumer context per ring).
+inline constexpr uint32_t kVersion = 3;
 
 /// First cache line of a segment (written once by the connecting side before the handshake).
 struct SegHeader {
@@ -156,12 +152,15 @@ inline constexpr uint32_t kHsMagic = 0x48534d54;  // 'T','M','S','H'
 inline constexpr std::size_t kHsFixedSize = 48;
 inline constexpr std::size_t kHsMaxSize = kHsFixedSize + kMaxNameLen;
 
-/// A handshake message. hello: connector -> acceptor with fds [segment, connector eventfd];
-/// ack: acceptor -> connector with fd [acceptor eventfd]; wake: either way, no fds, only makes
-/// the receiver poll its rings (used while the peer's eventfd is not known yet).
+/// A handshake message. hello: connector -> acceptor with fds [segment, doorbell eventfd of
+/// the connector's context]; ack: acceptor -> connector with fd [doorbell of the acceptor's
+/// context] (none when refused); wake: either way, no fds, only makes the receiver poll its
+/// rings (used while the peer's eventfd is not known yet).
 struct Handshake {
     HsType type = HsType::wake;
-    uint8_t status = 0;  ///< ack: 0 accepted, otherwise the Errc of the refusal
+    uint8_t status = 0;   ///< ack: 0 accepted, otherwise the Errc of the refusal
+    uint8_t src_ctx = 0;  ///< hello: the connector's context; ack: the acceptor's
+    uint8_t dst_ctx = 0;  ///< hello: the context asked for; ack: the connector's
     uint32_t pid = 0;
     uint64_t instance = 0;    ///< random per transport instance
     uint64_t probe_addr = 0;  ///< address of an 8-byte word holding `instance` in the sender

@@ -878,12 +878,52 @@ TEST(SmTwoProc, PermissionDeniedNamesTheCause) {
     EXPECT_EQ(ra_code, 0);
 }
 
+/// Child: like echo_server, on contexts 0 and 1, each driven by its own thread: a message to
+/// context i is echoed from context i to the sender's context i (contexts are progress domains:
+/// an expected message is matched on the context it names).
+int echo_server_two_contexts(const std::string& name, const Pipe& ready) {
+    Ep e = Ep::open(name);
+    if (!e.ok()) return 2;
+    auto c1 = e.t->context_create(1);
+    if (!c1) return 2;
+    std::atomic<int> rc{0};
+    auto serve = [&](Context& ctx) {
+        MsgBuffer rb = e.buf(), sb = e.buf();
+        auto wait = [&](Done& d) {
+            auto end = Clock::now() + 20s;
+            while (!d.done && Clock::now() < end) {
+                (void)ctx.progress(5ms);
+                ctx.trigger();
+            }
+            return d.done;
+        };
+        for (;;) {
+            Done r;
+            if (!e.t->post_recv_unexpected(ctx, on(&r), rb)) return rc.store(3);
+            if (!wait(r)) return rc.store(4);
+            if (r.c.status != Errc::ok || r.c.context_id != ctx.id()) return rc.store(5);
+            if (r.c.tag == 0) return;
+            std::memcpy(sb.data(), rb.data(), r.c.size);
+            Done s;
+            if (!e.t->post_send_expected(ctx, on(&s), sb, r.c.size, r.c.source, ctx.id(), r.c.tag))
+                return rc.store(6);
+            if (!wait(s) || s.c.status != Errc::ok) return rc.store(7);
+        }
+    };
+    ready.signal();
+    std::thread t1([&] { serve(**c1); });
+    serve(*e.ctx);
+    t1.join();
+    c1->reset();
+    return rc.load();
+}
+
 TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
-    // Each thread posts on and progresses its own context; whichever thread polls the rings
-    // delivers for both, and blocking progress must wake for completions queued by the other.
+    // Each thread posts on and progresses its own context, talking to its own context of the
+    // server; blocking progress must wake for its own messages whatever the other thread does.
     std::string srv = uniq("mt-echo");
     Pipe ready;
-    pid_t child = spawn([&] { return echo_server(srv, ready); });
+    pid_t child = spawn([&] { return echo_server_two_contexts(srv, ready); });
     ASSERT_EQ(ready.wait(), 'x');
     Ep e = Ep::open(uniq("mt-cli"));
     ASSERT_TRUE(e.ok());
@@ -899,7 +939,7 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
             std::memcpy(sb.data(), &tag, sizeof tag);
             Done r, s;
             if (!e.t->post_recv_expected(ctx, on(&r), rb, dest, tag) ||
-                !e.t->post_send_unexpected(ctx, on(&s), sb, sizeof tag, dest, 0, tag)) {
+                !e.t->post_send_unexpected(ctx, on(&s), sb, sizeof tag, dest, ctx.id(), tag)) {
                 ++errors;
                 return;
             }
@@ -922,9 +962,16 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
     t1.join();
     EXPECT_EQ(errors.load(), 0);
     MsgBuffer q = e.buf(8);
-    Done qd;
+    Done qd, qd1;
     ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
+    ASSERT_TRUE(e.t->post_send_unexpected(**ctx1, on(&qd1), q, 0, dest, 1, 0));
     ASSERT_TRUE(e.wait(qd));
+    auto end = Clock::now() + 10s;
+    while (!qd1.done && Clock::now() < end) {
+        (void)(*ctx1)->progress(5ms);
+        (*ctx1)->trigger();
+    }
+    ASSERT_TRUE(qd1.done);
     ctx1->reset();
     EXPECT_EQ(wait_exit(child), 0);
 }
