@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -33,6 +36,16 @@ class ManualDriver;
 /// keep a stable pointer to it across moves of the Engine.
 class EngineState {
   public:
+    // Declared first, destroyed last: calls completing during shutdown still name theirs.
+    /// Interned ProcInfo records: lock-free lookups by id in `slots` (open addressing, a few
+    /// probes), inserts under `procs_mu` (remote() of a new name, not a call path).
+    static constexpr std::size_t kProcSlots = 1024;  // power of two
+    std::unique_ptr<std::atomic<const ProcInfo*>[]> proc_slots {
+        new std::atomic<const ProcInfo*>[ kProcSlots ]()
+    };
+    std::mutex procs_mu;
+    std::unordered_map<std::string, std::unique_ptr<ProcInfo>> procs;
+
     EngineOptions opts;
     std::unique_ptr<core::Engine> core;
     /// The context bulk transfers of this layer run on (na id = opts.contexts), and the
@@ -140,6 +153,29 @@ core::Engine& core_engine(EngineState& e) noexcept {
 std::weak_ptr<Driver> manual_driver(EngineState& e) noexcept {
     if (!e.driver) return {};
     return std::weak_ptr<Driver>(std::static_pointer_cast<Driver>(e.driver));
+}
+
+const ProcInfo* proc_info(EngineState& e, std::string_view name) {
+    constexpr std::size_t kProbes = 8;
+    const core::RpcId id = core::rpc_id(name);
+    const std::size_t mask = EngineState::kProcSlots - 1;
+    for (std::size_t i = 0; i < kProbes; ++i) {
+        const ProcInfo* p = e.proc_slots[(id + i) & mask].load(std::memory_order_acquire);
+        if (!p) break;
+        if (p->id == id && p->name == name) return p;
+    }
+    std::lock_guard g(e.procs_mu);
+    auto& rec = e.procs[std::string(name)];
+    if (rec) return rec.get();  // in the table but not in the probed slots (they were full)
+    rec = std::make_unique<ProcInfo>(ProcInfo{std::string(name), id});
+    for (std::size_t i = 0; i < kProbes; ++i) {
+        auto& slot = e.proc_slots[(id + i) & mask];
+        if (!slot.load(std::memory_order_relaxed)) {
+            slot.store(rec.get(), std::memory_order_release);  // inserts are under procs_mu
+            break;
+        }
+    }
+    return rec.get();
 }
 
 Duration default_timeout(EngineState& e) noexcept {

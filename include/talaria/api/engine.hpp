@@ -78,6 +78,17 @@ namespace detail {
 
 class EngineState;
 
+/// A procedure's name and id. Interned by the engine (proc_info): one record per name, alive as
+/// long as the engine, so that Procedures and calls in flight point at it without a reference
+/// count (a count shared by the threads calling one procedure would be a cache line they all
+/// write on every call).
+struct ProcInfo {
+    std::string name;
+    core::RpcId id;
+};
+/// The record of `name` (created on first use). Lock-free once it exists.
+const ProcInfo* proc_info(EngineState& e, std::string_view name);
+
 /// Non-template services of the engine used by the templates of this layer (src/api).
 core::Engine& core_engine(EngineState& e) noexcept;
 /// The driver of a manual engine (empty for a background one).

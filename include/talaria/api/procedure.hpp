@@ -1,8 +1,9 @@
 // Procedure<R(Args...)>: a typed handle for calling a remote procedure by name.
 //
 // Cheap to create and copy: the name and its id (core::rpc_id, computed once) live in one
-// shared, immutable record. Calling it encodes the arguments, sends at once and returns a
-// Future<R>; the result is decoded on the progress thread when the response arrives.
+// immutable record the engine interns (detail::ProcInfo). Calling it encodes the arguments, sends
+// at once and returns a Future<R>; the result is decoded on the progress thread when the response
+// arrives.
 #pragma once
 
 #include <memory>
@@ -16,18 +17,11 @@ namespace talaria {
 
 namespace detail {
 
-/// A procedure's name and id, shared by its Procedure copies and its calls in flight.
-struct ProcInfo {
-    std::string name;
-    core::RpcId id;
-};
-
 /// The state of one call: the Future's state, plus what decoding the response needs.
 template <class R>
 class CallState final : public State<R> {
   public:
-    CallState(std::shared_ptr<const ProcInfo> i, na::Addr p) noexcept
-        : info(std::move(i)), peer_(std::move(p)) {}
+    CallState(const ProcInfo* i, na::Addr p) noexcept : info(i), peer_(std::move(p)) {}
 
     /// The core's response (on the progress thread): decode the result, or name the error.
     void complete(Result<std::span<const std::byte>>&& r) {
@@ -38,7 +32,7 @@ class CallState final : public State<R> {
         this->set(std::move(out));
     }
 
-    std::shared_ptr<const ProcInfo> info;
+    const ProcInfo* info;  ///< interned by the engine, which outlives the call
 
   private:
     Result<R> decode(Result<std::span<const std::byte>>&& r) {
@@ -80,8 +74,8 @@ class Procedure<R(Args...)> {
 
   public:
     Procedure() = default;
-    Procedure(detail::EngineState* e, std::shared_ptr<const detail::ProcInfo> info) noexcept
-        : engine_(e), info_(std::move(info)) {}
+    Procedure(detail::EngineState* e, const detail::ProcInfo* info) noexcept
+        : engine_(e), info_(info) {}
 
     /// The peer to call.
     [[nodiscard]] Procedure on(const Endpoint& ep) const {
@@ -169,7 +163,7 @@ class Procedure<R(Args...)> {
     friend class Procedure;
 
     detail::EngineState* engine_ = nullptr;
-    std::shared_ptr<const detail::ProcInfo> info_;
+    const detail::ProcInfo* info_ = nullptr;  ///< interned by the engine
     Endpoint peer_;
     Duration timeout_{0};
     bool timeout_set_ = false;
@@ -180,8 +174,7 @@ class Procedure<R(Args...)> {
 
 template <class Sig>
 Procedure<Sig> Engine::remote(std::string_view name) {
-    return Procedure<Sig>(state_.get(), std::make_shared<const detail::ProcInfo>(detail::ProcInfo{
-                                            std::string(name), core::rpc_id(name)}));
+    return Procedure<Sig>(state_.get(), detail::proc_info(*state_, name));
 }
 
 }  // namespace talaria

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "talaria/util/cpu.hpp"
+#include "talaria/util/touch_trace.hpp"
 
 namespace talaria {
 
@@ -16,12 +17,16 @@ class MaybeMutex {
   public:
     explicit MaybeMutex(bool enabled) noexcept : enabled_(enabled) {}
     void lock() {
+        touch::note(this);
         if (enabled_) m_.lock();
     }
     void unlock() {
         if (enabled_) m_.unlock();
     }
-    bool try_lock() { return enabled_ ? m_.try_lock() : true; }
+    bool try_lock() {
+        touch::note(this);
+        return enabled_ ? m_.try_lock() : true;
+    }
     [[nodiscard]] bool enabled() const noexcept { return enabled_; }
 
   private:
@@ -40,6 +45,7 @@ class MaybeSpinLock {
     MaybeSpinLock(const MaybeSpinLock&) = delete;
     MaybeSpinLock& operator=(const MaybeSpinLock&) = delete;
     void lock() noexcept {
+        touch::note(this);
         if (!enabled_) return;
         if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]]
             return;
@@ -49,6 +55,7 @@ class MaybeSpinLock {
         if (enabled_) locked_.store(false, std::memory_order_release);
     }
     bool try_lock() noexcept {
+        touch::note(this);
         if (!enabled_) return true;
         return !locked_.load(std::memory_order_relaxed) &&
                !locked_.exchange(true, std::memory_order_acquire);

@@ -69,6 +69,7 @@ class OpPool final : public OpReleaser {
 
     /// nullptr when max_ops operations are already in flight (report Errc::again).
     T* acquire(Context& ctx, Callback&& cb, OpType type) {
+        touch::note(this);
         T* op;
         {
             std::lock_guard g(mu_);
@@ -86,6 +87,7 @@ class OpPool final : public OpReleaser {
         return op;
     }
     void release(Op* op) noexcept override {
+        touch::note(this);
         std::lock_guard g(mu_);
         pool_.release(static_cast<T*>(op));
     }

@@ -1138,6 +1138,7 @@ void SmTransport::handle_event_locked(uint64_t key, uint32_t events) {
 }
 
 void SmTransport::poll_fds(bool wait) {
+    touch::Pause off_call_path;  // every 100 µs, or on a socket event: not per message
     std::unique_lock g(setup_mu_, std::defer_lock);
     if (wait) {
         g.lock();

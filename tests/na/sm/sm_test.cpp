@@ -16,10 +16,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
@@ -31,6 +33,7 @@
 #include "na/sm/sm_transport.hpp"
 #include "na/sm/sm_wire.hpp"
 #include "talaria/na/na.hpp"
+#include "talaria/util/touch_trace.hpp"
 
 namespace talaria::na {
 namespace {
@@ -961,6 +964,96 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
     t0.join();
     t1.join();
     EXPECT_EQ(errors.load(), 0);
+    MsgBuffer q = e.buf(8);
+    Done qd, qd1;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
+    ASSERT_TRUE(e.t->post_send_unexpected(**ctx1, on(&qd1), q, 0, dest, 1, 0));
+    ASSERT_TRUE(e.wait(qd));
+    auto end = Clock::now() + 10s;
+    while (!qd1.done && Clock::now() < end) {
+        (void)(*ctx1)->progress(5ms);
+        (*ctx1)->trigger();
+    }
+    ASSERT_TRUE(qd1.done);
+    ctx1->reset();
+    EXPECT_EQ(wait_exit(child), 0);
+}
+
+// Issue 9: a context is a progress domain. With touch tracing (the asan and tsan builds), two
+// threads, each driving its own context against its own context of a server, take no lock and
+// no op pool in common on the call path; a control run, both threads on context 0, shows that
+// the trace does see sharing when there is some.
+TEST(SmTwoProc, ThreadsOnTwoContextsShareNoLockOrPool) {
+    if (!touch::kEnabled)
+        GTEST_SKIP() << "touch tracing is compiled into the asan and tsan builds only "
+                        "(TALARIA_TOUCH_TRACE)";
+    std::string srv = uniq("touch-echo");
+    Pipe ready;
+    pid_t child = spawn([&] { return echo_server_two_contexts(srv, ready); });
+    ASSERT_EQ(ready.wait(), 'x');
+    Ep e = Ep::open(uniq("touch-cli"));
+    ASSERT_TRUE(e.ok());
+    auto ctx1 = e.t->context_create(1);
+    ASSERT_TRUE(ctx1);
+    auto dest = *e.t->addr_lookup("sm://" + srv);
+    std::atomic<int> errors{0};
+    // One round trip from `ctx` to the server's context `to`.
+    auto round_trip = [&](Context& ctx, uint8_t to, Tag tag) {
+        MsgBuffer sb = e.buf(64), rb = e.buf(64);
+        std::memcpy(sb.data(), &tag, sizeof tag);
+        Done r, s;
+        if (!e.t->post_recv_expected(ctx, on(&r), rb, dest, tag) ||
+            !e.t->post_send_unexpected(ctx, on(&s), sb, sizeof tag, dest, to, tag))
+            return ++errors, void();
+        auto end = Clock::now() + 10s;
+        while (!(r.done && s.done) && Clock::now() < end) {
+            (void)ctx.progress(Duration::zero());
+            ctx.trigger();
+        }
+        if (!r.done || r.c.status != Errc::ok) ++errors;
+    };
+    // Each thread: warm up (the first message connects), then record `n` round trips.
+    auto traced = [&](Context& ctx, uint8_t to, Tag base, int n, std::vector<const void*>& out) {
+        for (int i = 0; i < 20; ++i)
+            round_trip(ctx, to, base + Tag(i));
+        touch::record(true);
+        for (int i = 0; i < n; ++i)
+            round_trip(ctx, to, base + 100 + Tag(i));
+        touch::record(false);
+#if defined(TALARIA_TOUCH_TRACE)
+        out = touch::log().seen;
+#else
+        out.clear();
+#endif
+    };
+    auto common = [](std::vector<const void*> a, std::vector<const void*> b) {
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        std::vector<const void*> both;
+        std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+        return both;
+    };
+    std::vector<const void*> seen0, seen1;
+    {
+        std::thread t0([&] { traced(*e.ctx, 0, 1u << 20, 2000, seen0); });
+        std::thread t1([&] { traced(**ctx1, 1, 2u << 20, 2000, seen1); });
+        t0.join();
+        t1.join();
+    }
+    ASSERT_EQ(errors.load(), 0);
+    // Each thread took its context's lane lock, op pool and completion queue lock at least.
+    EXPECT_GE(seen0.size(), 3u);
+    EXPECT_GE(seen1.size(), 3u);
+    EXPECT_TRUE(common(seen0, seen1).empty())
+        << common(seen0, seen1).size() << " locks or pools taken by both threads on the call path";
+
+    // Control: both threads on context 0 (one after the other) share its lane.
+    std::vector<const void*> c0, c1;
+    std::thread([&] { traced(*e.ctx, 0, 3u << 20, 10, c0); }).join();
+    std::thread([&] { traced(*e.ctx, 0, 4u << 20, 10, c1); }).join();
+    ASSERT_EQ(errors.load(), 0);
+    EXPECT_FALSE(common(c0, c1).empty()) << "the trace missed locks both threads took";
+
     MsgBuffer q = e.buf(8);
     Done qd, qd1;
     ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
