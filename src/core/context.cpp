@@ -130,7 +130,7 @@ void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
 Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
     Peer* p = last_peer;
     if (!p || !(p->addr == dest)) {
-        auto& slot = peers[dest.impl()];
+        auto& slot = peers[dest.impl()->canonical()];
         if (!slot) {
             slot = std::make_unique<Peer>();
             slot->addr = dest;
@@ -176,7 +176,7 @@ void Context::Impl::post_watch(Peer* p) {
             // It fired already (the peer failed, and on_watch left the peer to us) or nothing
             // will watch it: forget an unused peer.
             if (last_peer == p) last_peer = nullptr;
-            peers.erase(p->addr.impl());  // frees p
+            peers.erase(p->addr.impl()->canonical());  // frees p
         }
     }
     if (!r)  // the call still works; only prompt failure detection is lost
@@ -208,7 +208,7 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
                 repost = claim_watch_locked(p);
             } else if (p->inflight == 0) {
                 if (last_peer == p) last_peer = nullptr;
-                peers.erase(p->addr.impl());  // frees p
+                peers.erase(p->addr.impl()->canonical());  // frees p
             }
         } else {
             // The transport failed the peer: fail every call to it.
@@ -222,7 +222,7 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
             // Forget the failed peer (no call to it is left); a new call starts afresh.
             if (p->inflight == 0 && !is_closing && !posting) {
                 if (last_peer == p) last_peer = nullptr;
-                peers.erase(p->addr.impl());  // frees p
+                peers.erase(p->addr.impl()->canonical());  // frees p
             }
         }
     }

@@ -64,10 +64,16 @@ std::string_view op_type_name(OpType t) noexcept;
 class AddrImpl {
   public:
     explicit AddrImpl(Transport* t) noexcept : transport_(t) {}
+    /// An alias of `canonical` (which must outlive it: hold a reference): a transport may hand
+    /// out several objects for one endpoint, e.g. one per connection so that the contexts
+    /// receiving from one peer do not all write one reference count. Addr compares canonicals.
+    AddrImpl(Transport* t, AddrImpl* canonical) noexcept : canonical_(canonical), transport_(t) {}
     AddrImpl(const AddrImpl&) = delete;
     AddrImpl& operator=(const AddrImpl&) = delete;
     virtual ~AddrImpl() = default;
     [[nodiscard]] Transport* transport() const noexcept { return transport_; }
+    /// The object that stands for this endpoint (itself unless this is an alias).
+    [[nodiscard]] AddrImpl* canonical() const noexcept { return canonical_; }
 
     /// For transports that intern weakly (their table holds raw pointers): take one more
     /// reference unless the count already dropped to zero, i.e. the address is being destroyed
@@ -90,6 +96,7 @@ class AddrImpl {
   private:
     friend class Addr;
     std::atomic<uint32_t> refs_{0};
+    AddrImpl* canonical_ = this;
     Transport* transport_;
 };
 
@@ -132,7 +139,10 @@ class Addr {
     [[nodiscard]] T* as() const noexcept {
         return static_cast<T*>(p_);
     }
-    friend bool operator==(const Addr& a, const Addr& b) noexcept { return a.p_ == b.p_; }
+    /// Same endpoint: the same object, or aliases of one (AddrImpl::canonical).
+    friend bool operator==(const Addr& a, const Addr& b) noexcept {
+        return a.p_ == b.p_ || (a.p_ && b.p_ && a.p_->canonical() == b.p_->canonical());
+    }
 
   private:
     AddrImpl* p_ = nullptr;

@@ -138,7 +138,7 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
     if (!dest || dest.impl()->transport() != this || &ctx.transport() != this) [[unlikely]]
         return Error(Errc::invalid_argument,
                      "sm send: the destination address or the context is not of this transport");
-    auto* peer = dest.as<Peer>();
+    Peer* peer = peer_of(dest);
     Lane& l = lane_of(ctx);
     std::unique_lock g(l.mu);
     Conn* c = route_locked(l, peer, dest_ctx);
@@ -214,7 +214,7 @@ Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffe
         return Error(Errc::invalid_argument,
                      "sm recv_expected: the source address or the context is not of this "
                      "transport");
-    auto* peer = source.as<Peer>();
+    Peer* peer = peer_of(source);
     Lane& l = lane_of(ctx);
     std::lock_guard g(l.mu);
     SmOp* op = l.pool.acquire(ctx, std::move(cb), OpType::recv_expected);
@@ -226,7 +226,7 @@ Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffe
     op->tag = tag;
     OpId id = op->id();
     for (Stashed& s : l.expected_msgs) {
-        if (s.source.impl() != peer || s.tag != tag) continue;
+        if (peer_of(s.source) != peer || s.tag != tag) continue;
         l.expected_msgs.erase(s);
         Errc st = fill_recv(op, std::move(s.source), s.tag, s.ctx, s.data, s.len);
         stash_free(l, &s);
@@ -382,30 +382,31 @@ void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* 
     // the lane they belong to takes them through its inbox (rare path).
     if (h.ctx != l.id || !l.ctx || (h.kind == MsgKind::unexpected && !l.ctx->takes_unexpected()))
         [[unlikely]] {
-        hand_over_locked(l, p, h, payload);
+        hand_over_locked(l, c, h, payload);
         return;
     }
     if (h.kind == MsgKind::unexpected) {
         if (SmOp* op = l.recvs.pop_front()) [[likely]] {
             op->list = nullptr;
-            complete_op(op, fill_recv(op, Addr(p), h.tag, h.ctx, payload, h.len));
+            complete_op(op, fill_recv(op, Addr(c->source), h.tag, h.ctx, payload, h.len));
             return;
         }
-        if (Stashed* s = stash_copy_locked(l, p, h, payload)) l.msgs.push_back(*s);
+        if (Stashed* s = stash_copy_locked(l, c, h, payload)) l.msgs.push_back(*s);
         return;
     }
     for (SmOp& op : l.expected_recvs) {
         if (op.peer != p || op.tag != h.tag) continue;
         l.expected_recvs.erase(op);
         op.list = nullptr;
-        complete_op(&op, fill_recv(&op, Addr(p), h.tag, h.ctx, payload, h.len));
+        complete_op(&op, fill_recv(&op, Addr(c->source), h.tag, h.ctx, payload, h.len));
         return;
     }
-    if (Stashed* s = stash_copy_locked(l, p, h, payload)) l.expected_msgs.push_back(*s);
+    if (Stashed* s = stash_copy_locked(l, c, h, payload)) l.expected_msgs.push_back(*s);
 }
 
-void SmTransport::hand_over_locked(Lane& from, Peer* p, const SlotHeader& h,
+void SmTransport::hand_over_locked(Lane& from, const Conn* c, const SlotHeader& h,
                                    const std::byte* payload) noexcept {
+    const Peer* p = c->peer;
     auto* s = new (std::nothrow) Stashed;
     if (!s) [[unlikely]] {
         TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
@@ -413,7 +414,7 @@ void SmTransport::hand_over_locked(Lane& from, Peer* p, const SlotHeader& h,
         return;
     }
     s->loose = true;
-    s->source = Addr(p);
+    s->source = c->source;
     s->tag = h.tag;
     s->ctx = h.ctx;
     s->kind = h.kind;
@@ -481,7 +482,7 @@ void SmTransport::accept_stashed_locked(Lane& l, Stashed* s) noexcept {
         return;
     }
     for (SmOp& op : l.expected_recvs) {
-        if (op.peer != s->source.impl() || op.tag != s->tag) continue;
+        if (op.peer != peer_of(s->source) || op.tag != s->tag) continue;
         l.expected_recvs.erase(op);
         op.list = nullptr;
         Errc st = fill_recv(&op, std::move(s->source), s->tag, s->ctx, s->data, s->len);
@@ -492,16 +493,16 @@ void SmTransport::accept_stashed_locked(Lane& l, Stashed* s) noexcept {
     l.expected_msgs.push_back(*s);
 }
 
-Stashed* SmTransport::stash_copy_locked(Lane& l, Peer* p, const SlotHeader& h,
+Stashed* SmTransport::stash_copy_locked(Lane& l, const Conn* c, const SlotHeader& h,
                                         const std::byte* payload) noexcept {
     // A message nobody has posted a receive for yet: copy it out so the ring slot is freed.
     Stashed* s = stash_alloc(l);
     if (!s) [[unlikely]] {
         TALARIA_LOG(sm, error, "sm://{}: out of memory: dropped a message from sm://{}", name_,
-                    p->name);
+                    c->peer->name);
         return nullptr;
     }
-    s->source = Addr(p);
+    s->source = c->source;
     s->tag = h.tag;
     s->ctx = h.ctx;
     s->kind = h.kind;
@@ -728,7 +729,7 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
         return Error(
             Errc::invalid_argument,
             fmt::format("sm {}: the address or the context is not of this transport", what));
-    auto* peer = remote_addr.as<Peer>();
+    Peer* peer = peer_of(remote_addr);
     const auto* rm = remote.as<SmMem>();
     // Bounds and access are checked here, at the origin: the target is never touched when
     // they fail. The status is the completion's, like a target-side check would give.

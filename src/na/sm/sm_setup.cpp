@@ -436,22 +436,22 @@ Addr SmTransport::addr_self() {
 
 std::string SmTransport::addr_to_string(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
-    return "sm://" + a.as<Peer>()->name;
+    return "sm://" + peer_of(a)->name;
 }
 
 std::size_t SmTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
-    return addr_wire_size(a.as<Peer>()->name);
+    return addr_wire_size(peer_of(a)->name);
 }
 
 Result<std::size_t> SmTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
     if (!a || a.impl()->transport() != this)
         return Error(Errc::invalid_argument, "sm addr_serialize: not an address of this transport");
-    std::size_t n = encode_addr(a.as<Peer>()->name, out);
+    std::size_t n = encode_addr(peer_of(a)->name, out);
     if (n == 0)
         return Error(Errc::invalid_argument,
                      fmt::format("sm addr_serialize: buffer of {} bytes, need {}", out.size(),
-                                 addr_wire_size(a.as<Peer>()->name)));
+                                 addr_wire_size(peer_of(a)->name)));
     return n;
 }
 
@@ -612,6 +612,7 @@ Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ct
     c->sock = sock.release();
     c->cred_pid = cr.pid;
     c->peer = peer;
+    c->source = Addr(new PeerAlias(this, peer));
     c->seg = seg;
     c->tx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[0]);
     c->tx_slots = base + kSlotsOffset[0];
@@ -824,6 +825,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
     p->instance = m.instance;
     p->identified = true;
     c->peer = p;
+    c->source = Addr(new PeerAlias(this, p));
     c->remote_ctx = m.src_ctx;
 
     Handshake ack;

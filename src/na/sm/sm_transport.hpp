@@ -84,6 +84,20 @@ struct Peer final : AddrImpl {
     AddrTable* table_;
 };
 
+/// The source address of the messages of one connection: an alias of its Peer (equal to it,
+/// see AddrImpl::canonical), so that each completion's reference is taken on a count only the
+/// connection's lane writes, not on the Peer's, which every context receiving from that process
+/// would share.
+struct PeerAlias final : AddrImpl {
+    PeerAlias(Transport* t, Peer* p) noexcept : AddrImpl(t, p), peer(p) {}
+    Addr peer;  ///< keeps the Peer alive as long as the alias
+};
+
+/// The Peer of an address of this transport (a Peer or an alias of one).
+inline Peer* peer_of(const Addr& a) noexcept {
+    return static_cast<Peer*>(a.impl()->canonical());
+}
+
 /// One connection: a socket plus a mapped segment holding a ring per direction. A connection
 /// joins one of our contexts (its lane) with one context of the peer: the lane alone pushes
 /// into `tx` and drains `rx`, under its own lock.
@@ -100,6 +114,7 @@ struct Conn {
     int peer_evfd = -1;  ///< rings the peer's context (its eventfd), -1 until the handshake
     pid_t cred_pid = 0;  ///< the peer's pid as the kernel reports it (SO_PEERCRED)
     Peer* peer = nullptr;
+    Addr source;           ///< a PeerAlias of `peer`: the source of its messages (set with `peer`)
     Lane* lane = nullptr;  ///< the lane that owns it (nullptr while an inbound hello is awaited)
     void* seg = nullptr;
     // transmit ring (we produce) and receive ring (we consume)
@@ -298,7 +313,7 @@ class SmTransport final : public Transport {
     [[gnu::always_inline]] static bool ring_ready(const Conn* c) noexcept;
     void deliver_locked(Conn* c, const SlotHeader& h, const std::byte* payload) noexcept;
     /// Hand a message of lane `from` to the lane it belongs to (route lock; rare path).
-    void hand_over_locked(Lane& from, Peer* p, const SlotHeader& h,
+    void hand_over_locked(Lane& from, const Conn* c, const SlotHeader& h,
                           const std::byte* payload) noexcept;
     /// Take the messages other lanes handed to `l`.
     void drain_inbox_locked(Lane& l) noexcept;
@@ -318,7 +333,7 @@ class SmTransport final : public Transport {
     void disarm_locked(Lane& l) noexcept;
     static Stashed* stash_alloc(Lane& l) noexcept;
     /// Copy an early message out of its ring slot; nullptr (logged) when out of memory.
-    Stashed* stash_copy_locked(Lane& l, Peer* p, const SlotHeader& h,
+    Stashed* stash_copy_locked(Lane& l, const Conn* c, const SlotHeader& h,
                                const std::byte* payload) noexcept;
     static void stash_free(Lane& l, Stashed* s) noexcept;
     static Errc fill_recv(SmOp* op, Addr&& source, Tag tag, uint8_t ctx, const std::byte* data,
