@@ -133,7 +133,7 @@ Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
         auto& slot = peers[dest.impl()->canonical()];
         if (!slot) {
             slot = std::make_unique<Peer>();
-            slot->addr = dest;
+            slot->addr = t->addr_alias(dest);  // this context's own count (sm: an alias)
         }
         p = slot.get();
         last_peer = p;
@@ -312,6 +312,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.large = std::move(lo);
         s.peer = peer_for_locked(dest);
         ++s.peer->inflight;
+        if (opts.keep_peer) *opts.keep_peer = s.peer->addr;
         if (claim_watch_locked(s.peer)) watch = s.peer;
         if (opts.timeout > Duration::zero()) {
             s.deadline = Clock::now() + opts.timeout;

@@ -21,7 +21,7 @@ namespace detail {
 template <class R>
 class CallState final : public State<R> {
   public:
-    CallState(const ProcInfo* i, na::Addr p) noexcept : info(i), peer_(std::move(p)) {}
+    explicit CallState(const ProcInfo* i) noexcept : info(i) {}
 
     /// The core's response (on the progress thread): decode the result, or name the error.
     void complete(Result<std::span<const std::byte>>&& r) {
@@ -33,6 +33,9 @@ class CallState final : public State<R> {
     }
 
     const ProcInfo* info;  ///< interned by the engine, which outlives the call
+    /// The peer called: the core's copy for the calling context (CallOptions::keep_peer), set
+    /// before the call can complete.
+    na::Addr peer_;
 
   private:
     Result<R> decode(Result<std::span<const std::byte>>&& r) {
@@ -53,8 +56,6 @@ class CallState final : public State<R> {
             return d;
         }
     }
-
-    na::Addr peer_;
 };
 
 }  // namespace detail
@@ -140,12 +141,13 @@ class Procedure<R(Args...)> {
 
         // From the calling thread's block cache: no malloc per call once warm.
         auto st = std::allocate_shared<detail::CallState<Ret>>(
-            ThreadCacheAllocator<detail::CallState<Ret>>{}, info_, peer_.addr());
+            ThreadCacheAllocator<detail::CallState<Ret>>{}, info_);
         if (auto d = detail::manual_driver(*engine_); !d.expired()) st->set_driver(d, from_);
         core::CallOptions opts;
         opts.target_context = target_;
         opts.timeout = timeout_set_ ? timeout_ : detail::default_timeout(*engine_);
         opts.one_way = one_way_;
+        opts.keep_peer = &st->peer_;
         Future<Ret> fut(st);
         auto sent = cengine.context(from_).forward(
             peer_.addr(), info_->id, buf, opts,

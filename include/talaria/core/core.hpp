@@ -96,6 +96,11 @@ struct CallOptions {
     uint8_t target_context = 0;  ///< the remote context that runs the handler
     Duration timeout{0};         ///< 0: no deadline
     bool one_way = false;        ///< no response: completes once sent (or once pulled, if large)
+    /// When set, forward() stores here, before the call can complete, the context's own copy of
+    /// `dest` (equal to it; where the transport gives one, an alias whose reference count only
+    /// this context writes): a caller that keeps the peer with its call then shares no count
+    /// with the other contexts calling the same peer.
+    na::Addr* keep_peer = nullptr;
 };
 
 /// Completes a call, once: the result bytes (valid during the callback only), or the error:

@@ -365,8 +365,13 @@ class Transport {
     /// An fd that is readable when this transport needs progress (epoll-nestable).
     [[nodiscard]] virtual int progress_fd() const noexcept = 0;
     /// Prepare to block on progress_fd(): false when work is already pending (do not block).
-    /// For sm this arms the peer's wake-up signal.
+    /// sm always answers false (its messages ring each context's own doorbell, which
+    /// progress_fd() does not hold): block on Context::wait_fd() after Context::try_wait().
     virtual bool try_wait() = 0;
+    /// An address equal to `a` for one context to keep (a transport whose addresses are
+    /// reference counted per peer may return an alias with a count of its own, so that the
+    /// contexts keeping one peer do not all write one cache line). Default: `a`.
+    virtual Addr addr_alias(const Addr& a) { return a; }
     /// try_wait() on behalf of `ctx` (Context::try_wait): a transport whose contexts are
     /// separate progress domains arms only that context's. Default: try_wait().
     virtual bool try_wait_for(Context& ctx) {

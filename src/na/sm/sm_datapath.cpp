@@ -539,6 +539,8 @@ void SmTransport::poll_rings_locked(Lane& l) noexcept {
 void SmTransport::poll_orphan_locked(Lane& l) noexcept {
     for (std::size_t i = 0; i < l.active.size(); ++i) {
         Conn* c = l.active[i];
+        // Re-arm before looking (a producer that rang cleared it): Dekker with ring_push().
+        c->rx->waiting.store(1, std::memory_order_seq_cst);
         if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
     }
 }
@@ -642,6 +644,7 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
         bool idle;
         {
             std::lock_guard g(l.mu);
+            drain_bell(l.bell_fd);  // stale (see try_wait_for); arm_locked() re-checks
             ++l.armed;
             idle = arm_locked(l);
         }
@@ -665,6 +668,9 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
 bool SmTransport::try_wait_for(Context& ctx) {
     Lane& l = lane_of(ctx);
     std::lock_guard g(l.mu);
+    // A bell rung before now (a wake packet, a connection joining) is stale: the re-check in
+    // arm_locked() covers what it was for, and left readable it would wake the caller at once.
+    drain_bell(l.bell_fd);
     l.try_armed = true;
     if (arm_locked(l)) return true;
     l.try_armed = false;
@@ -673,25 +679,8 @@ bool SmTransport::try_wait_for(Context& ctx) {
 }
 
 bool SmTransport::try_wait() {
-    // No context named: arm every lane (the next progress() of each withdraws it).
-    std::vector<Lane*> all;
-    {
-        std::lock_guard g(route_mu_);
-        for (auto& x : lanes_)
-            if (x && x->ctx) all.push_back(x.get());
-    }
-    bool idle = true;
-    for (Lane* l : all) {
-        std::lock_guard g(l->mu);
-        l->try_armed = true;
-        if (!arm_locked(*l)) idle = false;
-    }
-    if (idle) return true;
-    for (Lane* l : all) {
-        std::lock_guard g(l->mu);
-        l->try_armed = false;
-        disarm_locked(*l);
-    }
+    // Messages ring the doorbell of their context, which is not in progress_fd(): blocking
+    // there would not hear them. Block on a context's wait_fd() after Context::try_wait().
     return false;
 }
 
@@ -886,21 +875,12 @@ Result<void> SmTransport::cancel(OpId id) {
         return Error(Errc::not_found, "sm cancel: the operation has already completed (stale id)");
     };
     if (!l) return stale();
-    std::unique_lock g(l->mu);
+    // The setup lock too: a put/get waiting for the handshake is on a list of the setup
+    // lock's (cancel is rare; this keeps it simple).
+    std::lock_guard s(setup_mu_);
+    std::lock_guard g(l->mu);
     SmOp* op = l->pool.lookup(id);
     if (!op) return stale();
-    auto waits_for_handshake = [](const SmOp* o) {
-        OpType t = o->completion.type;
-        return o->list && (t == OpType::put || t == OpType::get);
-    };
-    if (waits_for_handshake(op)) {
-        // A put/get waiting for the handshake: its list is the setup lock's.
-        g.unlock();
-        std::lock_guard s(setup_mu_);
-        g.lock();
-        op = l->pool.lookup(id);
-        if (!op) return stale();
-    }
     if (op->list) {
         OpType t = op->completion.type;
         if (t == OpType::send_unexpected || t == OpType::send_expected) --l->pending_sends;

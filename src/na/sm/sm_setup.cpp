@@ -38,6 +38,7 @@ namespace {
 // epoll keys: the kind in the top byte, a connection id or context id below.
 constexpr uint64_t kKeyListen = 1ull << 56;
 constexpr uint64_t kKeyConn = 4ull << 56;
+constexpr uint64_t kKeyLane = 8ull << 56;  ///< the doorbell of a destroyed context's lane
 constexpr uint64_t kKeyMask = (1ull << 56) - 1;
 
 std::string errno_text(int err) {
@@ -311,6 +312,9 @@ Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id,
         return Error(Errc::invalid_argument,
                      fmt::format("sm: context id {} is not below Options::max_contexts ({})", id,
                                  opts_.max_contexts));
+    // Declared before the lock: on an error return it is destroyed after the lock is released
+    // (its destructor takes the lock, and finds the context never published).
+    std::unique_ptr<SmContext> c;
     std::lock_guard g(setup_mu_);
     if (!lanes_[id]) {
         auto lane = std::make_unique<Lane>(id, opts_);
@@ -320,13 +324,17 @@ Result<std::unique_ptr<Context>> SmTransport::context_create(uint8_t id,
     }
     Lane& l = *lanes_[id];
     if (l.ctx) return Error(Errc::already_exists, fmt::format("sm: context {} already exists", id));
-    auto c = std::make_unique<SmContext>(this, id, opts_.thread_safe, &l);
+    c = std::make_unique<SmContext>(this, id, opts_.thread_safe, &l);
     c->set_takes_unexpected(opts.unexpected);
     if (c->event_fd() < 0) return Error(Errc::io_error, "sm: context eventfd creation failed");
     // The lane's doorbell (peers ring it; it travels in the handshake of each of its
     // connections) wakes a thread blocked on the context's wait_fd() too.
     if (!c->watch_fd(l.bell_fd)) return errno_error("sm: epoll_ctl(a context's doorbell)", errno);
-    l.orphaned = false;
+    if (l.orphaned) {
+        // Its connections are this context's again: its thread hears the doorbell now.
+        ::epoll_ctl(epfd_, EPOLL_CTL_DEL, l.bell_fd, nullptr);
+        l.orphaned = false;
+    }
     std::lock_guard lg(l.mu);
     std::lock_guard rg(route_mu_);
     l.ctx = c.get();
@@ -346,8 +354,19 @@ void SmTransport::context_destroyed(SmContext* c) noexcept {
     }
     // Its connections stay: peers must not take a context's end for the process's. poll_fds()
     // drains their rings from now on and hands what arrives to the contexts left; a context
-    // created with this id again takes them back.
+    // created with this id again takes them back. Their bells now ring the transport's epoll
+    // set, which every sleeping context watches, and stay armed (poll_orphan_locked).
     l.orphaned = true;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kKeyLane | l.id;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, l.bell_fd, &ev) != 0)
+        TALARIA_LOG(sm, warn,
+                    "sm://{}: epoll_ctl for the doorbell of destroyed context {}: {}: messages "
+                    "to it wait for the next look at the sockets",
+                    name_, l.id, errno_text(errno));
+    for (Conn* conn : l.active)
+        conn->rx->waiting.store(1, std::memory_order_seq_cst);
     while (Stashed* s = l.msgs.pop_front())
         stash_free(l, s);
     while (Stashed* s = l.expected_msgs.pop_front())
@@ -428,6 +447,12 @@ Result<Addr> SmTransport::addr_lookup(std::string_view address) {
     sweep_peers_locked();
     TALARIA_TRY(p, intern_locked(name));
     return Addr(p);
+}
+
+Addr SmTransport::addr_alias(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return a;
+    auto* alias = new (std::nothrow) PeerAlias(this, peer_of(a));
+    return alias ? Addr(alias) : a;
 }
 
 Addr SmTransport::addr_self() {
@@ -637,6 +662,7 @@ Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ct
         c->rx->waiting.store(l.armed != 0 || l.try_armed ? 1 : 0, std::memory_order_seq_cst);
         l.active.push_back(c);
         l.routes.push_back({peer, remote_ctx, c});
+        if (l.armed != 0 || l.try_armed) l.ring_own_bell();  // as in on_hello_locked
     }
     TALARIA_LOG(sm, debug, "sm://{}: context {} connected to sm://{} (pid {}) context {}, conn {}",
                 name_, l.id, peer->name, cr.pid, remote_ctx, c->id);
@@ -821,9 +847,11 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         p = *intern_locked(m.name);
     }
     if (p->dead.load(std::memory_order_relaxed)) p = *intern_locked(m.name);
-    p->pid = m.pid;
-    p->instance = m.instance;
-    p->identified = true;
+    if (!p->identified) {  // written once: lanes read them without a lock after rma_ready
+        p->pid = m.pid;
+        p->instance = m.instance;
+        p->identified = true;
+    }
     c->peer = p;
     c->source = Addr(new PeerAlias(this, p));
     c->remote_ctx = m.src_ctx;
@@ -859,9 +887,9 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         // No context at all: refuse this connection (not the peer): its sends fail with it.
         ack.status = uint8_t(Errc::not_found);
         send_packet(c->sock, ack, nullptr, 0, MSG_DONTWAIT);
-        TALARIA_LOG(sm, info, "sm://{}: refused a connection from sm://{}: no context exists here",
-                    name_, p->name);
-        close_conn_locked(c, Errc::not_found, true);
+        c->refused = true;
+        fail_conn_later(c, Errc::not_found,
+                        fmt::format("refused sm://{}: no context exists here", p->name));
         return;
     }
     ack.src_ctx = l->id;
@@ -878,6 +906,9 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         l->active.push_back(c);
         // Its replies go back on it, unless this lane already sends to that context elsewhere.
         if (!route_locked(*l, p, m.src_ctx)) l->routes.push_back({p, m.src_ctx, c});
+        // A message may be in its ring already, published while nobody watched it (waiting
+        // was 0): a sleeping thread of the lane must look.
+        if (l->armed != 0 || l->try_armed) l->ring_own_bell();
     }
     TALARIA_LOG(sm, debug, "sm://{}: context {} accepted sm://{} (pid {}) context {}, conn {}",
                 name_, l->id, p->name, p->pid, m.src_ctx, c->id);
@@ -895,12 +926,11 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
         // Refused (the peer has no context): this connection ends, the peer is not dead.
         for (int i = 0; i < nfds; ++i)
             ::close(fds[i]);
-        TALARIA_LOG(
-            sm, info, "sm://{}: sm://{} refused conn {}: {}", name_, c->peer->name, c->id,
-            Errc(m.status) == Errc::not_found ? "it has no context" : errc_name(Errc(m.status)));
-        std::lock_guard lg(c->lane->mu);
-        close_conn_locked(
-            c, Errc(m.status) == Errc::not_found ? Errc::not_found : Errc::unreachable, true);
+        c->refused = true;
+        fail_conn_later(c, Errc(m.status) == Errc::not_found ? Errc::not_found : Errc::unreachable,
+                        fmt::format("sm://{} refused it: {}", c->peer->name,
+                                    Errc(m.status) == Errc::not_found ? "it has no context"
+                                                                      : errc_name(Errc(m.status))));
         return;
     }
     if (nfds != 1) return reject(Errc::protocol_error, fmt::format("{} fds, expected 1", nfds));
@@ -915,9 +945,11 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
                       fmt::format("pid {} instance {:#x} differs from the pid {} instance {:#x} "
                                   "seen on another connection",
                                   m.pid, m.instance, p->pid, p->instance));
-    p->pid = m.pid;
-    p->instance = m.instance;
-    p->identified = true;
+    if (!p->identified) {  // written once: lanes read them without a lock after rma_ready
+        p->pid = m.pid;
+        p->instance = m.instance;
+        p->identified = true;
+    }
     {
         std::lock_guard lg(c->lane->mu);
         c->peer_evfd = fds[0];
@@ -1048,8 +1080,33 @@ void SmTransport::process_broken_locked() {
                 std::lock_guard lg(c->lane->mu);
                 ring_drain(c);
             }
-            if (c->peer) {
+            if (c->refused) {
+                // This connection alone ends; put/get waiting for a handshake with the peer
+                // have none left to wait for.
+                Peer* p = c->peer;
+                if (Lane* l = c->lane) {
+                    std::lock_guard lg(l->mu);
+                    close_conn_locked(c, c->fail_why, true);
+                } else {
+                    close_conn_locked(c, c->fail_why, true);
+                }
+                if (p && p->conns.empty() && !p->rma_ready.load(std::memory_order_relaxed)) {
+                    while (SmOp* op = p->pending_rma.pop_front()) {
+                        op->list = nullptr;
+                        complete_op(op, Errc::unreachable);
+                    }
+                }
+            } else if (c->peer) {
                 fail_peer_locked(c->peer, Errc::disconnected);
+                // A connection not yet counted among the peer's (its ack failed) is still here.
+                if (conns_.contains(id)) {
+                    if (Lane* l = c->lane) {
+                        std::lock_guard lg(l->mu);
+                        close_conn_locked(c, Errc::disconnected, true);
+                    } else {
+                        close_conn_locked(c, Errc::disconnected, true);
+                    }
+                }
             } else if (c->lane) {
                 std::lock_guard lg(c->lane->mu);
                 close_conn_locked(c, Errc::disconnected, true);
@@ -1129,6 +1186,14 @@ void SmTransport::handle_event_locked(uint64_t key, uint32_t events) {
     uint64_t kind = key & ~kKeyMask;
     if (kind == kKeyListen) {
         accept_locked();
+    } else if (kind == kKeyLane) {
+        // A destroyed context's lane was rung: drain the bell; poll_fds() drains its rings.
+        uint64_t id = key & kKeyMask;
+        if (id < lanes_.size() && lanes_[id]) {
+            uint64_t v;
+            while (::read(lanes_[id]->bell_fd, &v, sizeof v) > 0) {
+            }
+        }
     } else if (kind == kKeyConn) {
         auto it = conns_.find(key & kKeyMask);
         if (it == conns_.end()) return;

@@ -109,6 +109,9 @@ struct Conn {
     /// Queued for process_broken_locked() (fail_conn_later, from any thread).
     std::atomic<bool> broken{false};
     Errc fail_why = Errc::ok;
+    /// The handshake refused it (the acceptor has no context): process_broken_locked() closes
+    /// this connection alone; the peer is not dead.
+    bool refused = false;
     uint8_t remote_ctx = 0;  ///< the peer's context at the other end
     int sock = -1;
     int peer_evfd = -1;  ///< rings the peer's context (its eventfd), -1 until the handshake
@@ -221,6 +224,8 @@ class SmTransport final : public Transport {
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;
+    /// A new PeerAlias of `a`'s peer (or `a` itself when out of memory).
+    Addr addr_alias(const Addr& a) override;
 
     [[nodiscard]] std::size_t max_unexpected_size() const noexcept override { return kMaxMsgSize; }
     [[nodiscard]] std::size_t max_expected_size() const noexcept override { return kMaxMsgSize; }

@@ -312,6 +312,99 @@ TEST(SmSelf, LoopbackMessagesInterningAndUnknownContext) {
     (void)g;
 }
 
+// Messages and a put/get sent to an endpoint before it has any context (its handshakes run when
+// a context of it progresses) complete normally once it has one.
+TEST(SmSelf, FirstContactBeforeTheEndpointHasAContext) {
+    std::string srv_name = uniq("noctx");
+    auto srv = na::open("sm://" + srv_name, Options{});
+    ASSERT_TRUE(srv) << srv.error().describe();
+    Ep c = Ep::open(uniq("noctx-cli"));
+    ASSERT_TRUE(c.ok());
+    auto dest = *c.t->addr_lookup("sm://" + srv_name);
+    std::vector<char> mem(64);
+    auto local = *c.t->mem_register(mem.data(), mem.size(), Access::read_write);
+    auto remote = *(*srv)->mem_register(mem.data(), mem.size(), Access::read_write);
+    std::vector<std::byte> wire((*srv)->mem_serialize_size(remote));
+    ASSERT_TRUE((*srv)->mem_serialize(remote, wire));
+    auto rh = *c.t->mem_deserialize(wire);
+    MsgBuffer m = c.buf(8);
+    Done s, g;
+    ASSERT_TRUE(c.t->post_get(*c.ctx, on(&g), local, 0, rh, 0, 8, dest));
+    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, on(&s), m, 8, dest, 0, 1));
+    // Nobody progresses the server: its handshakes run when a context of it does.
+    auto sctx = (*srv)->context_create(0);  // created only after the hellos were sent
+    auto end = Clock::now() + 5s;
+    while (!(s.done && g.done) && Clock::now() < end) {
+        (void)c.ctx->progress(1ms);
+        c.ctx->trigger();
+        (void)(*sctx)->progress(Duration::zero());
+        (*sctx)->trigger();
+    }
+    ASSERT_TRUE(s.done && g.done);
+    EXPECT_EQ(s.c.status, Errc::ok);
+    EXPECT_EQ(g.c.status, Errc::ok);
+    // The message waited for the context's first receive.
+    MsgBuffer rb = c.buf(64);
+    Done r;
+    ASSERT_TRUE((*srv)->post_recv_unexpected(**sctx, on(&r), rb));
+    end = Clock::now() + 5s;
+    while (!r.done && Clock::now() < end) {
+        (void)(*sctx)->progress(1ms);
+        (*sctx)->trigger();
+    }
+    ASSERT_TRUE(r.done);
+    EXPECT_EQ(r.c.tag, 1u);
+    sctx->reset();
+}
+
+// A context destroyed while the transport lives keeps its connections; what arrives on them
+// goes to the lowest context left, and wakes its thread sleeping in progress() at once.
+TEST(SmSelf, MessageToADestroyedContextWakesTheLowestSleeper) {
+    std::string srv_name = uniq("orphan");
+    Ep srv = Ep::open(srv_name);
+    ASSERT_TRUE(srv.ok());
+    auto sctx1 = srv.t->context_create(1);
+    ASSERT_TRUE(sctx1);
+    Ep c = Ep::open(uniq("orphan-cli"));
+    ASSERT_TRUE(c.ok());
+    auto dest = *c.t->addr_lookup("sm://" + srv_name);
+    MsgBuffer m = c.buf(8), rb = srv.buf(64);
+    // Connect client context 0 with server context 1.
+    Done s, r;
+    ASSERT_TRUE(srv.t->post_recv_unexpected(**sctx1, on(&r), rb));
+    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, on(&s), m, 8, dest, 1, 7));
+    auto end = Clock::now() + 5s;
+    while (!r.done && Clock::now() < end) {
+        (void)c.ctx->progress(Duration::zero());
+        c.ctx->trigger();
+        (void)(*sctx1)->progress(1ms);
+        (*sctx1)->trigger();
+    }
+    ASSERT_TRUE(r.done);
+    ASSERT_TRUE(c.wait(s));
+    sctx1->reset();
+    // The next message for context 1 goes down the same connection, now orphaned.
+    Done r0, s2;
+    ASSERT_TRUE(srv.t->post_recv_unexpected(*srv.ctx, on(&r0), rb));
+    // Let the server's context 0 fall asleep first (past its 30 µs spin).
+    std::thread sender([&] {
+        std::this_thread::sleep_for(50ms);
+        (void)c.t->post_send_unexpected(*c.ctx, on(&s2), m, 8, dest, 1, 8);
+    });
+    auto t0 = Clock::now();
+    while (!r0.done && Clock::now() - t0 < 5s) {
+        (void)srv.ctx->progress(3s);
+        srv.ctx->trigger();
+    }
+    auto took = Clock::now() - t0;
+    sender.join();
+    ASSERT_TRUE(r0.done);
+    EXPECT_EQ(r0.c.tag, 8u);
+    EXPECT_EQ(r0.c.context_id, 1u) << "the completion names the context asked for";
+    EXPECT_LT(took, 1s) << "the sleeping context was not woken";
+    ASSERT_TRUE(c.wait(s2));
+}
+
 TEST(SmSelf, SizesAndTooLarge) {
     Ep e = Ep::open(uniq("size"));
     ASSERT_TRUE(e.ok());
