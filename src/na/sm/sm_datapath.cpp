@@ -875,12 +875,20 @@ Result<void> SmTransport::cancel(OpId id) {
         return Error(Errc::not_found, "sm cancel: the operation has already completed (stale id)");
     };
     if (!l) return stale();
-    // The setup lock too: a put/get waiting for the handshake is on a list of the setup
-    // lock's (cancel is rare; this keeps it simple).
-    std::lock_guard s(setup_mu_);
-    std::lock_guard g(l->mu);
+    std::unique_lock g(l->mu);
     SmOp* op = l->pool.lookup(id);
     if (!op) return stale();
+    // A put/get may wait for the handshake on a list of the setup lock's: take that lock first
+    // (the order is setup, then lane) and look again. Sends and receives are the lane's alone.
+    OpType type = op->completion.type;
+    std::unique_lock<MaybeMutex> s(setup_mu_, std::defer_lock);
+    if (type == OpType::put || type == OpType::get) {
+        g.unlock();
+        s.lock();
+        g.lock();
+        op = l->pool.lookup(id);
+        if (!op) return stale();
+    }
     if (op->list) {
         OpType t = op->completion.type;
         if (t == OpType::send_unexpected || t == OpType::send_expected) --l->pending_sends;
