@@ -88,6 +88,16 @@ void drain_bell(int fd) noexcept {
     while (::read(fd, &v, sizeof v) > 0) {
     }
 }
+
+/// Copy a message of connection `c` out of its ring slot into `s`.
+void fill_stash(Stashed& s, const Conn& c, const SlotHeader& h, const std::byte* payload) noexcept {
+    s.source = c.source;
+    s.tag = h.tag;
+    s.ctx = h.ctx;
+    s.kind = h.kind;
+    s.len = h.len;
+    std::memcpy(s.data, payload, h.len);
+}
 }  // namespace
 
 void Lane::Releaser::release(Op* op) noexcept {
@@ -414,12 +424,7 @@ void SmTransport::hand_over_locked(Lane& from, const Conn* c, const SlotHeader& 
         return;
     }
     s->loose = true;
-    s->source = c->source;
-    s->tag = h.tag;
-    s->ctx = h.ctx;
-    s->kind = h.kind;
-    s->len = h.len;
-    std::memcpy(s->data, payload, h.len);
+    fill_stash(*s, *c, h, payload);
     Lane* to = nullptr;
     {
         std::lock_guard g(route_mu_);
@@ -502,12 +507,7 @@ Stashed* SmTransport::stash_copy_locked(Lane& l, const Conn* c, const SlotHeader
                     c->peer->name);
         return nullptr;
     }
-    s->source = c->source;
-    s->tag = h.tag;
-    s->ctx = h.ctx;
-    s->kind = h.kind;
-    s->len = h.len;
-    std::memcpy(s->data, payload, h.len);
+    fill_stash(*s, *c, h, payload);
     return s;
 }
 

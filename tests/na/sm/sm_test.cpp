@@ -1014,6 +1014,21 @@ int echo_server_two_contexts(const std::string& name, const Pipe& ready) {
     return rc.load();
 }
 
+/// Tell echo_server_two_contexts to stop: tag 0 to each of its contexts, from ours 0 and 1.
+void stop_two_context_server(Ep& e, Context& ctx1, const Addr& dest) {
+    MsgBuffer q = e.buf(8);
+    Done qd, qd1;
+    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
+    ASSERT_TRUE(e.t->post_send_unexpected(ctx1, on(&qd1), q, 0, dest, 1, 0));
+    ASSERT_TRUE(e.wait(qd));
+    auto end = Clock::now() + 10s;
+    while (!qd1.done && Clock::now() < end) {
+        (void)ctx1.progress(5ms);
+        ctx1.trigger();
+    }
+    ASSERT_TRUE(qd1.done);
+}
+
 TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
     // Each thread posts on and progresses its own context, talking to its own context of the
     // server; blocking progress must wake for its own messages whatever the other thread does.
@@ -1057,17 +1072,7 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
     t0.join();
     t1.join();
     EXPECT_EQ(errors.load(), 0);
-    MsgBuffer q = e.buf(8);
-    Done qd, qd1;
-    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
-    ASSERT_TRUE(e.t->post_send_unexpected(**ctx1, on(&qd1), q, 0, dest, 1, 0));
-    ASSERT_TRUE(e.wait(qd));
-    auto end = Clock::now() + 10s;
-    while (!qd1.done && Clock::now() < end) {
-        (void)(*ctx1)->progress(5ms);
-        (*ctx1)->trigger();
-    }
-    ASSERT_TRUE(qd1.done);
+    stop_two_context_server(e, **ctx1, dest);
     ctx1->reset();
     EXPECT_EQ(wait_exit(child), 0);
 }
@@ -1147,17 +1152,7 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareNoLockOrPool) {
     ASSERT_EQ(errors.load(), 0);
     EXPECT_FALSE(common(c0, c1).empty()) << "the trace missed locks both threads took";
 
-    MsgBuffer q = e.buf(8);
-    Done qd, qd1;
-    ASSERT_TRUE(e.t->post_send_unexpected(*e.ctx, on(&qd), q, 0, dest, 0, 0));
-    ASSERT_TRUE(e.t->post_send_unexpected(**ctx1, on(&qd1), q, 0, dest, 1, 0));
-    ASSERT_TRUE(e.wait(qd));
-    auto end = Clock::now() + 10s;
-    while (!qd1.done && Clock::now() < end) {
-        (void)(*ctx1)->progress(5ms);
-        (*ctx1)->trigger();
-    }
-    ASSERT_TRUE(qd1.done);
+    stop_two_context_server(e, **ctx1, dest);
     ctx1->reset();
     EXPECT_EQ(wait_exit(child), 0);
 }
