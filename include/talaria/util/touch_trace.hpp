@@ -1,7 +1,7 @@
 // Touch tracing: which locks and pools each thread takes, for the test that proves contexts
-// share nothing on the call path (issue 9). Compiled in only where TALARIA_TOUCH_TRACE is
-// defined (the asan and tsan presets; see CMakeLists.txt); elsewhere every call is empty and
-// costs nothing.
+// share nothing on the call path (issue 9). Compiled in only where the build's config.hpp
+// defines TALARIA_TOUCH_TRACE (CMake option, on in the asan and tsan presets); elsewhere every
+// call is empty and costs nothing.
 //
 // Each thread keeps its own log (thread-local: no state shared between threads). A test turns
 // its threads' logs on, runs, and compares them: an object in two threads' logs was touched by
@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <vector>
+
+#include "talaria/config.hpp"
 
 namespace talaria::touch {
 
