@@ -408,10 +408,14 @@ void SmTransport::sweep_peers_locked() {
     // Peers a posted recv_expected points at (SmOp::peer holds no reference). Other ops point
     // at peers with a connection (sends) or hold the user's reference while they run (put/get
     // to a peer without a connection wait on its pending_rma, which a connection serves).
+    // Every lane stays locked until the peers are freed: a receive posted between the scan and
+    // the free would otherwise point at a freed peer. (The only place that holds several lane
+    // locks: taken in id order, under setup_mu_.)
+    std::vector<std::unique_lock<MaybeSpinLock>> held;
     std::vector<const Peer*> used;
     for (auto& x : lanes_) {
         if (!x) continue;
-        std::lock_guard lg(x->mu);
+        held.emplace_back(x->mu);
         for (const SmOp& op : x->expected_recvs)
             used.push_back(op.peer);
     }
