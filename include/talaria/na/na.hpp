@@ -326,8 +326,8 @@ class Transport {
     /// Send an expected message to `dest`'s context `dest_ctx`: matched there by (source, tag)
     /// against a post_recv_expected on that context (on sm each context matches its own; on
     /// the other transports, still against every context's receives). Messages that arrive before
-    /// their receive is posted are queued (on tcp, ofi and ucx at most 4096 of them and 32 MiB per
-    /// transport: post the receive first).
+    /// their receive is posted are queued (at most 4096 of them and 32 MiB, per transport on
+    /// tcp, ofi and ucx, per context on sm: post the receive first).
     virtual Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
                                             std::size_t len, const Addr& dest, uint8_t dest_ctx,
                                             Tag tag) = 0;

@@ -155,7 +155,9 @@ Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id,
                                  id, scheme_, opts_.max_contexts));
     std::lock_guard g(mu_);
     if (match_.context(id))
-        return Error(Errc::already_exists, fmt::format("context {} exists", id));
+        return Error(
+            Errc::already_exists,
+            fmt::format("context {} already exists: destroy it first or use another id", id));
     auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)

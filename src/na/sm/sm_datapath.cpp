@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "na/base/matcher.hpp"
 #include "na/sm/sm_transport.hpp"
 #include "talaria/util/cpu.hpp"
 #include "talaria/util/log.hpp"
@@ -238,6 +239,7 @@ Result<OpId> SmTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuffe
     for (Stashed& s : l.expected_msgs) {
         if (peer_of(s.source) != peer || s.tag != tag) continue;
         l.expected_msgs.erase(s);
+        l.expected_bytes -= s.len;
         Errc st = fill_recv(op, std::move(s.source), s.tag, s.ctx, s.data, s.len);
         stash_free(l, &s);
         complete_op(op, st);
@@ -411,7 +413,7 @@ void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* 
         complete_op(&op, fill_recv(&op, Addr(c->source), h.tag, h.ctx, payload, h.len));
         return;
     }
-    if (Stashed* s = stash_copy_locked(l, c, h, payload)) l.expected_msgs.push_back(*s);
+    if (Stashed* s = stash_copy_locked(l, c, h, payload)) queue_expected_locked(l, s);
 }
 
 void SmTransport::hand_over_locked(Lane& from, const Conn* c, const SlotHeader& h,
@@ -448,9 +450,11 @@ void SmTransport::hand_over_locked(Lane& from, const Conn* c, const SlotHeader& 
         if (to && to != &from) {
             to->inbox.push_back(*s);
             to->has_inbox.store(true, std::memory_order_seq_cst);
-            to->ring_own_bell();  // its thread may sleep
-            return;
         }
+    }
+    if (to && to != &from) {
+        to->ring_own_bell();  // its thread may sleep (lanes and their bells outlive contexts)
+        return;
     }
     if (!to) {
         TALARIA_LOG(sm, warn,
@@ -495,6 +499,23 @@ void SmTransport::accept_stashed_locked(Lane& l, Stashed* s) noexcept {
         complete_op(&op, st);
         return;
     }
+    queue_expected_locked(l, s);
+}
+
+void SmTransport::queue_expected_locked(Lane& l, Stashed* s) noexcept {
+    if (l.expected_msgs.size() >= kMaxEarlyExpected ||
+        l.expected_bytes + s->len > kMaxEarlyExpectedBytes) [[unlikely]] {
+        TALARIA_LOG(sm, warn,
+                    "sm://{}: context {} dropped an expected message (tag {}, {} bytes) from {}: "
+                    "{} early expected messages ({} bytes) already wait for receives, the most "
+                    "kept (post expected receives before the peer sends; a peer that sends what "
+                    "nobody asked for is misbehaving)",
+                    name_, l.id, s->tag, s->len, addr_to_string(s->source), l.expected_msgs.size(),
+                    l.expected_bytes);
+        stash_free(l, s);
+        return;
+    }
+    l.expected_bytes += s->len;
     l.expected_msgs.push_back(*s);
 }
 
@@ -524,12 +545,14 @@ void SmTransport::retry_sends_locked(Lane& l) noexcept {
     }
 }
 
+void SmTransport::drain_if_ready(Conn* c) noexcept {
+    // An empty ring costs one load of its next slot's sequence word (no call).
+    if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
+}
+
 void SmTransport::poll_rings_locked(Lane& l) noexcept {
-    for (std::size_t i = 0; i < l.active.size(); ++i) {
-        Conn* c = l.active[i];
-        // An empty ring costs one load of its next slot's sequence word (no call).
-        if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
-    }
+    for (std::size_t i = 0; i < l.active.size(); ++i)
+        drain_if_ready(l.active[i]);
     if (l.pending_sends != 0) [[unlikely]]
         retry_sends_locked(l);
     if (l.has_inbox.load(std::memory_order_relaxed)) [[unlikely]]
@@ -541,7 +564,7 @@ void SmTransport::poll_orphan_locked(Lane& l) noexcept {
         Conn* c = l.active[i];
         // Re-arm before looking (a producer that rang cleared it): Dekker with ring_push().
         c->rx->waiting.store(1, std::memory_order_seq_cst);
-        if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
+        drain_if_ready(c);
     }
 }
 
@@ -642,9 +665,9 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
         // sleeper sees it readable), or the deadline.
         if (!ctx.prepare_block()) return ok();
         bool idle;
+        drain_bell(l.bell_fd);  // stale (see try_wait_for); arm_locked() re-checks
         {
             std::lock_guard g(l.mu);
-            drain_bell(l.bell_fd);  // stale (see try_wait_for); arm_locked() re-checks
             ++l.armed;
             idle = arm_locked(l);
         }
@@ -667,10 +690,11 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
 
 bool SmTransport::try_wait_for(Context& ctx) {
     Lane& l = lane_of(ctx);
-    std::lock_guard g(l.mu);
     // A bell rung before now (a wake packet, a connection joining) is stale: the re-check in
     // arm_locked() covers what it was for, and left readable it would wake the caller at once.
+    // Drained before the lock (a system call must not hold up the context's posters).
     drain_bell(l.bell_fd);
+    std::lock_guard g(l.mu);
     l.try_armed = true;
     if (arm_locked(l)) return true;
     l.try_armed = false;

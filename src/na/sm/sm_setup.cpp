@@ -269,12 +269,7 @@ SmTransport::~SmTransport() {
     for (auto& [id, c] : conns_)
         all.push_back(c);
     for (Conn* c : all) {
-        if (Lane* l = c->lane) {
-            std::lock_guard lg(l->mu);
-            close_conn_locked(c, Errc::shutdown, false);
-        } else {
-            close_conn_locked(c, Errc::shutdown, false);
-        }
+        close_conn(c, Errc::shutdown, false);
     }
     for (auto& a : pins_) {
         auto& rma = a.as<Peer>()->pending_rma;
@@ -295,6 +290,7 @@ SmTransport::~SmTransport() {
         for (auto* list : {&l.msgs, &l.expected_msgs})
             while (Stashed* st = list->pop_front())
                 stash_free(l, st);
+        l.expected_bytes = 0;
     }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (!sock_path_.empty()) ::unlink(sock_path_.c_str());
@@ -371,6 +367,7 @@ void SmTransport::context_destroyed(SmContext* c) noexcept {
         stash_free(l, s);
     while (Stashed* s = l.expected_msgs.pop_front())
         stash_free(l, s);
+    l.expected_bytes = 0;
     // The contract says cancel and drain first; drop leftovers rather than keep dangling ones.
     auto drop = [&](IntrusiveList<SmOp>& list) {
         std::size_t n = 0;
@@ -1088,12 +1085,7 @@ void SmTransport::process_broken_locked() {
                 // This connection alone ends; put/get waiting for a handshake with the peer
                 // have none left to wait for.
                 Peer* p = c->peer;
-                if (Lane* l = c->lane) {
-                    std::lock_guard lg(l->mu);
-                    close_conn_locked(c, c->fail_why, true);
-                } else {
-                    close_conn_locked(c, c->fail_why, true);
-                }
+                close_conn(c, c->fail_why, true);
                 if (p && p->conns.empty() && !p->rma_ready.load(std::memory_order_relaxed)) {
                     while (SmOp* op = p->pending_rma.pop_front()) {
                         op->list = nullptr;
@@ -1104,18 +1096,10 @@ void SmTransport::process_broken_locked() {
                 fail_peer_locked(c->peer, Errc::disconnected);
                 // A connection not yet counted among the peer's (its ack failed) is still here.
                 if (conns_.contains(id)) {
-                    if (Lane* l = c->lane) {
-                        std::lock_guard lg(l->mu);
-                        close_conn_locked(c, Errc::disconnected, true);
-                    } else {
-                        close_conn_locked(c, Errc::disconnected, true);
-                    }
+                    close_conn(c, Errc::disconnected, true);
                 }
-            } else if (c->lane) {
-                std::lock_guard lg(c->lane->mu);
-                close_conn_locked(c, Errc::disconnected, true);
             } else {
-                close_conn_locked(c, Errc::disconnected, true);
+                close_conn(c, Errc::disconnected, true);
             }
         }
     }
@@ -1124,12 +1108,7 @@ void SmTransport::process_broken_locked() {
 void SmTransport::fail_peer_locked(Peer* p, Errc why) {
     auto conns = p->conns;
     for (Conn* c : conns) {
-        if (Lane* l = c->lane) {
-            std::lock_guard lg(l->mu);
-            close_conn_locked(c, why, true);
-        } else {
-            close_conn_locked(c, why, true);
-        }
+        close_conn(c, why, true);
     }
     p->conns.clear();
     if (p->self) return;  // never declare ourselves dead: a new self connection is made on use
@@ -1156,6 +1135,12 @@ void SmTransport::fail_peer_locked(Peer* p, Errc why) {
     addrs_.unlink(p->name, p);
     TALARIA_LOG(sm, info, "sm://{}: peer sm://{} (pid {}) is gone: {}", name_, p->name, p->pid,
                 errc_name(why));
+}
+
+void SmTransport::close_conn(Conn* c, Errc why, bool complete) noexcept {
+    std::unique_lock<MaybeSpinLock> lg;
+    if (c->lane) lg = std::unique_lock(c->lane->mu);
+    close_conn_locked(c, why, complete);
 }
 
 void SmTransport::close_conn_locked(Conn* c, Errc why, bool complete) noexcept {

@@ -182,6 +182,7 @@ struct Lane {
     IntrusiveList<Stashed> msgs;           ///< unexpected messages with no receive yet
     IntrusiveList<SmOp> expected_recvs;    ///< posted recv_expected, matched on (peer, tag)
     IntrusiveList<Stashed> expected_msgs;  ///< expected messages with no receive yet
+    std::size_t expected_bytes = 0;  ///< their payload (kMaxEarlyExpectedBytes, like the matcher)
     std::vector<Stashed*> stash_free;
     std::vector<std::unique_ptr<Stashed>> stash_all;
     std::size_t pending_sends = 0;  ///< ops on any of its connections' pending_sends
@@ -293,6 +294,8 @@ class SmTransport final : public Transport {
     /// Close `c` (its lane's lock held when it has one); its pending sends complete with `why`
     /// (or are dropped when !complete).
     void close_conn_locked(Conn* c, Errc why, bool complete) noexcept;
+    /// close_conn_locked() from the setup lock: takes c's lane lock when it has a lane.
+    void close_conn(Conn* c, Errc why, bool complete) noexcept;
     void run_pending_rma_locked(Peer* p);
     /// The copy of a put/get (no lock needed); a status, with the cause logged.
     Errc exec_rma(SmOp& op) noexcept;
@@ -324,6 +327,12 @@ class SmTransport final : public Transport {
     void drain_inbox_locked(Lane& l) noexcept;
     /// Give `s` to a receive posted on `l`, or queue it there.
     void accept_stashed_locked(Lane& l, Stashed* s) noexcept;
+    /// Queue an early expected message on `l`, or drop it (logged) past the matcher's bounds
+    /// (kMaxEarlyExpected, kMaxEarlyExpectedBytes): a peer sending expected messages nobody
+    /// asked for must not make us hold memory without a bound.
+    void queue_expected_locked(Lane& l, Stashed* s) noexcept;
+    /// Drain c's receive ring if a message is published (and c is not broken).
+    void drain_if_ready(Conn* c) noexcept;
     /// Fence, then wake any producer waiting for ring space (see ring_drain()).
     void check_space_wanted_locked(Lane& l) noexcept;
     void retry_sends_locked(Lane& l) noexcept;

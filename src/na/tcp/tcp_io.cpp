@@ -435,8 +435,9 @@ bool TcpTransport::start_frame(Conn* c) {
                 } else if (no_context) {
                     TALARIA_LOG(tcp, warn,
                                 "dropping a {}-byte unexpected message (tag {}) from {} for "
-                                "context {}: no context exists here",
-                                h.length, h.tag, c->peer.as<TcpAddr>()->str, h.context_id);
+                                "context {}: {}",
+                                h.length, h.tag, c->peer.as<TcpAddr>()->str, h.context_id,
+                                match_.refusal(Queued::no_context));
                     c->sink = Conn::Sink::discard;
                     c->dest = nullptr;
                 } else {

@@ -30,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "na/base/matcher.hpp"
 #include "na/sm/sm_transport.hpp"
 #include "na/sm/sm_wire.hpp"
 #include "talaria/na/na.hpp"
@@ -403,6 +404,46 @@ TEST(SmSelf, MessageToADestroyedContextWakesTheLowestSleeper) {
     EXPECT_EQ(r0.c.context_id, 1u) << "the completion names the context asked for";
     EXPECT_LT(took, 1s) << "the sleeping context was not woken";
     ASSERT_TRUE(c.wait(s2));
+}
+
+// Expected messages nobody posted a receive for are kept up to the matcher's bound
+// (kMaxEarlyExpected per context); the ones past it are dropped, not held.
+TEST(SmSelf, EarlyExpectedMessagesAreBounded) {
+    Ep e = Ep::open(uniq("early"));
+    ASSERT_TRUE(e.ok());
+    auto self = e.t->addr_self();
+    const std::size_t total = na::kMaxEarlyExpected + 8;
+    MsgBuffer m = e.buf(8);
+    // Send them all with no receive posted; progress drains the ring into the early queue and
+    // trigger gives the send ops back (at most Options::max_ops are in flight).
+    std::size_t sent = 0;
+    for (std::size_t i = 0; i < total; ++i) {
+        Done d;
+        ASSERT_TRUE(e.t->post_send_expected(*e.ctx, on(&d), m, 8, self, 0, 77));
+        ASSERT_TRUE(e.wait(d));
+        sent += d.c.status == Errc::ok;
+    }
+    ASSERT_EQ(sent, total);
+    for (int i = 0; i < 20; ++i) {  // nothing left in a ring
+        (void)e.ctx->progress(Duration::zero());
+        e.ctx->trigger();
+    }
+    // The receives take what was kept: exactly the bound.
+    std::size_t got = 0, posted = 0;
+    MsgBuffer rb = e.buf(8);
+    std::vector<Done> recvs(total);
+    for (; posted < total; ++posted) {
+        ASSERT_TRUE(e.t->post_recv_expected(*e.ctx, on(&recvs[posted]), rb, self, 77));
+        e.ctx->trigger();
+    }
+    auto end = Clock::now() + 200ms;
+    while (Clock::now() < end) {
+        (void)e.ctx->progress(1ms);
+        e.ctx->trigger();
+    }
+    for (auto& d : recvs)
+        got += d.done && d.c.status == Errc::ok;
+    EXPECT_EQ(got, na::kMaxEarlyExpected) << "kept past the bound, or lost below it";
 }
 
 TEST(SmSelf, SizesAndTooLarge) {
