@@ -1,15 +1,18 @@
 // The tcp transport: epoll over non-blocking TCP sockets, one listening socket, connections made
-// on first use. Setup (addresses, registration, sockets) is in tcp_setup.cpp; the data path
-// (posting, sending, the receive state machine, progress) in tcp_io.cpp. Wire format: frame.hpp
-// and docs/protocol.md (tcp).
+// on first use, one per (our context, peer context): each context is a progress domain (Lane)
+// with its own connections, epoll set, op pool, matcher and lock. Setup (addresses, registration,
+// sockets) is in tcp_setup.cpp; the data path (posting, sending, the receive state machine,
+// progress) in tcp_io.cpp. Wire format: frame.hpp and docs/protocol.md (tcp).
 #pragma once
 
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "na/tcp/frame.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
+#include "talaria/util/spin_lock.hpp"
 
 namespace talaria::na::tcp {
 
@@ -68,6 +72,8 @@ struct TcpOp : Op, SendItem, ListHook<RmaTag> {
     Addr match_source;         ///< recv_expected
     Tag match_tag = 0;         ///< recv_expected
     Conn* conn = nullptr;      ///< send/put/get: the connection it was queued on
+    /// Queued on another lane's connection (borrow()): that lane completes it; not cancelable.
+    bool borrowed = false;
 };
 
 /// A frame the transport sends on its own (hello, put/get responses).
@@ -79,32 +85,47 @@ struct Control : SendItem {
     alignas(8) std::byte payload[kMaxHelloPayload]{};
 };
 
-/// One peer. `conn` is the connection we send on (set by our own connect, or by the first
-/// connection the peer opened to us); guarded by the transport lock.
-///
-/// Interned weakly (see na/base/addr_table.hpp): the transport's table holds a raw pointer.
-/// It lives while a user Addr, a connection (Conn::peer, so a peer with `conn` set is alive),
-/// a pending op (TcpOp::match_source), a queued message (QueuedMsg::source), a remote memory
-/// handle (TcpMem::owner_addr) or the transport's self_ holds it. An anonymous client
-/// ("tcp://~<id>") thus vanishes once its connections are closed and nobody holds its Addr.
-/// The destructor may run on any thread, also under the transport lock: it only takes the
-/// table's leaf lock to erase its own entries.
+/// One peer, interned weakly (see na/base/addr_table.hpp): the transport's table holds a raw
+/// pointer. It lives while a user Addr, a connection (Conn::peer), a TcpAlias of it, a pending op
+/// (TcpOp::match_source), a queued message (QueuedMsg::source), a remote memory handle
+/// (TcpMem::owner_addr) or the transport's self_ holds it. An anonymous client ("tcp://~<id>")
+/// thus vanishes once its connections are closed and nobody holds its Addr. The destructor may
+/// run on any thread, also under a transport lock: it only takes the table's leaf lock to erase
+/// its own entries. `str`, `sa` and `anonymous` are written once, before the address is handed
+/// out (under the setup lock), and only read after.
 struct TcpAddr final : AddrImpl {
-    TcpAddr(Transport* t, AddrTable* table, std::string s)
-        : AddrImpl(t), str(std::move(s)), table_(table) {}
+    TcpAddr(Transport* t, AddrTable* table, std::string s, bool anon)
+        : AddrImpl(t), str(std::move(s)), anonymous(anon), table_(table) {}
     ~TcpAddr() override;
     TcpAddr(const TcpAddr&) = delete;
     TcpAddr& operator=(const TcpAddr&) = delete;
-    std::string str;  ///< canonical "tcp://host:port" or "tcp://~<instance>" (anonymous)
+    const std::string str;  ///< canonical "tcp://host:port" or "tcp://~<instance>" (anonymous)
     SockAddr sa;
-    bool anonymous = false;
-    Conn* conn = nullptr;
-    /// Other strings it was looked up by (table aliases), under the transport lock.
+    const bool anonymous;
+    /// Other strings it was looked up by (table aliases), under the setup lock.
     std::vector<std::string> aliases;
 
   private:
     AddrTable* table_;
 };
+
+/// Another handle on a TcpAddr, one per connection: the source of the messages it delivers,
+/// so that the contexts receiving from one peer do not all write the peer's reference count.
+struct TcpAlias final : AddrImpl {
+    TcpAlias(Transport* t, TcpAddr* p) noexcept : AddrImpl(t, p), peer(p) {}
+    Addr peer;  ///< keeps the TcpAddr alive as long as the alias
+};
+
+/// A new alias of `peer` (`peer` itself when out of memory).
+inline Addr alias_of(Transport* t, TcpAddr* peer) {
+    auto* a = new (std::nothrow) TcpAlias(t, peer);
+    return a ? Addr(a) : Addr(peer);
+}
+
+/// The TcpAddr of an address of this transport (a TcpAddr or an alias of one).
+inline TcpAddr* peer_of(const Addr& a) noexcept {
+    return static_cast<TcpAddr*>(a.impl()->canonical());
+}
 
 /// Most aliases remembered per address (more lookups by other names just resolve again).
 inline constexpr std::size_t kMaxAliases = 4;
@@ -120,6 +141,8 @@ struct TcpMem final : MemImpl {
     Addr owner_addr;    ///< interned owner, when known (remote handles)
 };
 
+struct Lane;
+
 struct Conn : ListHook<ConnTag> {
     enum class State : uint8_t { connecting, await_hello, open, closed };
     enum class Sink : uint8_t { discard, op, queued, hello, put, get };
@@ -127,7 +150,16 @@ struct Conn : ListHook<ConnTag> {
     int fd = -1;
     State state = State::connecting;
     bool outgoing = false;
-    Addr peer;  ///< unknown on an accepted connection until its hello
+    /// The lane that owns it (its lock guards everything below); nullptr while an accepted
+    /// connection waits for its hello (then the setup lock guards it).
+    Lane* lane = nullptr;
+    /// The peer's context at the other end: the one we asked for (outgoing), or the one the
+    /// peer's hello named as its own (accepted).
+    uint8_t remote_ctx = 0;
+    /// The context of ours an accepted connection's hello asked for.
+    uint8_t asked_ctx = 0;
+    Addr peer;    ///< unknown on an accepted connection until its hello
+    Addr source;  ///< a TcpAlias of `peer`: the source of the messages it delivers
     uint32_t events = 0;
 
     IntrusiveList<SendItem, SendTag> sendq;
@@ -140,6 +172,7 @@ struct Conn : ListHook<ConnTag> {
     std::size_t rx_pos = 0;
     std::size_t rx_len = 0;
     bool in_payload = false;
+    bool rx_foreign = false;  ///< the message being read goes to another lane (hand_over)
     FrameHeader hdr;
     Sink sink = Sink::discard;
     std::byte* dest = nullptr;  ///< where the payload goes (nullptr: discard)
@@ -150,15 +183,68 @@ struct Conn : ListHook<ConnTag> {
     std::byte hello_buf[kMaxHelloPayload]{};
 };
 
+class TcpContext;
+
+/// The progress domain of one context id (docs/architecture.md, "Contexts are progress
+/// domains"): its connections (one per (this context, peer context) pair, both directions),
+/// their epoll set, its op pool, its matcher and its spare control frames, all under its own
+/// lock, which no other context's progress or posts take on the call path.
+struct Lane {
+    /// Releases the lane's ops into its pool, counting down `borrowed`.
+    struct Releaser final : OpReleaser {
+        explicit Releaser(Lane* lane) noexcept : l(lane) {}
+        void release(Op* op) noexcept override;
+        Lane* l;
+    };
+
+    Lane(uint8_t lane_id, const Options& o);
+    ~Lane();
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+
+    alignas(64) MaybeMutex mu;
+    const uint8_t id;
+    TcpContext* ctx = nullptr;  ///< under mu and the transport's route lock
+    int epfd = -1;              ///< the lane's connections
+    Releaser releaser{this};
+    OpPool<TcpOp> ops;
+    /// Ops of this lane queued on other lanes' connections (borrow()) and not yet released:
+    /// while there are some, this lane's progress also polls the others (with try_lock), so
+    /// that they finish even while the lending context's thread is busy elsewhere (a handler
+    /// waiting for this very transfer).
+    std::atomic<uint32_t> borrowed{0};
+    /// Receives posted on this lane's context, and the messages that wait for one.
+    Matcher<TcpOp> match;
+    IntrusiveList<Conn, ConnTag> conns;
+    std::vector<Conn*> dead;
+    /// Send connections by (peer, peer context): key() below.
+    std::unordered_map<uint64_t, Conn*> routes;
+    unsigned polls = 0;  ///< poll_once calls, to ask epoll only every kEpollEvery busy polls
+    uint64_t last_setup_poll_ns = 0;
+    std::vector<std::unique_ptr<Control>> controls;
+    std::vector<Control*> free_controls;
+    /// Messages other lanes read for this one (misrouted), under the transport's route lock;
+    /// `has_inbox` tells progress to look without taking it.
+    std::vector<std::unique_ptr<QueuedMsg>> inbox;
+    std::atomic<bool> has_inbox{false};
+
+    static uint64_t key(const TcpAddr* peer, uint8_t remote_ctx) noexcept {
+        return (uint64_t(reinterpret_cast<uintptr_t>(peer)) << 8) | remote_ctx;
+    }
+};
+
 class TcpContext final : public Context {
   public:
-    TcpContext(TcpTransport* t, uint8_t id, bool thread_safe);
+    TcpContext(TcpTransport* t, uint8_t id, bool thread_safe, Lane* lane);
     ~TcpContext() override;
     [[nodiscard]] int block_fd() const noexcept { return block_epfd_; }
+    [[nodiscard]] Lane& lane() const noexcept { return *lane_; }
 
   private:
     TcpTransport* tt_;
-    int block_epfd_ = -1;  ///< epoll over the transport's epoll fd and this context's eventfd
+    Lane* lane_;
+    /// epoll over the lane's epoll set, the transport's setup set and this context's eventfd
+    int block_epfd_ = -1;
 };
 
 class TcpTransport final : public Transport {
@@ -174,6 +260,8 @@ class TcpTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }
+    /// A new TcpAlias of `a`'s peer (or `a` itself when out of memory).
+    Addr addr_alias(const Addr& a) override;
     /// Interned addresses alive now (self included); for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
@@ -208,73 +296,122 @@ class TcpTransport final : public Transport {
 
     Result<void> cancel(OpId id) override;
     Result<void> progress(Context& ctx, TimePoint deadline) override;
-    int progress_fd() const noexcept override { return epfd_; }
+    /// The setup set: the listening socket and accepted connections waiting for their hello.
+    /// A context's traffic is on its lane's set, in its wait_fd() (see try_wait()).
+    int progress_fd() const noexcept override { return setup_epfd_; }
     bool try_wait() override;
+    bool try_wait_for(Context& ctx) override;
 
     // --- used by TcpContext / TcpMem -----------------------------------------------------------
-    void context_destroyed(uint8_t id) noexcept;
+    void context_destroyed(TcpContext* ctx) noexcept;
     void mem_unregister(uint64_t key) noexcept;
 
   private:
-    // setup (tcp_setup.cpp)
+    // setup (tcp_setup.cpp); `_locked`: under setup_mu_
     Result<Addr> lookup_locked(std::string_view address, bool numeric_only);
     /// The address interned under `canonical`, created if absent (or dying).
-    Addr intern_locked(const std::string& canonical);
-    Result<Conn*> connect_locked(TcpAddr* peer);
-    void accept_ready();
+    Addr intern_locked(const std::string& canonical, bool anonymous);
+    /// Open a connection of lane `l` to context `remote_ctx` of `peer` (under l.mu).
+    Result<Conn*> connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx);
+    void accept_ready_locked();
     Conn* new_conn(int fd, bool outgoing);
+    /// Set c's epoll events in its lane's set (or the setup set before it has a lane).
     Result<void> watch(Conn* c, uint32_t events);
-    Control* control_alloc();
-    void control_free(Control* c) noexcept;
+    /// The hello of accepted connection `c` arrived: move it to the lane of the context it
+    /// asked for (or the one that takes its messages), then parse what followed the hello.
+    void adopt_locked(Conn* c);
+    /// Look at the setup set: accepts and hellos. Takes setup_mu_ (only if free unless
+    /// `wait`); never called with a lane lock held.
+    void poll_setup(bool wait);
+    Control* control_alloc(Lane& l);
+    void control_free(Lane& l, Control* c) noexcept;
 
-    // data path (tcp_io.cpp)
+    // data path (tcp_io.cpp); `_locked`: under the lane's lock
     Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
                            const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
-    Result<OpId> fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
+    Result<OpId> fail_async(Lane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
                             const std::string& why);
     Result<OpId> post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
                           std::size_t len, const Addr& remote_addr);
-    Result<Conn*> conn_for_locked(const Addr& dest);
+    /// Lane l's connection to context `remote_ctx` of `peer` (any of its contexts when
+    /// `any_ctx`), connecting if there is none and the peer listens; nullptr for an anonymous
+    /// peer that l has no connection to (see borrow()).
+    Result<Conn*> conn_for_locked(Lane& l, TcpAddr* peer, uint8_t remote_ctx, bool any_ctx);
+    /// A send to an anonymous peer (a client that does not listen) from a lane it never
+    /// connected to: queued on another lane's connection to it (setup_mu_, then that lane's
+    /// lock; a rare path: a server's context answering a client of another context, or its
+    /// bulk context reaching a client). `fill(op, conn)` fills the op taken from `own`.
+    template <class Fill>
+    Result<OpId> borrow(Lane& own, Context& ctx, Callback&& cb, OpType type, TcpAddr* peer,
+                        uint8_t remote_ctx, Fill&& fill);
     void enqueue_send(Conn* c, SendItem* item, bool flush_now);
     void flush(Conn* c);
     void item_done(Conn* c, SendItem* item);
     void update_events(Conn* c);
-    void poll_once(bool use_epoll);
+    void poll_once(Lane& l, bool use_epoll);
+    /// Poll the other lanes whose lock is free (see Lane::borrowed).
+    void poll_lenders(Lane& own);
     void on_event(Conn* c, uint32_t events);
     void on_connected(Conn* c);
     void read_ready(Conn* c);
     bool process_rx(Conn* c);
     bool start_frame(Conn* c);
     bool finish_frame(Conn* c);
+    /// Does a message for `ctx_id` (expected or not) belong to lane `l`? Fast when it names
+    /// l's own context; otherwise asks the route table.
+    bool is_local_locked(Lane& l, uint8_t ctx_id, bool expected);
+    /// The lane a message for context `ctx_id` goes to (under route_mu_): its own when it
+    /// exists (and takes unexpected messages, for those), else the lowest that takes
+    /// unexpected messages; nullptr when none does.
+    Lane* route_target_locked(uint8_t ctx_id, bool expected) noexcept;
     /// A message read off `c` into `m` with no receive posted at its start: to a receive posted
-    /// since, or queued (or refused, and logged).
+    /// since, or queued (or refused, and logged), or handed to the lane it belongs to.
     void deliver_queued(Conn* c, QueuedMsg* m);
+    /// Give a message of lane `from` to the lane it belongs to (its inbox; the message is
+    /// copied into a loose QueuedMsg and `m` freed into `from`), or drop it (logged) when none
+    /// takes it. `who` names the sender in the log.
+    void hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who);
+    /// Give `m` to a receive posted on `l`, or queue it there (or drop it, logged).
+    void deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who);
+    /// Take the messages other lanes handed to `l`.
+    void drain_inbox_locked(Lane& l);
     void complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,
                        Errc status);
     Errc validate_target(const FrameHeader& h, bool write, std::byte** where);
     bool queue_reply(Conn* c, FrameType type, uint64_t cookie, Errc status, std::byte* data,
                      std::size_t len);
     void close_conn(Conn* c, Errc status, const std::string& why);
-    void reap_dead();
+    /// Close every connection of lane `l` (its context goes, or the transport).
+    void close_lane_locked(Lane& l, Errc status, const std::string& why);
+    void reap_dead(Lane& l);
+    static Lane& lane_of(Context& ctx) noexcept;
+    void add_route(Lane& l, Conn* c);
+    void drop_route(Lane& l, Conn* c);
 
     // First member, so destroyed last: every Addr the members below hold leaves it on the way.
     AddrTable addrs_;  ///< interned peers, weakly (raw pointers; see TcpAddr)
     Options opts_;
-    MaybeMutex mu_;
-    OpPool<TcpOp> ops_;
-    int epfd_ = -1;
+    /// Guards what the contexts share: the listening socket, accepted connections until their
+    /// hello, the lanes' creation, address lookups. Taken on first contact, by a context's
+    /// progress every 100 µs with try_lock (or when the setup set woke it), and never per
+    /// message. Order: setup_mu_, then a lane's mu, then route_mu_ or regions_mu_.
+    MaybeMutex setup_mu_;
+    /// Leaf lock: which context each lane holds (routing misrouted messages) and the inboxes.
+    MaybeSpinLock route_mu_;
+    /// Leaf lock over regions_ (registrations, read by the target side of put/get).
+    MaybeMutex regions_mu_;
+    /// By context id, created on first use and kept until the transport goes; a pointer read
+    /// outside setup_mu_ is read through the atomics.
+    std::vector<std::unique_ptr<Lane>> lanes_;
+    std::unique_ptr<std::atomic<Lane*>[]> lane_ptr_;
+    int setup_epfd_ = -1;
     int listen_fd_ = -1;
     uint64_t instance_ = 0;
     Addr self_;
     std::unordered_map<uint64_t, TcpMem*> regions_;
-    /// Posted receives and early messages of every context (na/base/matcher.hpp).
-    Matcher<TcpOp> match_;
-    IntrusiveList<Conn, ConnTag> conns_;
-    std::vector<Conn*> dead_;
-    unsigned polls_ = 0;  ///< poll_once calls, to ask epoll only every kEpollEvery busy polls
-    std::vector<std::unique_ptr<Control>> controls_;
-    std::vector<Control*> free_controls_;
+    IntrusiveList<Conn, ConnTag> pending_;  ///< accepted, hello not yet read (setup_mu_)
+    std::vector<Conn*> pending_dead_;
 };
 
 }  // namespace talaria::na::tcp

@@ -26,9 +26,9 @@ constexpr int kMaxEvents = 64;
 
 // --- posting ------------------------------------------------------------------------------------
 
-Result<OpId> TcpTransport::fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
-                                      const std::string& why) {
-    TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
+Result<OpId> TcpTransport::fail_async(Lane& l, Context& ctx, Callback&& cb, OpType type,
+                                      Errc status, const std::string& why) {
+    TcpOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted("tcp", opts_.max_ops);
     TALARIA_LOG(tcp, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
     OpId id = op->id();
@@ -36,15 +36,65 @@ Result<OpId> TcpTransport::fail_async(Context& ctx, Callback&& cb, OpType type, 
     return id;
 }
 
-Result<Conn*> TcpTransport::conn_for_locked(const Addr& dest) {
-    auto* peer = dest.as<TcpAddr>();
-    if (peer->conn) return peer->conn;
-    if (peer->anonymous)
-        return Error(Errc::disconnected,
-                     fmt::format("{} is a client that does not listen, and its connection to us "
-                                 "is closed",
-                                 peer->str));
-    return connect_locked(peer);
+Result<Conn*> TcpTransport::conn_for_locked(Lane& l, TcpAddr* peer, uint8_t remote_ctx,
+                                            bool any_ctx) {
+    if (auto it = l.routes.find(Lane::key(peer, remote_ctx)); it != l.routes.end())
+        return it->second;
+    if (any_ctx)
+        for (Conn& c : l.conns)
+            if (c.peer.impl() == peer && c.state != Conn::State::closed) return &c;
+    if (peer->anonymous) return nullptr;  // it does not listen: borrow()
+    return connect(l, peer, remote_ctx);
+}
+
+namespace {
+/// Queue `op`-to-be on `conn`: the bound on unsent bytes, the op from lane `own`'s pool,
+/// filled by `fill(op, conn)`.
+template <class Fill>
+Result<TcpOp*> take_op(Lane& own, std::size_t max_ops, Context& ctx, Callback&& cb, OpType type,
+                       Conn* conn, Fill&& fill) {
+    if (conn->queued_bytes >= kSendQueueMaxBytes)
+        return Error(Errc::again,
+                     fmt::format("tcp {}: {} unsent bytes queued to {} (bound {}): progress first",
+                                 op_type_name(type), conn->queued_bytes, peer_of(conn->peer)->str,
+                                 kSendQueueMaxBytes));
+    TcpOp* op = own.ops.acquire(ctx, std::move(cb), type);
+    if (!op) return ops_exhausted(fmt::format("tcp {}", op_type_name(type)), max_ops);
+    fill(op, conn);
+    op->conn = conn;
+    op->state = OpState::send_queued;
+    op->borrowed = conn->lane != &own;
+    if (op->borrowed) own.borrowed.fetch_add(1, std::memory_order_relaxed);
+    return op;
+}
+}  // namespace
+
+template <class Fill>
+Result<OpId> TcpTransport::borrow(Lane& own, Context& ctx, Callback&& cb, OpType type,
+                                  TcpAddr* peer, uint8_t remote_ctx, Fill&& fill) {
+    {
+        std::lock_guard sg(setup_mu_);
+        for (auto& lp : lanes_) {
+            Lane* o = lp.get();
+            if (o == nullptr || o == &own) continue;
+            std::lock_guard g(o->mu);
+            Conn* conn = nullptr;
+            if (auto it = o->routes.find(Lane::key(peer, remote_ctx)); it != o->routes.end())
+                conn = it->second;
+            for (Conn& c : o->conns)
+                if (!conn && c.peer.impl() == peer && c.state != Conn::State::closed) conn = &c;
+            if (!conn) continue;
+            TALARIA_TRY(op, take_op(own, opts_.max_ops, ctx, std::move(cb), type, conn, fill));
+            OpId id = op->id();
+            enqueue_send(conn, op, true);
+            return id;
+        }
+    }
+    std::lock_guard g(own.mu);
+    return fail_async(own, ctx, std::move(cb), type, Errc::disconnected,
+                      fmt::format("{} is a client that does not listen, and no connection from "
+                                  "it is open",
+                                  peer->str));
 }
 
 Result<OpId> TcpTransport::post_send(Context& ctx, Callback cb, const MsgBuffer& buf,
@@ -64,33 +114,33 @@ Result<OpId> TcpTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
         return Error(Errc::invalid_argument,
                      "tcp: destination is not an address of this transport");
 
-    std::lock_guard g(mu_);
-    auto c = conn_for_locked(dest);
-    if (!c) return fail_async(ctx, std::move(cb), type, c.code(), c.error().message());
-    Conn* conn = *c;
-    if (conn->queued_bytes >= kSendQueueMaxBytes)
-        return Error(Errc::again,
-                     fmt::format("tcp: {} unsent bytes queued to {} (bound {}): progress first",
-                                 conn->queued_bytes, dest.as<TcpAddr>()->str, kSendQueueMaxBytes));
-    TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
-    if (!op) return ops_exhausted("tcp", opts_.max_ops);
-    FrameHeader h;
-    h.type = expected ? FrameType::msg_expected : FrameType::msg_unexpected;
-    h.context_id = dest_ctx;
-    h.tag = tag;
-    h.length = len;
-    encode_frame_header(h, op->header);
-    op->kind = SendItem::Kind::op;
-    op->iov[0] = {op->header, kFrameHeaderSize};
-    op->iov[1] = {buf.data(), len};
-    op->iovcnt = len ? 2 : 1;
-    op->total = kFrameHeaderSize + len;
-    op->sent = 0;
-    op->completion.size = len;
-    op->conn = conn;
-    op->state = OpState::send_queued;
+    auto fill = [&](TcpOp* op, Conn*) {
+        FrameHeader h;
+        h.type = expected ? FrameType::msg_expected : FrameType::msg_unexpected;
+        h.context_id = dest_ctx;
+        h.tag = tag;
+        h.length = len;
+        encode_frame_header(h, op->header);
+        op->kind = SendItem::Kind::op;
+        op->iov[0] = {op->header, kFrameHeaderSize};
+        op->iov[1] = {buf.data(), len};
+        op->iovcnt = len ? 2 : 1;
+        op->total = kFrameHeaderSize + len;
+        op->sent = 0;
+        op->completion.size = len;
+    };
+    Lane& l = lane_of(ctx);
+    TcpAddr* peer = peer_of(dest);
+    std::unique_lock g(l.mu);
+    auto c = conn_for_locked(l, peer, dest_ctx, false);
+    if (!c) return fail_async(l, ctx, std::move(cb), type, c.code(), c.error().message());
+    if (*c == nullptr) {
+        g.unlock();
+        return borrow(l, ctx, std::move(cb), type, peer, dest_ctx, fill);
+    }
+    TALARIA_TRY(op, take_op(l, opts_.max_ops, ctx, std::move(cb), type, *c, fill));
     OpId id = op->id();
-    enqueue_send(conn, op, true);
+    enqueue_send(*c, op, true);
     return id;
 }
 
@@ -120,15 +170,16 @@ void TcpTransport::complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, 
 Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
     if (&ctx.transport() != this)
         return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
-    std::lock_guard g(mu_);
-    TcpOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    TcpOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_unexpected);
     if (!op) return ops_exhausted("tcp", opts_.max_ops);
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
     op->state = OpState::recv_posted;
-    if (QueuedMsg* m = match_.post_unexpected(ctx.id(), op)) {
-        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+    if (QueuedMsg* m = l.match.post_unexpected(ctx.id(), op)) {
+        l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -139,15 +190,16 @@ Result<OpId> TcpTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
         return Error(Errc::invalid_argument, "tcp: the context belongs to another transport");
     if (!source || source.impl()->transport() != this)
         return Error(Errc::invalid_argument, "tcp: source is not an address of this transport");
-    std::lock_guard g(mu_);
-    TcpOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    TcpOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_expected);
     if (!op) return ops_exhausted("tcp", opts_.max_ops);
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
     op->state = OpState::recv_posted;
-    if (QueuedMsg* m = match_.post_expected(op, source, tag)) {
-        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+    if (QueuedMsg* m = l.match.post_expected(op, source, tag)) {
+        l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -180,56 +232,56 @@ Result<OpId> TcpTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
                         local_off, len, local->length()));
     auto* rm = remote.as<TcpMem>();
 
-    std::lock_guard g(mu_);
+    Lane& l = lane_of(ctx);
+    std::unique_lock g(l.mu);
     // What the handle tells us is checked here first; the target checks again (it cannot trust
     // us), against its own registration table.
     bool allowed = is_put ? (uint8_t(rm->access()) & uint8_t(Access::write_only))
                           : (uint8_t(rm->access()) & uint8_t(Access::read_only));
     if (!allowed)
-        return fail_async(ctx, std::move(cb), type, Errc::access_denied,
+        return fail_async(l, ctx, std::move(cb), type, Errc::access_denied,
                           fmt::format("the remote region does not allow {}",
                                       is_put ? "writes (put)" : "reads (get)"));
     if (remote_off > rm->length() || len > rm->length() - remote_off)
-        return fail_async(ctx, std::move(cb), type, Errc::out_of_range,
+        return fail_async(l, ctx, std::move(cb), type, Errc::out_of_range,
                           fmt::format("remote range [{}, +{}) is outside the {}-byte region",
                                       remote_off, len, rm->length()));
     Addr owner = rm->local() ? self_ : rm->owner_addr;
     if (owner && owner != remote_addr)
-        return fail_async(ctx, std::move(cb), type, Errc::invalid_argument,
+        return fail_async(l, ctx, std::move(cb), type, Errc::invalid_argument,
                           fmt::format("the remote handle was registered by {}, not by {}",
-                                      owner.as<TcpAddr>()->str, remote_addr.as<TcpAddr>()->str));
-    auto c = conn_for_locked(remote_addr);
-    if (!c) return fail_async(ctx, std::move(cb), type, c.code(), c.error().message());
-    Conn* conn = *c;
-    if (conn->queued_bytes >= kSendQueueMaxBytes)
-        return Error(Errc::again, fmt::format("tcp {}: {} unsent bytes queued to {} (bound {}): "
-                                              "progress first",
-                                              what, conn->queued_bytes,
-                                              remote_addr.as<TcpAddr>()->str, kSendQueueMaxBytes));
-    TcpOp* op = ops_.acquire(ctx, std::move(cb), type);
-    if (!op) return ops_exhausted(fmt::format("tcp {}", what), opts_.max_ops);
-    FrameHeader h;
-    h.type = is_put ? FrameType::put_req : FrameType::get_req;
-    h.cookie = op->gen;
-    h.key = rm->key;
-    h.address = rm->base() + remote_off;
-    h.rma_length = len;
-    h.length = is_put ? len : 0;
-    encode_frame_header(h, op->header);
-    op->buf = reinterpret_cast<std::byte*>(local->base()) + local_off;
-    op->cap = len;
-    op->kind = SendItem::Kind::op;
-    op->iov[0] = {op->header, kFrameHeaderSize};
-    op->iov[1] = {op->buf, is_put ? len : 0};
-    op->iovcnt = (is_put && len) ? 2 : 1;
-    op->total = kFrameHeaderSize + (is_put ? len : 0);
-    op->sent = 0;
-    op->completion.size = len;
-    op->conn = conn;
-    op->state = OpState::send_queued;
+                                      peer_of(owner)->str, peer_of(remote_addr)->str));
+    auto fill = [&](TcpOp* op, Conn* conn) {
+        FrameHeader h;
+        h.type = is_put ? FrameType::put_req : FrameType::get_req;
+        h.cookie = op->gen;
+        h.key = rm->key;
+        h.address = rm->base() + remote_off;
+        h.rma_length = len;
+        h.length = is_put ? len : 0;
+        encode_frame_header(h, op->header);
+        op->buf = reinterpret_cast<std::byte*>(local->base()) + local_off;
+        op->cap = len;
+        op->kind = SendItem::Kind::op;
+        op->iov[0] = {op->header, kFrameHeaderSize};
+        op->iov[1] = {op->buf, is_put ? len : 0};
+        op->iovcnt = (is_put && len) ? 2 : 1;
+        op->total = kFrameHeaderSize + (is_put ? len : 0);
+        op->sent = 0;
+        op->completion.size = len;
+        conn->rma_wait.push_back(*op);
+    };
+    // Any connection of this lane to the target serves (put/get name no context).
+    TcpAddr* peer = peer_of(remote_addr);
+    auto c = conn_for_locked(l, peer, l.id, true);
+    if (!c) return fail_async(l, ctx, std::move(cb), type, c.code(), c.error().message());
+    if (*c == nullptr) {
+        g.unlock();
+        return borrow(l, ctx, std::move(cb), type, peer, l.id, fill);
+    }
+    TALARIA_TRY(op, take_op(l, opts_.max_ops, ctx, std::move(cb), type, *c, fill));
     OpId id = op->id();
-    conn->rma_wait.push_back(*op);
-    enqueue_send(conn, op, true);
+    enqueue_send(*c, op, true);
     return id;
 }
 
@@ -250,13 +302,20 @@ Result<OpId> TcpTransport::post_get(Context& ctx, Callback cb, const MemHandle& 
 }
 
 Result<void> TcpTransport::cancel(OpId id) {
-    std::lock_guard g(mu_);
-    TcpOp* op = ops_.lookup(id);
+    Lane* l = nullptr;
+    for (std::size_t i = 0; !l && i < opts_.max_contexts; ++i) {
+        Lane* c = lane_ptr_[i].load(std::memory_order_acquire);
+        if (c && c->ops.owns(id.op)) l = c;
+    }
+    if (!l) return Error(Errc::not_found, "tcp cancel: not an operation of this transport");
+    std::lock_guard g(l->mu);
+    TcpOp* op = l->ops.lookup(id);
     if (!op)
         return Error(Errc::not_found, "tcp cancel: the operation already finished (stale OpId)");
+    if (op->borrowed) return ok();  // on another context's connection: it completes there
     switch (op->state) {
         case OpState::recv_posted:
-            match_.withdraw(op);
+            l->match.withdraw(op);
             op->state = OpState::idle;
             op->match_source.reset();
             complete_op(op, Errc::canceled);
@@ -291,7 +350,7 @@ void TcpTransport::item_done(Conn* c, SendItem* item) {
     if (item->kind == SendItem::Kind::control) {
         auto* ctl = static_cast<Control*>(item);
         if (ctl->reply) --c->replies;
-        control_free(ctl);
+        control_free(*c->lane, ctl);
         return;
     }
     auto* op = static_cast<TcpOp*>(item);
@@ -331,10 +390,9 @@ void TcpTransport::flush(Conn* c) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             int e = errno;
-            close_conn(
-                c, Errc::disconnected,
-                fmt::format("send to {} failed: {}", c->peer ? c->peer.as<TcpAddr>()->str : "peer",
-                            std::strerror(e)));
+            close_conn(c, Errc::disconnected,
+                       fmt::format("send to {} failed: {}",
+                                   c->peer ? peer_of(c->peer)->str : "peer", std::strerror(e)));
             return;
         }
         std::size_t left = std::size_t(w);
@@ -374,7 +432,7 @@ bool TcpTransport::queue_reply(Conn* c, FrameType type, uint64_t cookie, Errc st
                                c->replies));
         return false;
     }
-    Control* ctl = control_alloc();
+    Control* ctl = control_alloc(*c->lane);
     ctl->reply = true;
     FrameHeader h;
     h.type = type;
@@ -394,6 +452,9 @@ bool TcpTransport::queue_reply(Conn* c, FrameType type, uint64_t cookie, Errc st
 // --- receiving ----------------------------------------------------------------------------------
 
 Errc TcpTransport::validate_target(const FrameHeader& h, bool write, std::byte** where) {
+    // The lane's lock stays held while the region is used: mem_unregister() erases it first,
+    // then takes each lane's lock to stop what was checked before (see there).
+    std::lock_guard rg(regions_mu_);
     auto it = regions_.find(h.key);
     if (it == regions_.end()) return Errc::invalid_argument;  // deregistered or forged
     const TcpMem* m = it->second;
@@ -425,7 +486,13 @@ bool TcpTransport::start_frame(Conn* c) {
             case FrameType::msg_expected: {
                 bool expected = h.type == FrameType::msg_expected;
                 bool no_context = false;
-                if (TcpOp* op = match_.match(expected, h.context_id, c->peer, h.tag, &no_context)) {
+                Lane& l = *c->lane;
+                if (!is_local_locked(l, h.context_id, expected)) {
+                    // Another context's (or nobody's): read it whole, then hand it over.
+                    c->rx_foreign = true;
+                    c->sink = Conn::Sink::queued;
+                } else if (TcpOp* op = l.match.match(expected, h.context_id, c->source, h.tag,
+                                                     &no_context)) {
                     // Read straight into the receive's buffer.
                     op->state = OpState::receiving;
                     c->rx_op = op;
@@ -436,8 +503,8 @@ bool TcpTransport::start_frame(Conn* c) {
                     TALARIA_LOG(tcp, warn,
                                 "dropping a {}-byte unexpected message (tag {}) from {} for "
                                 "context {}: {}",
-                                h.length, h.tag, c->peer.as<TcpAddr>()->str, h.context_id,
-                                match_.refusal(Queued::no_context));
+                                h.length, h.tag, peer_of(c->peer)->str, h.context_id,
+                                l.match.refusal(Queued::no_context));
                     c->sink = Conn::Sink::discard;
                     c->dest = nullptr;
                 } else {
@@ -452,7 +519,7 @@ bool TcpTransport::start_frame(Conn* c) {
                 c->dest = c->rx_status == Errc::ok ? where : nullptr;  // rejected: discard
                 if (c->rx_status != Errc::ok)
                     TALARIA_LOG(tcp, debug, "rejecting a put of {} bytes at {:#x} from {}: {}",
-                                h.rma_length, h.address, c->peer.as<TcpAddr>()->str,
+                                h.rma_length, h.address, peer_of(c->peer)->str,
                                 errc_name(c->rx_status));
                 break;
             }
@@ -461,7 +528,7 @@ bool TcpTransport::start_frame(Conn* c) {
                 Errc st = validate_target(h, false, &where);
                 if (st != Errc::ok)
                     TALARIA_LOG(tcp, debug, "rejecting a get of {} bytes at {:#x} from {}: {}",
-                                h.rma_length, h.address, c->peer.as<TcpAddr>()->str, errc_name(st));
+                                h.rma_length, h.address, peer_of(c->peer)->str, errc_name(st));
                 // The data goes out straight from the registered region.
                 return queue_reply(c, FrameType::get_resp, h.cookie, st, where,
                                    st == Errc::ok ? h.rma_length : 0);
@@ -483,7 +550,7 @@ bool TcpTransport::start_frame(Conn* c) {
                     if (h.status != Errc::ok) {
                         op->completion.size = 0;
                         TALARIA_LOG(tcp, debug, "{} to {} failed at the target: {}",
-                                    put ? "put" : "get", c->peer.as<TcpAddr>()->str,
+                                    put ? "put" : "get", peer_of(c->peer)->str,
                                     errc_name(h.status));
                     }
                     complete_op(op, h.status);
@@ -500,9 +567,9 @@ bool TcpTransport::start_frame(Conn* c) {
         }
     }
     if (c->sink == Conn::Sink::queued) {
-        QueuedMsg* m = match_.msg_alloc();
+        QueuedMsg* m = c->lane->match.msg_alloc();
         m->data.resize(h.length);
-        m->source = c->peer;
+        m->source = c->source;
         m->tag = h.tag;
         m->context_id = h.context_id;
         m->expected = h.type == FrameType::msg_expected;
@@ -514,7 +581,38 @@ bool TcpTransport::start_frame(Conn* c) {
     return true;
 }
 
+bool TcpTransport::is_local_locked(Lane& l, uint8_t ctx_id, bool expected) {
+    if (ctx_id == l.id && l.ctx && (expected || l.ctx->takes_unexpected())) [[likely]]
+        return true;
+    std::lock_guard rg(route_mu_);
+    return route_target_locked(ctx_id, expected) == &l;
+}
+
+Lane* TcpTransport::route_target_locked(uint8_t ctx_id, bool expected) noexcept {
+    if (ctx_id < opts_.max_contexts) {
+        Lane* l = lane_ptr_[ctx_id].load(std::memory_order_relaxed);
+        if (l && l->ctx && (expected || l->ctx->takes_unexpected())) return l;
+    }
+    // An expected message answers a receive its context posted: with that context gone,
+    // nobody waits for it.
+    if (expected) return nullptr;
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
+        Lane* l = lane_ptr_[i].load(std::memory_order_relaxed);
+        if (l && l->ctx && l->ctx->takes_unexpected()) return l;
+    }
+    return nullptr;
+}
+
 void TcpTransport::deliver_queued(Conn* c, QueuedMsg* m) {
+    Lane& l = *c->lane;
+    const bool foreign = c->rx_foreign;
+    c->rx_foreign = false;
+    if (foreign && !is_local_locked(l, m->context_id, m->expected))
+        return hand_over_locked(l, m, c->peer);
+    deliver_local_locked(l, m, c->peer);
+}
+
+void TcpTransport::deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who) {
     // A receive may have been posted while the message was being read.
     const std::size_t size = m->data.size();
     const Tag tag = m->tag;
@@ -522,13 +620,66 @@ void TcpTransport::deliver_queued(Conn* c, QueuedMsg* m) {
     const bool expected = m->expected;
     // m is freed when refused
     Queued q = Queued::ok;
-    TcpOp* op = match_.match_or_queue(m, &q);
+    TcpOp* op = l.match.match_or_queue(m, &q);
     if (q != Queued::ok)
         TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
-                    size, expected ? "expected" : "unexpected", tag, c->peer.as<TcpAddr>()->str,
-                    ctx_id, match_.refusal(q));
+                    size, expected ? "expected" : "unexpected", tag, peer_of(who)->str, ctx_id,
+                    l.match.refusal(q));
     if (!op) return;
-    match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+    l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+}
+
+void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
+    std::unique_lock rg(route_mu_);
+    Lane* to = route_target_locked(m->context_id, m->expected);
+    if (to == &from) {  // its context appeared meanwhile
+        rg.unlock();
+        return deliver_local_locked(from, m, who);
+    }
+    auto loose = std::unique_ptr<QueuedMsg>(to ? new (std::nothrow) QueuedMsg : nullptr);
+    if (!loose) {
+        rg.unlock();
+        TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
+                    m->data.size(), m->expected ? "expected" : "unexpected", m->tag,
+                    peer_of(who)->str, m->context_id,
+                    to            ? "out of memory"
+                    : m->expected ? "that context does not exist (any more)"
+                                  : "no context here takes unexpected messages");
+        from.match.msg_free(m);
+        return;
+    }
+    loose->source = std::move(m->source);
+    loose->tag = m->tag;
+    loose->context_id = m->context_id;
+    loose->expected = m->expected;
+    loose->data.swap(m->data);
+    to->inbox.push_back(std::move(loose));
+    to->has_inbox.store(true, std::memory_order_release);
+    // Wake a thread of that context sleeping in progress() or on its wait_fd() (under the
+    // route lock: the context, and so its eventfd, cannot go meanwhile).
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = ::write(to->ctx->event_fd(), &one, sizeof one);
+    rg.unlock();
+    from.match.msg_free(m);
+}
+
+void TcpTransport::drain_inbox_locked(Lane& l) {
+    std::vector<std::unique_ptr<QueuedMsg>> in;
+    {
+        std::lock_guard rg(route_mu_);
+        in.swap(l.inbox);
+        l.has_inbox.store(false, std::memory_order_relaxed);
+    }
+    for (auto& loose : in) {
+        QueuedMsg* m = l.match.msg_alloc();
+        Addr who = loose->source;
+        m->source = std::move(loose->source);
+        m->tag = loose->tag;
+        m->context_id = loose->context_id;
+        m->expected = loose->expected;
+        m->data.swap(loose->data);
+        deliver_local_locked(l, m, who);
+    }
 }
 
 bool TcpTransport::finish_frame(Conn* c) {
@@ -545,10 +696,15 @@ bool TcpTransport::finish_frame(Conn* c) {
                 close_conn(c, Errc::protocol_error, hello.error().message());
                 return false;
             }
+            if (h.tag > 0xff) {
+                close_conn(
+                    c, Errc::protocol_error,
+                    fmt::format("hello names context {} as its sender's (at most 255)", h.tag));
+                return false;
+            }
             Addr peer;
             if (hello->address.empty()) {
-                peer = intern_locked(fmt::format("tcp://~{:016x}", hello->instance));
-                peer.as<TcpAddr>()->anonymous = true;
+                peer = intern_locked(fmt::format("tcp://~{:016x}", hello->instance), true);
             } else {
                 auto r = lookup_locked(hello->address, true);
                 if (!r || r->as<TcpAddr>()->anonymous) {
@@ -559,17 +715,19 @@ bool TcpTransport::finish_frame(Conn* c) {
                 }
                 peer = *r;
             }
-            c->peer = peer;
-            auto* pa = peer.as<TcpAddr>();
-            if (!pa->conn) pa->conn = c;  // replies and sends to this peer use it
+            c->source = alias_of(this, peer.as<TcpAddr>());
+            c->peer = std::move(peer);
+            c->remote_ctx = uint8_t(h.tag);
+            c->asked_ctx = h.context_id;
+            // Open, and still without a lane: poll_setup() hands it to its lane (adopt_locked),
+            // which parses what follows.
             c->state = Conn::State::open;
-            TALARIA_LOG(tcp, debug, "connection fd={} is from {}", c->fd, pa->str);
             break;
         }
         case Conn::Sink::op: {
             TcpOp* op = c->rx_op;
             c->rx_op = nullptr;
-            complete_recv(op, c->peer, h.context_id, h.tag, h.length, c->rx_status);
+            complete_recv(op, c->source, h.context_id, h.tag, h.length, c->rx_status);
             break;
         }
         case Conn::Sink::queued: {
@@ -593,6 +751,8 @@ bool TcpTransport::finish_frame(Conn* c) {
 
 bool TcpTransport::process_rx(Conn* c) {
     for (;;) {
+        // After its hello, an accepted connection waits for its lane (adopt_locked).
+        if (c->lane == nullptr && c->state == Conn::State::open) return true;
         if (c->in_payload) {
             if (c->remaining > 0) {
                 std::size_t avail = c->rx_len - c->rx_pos;
@@ -626,6 +786,8 @@ bool TcpTransport::process_rx(Conn* c) {
 void TcpTransport::read_ready(Conn* c) {
     // Bounded so that one busy peer cannot starve the others.
     for (int round = 0; round < 16 && c->state != Conn::State::closed; ++round) {
+        // An accepted connection reads nothing past its hello before it has a lane.
+        if (c->lane == nullptr && c->state == Conn::State::open) return;
         ssize_t n;
         std::size_t asked;
         if (c->in_payload && c->dest && c->remaining > 0 && c->rx_pos == c->rx_len) {
@@ -681,7 +843,7 @@ void TcpTransport::read_ready(Conn* c) {
 void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     if (c->state == Conn::State::closed) return;
     const bool was_connecting = c->state == Conn::State::connecting;
-    std::string who = c->peer ? c->peer.as<TcpAddr>()->str : std::string("an unidentified peer");
+    std::string who = c->peer ? peer_of(c->peer)->str : std::string("an unidentified peer");
     if (status == Errc::protocol_error)
         TALARIA_LOG(tcp, warn, "disconnecting {} (fd {}): protocol error: {}", who, c->fd, why);
     else
@@ -689,35 +851,42 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
                     errc_name(status), why);
     if (was_connecting) status = Errc::unreachable;
     if (status == Errc::protocol_error || status == Errc::io_error) status = Errc::disconnected;
-    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    ::epoll_ctl(c->lane ? c->lane->epfd : setup_epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
     ::close(c->fd);
     c->fd = -1;
     c->state = Conn::State::closed;
+    Lane* l = c->lane;
+    if (l == nullptr) {  // accepted, before its hello (or between hello and lane): no ops
+        pending_.erase(*c);
+        pending_dead_.push_back(c);
+        return;
+    }
 
     // The frame being received.
     if (c->rx_op) {
         TcpOp* op = c->rx_op;
         c->rx_op = nullptr;
         if (c->sink == Conn::Sink::op && op->completion.type == OpType::recv_unexpected &&
-            match_.repost_front(op)) {
+            l->match.repost_front(op)) {
             // A receive from anyone: the message died with its sender, the receive did not.
             op->state = OpState::recv_posted;
         } else if (c->sink == Conn::Sink::op) {
-            complete_recv(op, c->peer, c->hdr.context_id, c->hdr.tag, 0, status);
+            complete_recv(op, c->source, c->hdr.context_id, c->hdr.tag, 0, status);
         } else {
             op->state = OpState::idle;
             complete_op(op, status);
         }
     }
     if (c->rx_msg) {
-        match_.msg_free(c->rx_msg);
+        l->match.msg_free(c->rx_msg);
         c->rx_msg = nullptr;
     }
     c->in_payload = false;
+    c->rx_foreign = false;
     // Everything queued to send, then put/get waiting for a response.
     while (SendItem* it = c->sendq.pop_front()) {
         if (it->kind == SendItem::Kind::control) {
-            control_free(static_cast<Control*>(it));
+            control_free(*l, static_cast<Control*>(it));
             continue;
         }
         auto* op = static_cast<TcpOp*>(it);
@@ -732,32 +901,30 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
         complete_op(op, status);
     }
     if (c->peer) {
-        auto* pa = c->peer.as<TcpAddr>();
-        if (pa->conn == c) {
-            // Keep talking over another connection to that peer if there is one.
-            pa->conn = nullptr;
-            for (Conn& o : conns_)
-                if (&o != c && o.peer == c->peer && o.state == Conn::State::open) pa->conn = &o;
-        }
-        // Expected receives from that peer would wait forever: fail them, unless another
-        // connection to the peer is still up.
+        drop_route(*l, c);
+        // Expected receives of this context from that peer would wait forever: fail them,
+        // unless another connection of the lane to the peer is still up.
         bool other = false;
-        for (Conn& o : conns_)
+        for (Conn& o : l->conns)
             if (&o != c && o.peer == c->peer && o.state != Conn::State::closed) other = true;
         if (!other) {
-            match_.take_expected_from(c->peer, [&](TcpOp* op) {
-                complete_recv(op, c->peer, 0, op->match_tag, 0, status);
+            l->match.take_expected_from(c->peer, [&](TcpOp* op) {
+                complete_recv(op, c->source, 0, op->match_tag, 0, status);
             });
         }
     }
-    conns_.erase(*c);
-    dead_.push_back(c);
+    l->conns.erase(*c);
+    l->dead.push_back(c);
 }
 
-void TcpTransport::reap_dead() {
-    for (Conn* c : dead_)
+void TcpTransport::close_lane_locked(Lane& l, Errc status, const std::string& why) {
+    l.conns.for_each_safe([&](Conn& c) { close_conn(&c, status, why); });
+}
+
+void TcpTransport::reap_dead(Lane& l) {
+    for (Conn* c : l.dead)
         delete c;
-    dead_.clear();
+    l.dead.clear();
 }
 
 void TcpTransport::on_connected(Conn* c) {
@@ -765,13 +932,13 @@ void TcpTransport::on_connected(Conn* c) {
     socklen_t len = sizeof err;
     if (::getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
     if (err != 0) {
-        close_conn(c, Errc::unreachable,
-                   fmt::format("connect to {} failed: {}", c->peer.as<TcpAddr>()->str,
-                               std::strerror(err)));
+        close_conn(
+            c, Errc::unreachable,
+            fmt::format("connect to {} failed: {}", peer_of(c->peer)->str, std::strerror(err)));
         return;
     }
     c->state = Conn::State::open;
-    TALARIA_LOG(tcp, debug, "connected to {} fd={}", c->peer.as<TcpAddr>()->str, c->fd);
+    TALARIA_LOG(tcp, debug, "connected to {} fd={}", peer_of(c->peer)->str, c->fd);
     flush(c);
 }
 
@@ -795,49 +962,93 @@ namespace {
 // still runs every kEpollEvery polls, for accepts, connects, EPOLLOUT and errors.
 constexpr std::size_t kDirectPollConns = 2;
 constexpr unsigned kEpollEvery = 16;
+/// How often a busy context looks at the setup set (accepts, hellos).
+constexpr uint64_t kSetupPollNs = 100'000;
 }  // namespace
 
-void TcpTransport::poll_once(bool use_epoll) {
-    if (!use_epoll && conns_.size() <= kDirectPollConns && ++polls_ % kEpollEvery != 0) {
-        conns_.for_each_safe([this](Conn& c) {
+void TcpTransport::poll_once(Lane& l, bool use_epoll) {
+    if (!use_epoll && l.conns.size() <= kDirectPollConns && ++l.polls % kEpollEvery != 0) {
+        l.conns.for_each_safe([this](Conn& c) {
             if (c.state == Conn::State::open) read_ready(&c);
         });
-        reap_dead();
+        reap_dead(l);
         return;
     }
     epoll_event evs[kMaxEvents];
-    int n = ::epoll_wait(epfd_, evs, kMaxEvents, 0);
-    for (int i = 0; i < n; ++i) {
-        if (evs[i].data.ptr == &listen_fd_)
-            accept_ready();
-        else
-            on_event(static_cast<Conn*>(evs[i].data.ptr), evs[i].events);
-    }
-    reap_dead();
+    int n = ::epoll_wait(l.epfd, evs, kMaxEvents, 0);
+    for (int i = 0; i < n; ++i)
+        on_event(static_cast<Conn*>(evs[i].data.ptr), evs[i].events);
+    reap_dead(l);
 }
 
 Result<void> TcpTransport::progress(Context& ctx, TimePoint deadline) {
     auto& tc = static_cast<TcpContext&>(ctx);
-    bool woke = false;  // after blocking, ask epoll what woke us
+    Lane& l = tc.lane();
+    bool woke = false;        // after blocking, ask epoll what woke us
+    bool setup_woke = false;  // ... and the setup set was among it
     for (;;) {
+        bool look_at_setup = setup_woke;
         {
-            std::lock_guard g(mu_);
-            poll_once(woke);
+            std::lock_guard g(l.mu);
+            if (l.has_inbox.load(std::memory_order_acquire)) drain_inbox_locked(l);
+            poll_once(l, woke);
+            // New connections and hellos: every 100 µs while busy (try_lock), at once when
+            // they woke us.
+            if (listen_fd_ >= 0 && !look_at_setup) {
+                uint64_t now = now_ns();
+                if (now - l.last_setup_poll_ns >= kSetupPollNs) {
+                    l.last_setup_poll_ns = now;
+                    look_at_setup = true;
+                }
+            }
         }
+        if (look_at_setup) poll_setup(setup_woke);
+        if (l.borrowed.load(std::memory_order_relaxed) != 0) poll_lenders(l);
         if (ctx.has_completions()) return ok();
         if (deadline_passed(deadline)) return Errc::timeout;
         if (!ctx.prepare_block()) return ok();
-        epoll_event ev;
-        ::epoll_wait(tc.block_fd(), &ev, 1, ms_until(deadline));
+        if (l.has_inbox.load(std::memory_order_acquire)) {
+            ctx.end_block();
+            woke = setup_woke = false;
+            continue;
+        }
+        epoll_event evs[3];
+        int ms = ms_until(deadline);
+        // Our ops on another context's connections: that context's thread may be busy (in a
+        // handler waiting for them), so look again soon rather than sleep on our set alone.
+        if (l.borrowed.load(std::memory_order_relaxed) != 0 && (ms < 0 || ms > 1)) ms = 1;
+        int n = ::epoll_wait(tc.block_fd(), evs, 3, ms);
         ctx.end_block();
         ctx.drain_event_fd();
         woke = true;
+        setup_woke = false;
+        for (int i = 0; i < n; ++i)
+            if (evs[i].data.fd == setup_epfd_) setup_woke = true;
     }
 }
 
-bool TcpTransport::try_wait() {
+void TcpTransport::poll_lenders(Lane& own) {
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
+        Lane* o = lane_ptr_[i].load(std::memory_order_acquire);
+        if (o == nullptr || o == &own || !o->mu.try_lock()) continue;
+        poll_once(*o, false);
+        o->mu.unlock();
+    }
+}
+
+bool TcpTransport::try_wait_for(Context& ctx) {
+    Lane& l = lane_of(ctx);
+    if (l.has_inbox.load(std::memory_order_acquire)) return false;
+    if (l.borrowed.load(std::memory_order_relaxed) != 0) return false;  // see progress()
     epoll_event ev;
-    return ::epoll_wait(epfd_, &ev, 1, 0) == 0;
+    if (::epoll_wait(l.epfd, &ev, 1, 0) != 0) return false;
+    return ::epoll_wait(setup_epfd_, &ev, 1, 0) == 0;
+}
+
+bool TcpTransport::try_wait() {
+    // A context's messages arrive on its lane's set, which is not in progress_fd(): blocking
+    // there would not hear them. Block on a context's wait_fd() after Context::try_wait().
+    return false;
 }
 
 }  // namespace talaria::na::tcp

@@ -94,24 +94,50 @@ bool is_wildcard(const SockAddr& sa) {
 
 // --- contexts -----------------------------------------------------------------------------------
 
-TcpContext::TcpContext(TcpTransport* t, uint8_t id, bool thread_safe)
-    : Context(t, id, thread_safe), tt_(t) {
+Lane::Lane(uint8_t lane_id, const Options& o)
+    : mu(o.thread_safe),
+      id(lane_id),
+      ops(o.max_ops, o.thread_safe, &releaser),
+      match(o.max_contexts) {
+    epfd = ::epoll_create1(EPOLL_CLOEXEC);
+}
+
+void Lane::Releaser::release(Op* op) noexcept {
+    if (static_cast<TcpOp*>(op)->borrowed) l->borrowed.fetch_sub(1, std::memory_order_relaxed);
+    l->ops.release(op);
+}
+
+Lane::~Lane() {
+    if (epfd >= 0) ::close(epfd);
+}
+
+TcpContext::TcpContext(TcpTransport* t, uint8_t id, bool thread_safe, Lane* lane)
+    : Context(t, id, thread_safe), tt_(t), lane_(lane) {
     block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (block_epfd_ < 0) {
         TALARIA_LOG(tcp, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
         return;
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = t->progress_fd();
-    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, t->progress_fd(), &ev);
-    ev.data.fd = event_fd();
-    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, event_fd(), &ev);
+    for (int fd : {lane->epfd, t->progress_fd(), event_fd()}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        if (::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            TALARIA_LOG(tcp, error, "context {}: epoll_ctl failed: {}", id, std::strerror(errno));
+            ::close(block_epfd_);
+            block_epfd_ = -1;
+            return;
+        }
+    }
 }
 
 TcpContext::~TcpContext() {
-    tt_->context_destroyed(id());
+    tt_->context_destroyed(this);
     if (block_epfd_ >= 0) ::close(block_epfd_);
+}
+
+Lane& TcpTransport::lane_of(Context& ctx) noexcept {
+    return static_cast<TcpContext&>(ctx).lane();
 }
 
 Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
@@ -121,26 +147,56 @@ Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
                      fmt::format("context id {} out of range: this tcp transport has "
                                  "Options::max_contexts = {}",
                                  id, opts_.max_contexts));
-    std::lock_guard g(mu_);
-    if (match_.context(id))
-        return Error(Errc::already_exists, fmt::format("context {} already exists", id));
-    auto ctx = std::make_unique<TcpContext>(this, id, opts_.thread_safe);
+    std::lock_guard g(setup_mu_);
+    Lane* l = lanes_[id].get();
+    if (l && l->ctx)
+        return Error(Errc::already_exists,
+                     fmt::format("context {} already exists on this tcp endpoint: destroy it "
+                                 "first, or pick another id",
+                                 id));
+    if (!l) {
+        auto nl = std::make_unique<Lane>(id, opts_);
+        if (nl->epfd < 0) return errno_error("tcp: epoll_create1 (a context's set)", errno);
+        l = nl.get();
+        lanes_[id] = std::move(nl);
+        lane_ptr_[id].store(l, std::memory_order_release);
+    }
+    auto ctx = std::make_unique<TcpContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
-    match_.attach(ctx.get());
+    if (!ctx->watch_fd(l->epfd)) return errno_error("tcp: epoll_ctl(a context's set)", errno);
+    {
+        std::lock_guard lg(l->mu);
+        l->match.attach(ctx.get());
+        std::lock_guard rg(route_mu_);
+        l->ctx = ctx.get();
+    }
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
-void TcpTransport::context_destroyed(uint8_t id) noexcept {
-    std::lock_guard g(mu_);
+void TcpTransport::context_destroyed(TcpContext* ctx) noexcept {
+    Lane& l = ctx->lane();
+    std::lock_guard g(setup_mu_);
+    std::lock_guard lg(l.mu);
+    if (l.ctx != ctx) return;  // context_create failed half way
+    // Its connections go with it: peers see them close and reconnect to the contexts left
+    // (the lowest one answers for a context that is gone).
+    close_lane_locked(l, Errc::canceled, fmt::format("context {} is destroyed", l.id));
     // The caller should have canceled and drained; release receives still posted on it so
     // that nothing refers to the dead context.
-    match_.detach(id, [](TcpOp* op) {
+    l.match.detach(l.id, [](TcpOp* op) {
         op->state = OpState::idle;
         op->match_source.reset();
         op->releaser->release(op);
     });
+    {
+        std::lock_guard rg(route_mu_);
+        l.ctx = nullptr;
+        l.inbox.clear();
+        l.has_inbox.store(false, std::memory_order_relaxed);
+    }
+    reap_dead(l);
 }
 
 // --- transport lifetime -------------------------------------------------------------------------
@@ -148,39 +204,60 @@ void TcpTransport::context_destroyed(uint8_t id) noexcept {
 TcpTransport::TcpTransport(const Options& o)
     : addrs_(o.thread_safe),
       opts_(o),
-      mu_(o.thread_safe),
-      ops_(o.max_ops, o.thread_safe),
-      match_(o.max_contexts) {}
+      setup_mu_(o.thread_safe),
+      route_mu_(o.thread_safe),
+      regions_mu_(o.thread_safe),
+      lanes_(o.max_contexts),
+      lane_ptr_(new std::atomic<Lane*>[o.max_contexts]) {
+    for (std::size_t i = 0; i < o.max_contexts; ++i)
+        lane_ptr_[i].store(nullptr, std::memory_order_relaxed);
+}
 
 TcpTransport::~TcpTransport() {
-    while (Conn* c = conns_.pop_front()) {
+    auto drop = [](Lane* l, Conn* c) {
         if (c->fd >= 0) ::close(c->fd);
-        while (SendItem* it = c->sendq.pop_front())
-            if (it->kind == SendItem::Kind::control) control_free(static_cast<Control*>(it));
+        while (SendItem* it = c->sendq.pop_front()) {
+            if (it->kind == SendItem::Kind::control) {
+                auto* ctl = static_cast<Control*>(it);
+                ctl->owned.reset();
+                if (l) l->free_controls.push_back(ctl);
+            }
+        }
         c->rma_wait.clear();
-        if (c->rx_msg) match_.msg_free(c->rx_msg);
-        dead_.push_back(c);
-    }
-    for (Conn* c : dead_)
+        if (c->rx_msg && l) l->match.msg_free(c->rx_msg);
         delete c;
-    dead_.clear();
-    match_.clear();
+    };
+    for (auto& l : lanes_) {
+        if (!l) continue;
+        while (Conn* c = l->conns.pop_front())
+            drop(l.get(), c);
+        for (Conn* c : l->dead)
+            delete c;
+        l->dead.clear();
+        l->routes.clear();
+        l->match.clear();
+    }
+    while (Conn* c = pending_.pop_front())
+        drop(nullptr, c);
+    for (Conn* c : pending_dead_)
+        delete c;
+    pending_dead_.clear();
+    lanes_.clear();
     // Every connection is gone (each dropped its peer reference), so no address points at one.
     self_.reset();
     if (listen_fd_ >= 0) ::close(listen_fd_);
-    if (epfd_ >= 0) ::close(epfd_);
+    if (setup_epfd_ >= 0) ::close(setup_epfd_);
 }
 
 Result<void> TcpTransport::init(std::string_view rest) {
     instance_ = random_u64();
-    epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (epfd_ < 0) return errno_error("tcp: epoll_create1", errno);
+    setup_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (setup_epfd_ < 0) return errno_error("tcp: epoll_create1", errno);
 
     if (!opts_.listen) {
         // A client: validate the host part but do not bind; identify by instance id.
         if (!rest.empty()) TALARIA_CHECK(parse_host_port(rest, true));
-        auto* self = new TcpAddr(this, &addrs_, fmt::format("tcp://~{:016x}", instance_));
-        self->anonymous = true;
+        auto* self = new TcpAddr(this, &addrs_, fmt::format("tcp://~{:016x}", instance_), true);
         self_ = Addr(self);
         addrs_.add(self->str, self);
         return ok();
@@ -211,7 +288,7 @@ Result<void> TcpTransport::init(std::string_view rest) {
         adv = lo;
         adv.set_port(bound.port());
     }
-    auto* self = new TcpAddr(this, &addrs_, std::string(kScheme) + adv.to_string());
+    auto* self = new TcpAddr(this, &addrs_, std::string(kScheme) + adv.to_string(), false);
     self->sa = adv;
     self_ = Addr(self);
     addrs_.add(self->str, self);
@@ -219,7 +296,7 @@ Result<void> TcpTransport::init(std::string_view rest) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = &listen_fd_;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev) < 0)
+    if (::epoll_ctl(setup_epfd_, EPOLL_CTL_ADD, listen_fd_, &ev) < 0)
         return errno_error("tcp: epoll_ctl(listen)", errno);
     TALARIA_LOG(tcp, debug, "listening on {} (instance {:016x})", self->str, instance_);
     return ok();
@@ -234,9 +311,9 @@ TcpAddr::~TcpAddr() {
     table_->remove(str, this);
 }
 
-Addr TcpTransport::intern_locked(const std::string& canonical) {
+Addr TcpTransport::intern_locked(const std::string& canonical, bool anonymous) {
     if (Addr a = addrs_.find(canonical)) return a;
-    auto* a = new TcpAddr(this, &addrs_, canonical);
+    auto* a = new TcpAddr(this, &addrs_, canonical, anonymous);
     Addr out(a);
     addrs_.add(canonical, a);
     return out;
@@ -265,9 +342,10 @@ Result<Addr> TcpTransport::lookup_locked(std::string_view address, bool numeric_
                                  "reports with addr_to_string(addr_self()))",
                                  address));
     std::string canonical = std::string(kScheme) + sa->to_string();
-    Addr out = intern_locked(canonical);
+    Addr out = intern_locked(canonical, false);
     auto* a = out.as<TcpAddr>();
-    a->sa = *sa;
+    // Written once, before any other thread can see the address (connect() reads it).
+    if (a->sa.len == 0) a->sa = *sa;
     // Remember a name under which it was looked up, so that the next lookup of the same string
     // does not resolve again (a few per address: the table must not grow without bound).
     if (full != canonical && a->aliases.size() < kMaxAliases &&
@@ -279,24 +357,30 @@ Result<Addr> TcpTransport::lookup_locked(std::string_view address, bool numeric_
 }
 
 Result<Addr> TcpTransport::addr_lookup(std::string_view address) {
-    std::lock_guard g(mu_);
+    std::lock_guard g(setup_mu_);
     return lookup_locked(address, false);
+}
+
+Addr TcpTransport::addr_alias(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return a;
+    auto* alias = new (std::nothrow) TcpAlias(this, peer_of(a));
+    return alias ? Addr(alias) : a;
 }
 
 std::string TcpTransport::addr_to_string(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
-    return a.as<TcpAddr>()->str;
+    return peer_of(a)->str;
 }
 
 std::size_t TcpTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
-    return 2 + a.as<TcpAddr>()->str.size();
+    return 2 + peer_of(a)->str.size();
 }
 
 Result<std::size_t> TcpTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
     if (!a || a.impl()->transport() != this)
         return Error(Errc::invalid_argument, "addr_serialize: not a tcp address of this transport");
-    const std::string& s = a.as<TcpAddr>()->str;
+    const std::string& s = peer_of(a)->str;
     if (out.size() < 2 + s.size())
         return Error(
             Errc::invalid_argument,
@@ -308,7 +392,7 @@ Result<std::size_t> TcpTransport::addr_serialize(const Addr& a, std::span<std::b
 
 Result<Addr> TcpTransport::addr_deserialize(std::span<const std::byte> in) {
     TALARIA_TRY(s, decode_addr_blob(in));
-    std::lock_guard g(mu_);
+    std::lock_guard g(setup_mu_);
     return lookup_locked(s, true);
 }
 
@@ -323,12 +407,15 @@ TcpMem::~TcpMem() {
 }
 
 void TcpTransport::mem_unregister(uint64_t key) noexcept {
-    std::lock_guard g(mu_);
-    auto it = regions_.find(key);
-    if (it == regions_.end()) return;
-    auto lo = it->second->base();
-    auto hi = lo + it->second->length();
-    regions_.erase(it);
+    uint64_t lo = 0, hi = 0;
+    {
+        std::lock_guard rg(regions_mu_);
+        auto it = regions_.find(key);
+        if (it == regions_.end()) return;
+        lo = it->second->base();
+        hi = lo + it->second->length();
+        regions_.erase(it);
+    }
     if (lo == hi) return;
     auto inside = [&](const void* p) {
         auto a = reinterpret_cast<uintptr_t>(p);
@@ -337,40 +424,47 @@ void TcpTransport::mem_unregister(uint64_t key) noexcept {
     // Peers cannot know when we deregister, so a put or get they started may still use the
     // region: never touch it again. A put being received is discarded and reported failed; a
     // get response not started is turned into a failure, one half sent gets a private copy.
-    conns_.for_each_safe([&](Conn& c) {
-        if (c.in_payload && c.sink == Conn::Sink::put && c.dest && inside(c.dest)) {
-            c.dest = nullptr;
-            c.rx_status = Errc::invalid_argument;
-        }
-        for (SendItem& item : c.sendq) {
-            if (item.kind != SendItem::Kind::control || item.iovcnt < 2) continue;
-            auto& ctl = static_cast<Control&>(item);
-            if (!ctl.reply || !inside(ctl.iov[1].iov_base)) continue;
-            if (ctl.sent == 0) {
-                FrameHeader h;
-                h.type = FrameType::get_resp;
-                h.cookie = detail::load_le(ctl.header + 24, 8);
-                h.status = Errc::invalid_argument;
-                encode_frame_header(h, ctl.header);
-                c.queued_bytes -= ctl.iov[1].iov_len;
-                ctl.total -= ctl.iov[1].iov_len;
-                ctl.iov[1].iov_len = 0;
-                ctl.iovcnt = 1;
-            } else {
-                ctl.owned.reset(new (std::nothrow) std::byte[ctl.iov[1].iov_len]);
-                if (ctl.owned) {
-                    std::memcpy(ctl.owned.get(), ctl.iov[1].iov_base, ctl.iov[1].iov_len);
-                    ctl.iov[1].iov_base = ctl.owned.get();
+    // The target side checked the region under regions_mu_ and then holds its lane's lock
+    // while it uses it: once erased above, each lane in turn is made to let go.
+    std::lock_guard sg(setup_mu_);
+    for (auto& lane : lanes_) {
+        if (!lane) continue;
+        std::lock_guard lg(lane->mu);
+        lane->conns.for_each_safe([&](Conn& c) {
+            if (c.in_payload && c.sink == Conn::Sink::put && c.dest && inside(c.dest)) {
+                c.dest = nullptr;
+                c.rx_status = Errc::invalid_argument;
+            }
+            for (SendItem& item : c.sendq) {
+                if (item.kind != SendItem::Kind::control || item.iovcnt < 2) continue;
+                auto& ctl = static_cast<Control&>(item);
+                if (!ctl.reply || !inside(ctl.iov[1].iov_base)) continue;
+                if (ctl.sent == 0) {
+                    FrameHeader h;
+                    h.type = FrameType::get_resp;
+                    h.cookie = detail::load_le(ctl.header + 24, 8);
+                    h.status = Errc::invalid_argument;
+                    encode_frame_header(h, ctl.header);
+                    c.queued_bytes -= ctl.iov[1].iov_len;
+                    ctl.total -= ctl.iov[1].iov_len;
+                    ctl.iov[1].iov_len = 0;
+                    ctl.iovcnt = 1;
                 } else {
-                    TALARIA_LOG(tcp, error,
-                                "deregistering a region a peer is reading: no memory "
-                                "for a private copy; the connection is dropped");
-                    close_conn(&c, Errc::no_memory, "out of memory while deregistering");
-                    return;
+                    ctl.owned.reset(new (std::nothrow) std::byte[ctl.iov[1].iov_len]);
+                    if (ctl.owned) {
+                        std::memcpy(ctl.owned.get(), ctl.iov[1].iov_base, ctl.iov[1].iov_len);
+                        ctl.iov[1].iov_base = ctl.owned.get();
+                    } else {
+                        TALARIA_LOG(tcp, error,
+                                    "deregistering a region a peer is reading: no memory "
+                                    "for a private copy; the connection is dropped");
+                        close_conn(&c, Errc::no_memory, "out of memory while deregistering");
+                        return;
+                    }
                 }
             }
-        }
-    });
+        });
+    }
 }
 
 Result<MemHandle> TcpTransport::mem_register(void* buf, std::size_t len, Access access) {
@@ -379,7 +473,7 @@ Result<MemHandle> TcpTransport::mem_register(void* buf, std::size_t len, Access 
     if (access != Access::read_only && access != Access::write_only && access != Access::read_write)
         return Error(Errc::invalid_argument,
                      fmt::format("mem_register: invalid access mode {}", int(access)));
-    std::lock_guard g(mu_);
+    std::lock_guard g(regions_mu_);
     uint64_t key = random_u64();
     while (regions_.count(key))
         key = random_u64();
@@ -392,7 +486,7 @@ Result<MemHandle> TcpTransport::mem_register(void* buf, std::size_t len, Access 
 std::size_t TcpTransport::mem_serialize_size(const MemHandle& h) {
     if (!h || h->transport() != this) return 0;
     auto* m = h.as<TcpMem>();
-    return mem_blob_size(m->local() ? self_.as<TcpAddr>()->str : m->owner);
+    return mem_blob_size(m->local() ? peer_of(self_)->str : m->owner);
 }
 
 Result<std::size_t> TcpTransport::mem_serialize(const MemHandle& h, std::span<std::byte> out) {
@@ -404,7 +498,7 @@ Result<std::size_t> TcpTransport::mem_serialize(const MemHandle& h, std::span<st
     b.length = m->length();
     b.key = m->key;
     b.access = uint8_t(m->access());
-    b.owner = m->local() ? std::string_view(self_.as<TcpAddr>()->str) : m->owner;
+    b.owner = m->local() ? std::string_view(peer_of(self_)->str) : m->owner;
     std::size_t need = mem_blob_size(b.owner);
     if (out.size() < need)
         return Error(Errc::invalid_argument,
@@ -418,7 +512,7 @@ Result<MemHandle> TcpTransport::mem_deserialize(std::span<const std::byte> in) {
     auto m = std::make_unique<TcpMem>(this, b.base, b.length, Access(b.access), false, b.key);
     m->owner = std::string(b.owner);
     {
-        std::lock_guard g(mu_);
+        std::lock_guard g(setup_mu_);
         // The owner identifies the target; an unknown anonymous owner is left unset (the
         // target's key check still protects it).
         if (auto a = lookup_locked(m->owner, true)) m->owner_addr = *a;
@@ -433,7 +527,6 @@ Conn* TcpTransport::new_conn(int fd, bool outgoing) {
     c->fd = fd;
     c->outgoing = outgoing;
     c->rx = std::make_unique<std::byte[]>(kRxBufferSize);
-    conns_.push_back(*c);
     return c;
 }
 
@@ -442,12 +535,30 @@ Result<void> TcpTransport::watch(Conn* c, uint32_t events) {
     ev.events = events;
     ev.data.ptr = c;
     int op = c->events == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
-    if (::epoll_ctl(epfd_, op, c->fd, &ev) < 0) return errno_error("tcp: epoll_ctl", errno);
+    int epfd = c->lane ? c->lane->epfd : setup_epfd_;
+    if (::epoll_ctl(epfd, op, c->fd, &ev) < 0) return errno_error("tcp: epoll_ctl", errno);
     c->events = events;
     return ok();
 }
 
-Result<Conn*> TcpTransport::connect_locked(TcpAddr* peer) {
+void TcpTransport::add_route(Lane& l, Conn* c) {
+    l.routes.try_emplace(Lane::key(peer_of(c->peer), c->remote_ctx), c);
+}
+
+void TcpTransport::drop_route(Lane& l, Conn* c) {
+    auto it = l.routes.find(Lane::key(peer_of(c->peer), c->remote_ctx));
+    if (it == l.routes.end() || it->second != c) return;
+    l.routes.erase(it);
+    // Keep talking over another connection of the lane to that context if there is one.
+    for (Conn& o : l.conns)
+        if (&o != c && o.state == Conn::State::open && o.peer == c->peer &&
+            o.remote_ctx == c->remote_ctx) {
+            l.routes.emplace(Lane::key(peer_of(o.peer), o.remote_ctx), &o);
+            break;
+        }
+}
+
+Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) {
     int fd = ::socket(peer->sa.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return errno_error("tcp: socket", errno);
     tune_socket(fd);
@@ -459,18 +570,25 @@ Result<Conn*> TcpTransport::connect_locked(TcpAddr* peer) {
                      fmt::format("tcp: connect to {} failed: {}", peer->str, std::strerror(e)));
     }
     Conn* c = new_conn(fd, true);
+    c->lane = &l;
+    l.conns.push_back(*c);
     c->state = rc == 0 ? Conn::State::open : Conn::State::connecting;
     c->peer = Addr(peer);
-    peer->conn = c;
+    c->source = alias_of(this, peer);
+    c->remote_ctx = remote_ctx;
+    add_route(l, c);
     if (auto w = watch(c, rc == 0 ? EPOLLIN : EPOLLIN | EPOLLOUT); !w) {
         close_conn(c, Errc::unreachable, w.error().describe());
         return Error(Errc::unreachable, w.error().describe());
     }
-    // The hello goes first: it tells the peer who we are.
-    Control* h = control_alloc();
-    std::string_view me = opts_.listen ? std::string_view(self_.as<TcpAddr>()->str) : "";
+    // The hello goes first: it tells the peer who we are, and which of its contexts this
+    // connection joins (header context_id) from which of ours (header tag).
+    Control* h = control_alloc(l);
+    std::string_view me = opts_.listen ? std::string_view(peer_of(self_)->str) : "";
     FrameHeader fh;
     fh.type = FrameType::hello;
+    fh.context_id = remote_ctx;
+    fh.tag = l.id;
     fh.length = hello_size(me);
     encode_frame_header(fh, h->header);
     encode_hello(Hello{instance_, me}, h->payload);
@@ -479,11 +597,12 @@ Result<Conn*> TcpTransport::connect_locked(TcpAddr* peer) {
     h->iovcnt = 2;
     h->total = kFrameHeaderSize + fh.length;
     enqueue_send(c, h, false);
-    TALARIA_LOG(tcp, debug, "connecting to {} fd={}", peer->str, fd);
+    TALARIA_LOG(tcp, debug, "context {} connecting to context {} of {} fd={}", l.id, remote_ctx,
+                peer->str, fd);
     return c;
 }
 
-void TcpTransport::accept_ready() {
+void TcpTransport::accept_ready_locked() {
     for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -494,19 +613,83 @@ void TcpTransport::accept_ready() {
         }
         tune_socket(fd);
         Conn* c = new_conn(fd, false);
+        pending_.push_back(*c);
         c->state = Conn::State::await_hello;
         if (auto w = watch(c, EPOLLIN); !w) close_conn(c, Errc::io_error, w.error().describe());
         TALARIA_LOG(tcp, debug, "accepted a connection fd={}", fd);
     }
 }
 
-Control* TcpTransport::control_alloc() {
-    if (free_controls_.empty()) {
-        controls_.push_back(std::make_unique<Control>());
-        free_controls_.push_back(controls_.back().get());
+void TcpTransport::adopt_locked(Conn* c) {
+    Lane* to = nullptr;
+    {
+        std::lock_guard rg(route_mu_);
+        // The context asked for if it exists, else the one that takes unexpected messages for
+        // it (it answers for the missing context), else any.
+        Lane* asked = c->asked_ctx < opts_.max_contexts
+                          ? lane_ptr_[c->asked_ctx].load(std::memory_order_relaxed)
+                          : nullptr;
+        to = asked && asked->ctx ? asked : route_target_locked(c->asked_ctx, false);
+        for (std::size_t i = 0; !to && i < opts_.max_contexts; ++i) {
+            Lane* l = lane_ptr_[i].load(std::memory_order_relaxed);
+            if (l && l->ctx) to = l;
+        }
     }
-    Control* c = free_controls_.back();
-    free_controls_.pop_back();
+    if (!to) {
+        close_conn(c, Errc::not_found,
+                   fmt::format("no context exists here (asked for context {}): create one "
+                               "before peers connect",
+                               c->asked_ctx));
+        return;
+    }
+    ::epoll_ctl(setup_epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    c->events = 0;
+    pending_.erase(*c);
+    std::lock_guard lg(to->mu);
+    c->lane = to;
+    to->conns.push_back(*c);
+    add_route(*to, c);
+    if (auto w = watch(c, EPOLLIN); !w) {
+        close_conn(c, Errc::io_error, w.error().describe());
+        return;
+    }
+    TALARIA_LOG(tcp, debug, "connection fd={} from context {} of {} joins context {}", c->fd,
+                c->remote_ctx, peer_of(c->peer)->str, to->id);
+    // What followed the hello in the same read is the lane's to parse now.
+    if (process_rx(c) && c->state == Conn::State::open && !c->sendq.empty()) flush(c);
+}
+
+void TcpTransport::poll_setup(bool wait) {
+    touch::Pause off_call_path;  // every 100 µs, or on a new connection: not per message
+    std::unique_lock g(setup_mu_, std::defer_lock);
+    if (wait)
+        g.lock();
+    else if (!g.try_lock())
+        return;
+    epoll_event evs[64];
+    int n = ::epoll_wait(setup_epfd_, evs, 64, 0);
+    for (int i = 0; i < n; ++i) {
+        if (evs[i].data.ptr == &listen_fd_) {
+            accept_ready_locked();
+            continue;
+        }
+        auto* c = static_cast<Conn*>(evs[i].data.ptr);
+        if (c->state != Conn::State::await_hello) continue;
+        read_ready(c);
+        if (c->state == Conn::State::open && c->lane == nullptr) adopt_locked(c);
+    }
+    for (Conn* c : pending_dead_)
+        delete c;
+    pending_dead_.clear();
+}
+
+Control* TcpTransport::control_alloc(Lane& l) {
+    if (l.free_controls.empty()) {
+        l.controls.push_back(std::make_unique<Control>());
+        l.free_controls.push_back(l.controls.back().get());
+    }
+    Control* c = l.free_controls.back();
+    l.free_controls.pop_back();
     c->kind = SendItem::Kind::control;
     c->sent = 0;
     c->reply = false;
@@ -514,9 +697,9 @@ Control* TcpTransport::control_alloc() {
     return c;
 }
 
-void TcpTransport::control_free(Control* c) noexcept {
+void TcpTransport::control_free(Lane& l, Control* c) noexcept {
     c->owned.reset();
-    free_controls_.push_back(c);
+    l.free_controls.push_back(c);
 }
 
 }  // namespace tcp
