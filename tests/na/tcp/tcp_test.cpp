@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,7 @@
 
 #include "na/tcp/frame.hpp"
 #include "talaria/na/na.hpp"
+#include "talaria/util/touch_trace.hpp"
 
 namespace talaria::na {
 namespace {
@@ -930,6 +932,213 @@ TEST(Tcp, ThreadSafeEchoWithBlockingProgress) {
     c2.join();
     stop = true;
     server.join();
+}
+
+// --- contexts as progress domains (issue 9)
+// -------------------------------------------------------
+
+/// The objects (locks, pools) both traces hold.
+std::vector<const void*> common(std::vector<const void*> a, std::vector<const void*> b) {
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    std::vector<const void*> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    return both;
+}
+
+std::vector<const void*> my_trace() {
+#if defined(TALARIA_TOUCH_TRACE)
+    return touch::log().seen;
+#else
+    return {};
+#endif
+}
+
+/// A server with contexts 0 and 1, each driven by its own thread, echoing every unexpected
+/// message back from the context it arrived on, to the context its fifth byte names; `record` turns
+/// each thread's touch trace on after its first 20 messages.
+struct TwoContextEcho {
+    explicit TwoContextEcho(bool blocking, bool record = false) : blocking_(blocking) {
+        srv = make_peer("tcp://127.0.0.1:0");
+        auto c1 = srv.t->context_create(1);
+        EXPECT_TRUE(c1);
+        if (c1) ctx1 = std::move(*c1);
+        threads[0] = std::thread([this, record] { serve(*srv.ctx, record, trace[0]); });
+        threads[1] = std::thread([this, record] { serve(*ctx1, record, trace[1]); });
+    }
+    ~TwoContextEcho() {
+        finish();
+        ctx1.reset();
+    }
+    /// Stop the server's threads (they hand in their traces).
+    void finish() {
+        stop = true;
+        for (auto& t : threads)
+            if (t.joinable()) t.join();
+    }
+    void serve(Context& ctx, bool record, std::vector<const void*>& out) {
+        struct State {
+            TwoContextEcho* self;
+            Context* ctx;
+            bool record;
+            int served = 0;
+            std::vector<MsgBuffer> bufs;
+            std::function<void(int)> post;
+        } st{this, &ctx, record, 0, {}, {}};
+        for (int i = 0; i < 4; ++i)
+            st.bufs.push_back(buf_with(*srv.t, "", 64));
+        State* p = &st;
+        st.post = [p](int i) {
+            auto r = p->self->srv.t->post_recv_unexpected(
+                *p->ctx,
+                [p, i](const Completion& cp) {
+                    if (cp.status != Errc::ok) return;
+                    if (cp.context_id != p->ctx->id()) ++p->self->errors;
+                    if (++p->served == 20 && p->record) touch::record(true);
+                    auto s = p->self->srv.t->post_send_expected(
+                        *p->ctx,
+                        [p, i](const Completion& sc) {
+                            if (sc.status == Errc::ok) p->post(i);
+                        },
+                        p->bufs[std::size_t(i)], cp.size, cp.source,
+                        uint8_t(p->bufs[std::size_t(i)].data()[4]), cp.tag);
+                    if (!s) ++p->self->errors;
+                },
+                p->bufs[std::size_t(i)]);
+            if (!r) ++p->self->errors;
+        };
+        for (int i = 0; i < 4; ++i)
+            st.post(i);
+        while (!stop.load()) {
+            (void)ctx.progress(blocking_ ? Duration(20ms) : Duration::zero());
+            ctx.trigger();
+        }
+        touch::record(false);
+        out = my_trace();
+    }
+    Peer srv;
+    std::unique_ptr<Context> ctx1;
+    std::atomic<bool> stop{false};
+    std::atomic<int> errors{0};
+    std::vector<const void*> trace[2];
+    std::thread threads[2];
+    bool blocking_;
+};
+
+/// `n` round trips from `ctx` of `t` to context `to` of `dest`; false on any failure.
+bool round_trips(Transport& t, Context& ctx, const Addr& dest, uint8_t to, Tag base, int n,
+                 bool blocking) {
+    auto sb = buf_with(t, "", 64), rb = buf_with(t, "", 64);
+    for (int i = 0; i < n; ++i) {
+        Tag tag = base + Tag(i);
+        std::memcpy(sb.data(), &tag, sizeof tag);
+        sb.data()[4] = std::byte(ctx.id());  // the context the echo answers
+        bool got = false, sent = false;
+        Completion rc;
+        if (!t.post_recv_expected(
+                ctx,
+                [&](const Completion& c) {
+                    rc = c;
+                    got = true;
+                },
+                rb, dest, tag) ||
+            !t.post_send_unexpected(
+                ctx, [&](const Completion&) { sent = true; }, sb, 5, dest, to, tag))
+            return false;
+        auto end = Clock::now() + 10s;
+        while (!(got && sent) && Clock::now() < end) {
+            (void)ctx.progress(blocking ? Duration(5ms) : Duration::zero());
+            ctx.trigger();
+        }
+        Tag back = 0;
+        std::memcpy(&back, rb.data(), sizeof back);
+        if (!got || rc.status != Errc::ok || back != tag || !(rc.source == dest) ||
+            rc.context_id != ctx.id())
+            return false;
+    }
+    return true;
+}
+
+TEST(TcpContexts, ThreadsOnTwoContextsTalkToTheirOwnServerContexts) {
+    // Blocking progress on both sides: each context's thread must wake for its own messages,
+    // whatever the other context's thread does.
+    TwoContextEcho srv(true);
+    Peer cli = make_peer("tcp://", Options{.listen = false});
+    auto c1 = cli.t->context_create(1);
+    ASSERT_TRUE(c1);
+    Addr dest = lookup(*cli.t, srv.srv.self());
+    std::atomic<int> failed{0};
+    std::thread t1([&] {
+        if (!round_trips(*cli.t, **c1, dest, 1, 2u << 20, 1000, true)) ++failed;
+    });
+    if (!round_trips(*cli.t, *cli.ctx, dest, 0, 1u << 20, 1000, true)) ++failed;
+    t1.join();
+    EXPECT_EQ(failed.load(), 0);
+    EXPECT_EQ(srv.errors.load(), 0);
+    // Crossed: client context 0 to server context 1 and back works too.
+    EXPECT_TRUE(round_trips(*cli.t, *cli.ctx, dest, 1, 3u << 20, 10, false));
+    c1->reset();
+}
+
+// Issue 9: a context is a progress domain. With touch tracing (the asan and tsan builds), two
+// client threads, each driving its own context against its own context of a server, take no lock
+// and no op pool in common on the call path, and neither do the server's two threads; a control
+// run, both client threads on context 0, shows that the trace does see sharing when there is some.
+TEST(TcpContexts, ThreadsOnTwoContextsShareNoLockOrPool) {
+    if (!touch::kEnabled)
+        GTEST_SKIP() << "touch tracing is compiled into the asan and tsan builds only "
+                        "(TALARIA_TOUCH_TRACE)";
+    auto srv = std::make_unique<TwoContextEcho>(false, true);
+    Peer cli = make_peer("tcp://", Options{.listen = false});
+    auto c1 = cli.t->context_create(1);
+    ASSERT_TRUE(c1);
+    Addr dest = lookup(*cli.t, srv->srv.self());
+    std::atomic<int> failed{0};
+    auto traced = [&](Context& ctx, uint8_t to, Tag base, int n, std::vector<const void*>& out) {
+        // Warm up (the first message connects), then record.
+        if (!round_trips(*cli.t, ctx, dest, to, base, 20, false)) ++failed;
+        touch::record(true);
+        if (!round_trips(*cli.t, ctx, dest, to, base + 100, n, false)) ++failed;
+        touch::record(false);
+        out = my_trace();
+    };
+    std::vector<const void*> seen0, seen1;
+    {
+        std::thread t0([&] { traced(*cli.ctx, 0, 1u << 20, 1000, seen0); });
+        std::thread t1([&] { traced(**c1, 1, 2u << 20, 1000, seen1); });
+        t0.join();
+        t1.join();
+    }
+    ASSERT_EQ(failed.load(), 0);
+    srv->finish();
+    EXPECT_EQ(srv->errors.load(), 0);
+    // Each thread took its context's lane lock, op pool and completion queue lock at least.
+    EXPECT_GE(seen0.size(), 3u);
+    EXPECT_GE(seen1.size(), 3u);
+    EXPECT_TRUE(common(seen0, seen1).empty())
+        << common(seen0, seen1).size() << " locks or pools taken by both client threads";
+    EXPECT_GE(srv->trace[0].size(), 3u);
+    EXPECT_GE(srv->trace[1].size(), 3u);
+    EXPECT_TRUE(common(srv->trace[0], srv->trace[1]).empty())
+        << common(srv->trace[0], srv->trace[1]).size()
+        << " locks or pools taken by both server threads";
+    srv.reset();
+
+    // Control: both threads on context 0 (one after the other) share its lane.
+    TwoContextEcho again(false);
+    Addr dest2 = lookup(*cli.t, again.srv.self());
+    std::vector<const void*> a, b;
+    auto ctl = [&](Tag base, std::vector<const void*>& out) {
+        touch::record(true);
+        if (!round_trips(*cli.t, *cli.ctx, dest2, 0, base, 10, false)) ++failed;
+        touch::record(false);
+        out = my_trace();
+    };
+    std::thread([&] { ctl(3u << 20, a); }).join();
+    std::thread([&] { ctl(4u << 20, b); }).join();
+    ASSERT_EQ(failed.load(), 0);
+    EXPECT_FALSE(common(a, b).empty()) << "the trace missed locks both threads took";
+    c1->reset();
 }
 
 TEST(Tcp, SingleThreadedMode) {
