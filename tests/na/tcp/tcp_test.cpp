@@ -1104,8 +1104,8 @@ TEST(TcpContexts, ThreadsOnTwoContextsShareNoLockOrPool) {
     };
     std::vector<const void*> seen0, seen1;
     {
-        std::thread t0([&] { traced(*cli.ctx, 0, 1u << 20, 1000, seen0); });
-        std::thread t1([&] { traced(**c1, 1, 2u << 20, 1000, seen1); });
+        std::thread t0([&] { traced(*cli.ctx, 0, 1u << 20, 500, seen0); });
+        std::thread t1([&] { traced(**c1, 1, 2u << 20, 500, seen1); });
         t0.join();
         t1.join();
     }
