@@ -28,9 +28,6 @@
 
 namespace talaria::na::tcp {
 
-/// Past this many unsent bytes on one connection, post_* returns Errc::again (the post that
-/// crosses the bound is still accepted, so one large put always fits an idle connection).
-inline constexpr std::size_t kSendQueueMaxBytes = std::size_t(64) << 20;
 /// Responses (put/get replies) a peer may have waiting on one connection before we decide it is
 /// flooding us without reading, and disconnect it.
 inline constexpr std::size_t kMaxRepliesPerConn = 65536;

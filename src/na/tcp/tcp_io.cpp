@@ -48,16 +48,13 @@ Result<Conn*> TcpTransport::conn_for_locked(Lane& l, TcpAddr* peer, uint8_t remo
 }
 
 namespace {
-/// Queue `op`-to-be on `conn`: the bound on unsent bytes, the op from lane `own`'s pool,
-/// filled by `fill(op, conn)`.
+/// An op from lane `own`'s pool, filled by `fill(op, conn)`, to queue on `conn`. However much
+/// is unsent on the connection, the op joins its send queue, which progress drains as the
+/// socket takes bytes (back-pressure stays below the caller); only the op pool
+/// (Options::max_ops) bounds what may wait, and its exhaustion is the one `again`.
 template <class Fill>
 Result<TcpOp*> take_op(Lane& own, std::size_t max_ops, Context& ctx, Callback&& cb, OpType type,
                        Conn* conn, Fill&& fill) {
-    if (conn->queued_bytes >= kSendQueueMaxBytes)
-        return Error(Errc::again,
-                     fmt::format("tcp {}: {} unsent bytes queued to {} (bound {}): progress first",
-                                 op_type_name(type), conn->queued_bytes, peer_of(conn->peer)->str,
-                                 kSendQueueMaxBytes));
     TcpOp* op = own.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(fmt::format("tcp {}", op_type_name(type)), max_ops);
     fill(op, conn);
