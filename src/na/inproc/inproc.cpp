@@ -107,10 +107,25 @@ InprocMem::~InprocMem() {
     if (local()) static_cast<InprocTransport*>(transport())->deregister(reg_id);
 }
 
-// --- contexts ------------------------------------------------------------------------------------
+// --- ports and contexts --------------------------------------------------------------------------
 
-InprocContext::InprocContext(InprocTransport* t, uint8_t id, bool thread_safe)
-    : Context(t, id, thread_safe), t_(t) {}
+Port::Port(bool thread_safe, uint64_t id, std::string n, std::size_t max_ctx)
+    : mu(thread_safe),
+      uid(id),
+      name(std::move(n)),
+      max_contexts(max_ctx),
+      lanes(new std::atomic<Lane*>[max_ctx]) {
+    for (std::size_t i = 0; i < max_ctx; ++i)
+        lanes[i].store(nullptr, std::memory_order_relaxed);
+}
+
+Port::~Port() {
+    for (std::size_t i = 0; i < max_contexts; ++i)
+        delete lanes[i].load(std::memory_order_relaxed);
+}
+
+InprocContext::InprocContext(InprocTransport* t, uint8_t id, bool thread_safe, Lane* lane)
+    : Context(t, id, thread_safe), t_(t), lane_(lane) {}
 
 InprocContext::~InprocContext() {
     t_->context_closing(*this);
@@ -124,9 +139,8 @@ InprocTransport::InprocTransport(std::string name, const Options& o, int epfd, i
       opts_(o),
       epfd_(epfd),
       timerfd_(timerfd),
-      port_(std::make_shared<Port>(o.thread_safe, g_next_uid.fetch_add(1), name_)),
-      ops_(o.max_ops, o.thread_safe),
-      slots_(std::make_unique<Slot[]>(o.max_contexts)) {
+      intern_mu_(o.thread_safe),
+      port_(std::make_shared<Port>(o.thread_safe, g_next_uid.fetch_add(1), name_, o.max_contexts)) {
     port_->t = this;
 }
 
@@ -143,11 +157,23 @@ InprocTransport::~InprocTransport() {
     {
         std::lock_guard g(port_->mu);
         port_->t = nullptr;
-        for (unsigned i = 0; i < opts_.max_contexts; ++i)
-            if (slots_[i].ctx)
+        // Senders may still hold the port and reach a lane: they find it closed. What the
+        // lanes hold of this endpoint (addresses, other ports) goes now.
+        for (unsigned i = 0; i < opts_.max_contexts; ++i) {
+            Lane* l = port_->lane(uint8_t(i));
+            if (!l) continue;
+            std::lock_guard lg(l->mu);
+            if (l->ctx)
                 TALARIA_LOG(inproc, error,
                             "endpoint '{}' closed before its context {}: destroy contexts first",
                             name_, i);
+            l->t = nullptr;
+            l->ctx = nullptr;
+            l->queued.clear();
+            l->expected_queued.clear();
+            l->sources.clear();
+            l->routes.clear();
+        }
     }
     std::vector<std::shared_ptr<Port>> peers;
     {
@@ -171,26 +197,33 @@ Result<std::unique_ptr<Context>> InprocTransport::context_create(uint8_t id,
         return Error(Errc::invalid_argument,
                      fmt::format("inproc '{}': context id {} is out of range (max_contexts {})",
                                  name_, id, opts_.max_contexts));
-    auto ctx = std::make_unique<InprocContext>(this, id, opts_.thread_safe);
+    Lane* l = nullptr;
+    {
+        std::lock_guard g(port_->mu);
+        l = port_->lane(id);
+        if (!l) {
+            l = new Lane(opts_.thread_safe, id, opts_.max_ops);
+            l->t = this;
+            port_->lanes[id].store(l, std::memory_order_release);
+        }
+    }
+    auto ctx = std::make_unique<InprocContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->wait_fd() < 0 || ctx->event_fd() < 0)
         return Error(Errc::io_error, "inproc: the context could not create its eventfd/epoll fd");
-    std::lock_guard g(port_->mu);
-    if (slots_[id].ctx) {
+    std::lock_guard g(l->mu);
+    if (l->ctx) {
         // `ctx` was never registered: its destructor leaves the existing context alone.
         return Error(Errc::already_exists,
                      fmt::format("inproc '{}': context {} already exists", name_, id));
     }
-    slots_[id].ctx = ctx.get();
+    l->ctx = ctx.get();
+    l->takes_unexpected = opts.unexpected;
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
 void InprocTransport::context_closing(InprocContext& ctx) noexcept {
-    std::lock_guard g(port_->mu);
-    Slot& s = slots_[ctx.id()];
-    if (s.ctx != &ctx) return;
-    s.ctx = nullptr;
-    s.queued.clear();
+    Lane& l = ctx.lane();
     // Ops still posted on this context would dangle: give them back without completing
     // (the contract says to cancel and drain first; say so when someone did not).
     std::size_t dropped = 0;
@@ -203,20 +236,35 @@ void InprocTransport::context_closing(InprocContext& ctx) noexcept {
             ++dropped;
         });
     };
-    drop(s.recvs);
-    drop(expected_recvs_);
-    drop(delayed_);
+    {
+        std::lock_guard g(l.mu);
+        if (l.ctx != &ctx) return;
+        l.ctx = nullptr;
+        l.takes_unexpected = false;
+        l.queued.clear();
+        l.expected_queued.clear();
+        drop(l.recvs);
+        drop(l.expected_recvs);
+        l.sources.clear();
+        l.routes.clear();
+    }
+    {
+        std::lock_guard g(port_->mu);
+        drop(delayed_);
+        arm_timer_locked();
+        refresh_faulty_locked();
+    }
     if (dropped)
         TALARIA_LOG(inproc, warn,
                     "inproc '{}': context {} destroyed with {} operation(s) still posted; they "
                     "were dropped without completing (cancel and drain before destroying)",
                     name_, ctx.id(), dropped);
-    arm_timer_locked();
 }
 
 // --- addresses -----------------------------------------------------------------------------------
 
-Addr InprocTransport::intern_locked(std::string_view name) {
+Addr InprocTransport::intern(std::string_view name) {
+    std::lock_guard g(intern_mu_);
     if (Addr a = addrs_.find(name)) return a;
     auto* p = new InprocAddr(this, &addrs_, std::string(name));
     Addr a(p);
@@ -235,23 +283,27 @@ Result<Addr> InprocTransport::addr_lookup(std::string_view address) {
         return Error(Errc::address_invalid,
                      fmt::format("'{}': an inproc name is 1..{} characters of [A-Za-z0-9._:-]",
                                  address, kMaxNameLen));
-    std::lock_guard g(port_->mu);
-    return intern_locked(n);
+    return intern(n);
 }
 
 Addr InprocTransport::addr_self() {
-    std::lock_guard g(port_->mu);
-    return intern_locked(name_);
+    return intern(name_);
+}
+
+Addr InprocTransport::addr_alias(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return a;
+    auto* alias = new (std::nothrow) InprocAlias(this, peer_of(a));
+    return alias ? Addr(alias) : a;
 }
 
 std::string InprocTransport::addr_to_string(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
-    return fmt::format("{}{}", kScheme, a.as<InprocAddr>()->name);
+    return fmt::format("{}{}", kScheme, peer_of(a)->name);
 }
 
 std::size_t InprocTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
-    return kAddrHeader + a.as<InprocAddr>()->name.size();
+    return kAddrHeader + peer_of(a)->name.size();
 }
 
 // Layout: 'T' 'I' 'A' version(u8) name_len(u16) name[name_len].
@@ -288,8 +340,7 @@ Result<Addr> InprocTransport::addr_deserialize(std::span<const std::byte> in) {
     std::string_view name(reinterpret_cast<const char*>(in.data() + kAddrHeader), n);
     if (!valid_name(name))
         return Error(Errc::address_invalid, "inproc address: name has invalid characters");
-    std::lock_guard g(port_->mu);
-    return intern_locked(name);
+    return intern(name);
 }
 
 // --- memory --------------------------------------------------------------------------------------
@@ -443,6 +494,7 @@ Result<void> drop_next_messages(Transport& t, unsigned n) {
     TALARIA_TRY(it, fault_target(t, "drop_next_messages"));
     std::lock_guard g(it->port().mu);
     it->faults().drop_next = n;
+    it->refresh_faulty_locked();
     return ok();
 }
 
@@ -452,6 +504,7 @@ Result<void> set_delivery_delay(Transport& t, Duration delay) {
         return Error(Errc::invalid_argument, "set_delivery_delay: negative delay");
     std::lock_guard g(it->port().mu);
     it->faults().delay = delay;
+    it->refresh_faulty_locked();
     return ok();
 }
 
@@ -462,6 +515,7 @@ Result<void> fail_next_ops(Transport& t, Errc code, unsigned n) {
     std::lock_guard g(it->port().mu);
     it->faults().fail_next = n;
     it->faults().fail_code = code;
+    it->refresh_faulty_locked();
     return ok();
 }
 
@@ -469,7 +523,7 @@ Result<void> disconnect(Transport& t, const Addr& peer) {
     TALARIA_TRY(it, fault_target(t, "disconnect"));
     if (!peer || peer.impl()->transport() != it)
         return Error(Errc::invalid_argument, "disconnect: peer is not an address of this endpoint");
-    const std::string& peer_name = peer.as<InprocAddr>()->name;
+    const std::string& peer_name = peer_of(peer)->name;
     {
         std::lock_guard g(it->port().mu);
         it->peer_lost_locked(peer_name);

@@ -3,10 +3,15 @@
 // matching, cancel, blocking progress woken from other threads) plus fault injection
 // (inproc_faults.hpp), with no wire to get wrong.
 //
-// Locking: each endpoint's state sits under the one MaybeMutex in its Port. A sender never holds
-// its own lock while it takes the receiver's (delivery happens under the receiver's lock only),
-// and the registry mutex is only ever taken after (inside) an endpoint lock or alone, so there is
-// no lock-order cycle.
+// Locking: each context of an endpoint is a progress domain (Lane, kept in the endpoint's Port):
+// its op pool, its receives and early messages, the senders and destinations it knows, under
+// its own lock. A sender delivers under the receiving lane's lock only, never holding its own.
+// What the lanes of an endpoint share (its registrations, fault injection and the delayed
+// sends it makes) sits under the Port's endpoint lock, taken off the message path (faults are
+// looked at through an atomic flag first). Order: the endpoint lock, then a lane's, then the
+// leaf locks (the address table's, the registry's after an endpoint lock or alone); a lane's
+// lock is never held while another lane's or an endpoint lock is taken, except that a lane
+// interns addresses (intern_mu_, a leaf).
 #pragma once
 
 #include <atomic>
@@ -35,16 +40,26 @@ inline constexpr std::string_view kScheme = "inproc://";
 
 class InprocTransport;
 
-/// What peers hold of an endpoint: its lock and, while it is open, the transport behind it.
-/// Shared so that a sender that resolved the port may still lock it while the endpoint closes.
+struct Lane;
+
+/// What peers hold of an endpoint: its lock, its lanes and, while it is open, the transport
+/// behind it. Shared so that a sender that resolved the port may still lock it (or one of its
+/// lanes) while the endpoint closes.
 struct Port {
-    Port(bool thread_safe, uint64_t id, std::string n)
-        : mu(thread_safe), uid(id), name(std::move(n)) {}
+    Port(bool thread_safe, uint64_t id, std::string n, std::size_t max_contexts);
+    ~Port();
     MaybeMutex mu;
     InprocTransport* t = nullptr;  ///< guarded by mu; nullptr once the endpoint closed
     std::atomic<bool> open{true};  ///< false from the moment it leaves the registry
     const uint64_t uid;            ///< process-unique endpoint id (memory handles name it)
     const std::string name;
+    const std::size_t max_contexts;
+    /// By context id, created with the first context of that id (under mu) and kept as long
+    /// as the port: a sender reads the pointer without a lock.
+    std::unique_ptr<std::atomic<Lane*>[]> lanes;
+    [[nodiscard]] Lane* lane(uint8_t id) const noexcept {
+        return id < max_contexts ? lanes[id].load(std::memory_order_acquire) : nullptr;
+    }
 };
 
 /// An interned peer address: the peer's name and its port, resolved at first use.
@@ -68,6 +83,18 @@ class InprocAddr final : public AddrImpl {
   private:
     AddrTable* table_;
 };
+
+/// Another handle on an InprocAddr, one per (lane, sender) and per context calling a peer
+/// (addr_alias): the threads of two contexts do not write one reference count.
+struct InprocAlias final : AddrImpl {
+    InprocAlias(Transport* t, InprocAddr* p) noexcept : AddrImpl(t, p), peer(p) {}
+    Addr peer;  ///< keeps the InprocAddr alive as long as the alias
+};
+
+/// The InprocAddr of an address of this transport (an InprocAddr or an alias of one).
+inline InprocAddr* peer_of(const Addr& a) noexcept {
+    return static_cast<InprocAddr*>(a.impl()->canonical());
+}
 
 /// A registration (local) or a handle deserialized from a peer (remote). The owner checks every
 /// access against its own registration table, never trusting a handle's fields.
@@ -103,13 +130,39 @@ struct Incoming {
     std::vector<std::byte> data;
 };
 
+class InprocContext;
+
+/// The progress domain of one context id of an endpoint: what a message to that context, and a
+/// post on it, touches. Lives in the Port (senders reach it without the endpoint lock).
+struct Lane {
+    Lane(bool thread_safe, uint8_t lane_id, std::size_t max_ops)
+        : mu(thread_safe), id(lane_id), ops(max_ops, thread_safe) {}
+    alignas(64) MaybeMutex mu;
+    const uint8_t id;
+    InprocTransport* t = nullptr;   ///< under mu; nullptr once the endpoint closed
+    InprocContext* ctx = nullptr;   ///< under mu; nullptr while no context has this id
+    bool takes_unexpected = false;  ///< under mu, with ctx
+    OpPool<InprocOp> ops;
+    IntrusiveList<InprocOp> recvs;           ///< unexpected receives, in post order
+    std::deque<Incoming> queued;             ///< unexpected messages, in arrival order
+    IntrusiveList<InprocOp> expected_recvs;  ///< matched on (peer, tag)
+    std::deque<Incoming> expected_queued;
+    /// Senders by name, as this endpoint's addresses (an alias each): the source of what
+    /// they deliver here. Dropped when the sender is lost and when the context goes.
+    std::unordered_map<std::string, Addr> sources;
+    /// Destinations this lane's posts resolved, by name (while their endpoint is open).
+    std::unordered_map<std::string, std::shared_ptr<Port>> routes;
+};
+
 class InprocContext final : public Context {
   public:
-    InprocContext(InprocTransport* t, uint8_t id, bool thread_safe);
+    InprocContext(InprocTransport* t, uint8_t id, bool thread_safe, Lane* lane);
     ~InprocContext() override;
+    [[nodiscard]] Lane& lane() const noexcept { return *lane_; }
 
   private:
     InprocTransport* t_;
+    Lane* lane_;
 };
 
 struct FaultState {
@@ -131,6 +184,8 @@ class InprocTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override;
+    /// A new InprocAlias of `a` (or `a` itself when out of memory).
+    Addr addr_alias(const Addr& a) override;
     std::string addr_to_string(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
@@ -170,11 +225,12 @@ class InprocTransport final : public Transport {
     // --- used by contexts, memory handles, peers and the fault API --------------------------
     void context_closing(InprocContext& ctx) noexcept;
     void deregister(uint64_t reg_id) noexcept;
-    /// Deliver one message into this endpoint. Call under port().mu with port().t == this.
-    void deliver_locked(const std::string& src_name, bool expected, uint8_t ctx_id, Tag tag,
-                        std::span<const std::byte> data);
+    /// Deliver one message into lane `l` of this endpoint. Call under l.mu with l.t == this
+    /// and a context on the lane that takes it.
+    void deliver_lane_locked(Lane& l, const std::string& src_name, bool expected, uint8_t ctx_id,
+                             Tag tag, std::span<const std::byte> data);
     /// `peer` went away (closed, or the link was broken): its pending ops fail with
-    /// disconnected. Call under port().mu.
+    /// disconnected. Call under port().mu (it takes each lane's lock).
     void peer_lost_locked(const std::string& peer) noexcept;
     [[nodiscard]] Port& port() const noexcept { return *port_; }
     [[nodiscard]] std::shared_ptr<Port> port_shared() const noexcept { return port_; }
@@ -182,19 +238,23 @@ class InprocTransport final : public Transport {
     /// Interned addresses alive now; for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     FaultState& faults() noexcept { return faults_; }  ///< under port().mu
+    /// After a change to faults() (under port().mu): tell the posts whether to look at them.
+    void refresh_faulty_locked() noexcept;
 
   private:
-    struct Slot {
-        InprocContext* ctx = nullptr;
-        IntrusiveList<InprocOp> recvs;
-        std::deque<Incoming> queued;
-    };
     struct Reg {
         uint64_t base;
         uint64_t length;
         Access access;
     };
+    /// A resolved destination: the port, and a reference when it did not come from the lane's
+    /// cache (which otherwise keeps it alive).
+    struct Route {
+        Port* port = nullptr;
+        std::shared_ptr<Port> hold;
+    };
 
+    static Lane& lane_of(Context& ctx) noexcept;
     Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
                            const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
     Result<OpId> post_rma(Context& ctx, Callback cb, const MemHandle& local, std::size_t local_off,
@@ -202,28 +262,33 @@ class InprocTransport final : public Transport {
                           const Addr& remote_addr, bool is_put);
     Result<void> check_ctx(const Context& ctx, std::string_view what) const;
     Result<InprocAddr*> check_addr(const Addr& a, std::string_view what) const;
-    /// Under the lock: apply a pending "fail next" fault; true when the op was completed.
+    /// Under port().mu: apply a pending "fail next" fault; true when the op was completed.
     bool fault_fail_locked(InprocOp* op) noexcept;
-    Addr intern_locked(std::string_view name);
+    /// The address interned under `name` (intern_mu_, a leaf).
+    Addr intern(std::string_view name);
+    /// Under port().mu.
     Result<std::shared_ptr<Port>> resolve_locked(InprocAddr& a);
-    void fill_recv_locked(InprocOp* op, const Addr& src, Tag tag, uint8_t ctx_id,
-                          std::span<const std::byte> data) noexcept;
+    /// The port of `a` for a post on lane `l`: from the lane's cache while it is open, else
+    /// resolved (under port().mu) and cached the first time. Takes l.mu; call without it.
+    Result<Route> route(Lane& l, InprocAddr& a);
+    /// The source address of messages from `name` delivered on `l` (under l.mu).
+    const Addr& source_locked(Lane& l, const std::string& name);
+    void fill_recv(InprocOp* op, const Addr& src, Tag tag, uint8_t ctx_id,
+                   std::span<const std::byte> data) noexcept;
     void arm_timer_locked() noexcept;
     void run_due_deliveries();
 
     // First member, so destroyed last: every Addr the members below hold leaves it on the way.
-    AddrTable addrs_;  ///< interned peers, weakly (see InprocAddr); find+add under port_->mu
+    AddrTable addrs_;  ///< interned peers, weakly (see InprocAddr); find+add under intern_mu_
     const std::string name_;
     const Options opts_;
     const int epfd_;
     const int timerfd_;
+    MaybeMutex intern_mu_;
     std::shared_ptr<Port> port_;
-    OpPool<InprocOp> ops_;
-
+    /// Anything in faults_, delayed_ or delivering_: posts and progress look under port().mu.
+    std::atomic<bool> faulty_{false};
     // Guarded by port_->mu.
-    std::unique_ptr<Slot[]> slots_;
-    IntrusiveList<InprocOp> expected_recvs_;
-    std::deque<Incoming> expected_queued_;
     IntrusiveList<InprocOp> delayed_;
     bool delivering_ = false;
     std::unordered_map<uint64_t, Reg> regs_;

@@ -17,19 +17,49 @@ namespace talaria::na::inproc {
 
 namespace {
 
-/// Deliver one message into the endpoint behind `dst`, under its lock. The status is the
-/// sender's: disconnected when the endpoint closed since it was resolved.
+/// Deliver one message into the endpoint behind `dst`, under the receiving lane's lock only.
+/// The status is the sender's: disconnected when the endpoint closed since it was resolved.
+/// A message for a context that does not exist (or takes no unexpected messages) goes to the
+/// lowest context that takes unexpected messages (Completion::context_id still names the one
+/// asked for), so the layer above can answer the sender instead of leaving it waiting; an
+/// expected one for a missing context is dropped (nobody posted its receive).
 Errc deliver(Port& dst, const std::string& src_name, bool expected, uint8_t ctx_id, Tag tag,
              std::span<const std::byte> data) {
-    std::lock_guard g(dst.mu);
-    if (!dst.t) return Errc::disconnected;
-    dst.t->deliver_locked(src_name, expected, ctx_id, tag, data);
+    if (Lane* l = dst.lane(ctx_id)) {
+        std::lock_guard g(l->mu);
+        if (!l->t) return Errc::disconnected;
+        if (l->ctx && (expected || l->takes_unexpected)) {
+            l->t->deliver_lane_locked(*l, src_name, expected, ctx_id, tag, data);
+            return Errc::ok;
+        }
+    }
+    if (!dst.open.load(std::memory_order_acquire)) return Errc::disconnected;
+    if (!expected) {
+        for (std::size_t i = 0; i < dst.max_contexts; ++i) {
+            Lane* l = dst.lane(uint8_t(i));
+            if (!l) continue;
+            std::lock_guard g(l->mu);
+            if (!l->t) return Errc::disconnected;
+            if (l->ctx && l->takes_unexpected) {
+                l->t->deliver_lane_locked(*l, src_name, expected, ctx_id, tag, data);
+                return Errc::ok;
+            }
+        }
+    }
+    TALARIA_LOG(inproc, warn,
+                "'{}': dropped an {} message from {} (tag {}, {} bytes) for context {}: {}",
+                dst.name, expected ? "expected" : "unexpected", src_name, tag, data.size(), ctx_id,
+                expected ? "that context does not exist" : "no context takes unexpected messages");
     return Errc::ok;
 }
 
 }  // namespace
 
 // --- checks --------------------------------------------------------------------------------------
+
+Lane& InprocTransport::lane_of(Context& ctx) noexcept {
+    return static_cast<InprocContext&>(ctx).lane();
+}
 
 Result<void> InprocTransport::check_ctx(const Context& ctx, std::string_view what) const {
     if (&ctx.transport() != this)
@@ -45,12 +75,19 @@ Result<InprocAddr*> InprocTransport::check_addr(const Addr& a, std::string_view 
                      fmt::format("{}: the address belongs to another transport (look it up on "
                                  "this one)",
                                  what));
-    return a.as<InprocAddr>();
+    return peer_of(a);
+}
+
+void InprocTransport::refresh_faulty_locked() noexcept {
+    bool any = faults_.drop_next != 0 || faults_.fail_next != 0 ||
+               faults_.delay > Duration::zero() || !delayed_.empty() || delivering_;
+    faulty_.store(any, std::memory_order_release);
 }
 
 bool InprocTransport::fault_fail_locked(InprocOp* op) noexcept {
     if (faults_.fail_next == 0) return false;
     --faults_.fail_next;
+    refresh_faulty_locked();
     TALARIA_LOG(inproc, info, "fault: {} on '{}' fails with {}", op_type_name(op->completion.type),
                 name_, errc_name(faults_.fail_code));
     complete_op(op, faults_.fail_code);
@@ -69,10 +106,40 @@ Result<std::shared_ptr<Port>> InprocTransport::resolve_locked(InprocAddr& a) {
     return Error(Errc::unreachable, fmt::format("no endpoint inproc://{} in this process", a.name));
 }
 
+Result<InprocTransport::Route> InprocTransport::route(Lane& l, InprocAddr& a) {
+    {
+        std::lock_guard g(l.mu);
+        auto it = l.routes.find(a.name);
+        if (it != l.routes.end() && it->second->open.load(std::memory_order_acquire))
+            return Route{it->second.get(), nullptr};
+    }
+    // First use, or the endpoint closed (and maybe opened again): resolve. A cached port is
+    // never replaced (another thread posting on this context may be using it), so a reopened
+    // endpoint is resolved again on every post: a rare case.
+    std::shared_ptr<Port> p;
+    {
+        std::lock_guard g(port_->mu);
+        TALARIA_TRY(r, resolve_locked(a));
+        p = std::move(r);
+    }
+    std::lock_guard g(l.mu);
+    auto [it, added] = l.routes.try_emplace(a.name, p);
+    if (added) return Route{p.get(), nullptr};
+    return Route{p.get(), std::move(p)};
+}
+
 // --- delivery ------------------------------------------------------------------------------------
 
-void InprocTransport::fill_recv_locked(InprocOp* op, const Addr& src, Tag tag, uint8_t ctx_id,
-                                       std::span<const std::byte> data) noexcept {
+const Addr& InprocTransport::source_locked(Lane& l, const std::string& name) {
+    auto it = l.sources.find(name);
+    if (it != l.sources.end()) return it->second;
+    Addr canonical = intern(name);
+    auto* alias = new (std::nothrow) InprocAlias(this, peer_of(canonical));
+    return l.sources.emplace(name, alias ? Addr(alias) : canonical).first->second;
+}
+
+void InprocTransport::fill_recv(InprocOp* op, const Addr& src, Tag tag, uint8_t ctx_id,
+                                std::span<const std::byte> data) noexcept {
     op->completion.source = src;
     op->completion.tag = tag;
     op->completion.context_id = ctx_id;
@@ -81,7 +148,7 @@ void InprocTransport::fill_recv_locked(InprocOp* op, const Addr& src, Tag tag, u
         TALARIA_LOG(inproc, debug,
                     "'{}': message of {} bytes from {} (tag {}) does not fit the posted "
                     "{}-byte buffer: message_too_large",
-                    name_, data.size(), src.as<InprocAddr>()->name, tag, op->cap);
+                    name_, data.size(), peer_of(src)->name, tag, op->cap);
         complete_op(op, Errc::message_too_large);
         return;
     }
@@ -89,61 +156,51 @@ void InprocTransport::fill_recv_locked(InprocOp* op, const Addr& src, Tag tag, u
     complete_op(op, Errc::ok);
 }
 
-void InprocTransport::deliver_locked(const std::string& src_name, bool expected, uint8_t ctx_id,
-                                     Tag tag, std::span<const std::byte> data) {
-    Addr src = intern_locked(src_name);
+void InprocTransport::deliver_lane_locked(Lane& l, const std::string& src_name, bool expected,
+                                          uint8_t ctx_id, Tag tag,
+                                          std::span<const std::byte> data) {
+    const Addr& src = source_locked(l, src_name);
     if (!expected) {
-        // A context that does not exist: the lowest one that does takes the message
-        // (Completion::context_id still names the one asked for), so the layer above can
-        // answer the sender instead of leaving it waiting.
-        Slot* sp = route_unexpected(slots_, opts_.max_contexts, ctx_id,
-                                    [](const Slot& s) { return s.ctx; });
-        if (!sp) {
-            TALARIA_LOG(inproc, warn,
-                        "'{}': dropped an unexpected message from {} (tag {}, {} bytes): no "
-                        "context exists",
-                        name_, src_name, tag, data.size());
-            return;
-        }
-        Slot& s = *sp;
-        if (InprocOp* op = s.recvs.pop_front()) {
+        if (InprocOp* op = l.recvs.pop_front()) {
             op->where = InprocOp::Where::none;
-            fill_recv_locked(op, src, tag, ctx_id, data);
+            fill_recv(op, src, tag, ctx_id, data);
             return;
         }
-        s.queued.push_back(Incoming{std::move(src), tag, ctx_id, {data.begin(), data.end()}});
+        l.queued.push_back(Incoming{src, tag, ctx_id, {data.begin(), data.end()}});
         return;
     }
-    for (InprocOp& op : expected_recvs_) {
+    for (InprocOp& op : l.expected_recvs) {
         if (op.peer == src && op.tag == tag) {
-            expected_recvs_.erase(op);
+            l.expected_recvs.erase(op);
             op.where = InprocOp::Where::none;
-            fill_recv_locked(&op, src, tag, ctx_id, data);
+            fill_recv(&op, src, tag, ctx_id, data);
             return;
         }
     }
-    expected_queued_.push_back(Incoming{std::move(src), tag, ctx_id, {data.begin(), data.end()}});
+    l.expected_queued.push_back(Incoming{src, tag, ctx_id, {data.begin(), data.end()}});
 }
 
 void InprocTransport::peer_lost_locked(const std::string& peer) noexcept {
-    // Not interned (or dying): nothing holds it, so nothing can be waiting on it. The reference
-    // keeps the pointer compared below from being reused meanwhile.
-    Addr held = addrs_.find(peer);
-    if (!held) return;
-    AddrImpl* a = held.impl();
     unsigned failed = 0;
     auto fail = [&](IntrusiveList<InprocOp>& list) {
         list.for_each_safe([&](InprocOp& op) {
-            if (op.peer.impl() != a) return;
+            if (!op.peer || peer_of(op.peer)->name != peer) return;
             list.erase(op);
             op.where = InprocOp::Where::none;
             complete_op(&op, Errc::disconnected);
             ++failed;
         });
     };
-    fail(expected_recvs_);
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
+        Lane* l = port_->lane(uint8_t(i));
+        if (!l) continue;
+        std::lock_guard g(l->mu);
+        fail(l->expected_recvs);
+        l->sources.erase(peer);
+    }
     fail(delayed_);
     arm_timer_locked();
+    refresh_faulty_locked();
     if (failed)
         TALARIA_LOG(inproc, info, "'{}': lost peer {}: {} pending operation(s) disconnected", name_,
                     peer, failed);
@@ -164,44 +221,55 @@ Result<OpId> InprocTransport::post_send(Context& ctx, Callback cb, const MsgBuff
     if (!buf.valid() || len > buf.size())
         return Error(Errc::invalid_argument, fmt::format("{}: length {} exceeds the {}-byte buffer",
                                                          what, len, buf.valid() ? buf.size() : 0));
-    InprocOp* op = ops_.acquire(ctx, std::move(cb),
-                                expected ? OpType::send_expected : OpType::send_unexpected);
+    Lane& own = lane_of(ctx);
+    InprocOp* op = own.ops.acquire(ctx, std::move(cb),
+                                   expected ? OpType::send_expected : OpType::send_unexpected);
     if (!op) return ops_exhausted(what, opts_.max_ops);
     OpId id = op->id();
-    std::unique_lock lk(port_->mu);
-    if (fault_fail_locked(op)) return id;
-    if (faults_.drop_next) {
-        --faults_.drop_next;
-        TALARIA_LOG(inproc, info, "fault: dropped a message from '{}' to {} (tag {})", name_,
-                    da->name, tag);
-        complete_op(op, Errc::ok);
-        return id;
+    if (faulty_.load(std::memory_order_acquire)) [[unlikely]] {
+        std::lock_guard g(port_->mu);
+        if (fault_fail_locked(op)) return id;
+        if (faults_.drop_next) {
+            --faults_.drop_next;
+            refresh_faulty_locked();
+            TALARIA_LOG(inproc, info, "fault: dropped a message from '{}' to {} (tag {})", name_,
+                        da->name, tag);
+            complete_op(op, Errc::ok);
+            return id;
+        }
     }
-    auto port = resolve_locked(*da);
+    auto port = route(own, *da);
     if (!port) {
         TALARIA_LOG(inproc, debug, "{}: {}", what, port.error().describe());
         complete_op(op, port.code());
         return id;
     }
-    if (faults_.delay > Duration::zero() || !delayed_.empty() || delivering_) {
-        // Queue behind earlier delayed messages so that order is kept.
-        TimePoint due = Clock::now() + faults_.delay;
-        if (InprocOp* last = delayed_.back()) due = std::max(due, last->due);
-        op->expected = expected;
-        op->dest_ctx = dest_ctx;
-        op->tag = tag;
-        op->peer = dest;
-        op->due = due;
-        op->dest_port = std::move(*port);
-        op->payload.assign(buf.data(), buf.data() + len);
-        op->where = InprocOp::Where::delay_list;
-        delayed_.push_back(*op);
-        if (delayed_.front() == op) arm_timer_locked();
-        return id;
+    if (faulty_.load(std::memory_order_acquire)) [[unlikely]] {
+        std::lock_guard g(port_->mu);
+        if (faults_.delay > Duration::zero() || !delayed_.empty() || delivering_) {
+            // Queue behind earlier delayed messages so that order is kept.
+            TimePoint due = Clock::now() + faults_.delay;
+            if (InprocOp* last = delayed_.back()) due = std::max(due, last->due);
+            op->expected = expected;
+            op->dest_ctx = dest_ctx;
+            op->tag = tag;
+            op->peer = dest;
+            op->due = due;
+            if (port->hold) {
+                op->dest_port = std::move(port->hold);
+            } else {
+                std::lock_guard lg(own.mu);  // endpoint lock, then a lane's
+                op->dest_port = own.routes.at(da->name);
+            }
+            op->payload.assign(buf.data(), buf.data() + len);
+            op->where = InprocOp::Where::delay_list;
+            delayed_.push_back(*op);
+            refresh_faulty_locked();
+            if (delayed_.front() == op) arm_timer_locked();
+            return id;
+        }
     }
-    lk.unlock();
-    Errc st = deliver(**port, name_, expected, dest_ctx, tag, {buf.data(), len});
-    lk.lock();
+    Errc st = deliver(*port->port, name_, expected, dest_ctx, tag, {buf.data(), len});
     if (st != Errc::ok)
         TALARIA_LOG(inproc, debug, "{}: inproc://{} closed during delivery", what, da->name);
     complete_op(op, st);
@@ -224,22 +292,25 @@ Result<OpId> InprocTransport::post_recv_unexpected(Context& ctx, Callback cb, Ms
     TALARIA_CHECK(check_ctx(ctx, "post_recv_unexpected"));
     if (!buf.valid())
         return Error(Errc::invalid_argument, "post_recv_unexpected: invalid (empty) buffer");
-    InprocOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    Lane& l = lane_of(ctx);
+    InprocOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_unexpected);
     if (!op) return ops_exhausted("inproc post_recv_unexpected", opts_.max_ops);
     OpId id = op->id();
     op->buf = buf.data();
     op->cap = buf.size();
-    std::lock_guard g(port_->mu);
-    if (fault_fail_locked(op)) return id;
-    Slot& s = slots_[ctx.id()];
-    if (!s.queued.empty()) {
-        Incoming m = std::move(s.queued.front());
-        s.queued.pop_front();
-        fill_recv_locked(op, m.source, m.tag, m.ctx_id, m.data);
+    if (faulty_.load(std::memory_order_acquire)) [[unlikely]] {
+        std::lock_guard g(port_->mu);
+        if (fault_fail_locked(op)) return id;
+    }
+    std::lock_guard g(l.mu);
+    if (!l.queued.empty()) {
+        Incoming m = std::move(l.queued.front());
+        l.queued.pop_front();
+        fill_recv(op, m.source, m.tag, m.ctx_id, m.data);
         return id;
     }
     op->where = InprocOp::Where::unexpected_list;
-    s.recvs.push_back(*op);
+    l.recvs.push_back(*op);
     return id;
 }
 
@@ -249,35 +320,62 @@ Result<OpId> InprocTransport::post_recv_expected(Context& ctx, Callback cb, MsgB
     TALARIA_TRY(sa, check_addr(source, "post_recv_expected"));
     if (!buf.valid())
         return Error(Errc::invalid_argument, "post_recv_expected: invalid (empty) buffer");
-    InprocOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    Lane& l = lane_of(ctx);
+    InprocOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_expected);
     if (!op) return ops_exhausted("inproc post_recv_expected", opts_.max_ops);
     OpId id = op->id();
     op->buf = buf.data();
     op->cap = buf.size();
     op->tag = tag;
     op->peer = source;
-    std::lock_guard g(port_->mu);
-    if (fault_fail_locked(op)) return id;
-    for (auto it = expected_queued_.begin(); it != expected_queued_.end(); ++it) {
-        if (it->source == source && it->tag == tag) {
-            Incoming m = std::move(*it);
-            expected_queued_.erase(it);
-            fill_recv_locked(op, m.source, m.tag, m.ctx_id, m.data);
-            return id;
+    if (faulty_.load(std::memory_order_acquire)) [[unlikely]] {
+        std::lock_guard g(port_->mu);
+        if (fault_fail_locked(op)) return id;
+    }
+    {
+        std::lock_guard g(l.mu);
+        for (auto it = l.expected_queued.begin(); it != l.expected_queued.end(); ++it) {
+            if (it->source == source && it->tag == tag) {
+                Incoming m = std::move(*it);
+                l.expected_queued.erase(it);
+                fill_recv(op, m.source, m.tag, m.ctx_id, m.data);
+                return id;
+            }
         }
     }
-    // Nothing queued: if the source is gone it never will be (checked under our lock, so a
-    // close that races with this post is seen either here or by peer_lost_locked).
+    // Nothing queued: if the source is gone it never will be.
+    Port* src_port = nullptr;
+    std::shared_ptr<Port> hold;
     if (sa->name != name_) {
-        auto port = resolve_locked(*sa);
+        auto port = route(l, *sa);
         if (!port) {
             TALARIA_LOG(inproc, debug, "post_recv_expected: {}", port.error().describe());
             complete_op(op, port.code());
             return id;
         }
+        src_port = port->port;
+        hold = std::move(port->hold);
+    }
+    std::lock_guard g(l.mu);
+    // A message may have come meanwhile (unlocked above).
+    for (auto it = l.expected_queued.begin(); it != l.expected_queued.end(); ++it) {
+        if (it->source == source && it->tag == tag) {
+            Incoming m = std::move(*it);
+            l.expected_queued.erase(it);
+            fill_recv(op, m.source, m.tag, m.ctx_id, m.data);
+            return id;
+        }
+    }
+    // A close that races with this post: the closing endpoint marks itself closed before it
+    // fails what waits for it, lane by lane under each lane's lock. Seen closed here, it may
+    // already have passed this lane: fail the receive here instead.
+    if (src_port && !src_port->open.load(std::memory_order_acquire)) {
+        TALARIA_LOG(inproc, debug, "post_recv_expected: inproc://{} has closed", sa->name);
+        complete_op(op, Errc::disconnected);
+        return id;
     }
     op->where = InprocOp::Where::expected_list;
-    expected_recvs_.push_back(*op);
+    l.expected_recvs.push_back(*op);
     return id;
 }
 
@@ -304,25 +402,28 @@ Result<OpId> InprocTransport::post_rma(Context& ctx, Callback cb, const MemHandl
                      fmt::format("{}: local range [{}, +{}) is outside the {}-byte registration",
                                  what, local_off, len, local->length()));
     auto* rm = remote.as<InprocMem>();
-    InprocOp* op = ops_.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
+    Lane& own = lane_of(ctx);
+    InprocOp* op = own.ops.acquire(ctx, std::move(cb), is_put ? OpType::put : OpType::get);
     if (!op) return ops_exhausted(what, opts_.max_ops);
     OpId id = op->id();
-    std::unique_lock lk(port_->mu);
-    if (fault_fail_locked(op)) return id;
-    auto port = resolve_locked(*ra);
+    if (faulty_.load(std::memory_order_acquire)) [[unlikely]] {
+        std::lock_guard g(port_->mu);
+        if (fault_fail_locked(op)) return id;
+    }
+    auto port = route(own, *ra);
     if (!port) {
         TALARIA_LOG(inproc, debug, "{}: {}", what, port.error().describe());
         complete_op(op, port.code());
         return id;
     }
-    lk.unlock();
 
-    // The target checks the access against its own registration table, as a NIC would.
+    // The target checks the access against its own registration table, as a NIC would (under
+    // the target's endpoint lock: put/get, not the message path).
     auto* lbase = reinterpret_cast<std::byte*>(local->base()) + local_off;
     Errc st = Errc::ok;
     std::string why;
     {
-        Port& p = **port;
+        Port& p = *port->port;
         std::lock_guard g(p.mu);
         if (!p.t) {
             st = Errc::disconnected;
@@ -362,7 +463,6 @@ Result<OpId> InprocTransport::post_rma(Context& ctx, Callback cb, const MemHandl
     }
     if (st != Errc::ok)
         TALARIA_LOG(inproc, debug, "{} to {}: {}: {}", what, ra->name, errc_name(st), why);
-    lk.lock();
     if (st == Errc::ok) op->completion.size = len;
     complete_op(op, st);
     return id;
@@ -387,24 +487,41 @@ Result<OpId> InprocTransport::post_get(Context& ctx, Callback cb, const MemHandl
 // --- cancel --------------------------------------------------------------------------------------
 
 Result<void> InprocTransport::cancel(OpId id) {
-    std::lock_guard g(port_->mu);
-    InprocOp* op = ops_.lookup(id);
-    if (!op)
-        return Error(Errc::not_found, "cancel: no such operation (already completed, or not ours)");
-    switch (op->where) {
-        case InprocOp::Where::unexpected_list:
-            slots_[op->ctx->id()].recvs.erase(*op);
-            break;
-        case InprocOp::Where::expected_list:
-            expected_recvs_.erase(*op);
-            break;
-        case InprocOp::Where::delay_list:
-            delayed_.erase(*op);
-            arm_timer_locked();
-            break;
-        case InprocOp::Where::none:
-            return ok();  // being completed right now: it finishes with its own status
+    Lane* l = nullptr;
+    for (std::size_t i = 0; !l && i < opts_.max_contexts; ++i) {
+        Lane* c = port_->lane(uint8_t(i));
+        if (c && c->ops.owns(id.op)) l = c;
     }
+    if (!l) return Error(Errc::not_found, "cancel: not an operation of this endpoint");
+    {
+        std::lock_guard g(l->mu);
+        InprocOp* op = l->ops.lookup(id);
+        if (!op)
+            return Error(Errc::not_found,
+                         "cancel: no such operation (already completed, or not ours)");
+        switch (op->where) {
+            case InprocOp::Where::unexpected_list:
+                l->recvs.erase(*op);
+                break;
+            case InprocOp::Where::expected_list:
+                l->expected_recvs.erase(*op);
+                break;
+            case InprocOp::Where::delay_list:
+                goto delayed;  // under the endpoint lock, below
+            case InprocOp::Where::none:
+                return ok();  // being completed right now: it finishes with its own status
+        }
+        op->where = InprocOp::Where::none;
+        complete_op(op, Errc::canceled);
+        return ok();
+    }
+delayed:
+    std::lock_guard g(port_->mu);
+    InprocOp* op = l->ops.lookup(id);
+    if (!op || op->where != InprocOp::Where::delay_list) return ok();  // delivered meanwhile
+    delayed_.erase(*op);
+    arm_timer_locked();
+    refresh_faulty_locked();
     op->where = InprocOp::Where::none;
     complete_op(op, Errc::canceled);
     return ok();
@@ -428,6 +545,7 @@ void InprocTransport::arm_timer_locked() noexcept {
 }
 
 void InprocTransport::run_due_deliveries() {
+    if (!faulty_.load(std::memory_order_acquire)) return;  // nothing delayed
     IntrusiveList<InprocOp> batch;
     {
         std::lock_guard g(port_->mu);
@@ -444,11 +562,13 @@ void InprocTransport::run_due_deliveries() {
         arm_timer_locked();
         if (batch.empty()) return;
         delivering_ = true;
+        refresh_faulty_locked();
     }
     for (InprocOp& op : batch)
         op.result = deliver(*op.dest_port, name_, op.expected, op.dest_ctx, op.tag, op.payload);
     std::lock_guard g(port_->mu);
     delivering_ = false;
+    refresh_faulty_locked();
     while (InprocOp* op = batch.pop_front()) {
         op->dest_port.reset();
         complete_op(op, op->result);
@@ -471,6 +591,7 @@ Result<void> InprocTransport::progress(Context& ctx, TimePoint deadline) {
 }
 
 bool InprocTransport::try_wait() {
+    if (!faulty_.load(std::memory_order_acquire)) return true;  // nothing delayed
     std::lock_guard g(port_->mu);
     InprocOp* first = delayed_.front();
     return !(first && !delivering_ && first->due <= Clock::now());

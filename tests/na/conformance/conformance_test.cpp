@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "harness.hpp"
 #include "peer_process.hpp"
+#include "talaria/util/touch_trace.hpp"
 
 namespace talaria::na::test {
 namespace {
@@ -1270,6 +1272,227 @@ TEST_P(Conformance, TwoProcessesPeerKilledFailsPendingOps) {
     });
     EXPECT_TRUE(is_one_of(st, {Errc::disconnected, Errc::unreachable}))
         << "send to a killed peer: " << errc_name(st);
+}
+
+// --- contexts as progress domains (issue 9)
+// -------------------------------------------------------
+
+/// Is this transport's context a progress domain (its own queues, pools and lock)?
+bool contexts_are_progress_domains(const TransportKind& k) {
+    return k.label == "sm" || k.label == "tcp" || k.label == "tcp_ipv6" || k.label == "inproc";
+}
+
+std::vector<const void*> both_touched(std::vector<const void*> a, std::vector<const void*> b) {
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    std::vector<const void*> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    return both;
+}
+
+std::vector<const void*> my_touches() {
+#if defined(TALARIA_TOUCH_TRACE)
+    return touch::log().seen;
+#else
+    return {};
+#endif
+}
+
+/// One server context driven by its own thread: echoes each unexpected message from the
+/// context it arrived on to the context its fifth byte names. With `record`, the thread's
+/// touch trace runs from its 20th message until it stops.
+class EchoThread {
+  public:
+    EchoThread(Transport& t, Context& ctx, bool record, bool blocking = false)
+        : t_(t), ctx_(ctx), record_(record), blocking_(blocking) {
+        for (int i = 0; i < 4; ++i)
+            bufs_.push_back(alloc_buf(t_, 64));
+        thread_ = std::thread([this] { run(); });
+    }
+    ~EchoThread() { stop(); }
+    void stop() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+    }
+    std::atomic<int> errors{0};
+    std::vector<const void*> trace;
+
+  private:
+    void post(int i) {
+        ++pending_;
+        auto r = t_.post_recv_unexpected(
+            ctx_,
+            [this, i](const Completion& c) {
+                --pending_;
+                if (c.status != Errc::ok || stop_.load()) return;
+                if (c.context_id != ctx_.id()) ++errors;
+                if (++served_ == 20 && record_) touch::record(true);
+                MsgBuffer& b = bufs_[std::size_t(i)];
+                ++pending_;
+                auto s = t_.post_send_expected(
+                    ctx_,
+                    [this, i](const Completion& sc) {
+                        --pending_;
+                        if (sc.status == Errc::ok && !stop_.load()) post(i);
+                    },
+                    b, c.size, c.source, uint8_t(b.data()[4]), c.tag);
+                if (!s) --pending_, ++errors;
+            },
+            bufs_[std::size_t(i)]);
+        if (r)
+            ids_[std::size_t(i)] = *r;
+        else
+            --pending_, ++errors;
+    }
+    void run() {
+        for (int i = 0; i < 4; ++i)
+            post(i);
+        while (!stop_.load()) {
+            (void)ctx_.progress(blocking_ ? Duration(20ms) : Duration::zero());
+            ctx_.trigger();
+        }
+        touch::record(false);
+        trace = my_touches();
+        // Nothing of ours stays posted on the context (it outlives us).
+        for (OpId id : ids_)
+            (void)t_.cancel(id);
+        auto end = Clock::now() + 10s;
+        while (pending_ > 0 && Clock::now() < end) {
+            (void)ctx_.progress(Duration::zero());
+            ctx_.trigger();
+        }
+        if (pending_ > 0) ++errors;
+    }
+    Transport& t_;
+    Context& ctx_;
+    bool record_;
+    bool blocking_;
+    int served_ = 0;
+    int pending_ = 0;  ///< our receives and sends not completed yet
+    std::vector<MsgBuffer> bufs_;
+    OpId ids_[4]{};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+/// `n` round trips from `ctx` to context `to` of `dest`; false on any failure.
+bool echo_round_trips(Transport& t, Context& ctx, const Addr& dest, uint8_t to, Tag base, int n,
+                      bool blocking = false) {
+    MsgBuffer sb = alloc_buf(t, 64), rb = alloc_buf(t, 64);
+    for (int i = 0; i < n; ++i) {
+        Tag tag = base + Tag(i);
+        std::memcpy(sb.data(), &tag, sizeof tag);
+        sb.data()[4] = std::byte(ctx.id());  // the context the echo answers
+        Recorder rr, sr;
+        if (!t.post_recv_expected(ctx, record(rr), rb, dest, tag) ||
+            !t.post_send_unexpected(ctx, record(sr), sb, 5, dest, to, tag))
+            return false;
+        auto end = Clock::now() + 10s;
+        while (!(rr.done() && sr.done()) && Clock::now() < end) {
+            (void)ctx.progress(blocking ? Duration(5ms) : Duration::zero());
+            ctx.trigger();
+        }
+        Tag back = 0;
+        std::memcpy(&back, rb.data(), sizeof back);
+        if (!rr.done() || rr.last.status != Errc::ok || back != tag || !(rr.last.source == dest) ||
+            rr.last.context_id != ctx.id())
+            return false;
+    }
+    return true;
+}
+
+// Two client threads on two contexts, each calling its own context of a server whose two
+// contexts have a thread each, in blocking progress: each thread must wake for its own messages
+// whatever the other does; then crossed (client context 0 to server context 1).
+TEST_P(Conformance, ThreadsOnTwoContextsTalkToTheirOwnServerContexts) {
+    auto s1 = server_.t->context_create(1);
+    ASSERT_TRUE(s1) << s1.error().describe();
+    auto c1 = client_.t->context_create(1);
+    ASSERT_TRUE(c1) << c1.error().describe();
+    Addr dest = addr_of(client_, server_);
+    {
+        EchoThread e0(*server_.t, *server_.ctx, false, true), e1(*server_.t, **s1, false, true);
+        std::atomic<int> failed{0};
+        std::thread t1([&] {
+            if (!echo_round_trips(*client_.t, **c1, dest, 1, 2u << 20, 300, true)) ++failed;
+        });
+        if (!echo_round_trips(*client_.t, *client_.ctx, dest, 0, 1u << 20, 300, true)) ++failed;
+        t1.join();
+        EXPECT_EQ(failed.load(), 0);
+        EXPECT_TRUE(echo_round_trips(*client_.t, *client_.ctx, dest, 1, 3u << 20, 10, true));
+        e0.stop();
+        e1.stop();
+        EXPECT_EQ(e0.errors.load() + e1.errors.load(), 0);
+    }
+    c1->reset();
+    s1->reset();
+}
+
+// Issue 9: a context is a progress domain. With touch tracing (the asan and tsan builds), two
+// client threads, each driving its own context against its own context of a server, take no
+// lock and no op pool in common on the call path, and neither do the server's two threads; a
+// control run, both client threads on context 0 one after the other, shows that the trace sees
+// sharing when there is some. (sm also has a two-process version in tests/na/sm.)
+TEST_P(Conformance, ThreadsOnTwoContextsShareNoLockOrPool) {
+    if (!contexts_are_progress_domains(GetParam()))
+        GTEST_SKIP() << GetParam().label
+                     << ": its contexts are not progress domains yet (issue 9: ofi, ucx)";
+    if (!touch::kEnabled)
+        GTEST_SKIP() << "touch tracing is compiled into the asan and tsan builds only "
+                        "(TALARIA_TOUCH_TRACE)";
+    auto s1 = server_.t->context_create(1);
+    ASSERT_TRUE(s1) << s1.error().describe();
+    auto c1 = client_.t->context_create(1);
+    ASSERT_TRUE(c1) << c1.error().describe();
+    Addr dest = addr_of(client_, server_);
+    std::vector<const void*> seen0, seen1, srv0, srv1;
+    {
+        EchoThread e0(*server_.t, *server_.ctx, true), e1(*server_.t, **s1, true);
+        std::atomic<int> failed{0};
+        auto traced = [&](Context& ctx, uint8_t to, Tag base, std::vector<const void*>& out) {
+            if (!echo_round_trips(*client_.t, ctx, dest, to, base, 20)) ++failed;  // warm up
+            touch::record(true);
+            if (!echo_round_trips(*client_.t, ctx, dest, to, base + 100, 500)) ++failed;
+            touch::record(false);
+            out = my_touches();
+        };
+        std::thread t0([&] { traced(*client_.ctx, 0, 1u << 20, seen0); });
+        std::thread t1([&] { traced(**c1, 1, 2u << 20, seen1); });
+        t0.join();
+        t1.join();
+        ASSERT_EQ(failed.load(), 0);
+        e0.stop();
+        e1.stop();
+        EXPECT_EQ(e0.errors.load() + e1.errors.load(), 0);
+        srv0 = e0.trace;
+        srv1 = e1.trace;
+    }
+    // Each thread took its context's lane lock, op pool and completion queue lock at least.
+    EXPECT_GE(seen0.size(), 3u);
+    EXPECT_GE(seen1.size(), 3u);
+    EXPECT_TRUE(both_touched(seen0, seen1).empty())
+        << both_touched(seen0, seen1).size() << " locks or pools taken by both client threads";
+    EXPECT_GE(srv0.size(), 3u);
+    EXPECT_GE(srv1.size(), 3u);
+    EXPECT_TRUE(both_touched(srv0, srv1).empty())
+        << both_touched(srv0, srv1).size() << " locks or pools taken by both server threads";
+
+    // Control: both threads on context 0, one after the other, share its lock and pool.
+    std::vector<const void*> a, b;
+    {
+        EchoThread e0(*server_.t, *server_.ctx, false);
+        auto ctl = [&](Tag base, std::vector<const void*>& out) {
+            touch::record(true);
+            EXPECT_TRUE(echo_round_trips(*client_.t, *client_.ctx, dest, 0, base, 10));
+            touch::record(false);
+            out = my_touches();
+        };
+        std::thread([&] { ctl(4u << 20, a); }).join();
+        std::thread([&] { ctl(5u << 20, b); }).join();
+    }
+    EXPECT_FALSE(both_touched(a, b).empty()) << "the trace missed locks both threads took";
+    c1->reset();
+    s1->reset();
 }
 
 std::string kind_name(const ::testing::TestParamInfo<TransportKind>& info) {
