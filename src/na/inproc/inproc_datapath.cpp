@@ -332,16 +332,21 @@ Result<OpId> InprocTransport::post_recv_expected(Context& ctx, Callback cb, MsgB
         std::lock_guard g(port_->mu);
         if (fault_fail_locked(op)) return id;
     }
-    {
-        std::lock_guard g(l.mu);
+    // Under l.mu: give the receive a message that came first, if one did.
+    auto take_queued = [&] {
         for (auto it = l.expected_queued.begin(); it != l.expected_queued.end(); ++it) {
             if (it->source == source && it->tag == tag) {
                 Incoming m = std::move(*it);
                 l.expected_queued.erase(it);
                 fill_recv(op, m.source, m.tag, m.ctx_id, m.data);
-                return id;
+                return true;
             }
         }
+        return false;
+    };
+    {
+        std::lock_guard g(l.mu);
+        if (take_queued()) return id;
     }
     // Nothing queued: if the source is gone it never will be.
     Port* src_port = nullptr;
@@ -357,15 +362,7 @@ Result<OpId> InprocTransport::post_recv_expected(Context& ctx, Callback cb, MsgB
         hold = std::move(port->hold);
     }
     std::lock_guard g(l.mu);
-    // A message may have come meanwhile (unlocked above).
-    for (auto it = l.expected_queued.begin(); it != l.expected_queued.end(); ++it) {
-        if (it->source == source && it->tag == tag) {
-            Incoming m = std::move(*it);
-            l.expected_queued.erase(it);
-            fill_recv(op, m.source, m.tag, m.ctx_id, m.data);
-            return id;
-        }
-    }
+    if (take_queued()) return id;  // it came meanwhile (unlocked above)
     // A close that races with this post: the closing endpoint marks itself closed before it
     // fails what waits for it, lane by lane under each lane's lock. Seen closed here, it may
     // already have passed this lane: fail the receive here instead.
