@@ -42,6 +42,8 @@ struct RmaTag {};
 struct ConnTag {};
 
 /// Something queued on a connection's send queue: a header and up to one payload span.
+struct Lane;
+
 struct SendItem : ListHook<SendTag> {
     enum class Kind : uint8_t { op, control };
     Kind kind = Kind::op;
@@ -69,8 +71,10 @@ struct TcpOp : Op, SendItem, ListHook<RmaTag> {
     Addr match_source;         ///< recv_expected
     Tag match_tag = 0;         ///< recv_expected
     Conn* conn = nullptr;      ///< send/put/get: the connection it was queued on
-    /// Queued on another lane's connection (borrow()): that lane completes it; not cancelable.
+    /// Queued on another lane's connection (borrow()): that lane, `lender`, completes it, and
+    /// cancel() withdraws it under that lane's lock.
     bool borrowed = false;
+    Lane* lender = nullptr;
 };
 
 /// A frame the transport sends on its own (hello, put/get responses).
@@ -224,6 +228,7 @@ struct Lane {
     /// `has_inbox` tells progress to look without taking it.
     std::vector<std::unique_ptr<QueuedMsg>> inbox;
     std::atomic<bool> has_inbox{false};
+    std::size_t inbox_bytes = 0;  ///< their payload (bounded like early expected messages)
 
     static uint64_t key(const TcpAddr* peer, uint8_t remote_ctx) noexcept {
         return (uint64_t(reinterpret_cast<uintptr_t>(peer)) << 8) | remote_ctx;
@@ -236,6 +241,8 @@ class TcpContext final : public Context {
     ~TcpContext() override;
     [[nodiscard]] int block_fd() const noexcept { return block_epfd_; }
     [[nodiscard]] Lane& lane() const noexcept { return *lane_; }
+    /// Attached to its lane (context_create succeeded): its destruction detaches it.
+    bool attached = false;
 
   private:
     TcpTransport* tt_;
@@ -381,6 +388,10 @@ class TcpTransport final : public Transport {
     void close_conn(Conn* c, Errc status, const std::string& why);
     /// Close every connection of lane `l` (its context goes, or the transport).
     void close_lane_locked(Lane& l, Errc status, const std::string& why);
+    /// Context `ctx` goes: its ops queued on other lanes' connections (borrow()) are withdrawn
+    /// and completed canceled, or their connection is closed when they are on the wire (under
+    /// setup_mu_, taking each other lane's lock).
+    void withdraw_borrowed_locked(Lane& own, const Context* ctx);
     void reap_dead(Lane& l);
     static Lane& lane_of(Context& ctx) noexcept;
     void add_route(Lane& l, Conn* c);

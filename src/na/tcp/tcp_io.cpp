@@ -43,7 +43,13 @@ Result<Conn*> TcpTransport::conn_for_locked(Lane& l, TcpAddr* peer, uint8_t remo
     if (any_ctx)
         for (Conn& c : l.conns)
             if (c.peer.impl() == peer && c.state != Conn::State::closed) return &c;
-    if (peer->anonymous) return nullptr;  // it does not listen: borrow()
+    if (peer->anonymous) {
+        // It does not listen: a connection of ours to another of its contexts carries the
+        // message too (the peer hands it to the context it names); else borrow().
+        for (Conn& c : l.conns)
+            if (c.peer.impl() == peer && c.state == Conn::State::open) return &c;
+        return nullptr;
+    }
     return connect(l, peer, remote_ctx);
 }
 
@@ -61,7 +67,10 @@ Result<TcpOp*> take_op(Lane& own, std::size_t max_ops, Context& ctx, Callback&& 
     op->conn = conn;
     op->state = OpState::send_queued;
     op->borrowed = conn->lane != &own;
-    if (op->borrowed) own.borrowed.fetch_add(1, std::memory_order_relaxed);
+    if (op->borrowed) {
+        op->lender = conn->lane;
+        own.borrowed.fetch_add(1, std::memory_order_relaxed);
+    }
     return op;
 }
 }  // namespace
@@ -305,11 +314,19 @@ Result<void> TcpTransport::cancel(OpId id) {
         if (c && c->ops.owns(id.op)) l = c;
     }
     if (!l) return Error(Errc::not_found, "tcp cancel: not an operation of this transport");
-    std::lock_guard g(l->mu);
+    std::unique_lock g(l->mu);
     TcpOp* op = l->ops.lookup(id);
     if (!op)
         return Error(Errc::not_found, "tcp cancel: the operation already finished (stale OpId)");
-    if (op->borrowed) return ok();  // on another context's connection: it completes there
+    if (op->borrowed) {
+        // On another context's connection: under that lane's lock (lanes never go away; the
+        // op may have finished meanwhile, so look it up again there).
+        Lane* lender = op->lender;
+        g.unlock();
+        g = std::unique_lock(lender->mu);
+        op = l->ops.lookup(id);
+        if (!op || op->state != OpState::send_queued || op->sent != 0) return ok();
+    }
     switch (op->state) {
         case OpState::recv_posted:
             l->match.withdraw(op);
@@ -587,14 +604,14 @@ bool TcpTransport::is_local_locked(Lane& l, uint8_t ctx_id, bool expected) {
 
 Lane* TcpTransport::route_target_locked(uint8_t ctx_id, bool expected) noexcept {
     if (ctx_id < opts_.max_contexts) {
-        Lane* l = lane_ptr_[ctx_id].load(std::memory_order_relaxed);
+        Lane* l = lane_ptr_[ctx_id].load(std::memory_order_acquire);
         if (l && l->ctx && (expected || l->ctx->takes_unexpected())) return l;
     }
     // An expected message answers a receive its context posted: with that context gone,
     // nobody waits for it.
     if (expected) return nullptr;
     for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
-        Lane* l = lane_ptr_[i].load(std::memory_order_relaxed);
+        Lane* l = lane_ptr_[i].load(std::memory_order_acquire);
         if (l && l->ctx && l->ctx->takes_unexpected()) return l;
     }
     return nullptr;
@@ -633,13 +650,19 @@ void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
         rg.unlock();
         return deliver_local_locked(from, m, who);
     }
-    auto loose = std::unique_ptr<QueuedMsg>(to ? new (std::nothrow) QueuedMsg : nullptr);
+    // The inbox is bounded like early expected messages: a peer must not make us hold memory
+    // without bound by naming a context whose thread is busy.
+    const bool full = to && (to->inbox.size() >= kMaxEarlyExpected ||
+                             to->inbox_bytes + m->data.size() > kMaxEarlyExpectedBytes);
+    auto loose = std::unique_ptr<QueuedMsg>(to && !full ? new (std::nothrow) QueuedMsg : nullptr);
     if (!loose) {
         rg.unlock();
         TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
                     m->data.size(), m->expected ? "expected" : "unexpected", m->tag,
                     peer_of(who)->str, m->context_id,
-                    to            ? "out of memory"
+                    full ? "that context's inbox is full (its thread is busy; the peer sends "
+                           "more than it asked for)"
+                    : to ? "out of memory"
                     : m->expected ? "that context does not exist (any more)"
                                   : "no context here takes unexpected messages");
         from.match.msg_free(m);
@@ -650,6 +673,7 @@ void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
     loose->context_id = m->context_id;
     loose->expected = m->expected;
     loose->data.swap(m->data);
+    to->inbox_bytes += loose->data.size();
     to->inbox.push_back(std::move(loose));
     to->has_inbox.store(true, std::memory_order_release);
     // Wake a thread of that context sleeping in progress() or on its wait_fd() (under the
@@ -665,8 +689,12 @@ void TcpTransport::drain_inbox_locked(Lane& l) {
     {
         std::lock_guard rg(route_mu_);
         in.swap(l.inbox);
+        l.inbox_bytes = 0;
         l.has_inbox.store(false, std::memory_order_relaxed);
     }
+    // The eventfd write that announced them has done its job: a caller that waits on
+    // wait_fd() and polls without blocking would otherwise find it readable for good.
+    if (l.ctx) l.ctx->drain_event_fd();
     for (auto& loose : in) {
         QueuedMsg* m = l.match.msg_alloc();
         Addr who = loose->source;
@@ -916,6 +944,44 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
 
 void TcpTransport::close_lane_locked(Lane& l, Errc status, const std::string& why) {
     l.conns.for_each_safe([&](Conn& c) { close_conn(&c, status, why); });
+}
+
+void TcpTransport::withdraw_borrowed_locked(Lane& own, const Context* ctx) {
+    for (auto& lp : lanes_) {
+        Lane* o = lp.get();
+        if (o == nullptr || o == &own) continue;
+        std::lock_guard g(o->mu);
+        o->conns.for_each_safe([&](Conn& c) {
+            // On the wire (part sent, awaiting its response, or being received into): the
+            // stream cannot drop it, so the connection goes (its peer reconnects).
+            bool on_wire = c.rx_op && c.rx_op->ctx == ctx;
+            for (TcpOp& op : c.rma_wait)
+                if (op.ctx == ctx && (op.state != OpState::send_queued || op.sent != 0))
+                    on_wire = true;
+            for (SendItem& it : c.sendq)
+                if (it.kind == SendItem::Kind::op && static_cast<TcpOp&>(it).ctx == ctx &&
+                    it.sent != 0)
+                    on_wire = true;
+            if (on_wire) {
+                close_conn(&c, Errc::canceled,
+                           fmt::format("context {} is destroyed with a transfer in flight on a "
+                                       "connection of context {}",
+                                       ctx->id(), o->id));
+                return;
+            }
+            c.sendq.for_each_safe([&](SendItem& it) {
+                if (it.kind != SendItem::Kind::op) return;
+                auto& op = static_cast<TcpOp&>(it);
+                if (op.ctx != ctx) return;
+                c.sendq.erase(op);
+                c.queued_bytes -= op.total;
+                if (static_cast<ListHook<RmaTag>*>(&op)->linked()) c.rma_wait.erase(op);
+                op.state = OpState::idle;
+                complete_op(&op, Errc::canceled);
+            });
+        });
+        reap_dead(*o);
+    }
 }
 
 void TcpTransport::reap_dead(Lane& l) {

@@ -132,7 +132,7 @@ TcpContext::TcpContext(TcpTransport* t, uint8_t id, bool thread_safe, Lane* lane
 }
 
 TcpContext::~TcpContext() {
-    tt_->context_destroyed(this);
+    if (attached) tt_->context_destroyed(this);
     if (block_epfd_ >= 0) ::close(block_epfd_);
 }
 
@@ -172,14 +172,16 @@ Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
         std::lock_guard rg(route_mu_);
         l->ctx = ctx.get();
     }
+    ctx->attached = true;
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
 void TcpTransport::context_destroyed(TcpContext* ctx) noexcept {
     Lane& l = ctx->lane();
     std::lock_guard g(setup_mu_);
+    withdraw_borrowed_locked(l, ctx);
     std::lock_guard lg(l.mu);
-    if (l.ctx != ctx) return;  // context_create failed half way
+    if (l.ctx != ctx) return;
     // Its connections go with it: peers see them close and reconnect to the contexts left
     // (the lowest one answers for a context that is gone).
     close_lane_locked(l, Errc::canceled, fmt::format("context {} is destroyed", l.id));
@@ -190,10 +192,12 @@ void TcpTransport::context_destroyed(TcpContext* ctx) noexcept {
         op->match_source.reset();
         op->releaser->release(op);
     });
+    l.match.clear();  // early expected messages answered receives of the context that went
     {
         std::lock_guard rg(route_mu_);
         l.ctx = nullptr;
         l.inbox.clear();
+        l.inbox_bytes = 0;
         l.has_inbox.store(false, std::memory_order_relaxed);
     }
     reap_dead(l);
@@ -627,11 +631,11 @@ void TcpTransport::adopt_locked(Conn* c) {
         // The context asked for if it exists, else the one that takes unexpected messages for
         // it (it answers for the missing context), else any.
         Lane* asked = c->asked_ctx < opts_.max_contexts
-                          ? lane_ptr_[c->asked_ctx].load(std::memory_order_relaxed)
+                          ? lane_ptr_[c->asked_ctx].load(std::memory_order_acquire)
                           : nullptr;
         to = asked && asked->ctx ? asked : route_target_locked(c->asked_ctx, false);
         for (std::size_t i = 0; !to && i < opts_.max_contexts; ++i) {
-            Lane* l = lane_ptr_[i].load(std::memory_order_relaxed);
+            Lane* l = lane_ptr_[i].load(std::memory_order_acquire);
             if (l && l->ctx) to = l;
         }
     }

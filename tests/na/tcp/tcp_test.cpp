@@ -944,6 +944,79 @@ TEST(Tcp, ThreadSafeEchoWithBlockingProgress) {
     server.join();
 }
 
+// A server context with no connection to a client that does not listen reaches it over another
+// context's connection (a borrowed op: the engine's bulk context pulling from a client). Both
+// work, and destroying the borrowing context while its get is on the wire withdraws it (the
+// lending connection closes) instead of leaving an op that would later complete into the
+// destroyed context; the other context goes on serving.
+TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
+    Peer s = make_peer("tcp://127.0.0.1:0");
+    auto s1r = s.t->context_create(1);
+    ASSERT_TRUE(s1r);
+    std::unique_ptr<Context> s1 = std::move(*s1r);
+    Peer c = make_peer("tcp://", Options{.listen = false});
+    Addr server = lookup(*c.t, s.self());
+    std::vector<std::byte> data(1 << 20, std::byte{0x5a}), got(1 << 20);
+    auto reg = c.t->mem_register(data.data(), data.size(), Access::read_only);
+    ASSERT_TRUE(reg);
+    auto mine = s.t->mem_register(got.data(), got.size(), Access::write_only);
+    ASSERT_TRUE(mine);
+    std::vector<std::byte> blob(c.t->mem_serialize_size(*reg));
+    ASSERT_TRUE(c.t->mem_serialize(*reg, blob));
+    auto remote = s.t->mem_deserialize(blob);
+    ASSERT_TRUE(remote);
+    // The client's first message connects it to server context 0; its source is the client.
+    auto rb = buf_with(*s.t, "", 64);
+    Addr client;
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx, [&](const Completion& cp) { client = cp.source; }, rb));
+    auto m = buf_with(*c.t, "hi");
+    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 2, server, 0, 1));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return static_cast<bool>(client); }));
+    // Context 1 gets from the client's memory over context 0's connection.
+    Errc st = Errc::internal;
+    ASSERT_TRUE(s.t->post_get(
+        *s1, [&](const Completion& cp) { st = cp.status; }, *mine, 0, *remote, 0, data.size(),
+        client));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get(), s1.get()}, [&] { return st != Errc::internal; }));
+    EXPECT_EQ(st, Errc::ok);
+    EXPECT_EQ(got, data);
+    // Again, but the client does not serve it yet: the get waits on the wire when context 1 goes.
+    st = Errc::internal;
+    auto id = s.t->post_get(
+        *s1, [&](const Completion& cp) { st = cp.status; }, *mine, 0, *remote, 0, data.size(),
+        client);
+    ASSERT_TRUE(id);
+    (void)s1->progress(Duration::zero());
+    (void)s.ctx->progress(Duration::zero());
+    (void)s.t->cancel(*id);  // on the wire: it cannot be withdrawn from the stream
+    s1.reset();
+    // The client now answers (or finds the connection gone); nothing may complete into the
+    // destroyed context, and context 0 goes on serving a new message.
+    std::string text;
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx,
+        [&](const Completion& cp) {
+            if (cp.status == Errc::ok) text = as_string(rb, cp.size);
+        },
+        rb));
+    // The client's connection may still look open to it for a moment (a send then dies with
+    // it): send again every 20 ms until one arrives.
+    auto end = Clock::now() + 10s;
+    auto next_send = Clock::now();
+    while (text.empty() && Clock::now() < end) {
+        for (Context* x : {c.ctx.get(), s.ctx.get()}) {
+            (void)x->progress(Duration::zero());
+            x->trigger();
+        }
+        if (Clock::now() >= next_send) {
+            (void)c.t->post_send_unexpected(*c.ctx, {}, m, 2, server, 0, 2);
+            next_send = Clock::now() + 20ms;
+        }
+    }
+    EXPECT_EQ(text, "hi");
+}
+
 TEST(Tcp, SingleThreadedMode) {
     Options o;
     o.thread_safe = false;
