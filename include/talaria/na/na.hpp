@@ -324,10 +324,10 @@ class Transport {
     /// queued, never lost. A message longer than the buffer completes with message_too_large.
     virtual Result<OpId> post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) = 0;
     /// Send an expected message to `dest`'s context `dest_ctx`: matched there by (source, tag)
-    /// against a post_recv_expected on that context (on sm each context matches its own; on
-    /// the other transports, still against every context's receives). Messages that arrive before
-    /// their receive is posted are queued (at most 4096 of them and 32 MiB, per transport on
-    /// tcp, ofi and ucx, per context on sm: post the receive first).
+    /// against a post_recv_expected on that context (on sm, tcp and inproc each context matches
+    /// its own; on ofi and ucx, still against every context's receives). Messages that arrive
+    /// before their receive is posted are queued (at most 4096 of them and 32 MiB, per context
+    /// on sm and tcp, per transport on ofi and ucx: post the receive first).
     virtual Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
                                             std::size_t len, const Addr& dest, uint8_t dest_ctx,
                                             Tag tag) = 0;
@@ -365,7 +365,7 @@ class Transport {
     /// An fd that is readable when this transport needs progress (epoll-nestable).
     [[nodiscard]] virtual int progress_fd() const noexcept = 0;
     /// Prepare to block on progress_fd(): false when work is already pending (do not block).
-    /// sm always answers false (its messages ring each context's own doorbell, which
+    /// sm and tcp always answer false (their messages wake each context's own set, which
     /// progress_fd() does not hold): block on Context::wait_fd() after Context::try_wait().
     virtual bool try_wait() = 0;
     /// An address equal to `a` for one context to keep (a transport whose addresses are

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -103,5 +104,21 @@ class AddrTable {
     std::unordered_map<std::string, AddrImpl*, StrHash, std::equal_to<>> map_;
     std::atomic<std::size_t> live_{0};
 };
+
+/// Another handle on an address (equal to it: AddrImpl::canonical, which Addr's == compares),
+/// one per connection or per context, so that the threads of different contexts do not all
+/// write the one reference count of a peer they share. Keeps the canonical address alive.
+struct AddrAlias final : AddrImpl {
+    AddrAlias(Transport* t, AddrImpl* canonical) noexcept
+        : AddrImpl(t, canonical), keep(canonical) {}
+    Addr keep;
+};
+
+/// A new alias of `a`'s canonical address, owned by transport `t` (`a` itself when out of
+/// memory). `a` must be an address of `t`.
+inline Addr alias_of(Transport* t, const Addr& a) {
+    auto* alias = new (std::nothrow) AddrAlias(t, a.impl()->canonical());
+    return alias ? Addr(alias) : a;
+}
 
 }  // namespace talaria::na

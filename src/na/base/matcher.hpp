@@ -51,6 +51,21 @@ inline Errc copy_message(const std::byte* data, std::size_t len, std::byte* buf,
 inline constexpr std::size_t kMaxEarlyExpected = 4096;
 inline constexpr std::size_t kMaxEarlyExpectedBytes = std::size_t{32} << 20;
 
+/// Would one more early expected message of `size` bytes, on top of `count` messages holding
+/// `bytes`, pass those bounds? (The matcher's own check; sm's lanes and tcp's inboxes use it.)
+inline bool early_expected_full(std::size_t count, std::size_t bytes, std::size_t size) noexcept {
+    return count >= kMaxEarlyExpected || bytes + size > kMaxEarlyExpectedBytes;
+}
+
+/// Why an early expected message was dropped at those bounds, for a log line.
+inline std::string early_expected_refusal(std::size_t count, std::size_t bytes) {
+    return fmt::format(
+        "{} early expected messages ({} bytes) already wait for receives, the most kept (post "
+        "expected receives before the peer sends; a peer that sends what nobody asked for is "
+        "misbehaving)",
+        count, bytes);
+}
+
 /// What became of a message no receive waited for.
 enum class Queued : uint8_t {
     ok,          ///< queued until a receive takes it
@@ -217,11 +232,7 @@ class Matcher {
     /// Why a message was refused, for the transport's log line.
     [[nodiscard]] std::string refusal(Queued q) const {
         if (q == Queued::no_context) return "no context here takes unexpected messages";
-        return fmt::format(
-            "{} early expected messages ({} bytes) already wait for receives, the most kept "
-            "(post expected receives before the peer sends; a peer that sends what nobody "
-            "asked for is misbehaving)",
-            early_expected_.size(), early_bytes_);
+        return early_expected_refusal(early_expected_.size(), early_bytes_);
     }
     /// Hand early message `m` (from post_unexpected, post_expected or match_or_queue) to
     /// receive `op` (it needs `buf` and `cap`): copy it in, or message_too_large when it does
@@ -282,8 +293,7 @@ class Matcher {
         IntrusiveList<MsgT> msgs;   ///< unexpected messages waiting, in arrival order
     };
     [[nodiscard]] bool early_full(std::size_t size) const noexcept {
-        return early_expected_.size() >= kMaxEarlyExpected ||
-               early_bytes_ + size > kMaxEarlyExpectedBytes;
+        return early_expected_full(early_expected_.size(), early_bytes_, size);
     }
     Slot* route(uint8_t id) noexcept {
         return route_unexpected(slots_, slots_.size(), id, [](const Slot& s) { return s.ctx; });

@@ -292,8 +292,7 @@ Addr InprocTransport::addr_self() {
 
 Addr InprocTransport::addr_alias(const Addr& a) {
     if (!a || a.impl()->transport() != this) return a;
-    auto* alias = new (std::nothrow) InprocAlias(this, peer_of(a));
-    return alias ? Addr(alias) : a;
+    return alias_of(this, a);
 }
 
 std::string InprocTransport::addr_to_string(const Addr& a) {

@@ -84,14 +84,7 @@ class InprocAddr final : public AddrImpl {
     AddrTable* table_;
 };
 
-/// Another handle on an InprocAddr, one per (lane, sender) and per context calling a peer
-/// (addr_alias): the threads of two contexts do not write one reference count.
-struct InprocAlias final : AddrImpl {
-    InprocAlias(Transport* t, InprocAddr* p) noexcept : AddrImpl(t, p), peer(p) {}
-    Addr peer;  ///< keeps the InprocAddr alive as long as the alias
-};
-
-/// The InprocAddr of an address of this transport (an InprocAddr or an alias of one).
+/// The InprocAddr of an address of this transport (an InprocAddr or an AddrAlias of one).
 inline InprocAddr* peer_of(const Addr& a) noexcept {
     return static_cast<InprocAddr*>(a.impl()->canonical());
 }
@@ -184,7 +177,7 @@ class InprocTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override;
-    /// A new InprocAlias of `a` (or `a` itself when out of memory).
+    /// A new alias of `a` (alias_of).
     Addr addr_alias(const Addr& a) override;
     std::string addr_to_string(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;

@@ -133,9 +133,7 @@ Result<InprocTransport::Route> InprocTransport::route(Lane& l, InprocAddr& a) {
 const Addr& InprocTransport::source_locked(Lane& l, const std::string& name) {
     auto it = l.sources.find(name);
     if (it != l.sources.end()) return it->second;
-    Addr canonical = intern(name);
-    auto* alias = new (std::nothrow) InprocAlias(this, peer_of(canonical));
-    return l.sources.emplace(name, alias ? Addr(alias) : canonical).first->second;
+    return l.sources.emplace(name, alias_of(this, intern(name))).first->second;
 }
 
 void InprocTransport::fill_recv(InprocOp* op, const Addr& src, Tag tag, uint8_t ctx_id,

@@ -503,15 +503,12 @@ void SmTransport::accept_stashed_locked(Lane& l, Stashed* s) noexcept {
 }
 
 void SmTransport::queue_expected_locked(Lane& l, Stashed* s) noexcept {
-    if (l.expected_msgs.size() >= kMaxEarlyExpected ||
-        l.expected_bytes + s->len > kMaxEarlyExpectedBytes) [[unlikely]] {
+    if (early_expected_full(l.expected_msgs.size(), l.expected_bytes, s->len)) [[unlikely]] {
         TALARIA_LOG(sm, warn,
-                    "sm://{}: context {} dropped an expected message (tag {}, {} bytes) from {}: "
-                    "{} early expected messages ({} bytes) already wait for receives, the most "
-                    "kept (post expected receives before the peer sends; a peer that sends what "
-                    "nobody asked for is misbehaving)",
-                    name_, l.id, s->tag, s->len, addr_to_string(s->source), l.expected_msgs.size(),
-                    l.expected_bytes);
+                    "sm://{}: context {} dropped an expected message (tag {}, {} bytes) "
+                    "from {}: {}",
+                    name_, l.id, s->tag, s->len, addr_to_string(s->source),
+                    early_expected_refusal(l.expected_msgs.size(), l.expected_bytes));
         stash_free(l, s);
         return;
     }

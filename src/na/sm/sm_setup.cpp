@@ -452,8 +452,7 @@ Result<Addr> SmTransport::addr_lookup(std::string_view address) {
 
 Addr SmTransport::addr_alias(const Addr& a) {
     if (!a || a.impl()->transport() != this) return a;
-    auto* alias = new (std::nothrow) PeerAlias(this, peer_of(a));
-    return alias ? Addr(alias) : a;
+    return alias_of(this, a);
 }
 
 Addr SmTransport::addr_self() {
@@ -638,7 +637,7 @@ Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ct
     c->sock = sock.release();
     c->cred_pid = cr.pid;
     c->peer = peer;
-    c->source = Addr(new PeerAlias(this, peer));
+    c->source = alias_of(this, Addr(peer));
     c->seg = seg;
     c->tx = reinterpret_cast<RingCtl*>(base + kRingCtlOffset[0]);
     c->tx_slots = base + kSlotsOffset[0];
@@ -854,7 +853,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         p->identified = true;
     }
     c->peer = p;
-    c->source = Addr(new PeerAlias(this, p));
+    c->source = alias_of(this, Addr(p));
     c->remote_ctx = m.src_ctx;
 
     Handshake ack;

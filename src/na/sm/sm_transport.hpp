@@ -84,16 +84,7 @@ struct Peer final : AddrImpl {
     AddrTable* table_;
 };
 
-/// The source address of the messages of one connection: an alias of its Peer (equal to it,
-/// see AddrImpl::canonical), so that each completion's reference is taken on a count only the
-/// connection's lane writes, not on the Peer's, which every context receiving from that process
-/// would share.
-struct PeerAlias final : AddrImpl {
-    PeerAlias(Transport* t, Peer* p) noexcept : AddrImpl(t, p), peer(p) {}
-    Addr peer;  ///< keeps the Peer alive as long as the alias
-};
-
-/// The Peer of an address of this transport (a Peer or an alias of one).
+/// The Peer of an address of this transport (a Peer or an AddrAlias of one).
 inline Peer* peer_of(const Addr& a) noexcept {
     return static_cast<Peer*>(a.impl()->canonical());
 }
@@ -117,7 +108,9 @@ struct Conn {
     int peer_evfd = -1;  ///< rings the peer's context (its eventfd), -1 until the handshake
     pid_t cred_pid = 0;  ///< the peer's pid as the kernel reports it (SO_PEERCRED)
     Peer* peer = nullptr;
-    Addr source;           ///< a PeerAlias of `peer`: the source of its messages (set with `peer`)
+    /// An alias of `peer` (alias_of), set with it: the source of its messages, so that each
+    /// completion's reference is taken on a count only the connection's lane writes.
+    Addr source;
     Lane* lane = nullptr;  ///< the lane that owns it (nullptr while an inbound hello is awaited)
     void* seg = nullptr;
     // transmit ring (we produce) and receive ring (we consume)
@@ -225,7 +218,7 @@ class SmTransport final : public Transport {
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;
-    /// A new PeerAlias of `a`'s peer (or `a` itself when out of memory).
+    /// A new alias of `a` (alias_of).
     Addr addr_alias(const Addr& a) override;
 
     [[nodiscard]] std::size_t max_unexpected_size() const noexcept override { return kMaxMsgSize; }

@@ -87,7 +87,7 @@ struct Control : SendItem {
 };
 
 /// One peer, interned weakly (see na/base/addr_table.hpp): the transport's table holds a raw
-/// pointer. It lives while a user Addr, a connection (Conn::peer), a TcpAlias of it, a pending op
+/// pointer. It lives while a user Addr, a connection (Conn::peer), an alias of it, a pending op
 /// (TcpOp::match_source), a queued message (QueuedMsg::source), a remote memory handle
 /// (TcpMem::owner_addr) or the transport's self_ holds it. An anonymous client ("tcp://~<id>")
 /// thus vanishes once its connections are closed and nobody holds its Addr. The destructor may
@@ -110,20 +110,7 @@ struct TcpAddr final : AddrImpl {
     AddrTable* table_;
 };
 
-/// Another handle on a TcpAddr, one per connection: the source of the messages it delivers,
-/// so that the contexts receiving from one peer do not all write the peer's reference count.
-struct TcpAlias final : AddrImpl {
-    TcpAlias(Transport* t, TcpAddr* p) noexcept : AddrImpl(t, p), peer(p) {}
-    Addr peer;  ///< keeps the TcpAddr alive as long as the alias
-};
-
-/// A new alias of `peer` (`peer` itself when out of memory).
-inline Addr alias_of(Transport* t, TcpAddr* peer) {
-    auto* a = new (std::nothrow) TcpAlias(t, peer);
-    return a ? Addr(a) : Addr(peer);
-}
-
-/// The TcpAddr of an address of this transport (a TcpAddr or an alias of one).
+/// The TcpAddr of an address of this transport (a TcpAddr or an AddrAlias of one).
 inline TcpAddr* peer_of(const Addr& a) noexcept {
     return static_cast<TcpAddr*>(a.impl()->canonical());
 }
@@ -160,7 +147,7 @@ struct Conn : ListHook<ConnTag> {
     /// The context of ours an accepted connection's hello asked for.
     uint8_t asked_ctx = 0;
     Addr peer;    ///< unknown on an accepted connection until its hello
-    Addr source;  ///< a TcpAlias of `peer`: the source of the messages it delivers
+    Addr source;  ///< an alias of `peer` (alias_of): the source of the messages it delivers
     uint32_t events = 0;
 
     IntrusiveList<SendItem, SendTag> sendq;
@@ -233,6 +220,19 @@ struct Lane {
     static uint64_t key(const TcpAddr* peer, uint8_t remote_ctx) noexcept {
         return (uint64_t(reinterpret_cast<uintptr_t>(peer)) << 8) | remote_ctx;
     }
+    /// The send connection to context `remote_ctx` of `peer`, or nullptr (under mu).
+    [[nodiscard]] Conn* route(const TcpAddr* peer, uint8_t remote_ctx) const noexcept {
+        auto it = routes.find(key(peer, remote_ctx));
+        return it == routes.end() ? nullptr : it->second;
+    }
+    /// That, else any connection to `peer` not closed (put/get name no context; a client
+    /// that does not listen hands a message on to the context it names), or nullptr.
+    [[nodiscard]] Conn* route_or_any(const TcpAddr* peer, uint8_t remote_ctx) noexcept {
+        if (Conn* c = route(peer, remote_ctx)) return c;
+        for (Conn& c : conns)
+            if (c.peer.impl() == peer && c.state != Conn::State::closed) return &c;
+        return nullptr;
+    }
 };
 
 class TcpContext final : public Context {
@@ -264,7 +264,7 @@ class TcpTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }
-    /// A new TcpAlias of `a`'s peer (or `a` itself when out of memory).
+    /// A new alias of `a` (alias_of).
     Addr addr_alias(const Addr& a) override;
     /// Interned addresses alive now (self included); for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }

@@ -38,18 +38,12 @@ Result<OpId> TcpTransport::fail_async(Lane& l, Context& ctx, Callback&& cb, OpTy
 
 Result<Conn*> TcpTransport::conn_for_locked(Lane& l, TcpAddr* peer, uint8_t remote_ctx,
                                             bool any_ctx) {
-    if (auto it = l.routes.find(Lane::key(peer, remote_ctx)); it != l.routes.end())
-        return it->second;
-    if (any_ctx)
-        for (Conn& c : l.conns)
-            if (c.peer.impl() == peer && c.state != Conn::State::closed) return &c;
-    if (peer->anonymous) {
-        // It does not listen: a connection of ours to another of its contexts carries the
-        // message too (the peer hands it to the context it names); else borrow().
-        for (Conn& c : l.conns)
-            if (c.peer.impl() == peer && c.state == Conn::State::open) return &c;
-        return nullptr;
-    }
+    // A peer that does not listen cannot be connected to: a connection of ours to another of
+    // its contexts carries the message too, else borrow().
+    if (Conn* c = any_ctx || peer->anonymous ? l.route_or_any(peer, remote_ctx)
+                                             : l.route(peer, remote_ctx))
+        return c;
+    if (peer->anonymous) return nullptr;
     return connect(l, peer, remote_ctx);
 }
 
@@ -84,11 +78,7 @@ Result<OpId> TcpTransport::borrow(Lane& own, Context& ctx, Callback&& cb, OpType
             Lane* o = lp.get();
             if (o == nullptr || o == &own) continue;
             std::lock_guard g(o->mu);
-            Conn* conn = nullptr;
-            if (auto it = o->routes.find(Lane::key(peer, remote_ctx)); it != o->routes.end())
-                conn = it->second;
-            for (Conn& c : o->conns)
-                if (!conn && c.peer.impl() == peer && c.state != Conn::State::closed) conn = &c;
+            Conn* conn = o->route_or_any(peer, remote_ctx);
             if (!conn) continue;
             TALARIA_TRY(op, take_op(own, opts_.max_ops, ctx, std::move(cb), type, conn, fill));
             OpId id = op->id();
@@ -652,8 +642,7 @@ void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
     }
     // The inbox is bounded like early expected messages: a peer must not make us hold memory
     // without bound by naming a context whose thread is busy.
-    const bool full = to && (to->inbox.size() >= kMaxEarlyExpected ||
-                             to->inbox_bytes + m->data.size() > kMaxEarlyExpectedBytes);
+    const bool full = to && early_expected_full(to->inbox.size(), to->inbox_bytes, m->data.size());
     auto loose = std::unique_ptr<QueuedMsg>(to && !full ? new (std::nothrow) QueuedMsg : nullptr);
     if (!loose) {
         rg.unlock();
@@ -740,7 +729,7 @@ bool TcpTransport::finish_frame(Conn* c) {
                 }
                 peer = *r;
             }
-            c->source = alias_of(this, peer.as<TcpAddr>());
+            c->source = alias_of(this, peer);
             c->peer = std::move(peer);
             c->remote_ctx = uint8_t(h.tag);
             c->asked_ctx = h.context_id;

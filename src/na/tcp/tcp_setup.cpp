@@ -367,8 +367,7 @@ Result<Addr> TcpTransport::addr_lookup(std::string_view address) {
 
 Addr TcpTransport::addr_alias(const Addr& a) {
     if (!a || a.impl()->transport() != this) return a;
-    auto* alias = new (std::nothrow) TcpAlias(this, peer_of(a));
-    return alias ? Addr(alias) : a;
+    return alias_of(this, a);
 }
 
 std::string TcpTransport::addr_to_string(const Addr& a) {
@@ -578,7 +577,7 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
     l.conns.push_back(*c);
     c->state = rc == 0 ? Conn::State::open : Conn::State::connecting;
     c->peer = Addr(peer);
-    c->source = alias_of(this, peer);
+    c->source = alias_of(this, c->peer);
     c->remote_ctx = remote_ctx;
     add_route(l, c);
     if (auto w = watch(c, rc == 0 ? EPOLLIN : EPOLLIN | EPOLLOUT); !w) {
