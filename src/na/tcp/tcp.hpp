@@ -386,6 +386,9 @@ class TcpTransport final : public Transport {
     bool queue_reply(Conn* c, FrameType type, uint64_t cookie, Errc status, std::byte* data,
                      std::size_t len);
     void close_conn(Conn* c, Errc status, const std::string& why);
+    /// Take `op`, queued with none of its bytes sent, off its connection and complete it
+    /// canceled (under its connection's lane lock).
+    void withdraw_unsent(TcpOp* op) noexcept;
     /// Close every connection of lane `l` (its context goes, or the transport).
     void close_lane_locked(Lane& l, Errc status, const std::string& why);
     /// Context `ctx` goes: its ops queued on other lanes' connections (borrow()) are withdrawn

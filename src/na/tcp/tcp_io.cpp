@@ -88,8 +88,9 @@ Result<OpId> TcpTransport::borrow(Lane& own, Context& ctx, Callback&& cb, OpType
     }
     std::lock_guard g(own.mu);
     return fail_async(own, ctx, std::move(cb), type, Errc::disconnected,
-                      fmt::format("{} is a client that does not listen, and no connection from "
-                                  "it is open",
+                      fmt::format("{} is a client that does not listen: it can be reached only "
+                                  "over a connection it opened, and none is open (it closed); "
+                                  "the client must call again first",
                                   peer->str));
 }
 
@@ -326,14 +327,7 @@ Result<void> TcpTransport::cancel(OpId id) {
             break;
         case OpState::send_queued:
             // Only an operation none of whose bytes went out can be withdrawn from the stream.
-            if (op->sent == 0) {
-                Conn* c = op->conn;
-                c->sendq.erase(*op);
-                c->queued_bytes -= op->total;
-                if (static_cast<ListHook<RmaTag>*>(op)->linked()) c->rma_wait.erase(*op);
-                op->state = OpState::idle;
-                complete_op(op, Errc::canceled);
-            }
+            if (op->sent == 0) withdraw_unsent(op);
             break;
         default:
             break;  // on the wire or being received: completes normally
@@ -931,6 +925,15 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     l->dead.push_back(c);
 }
 
+void TcpTransport::withdraw_unsent(TcpOp* op) noexcept {
+    Conn* c = op->conn;
+    c->sendq.erase(*op);
+    c->queued_bytes -= op->total;
+    if (static_cast<ListHook<RmaTag>*>(op)->linked()) c->rma_wait.erase(*op);
+    op->state = OpState::idle;
+    complete_op(op, Errc::canceled);
+}
+
 void TcpTransport::close_lane_locked(Lane& l, Errc status, const std::string& why) {
     l.conns.for_each_safe([&](Conn& c) { close_conn(&c, status, why); });
 }
@@ -961,12 +964,7 @@ void TcpTransport::withdraw_borrowed_locked(Lane& own, const Context* ctx) {
             c.sendq.for_each_safe([&](SendItem& it) {
                 if (it.kind != SendItem::Kind::op) return;
                 auto& op = static_cast<TcpOp&>(it);
-                if (op.ctx != ctx) return;
-                c.sendq.erase(op);
-                c.queued_bytes -= op.total;
-                if (static_cast<ListHook<RmaTag>*>(&op)->linked()) c.rma_wait.erase(op);
-                op.state = OpState::idle;
-                complete_op(&op, Errc::canceled);
+                if (op.ctx == ctx) withdraw_unsent(&op);
             });
         });
         reap_dead(*o);
