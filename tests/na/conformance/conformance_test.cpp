@@ -1282,22 +1282,6 @@ bool contexts_are_progress_domains(const TransportKind& k) {
     return k.label == "sm" || k.label == "tcp" || k.label == "tcp_ipv6" || k.label == "inproc";
 }
 
-std::vector<const void*> both_touched(std::vector<const void*> a, std::vector<const void*> b) {
-    std::sort(a.begin(), a.end());
-    std::sort(b.begin(), b.end());
-    std::vector<const void*> both;
-    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
-    return both;
-}
-
-std::vector<const void*> my_touches() {
-#if defined(TALARIA_TOUCH_TRACE)
-    return touch::log().seen;
-#else
-    return {};
-#endif
-}
-
 /// One server context driven by its own thread: echoes each unexpected message from the
 /// context it arrived on to the context its fifth byte names. With `record`, the thread's
 /// touch trace runs from its 20th message until it stops.

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+
+#include "talaria/util/touch_trace.hpp"
 
 namespace talaria::na::test {
 
@@ -146,6 +149,22 @@ uint64_t fnv1a(std::span<const std::byte> s) {
         h *= 1099511628211ull;
     }
     return h;
+}
+
+std::vector<const void*> my_touches() {
+#if defined(TALARIA_TOUCH_TRACE)
+    return touch::log().seen;
+#else
+    return {};
+#endif
+}
+
+std::vector<const void*> both_touched(std::vector<const void*> a, std::vector<const void*> b) {
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    std::vector<const void*> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    return both;
 }
 
 }  // namespace talaria::na::test

@@ -61,6 +61,12 @@ void progress_for(std::initializer_list<Context*> ctxs, Duration d);
 /// A message buffer of `size` bytes, or a test failure.
 MsgBuffer alloc_buf(Transport& t, std::size_t size);
 
+/// The calling thread's touch trace (talaria/util/touch_trace.hpp): the locks and pools it took
+/// while recording; empty where tracing is not compiled in.
+std::vector<const void*> my_touches();
+/// The objects two threads' traces have in common.
+std::vector<const void*> both_touched(std::vector<const void*> a, std::vector<const void*> b);
+
 /// Deterministic bytes: the same (seed, index) always gives the same byte.
 void fill_pattern(std::span<std::byte> s, uint32_t seed, std::size_t start = 0);
 /// First index where `s` differs from the pattern, or nullopt when it matches.

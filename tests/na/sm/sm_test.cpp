@@ -30,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "harness.hpp"
 #include "na/base/matcher.hpp"
 #include "na/sm/sm_transport.hpp"
 #include "na/sm/sm_wire.hpp"
@@ -1070,18 +1071,43 @@ void stop_two_context_server(Ep& e, Context& ctx1, const Addr& dest) {
     ASSERT_TRUE(qd1.done);
 }
 
+/// echo_server_two_contexts in a child process, and a client endpoint with contexts 0 and 1.
+struct TwoContextPair {
+    Pipe ready;
+    pid_t child = -1;
+    Ep e;
+    std::unique_ptr<Context> ctx1;
+    Addr dest;
+    /// Start the server (named after `prefix`) and open the client; use with
+    /// ASSERT_NO_FATAL_FAILURE.
+    void open(const std::string& prefix) {
+        std::string srv = uniq(prefix + "-echo");
+        child = spawn([&] { return echo_server_two_contexts(srv, ready); });
+        ASSERT_EQ(ready.wait(), 'x');
+        e = Ep::open(uniq(prefix + "-cli"));
+        ASSERT_TRUE(e.ok());
+        auto c1 = e.t->context_create(1);
+        ASSERT_TRUE(c1);
+        ctx1 = std::move(*c1);
+        auto d = e.t->addr_lookup("sm://" + srv);
+        ASSERT_TRUE(d);
+        dest = *d;
+    }
+    /// Stop the server and check that it exited cleanly.
+    void close() {
+        stop_two_context_server(e, *ctx1, dest);
+        ctx1.reset();
+        EXPECT_EQ(wait_exit(child), 0);
+    }
+};
+
 TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
     // Each thread posts on and progresses its own context, talking to its own context of the
     // server; blocking progress must wake for its own messages whatever the other thread does.
-    std::string srv = uniq("mt-echo");
-    Pipe ready;
-    pid_t child = spawn([&] { return echo_server_two_contexts(srv, ready); });
-    ASSERT_EQ(ready.wait(), 'x');
-    Ep e = Ep::open(uniq("mt-cli"));
-    ASSERT_TRUE(e.ok());
-    auto ctx1 = e.t->context_create(1);
-    ASSERT_TRUE(ctx1);
-    auto dest = *e.t->addr_lookup("sm://" + srv);
+    TwoContextPair p;
+    ASSERT_NO_FATAL_FAILURE(p.open("mt"));
+    Ep& e = p.e;
+    const Addr& dest = p.dest;
     constexpr int kIters = 2000;
     std::atomic<int> errors{0};
     auto worker = [&](Context& ctx, Tag base) {
@@ -1109,13 +1135,11 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareOneTransport) {
         }
     };
     std::thread t0([&] { worker(*e.ctx, 1u << 20); });
-    std::thread t1([&] { worker(**ctx1, 2u << 20); });
+    std::thread t1([&] { worker(*p.ctx1, 2u << 20); });
     t0.join();
     t1.join();
     EXPECT_EQ(errors.load(), 0);
-    stop_two_context_server(e, **ctx1, dest);
-    ctx1->reset();
-    EXPECT_EQ(wait_exit(child), 0);
+    p.close();
 }
 
 // Issue 9: a context is a progress domain. With touch tracing (the asan and tsan builds), two
@@ -1126,15 +1150,10 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareNoLockOrPool) {
     if (!touch::kEnabled)
         GTEST_SKIP() << "touch tracing is compiled into the asan and tsan builds only "
                         "(TALARIA_TOUCH_TRACE)";
-    std::string srv = uniq("touch-echo");
-    Pipe ready;
-    pid_t child = spawn([&] { return echo_server_two_contexts(srv, ready); });
-    ASSERT_EQ(ready.wait(), 'x');
-    Ep e = Ep::open(uniq("touch-cli"));
-    ASSERT_TRUE(e.ok());
-    auto ctx1 = e.t->context_create(1);
-    ASSERT_TRUE(ctx1);
-    auto dest = *e.t->addr_lookup("sm://" + srv);
+    TwoContextPair p;
+    ASSERT_NO_FATAL_FAILURE(p.open("touch"));
+    Ep& e = p.e;
+    const Addr& dest = p.dest;
     std::atomic<int> errors{0};
     // One round trip from `ctx` to the server's context `to`.
     auto round_trip = [&](Context& ctx, uint8_t to, Tag tag) {
@@ -1159,23 +1178,13 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareNoLockOrPool) {
         for (int i = 0; i < n; ++i)
             round_trip(ctx, to, base + 100 + Tag(i));
         touch::record(false);
-#if defined(TALARIA_TOUCH_TRACE)
-        out = touch::log().seen;
-#else
-        out.clear();
-#endif
+        out = test::my_touches();
     };
-    auto common = [](std::vector<const void*> a, std::vector<const void*> b) {
-        std::sort(a.begin(), a.end());
-        std::sort(b.begin(), b.end());
-        std::vector<const void*> both;
-        std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
-        return both;
-    };
+    using test::both_touched;
     std::vector<const void*> seen0, seen1;
     {
         std::thread t0([&] { traced(*e.ctx, 0, 1u << 20, 2000, seen0); });
-        std::thread t1([&] { traced(**ctx1, 1, 2u << 20, 2000, seen1); });
+        std::thread t1([&] { traced(*p.ctx1, 1, 2u << 20, 2000, seen1); });
         t0.join();
         t1.join();
     }
@@ -1183,19 +1192,17 @@ TEST(SmTwoProc, ThreadsOnTwoContextsShareNoLockOrPool) {
     // Each thread took its context's lane lock, op pool and completion queue lock at least.
     EXPECT_GE(seen0.size(), 3u);
     EXPECT_GE(seen1.size(), 3u);
-    EXPECT_TRUE(common(seen0, seen1).empty())
-        << common(seen0, seen1).size() << " locks or pools taken by both threads on the call path";
+    EXPECT_TRUE(both_touched(seen0, seen1).empty())
+        << both_touched(seen0, seen1).size()
+        << " locks or pools taken by both threads on the call path";
 
     // Control: both threads on context 0 (one after the other) share its lane.
     std::vector<const void*> c0, c1;
     std::thread([&] { traced(*e.ctx, 0, 3u << 20, 10, c0); }).join();
     std::thread([&] { traced(*e.ctx, 0, 4u << 20, 10, c1); }).join();
     ASSERT_EQ(errors.load(), 0);
-    EXPECT_FALSE(common(c0, c1).empty()) << "the trace missed locks both threads took";
-
-    stop_two_context_server(e, **ctx1, dest);
-    ctx1->reset();
-    EXPECT_EQ(wait_exit(child), 0);
+    EXPECT_FALSE(both_touched(c0, c1).empty()) << "the trace missed locks both threads took";
+    p.close();
 }
 
 // --- hostile peers -------------------------------------------------------------------------------

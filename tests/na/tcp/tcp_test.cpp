@@ -373,6 +373,15 @@ TEST(Tcp, BlockingProgressTimesOutAndWakesOnData) {
 // --- put / get
 // ------------------------------------------------------------------------------------
 
+/// `h`, registered on `from`, as `to` sees it (serialized there and back).
+MemHandle ship(Transport& from, const MemHandle& h, Transport& to) {
+    std::vector<std::byte> b(from.mem_serialize_size(h));
+    EXPECT_TRUE(from.mem_serialize(h, b));
+    auto r = to.mem_deserialize(b);
+    EXPECT_TRUE(r) << (r ? "" : r.error().describe());
+    return r ? std::move(*r) : MemHandle();
+}
+
 struct RmaPair {
     Peer s = make_peer("tcp://127.0.0.1:0");
     Peer c = make_peer("tcp://", Options{.listen = false});
@@ -560,9 +569,7 @@ TEST(Tcp, PeerCloseFailsPendingOps) {
         std::vector<uint8_t> mem(1 << 20);
         auto th = s.t->mem_register(mem.data(), mem.size(), Access::read_write);
         ASSERT_TRUE(th);
-        std::vector<std::byte> b(s.t->mem_serialize_size(*th));
-        ASSERT_TRUE(s.t->mem_serialize(*th, b));
-        auto remote = c.t->mem_deserialize(b);
+        MemHandle remote = ship(*s.t, *th, *c.t);
         ASSERT_TRUE(remote);
         Addr server = lookup(*c.t, s.self());
         auto rb = buf_with(*c.t, "", 16);
@@ -570,7 +577,7 @@ TEST(Tcp, PeerCloseFailsPendingOps) {
             *c.ctx, [&](const Completion& cp) { recv_st = cp.status; }, rb, server, 1));
         // The server never progresses, so the get waits for a response that never comes.
         ASSERT_TRUE(c.t->post_get(
-            *c.ctx, [&](const Completion& cp) { get_st = cp.status; }, *lh, 0, *remote, 0,
+            *c.ctx, [&](const Completion& cp) { get_st = cp.status; }, *lh, 0, remote, 0,
             local.size(), server));
         for (int i = 0; i < 20; ++i) {
             (void)c.ctx->progress(1ms);
@@ -961,9 +968,7 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     ASSERT_TRUE(reg);
     auto mine = s.t->mem_register(got.data(), got.size(), Access::write_only);
     ASSERT_TRUE(mine);
-    std::vector<std::byte> blob(c.t->mem_serialize_size(*reg));
-    ASSERT_TRUE(c.t->mem_serialize(*reg, blob));
-    auto remote = s.t->mem_deserialize(blob);
+    MemHandle remote = ship(*c.t, *reg, *s.t);
     ASSERT_TRUE(remote);
     // The client's first message connects it to server context 0; its source is the client.
     auto rb = buf_with(*s.t, "", 64);
@@ -976,7 +981,7 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     // Context 1 gets from the client's memory over context 0's connection.
     Errc st = Errc::internal;
     ASSERT_TRUE(s.t->post_get(
-        *s1, [&](const Completion& cp) { st = cp.status; }, *mine, 0, *remote, 0, data.size(),
+        *s1, [&](const Completion& cp) { st = cp.status; }, *mine, 0, remote, 0, data.size(),
         client));
     ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get(), s1.get()}, [&] { return st != Errc::internal; }));
     EXPECT_EQ(st, Errc::ok);
@@ -984,7 +989,7 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     // Again, but the client does not serve it yet: the get waits on the wire when context 1 goes.
     st = Errc::internal;
     auto id = s.t->post_get(
-        *s1, [&](const Completion& cp) { st = cp.status; }, *mine, 0, *remote, 0, data.size(),
+        *s1, [&](const Completion& cp) { st = cp.status; }, *mine, 0, remote, 0, data.size(),
         client);
     ASSERT_TRUE(id);
     (void)s1->progress(Duration::zero());
