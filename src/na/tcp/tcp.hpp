@@ -193,7 +193,10 @@ struct Lane {
     alignas(64) MaybeMutex mu;
     const uint8_t id;
     TcpContext* ctx = nullptr;  ///< under mu and the transport's route lock
-    int epfd = -1;              ///< the lane's connections
+    int epfd = -1;              ///< the lane's connections, and its bell
+    /// An eventfd in `epfd` that another lane rings after handing this one a message (the
+    /// lane's own, so that it outlives contexts: it may be rung after the route lock is left).
+    int bell_fd = -1;
     Releaser releaser{this};
     OpPool<TcpOp> ops;
     /// Ops of this lane queued on other lanes' connections (borrow()) and not yet released:

@@ -20,6 +20,12 @@ namespace talaria::na::tcp {
 
 namespace {
 constexpr int kMaxIov = 64;
+
+void drain_bell(int fd) noexcept {
+    uint64_t v;
+    while (::read(fd, &v, sizeof v) > 0) {
+    }
+}
 constexpr std::size_t kMaxReadChunk = std::size_t(1) << 30;
 constexpr int kMaxEvents = 64;
 }  // namespace
@@ -659,12 +665,12 @@ void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
     to->inbox_bytes += loose->data.size();
     to->inbox.push_back(std::move(loose));
     to->has_inbox.store(true, std::memory_order_release);
-    // Wake a thread of that context sleeping in progress() or on its wait_fd() (under the
-    // route lock: the context, and so its eventfd, cannot go meanwhile).
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t r = ::write(to->ctx->event_fd(), &one, sizeof one);
     rg.unlock();
     from.match.msg_free(m);
+    // Wake a thread of that context sleeping in progress() or on its wait_fd(): the bell is in
+    // the lane's set (lanes, and so their bells, live as long as the transport).
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = ::write(to->bell_fd, &one, sizeof one);
 }
 
 void TcpTransport::drain_inbox_locked(Lane& l) {
@@ -675,9 +681,9 @@ void TcpTransport::drain_inbox_locked(Lane& l) {
         l.inbox_bytes = 0;
         l.has_inbox.store(false, std::memory_order_relaxed);
     }
-    // The eventfd write that announced them has done its job: a caller that waits on
-    // wait_fd() and polls without blocking would otherwise find it readable for good.
-    if (l.ctx) l.ctx->drain_event_fd();
+    // The bell that announced them has done its job (left readable, it would wake a sleeper
+    // for nothing).
+    drain_bell(l.bell_fd);
     for (auto& loose : in) {
         QueuedMsg* m = l.match.msg_alloc();
         Addr who = loose->source;
@@ -1026,8 +1032,12 @@ void TcpTransport::poll_once(Lane& l, bool use_epoll) {
     }
     epoll_event evs[kMaxEvents];
     int n = ::epoll_wait(l.epfd, evs, kMaxEvents, 0);
-    for (int i = 0; i < n; ++i)
-        on_event(static_cast<Conn*>(evs[i].data.ptr), evs[i].events);
+    for (int i = 0; i < n; ++i) {
+        if (evs[i].data.ptr == &l.bell_fd)
+            drain_bell(l.bell_fd);  // stale: the inbox is looked at on every progress
+        else
+            on_event(static_cast<Conn*>(evs[i].data.ptr), evs[i].events);
+    }
     reap_dead(l);
 }
 

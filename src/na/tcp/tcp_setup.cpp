@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -100,6 +101,15 @@ Lane::Lane(uint8_t lane_id, const Options& o)
       ops(o.max_ops, o.thread_safe, &releaser),
       match(o.max_contexts) {
     epfd = ::epoll_create1(EPOLL_CLOEXEC);
+    bell_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epfd < 0 || bell_fd < 0) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &bell_fd;
+    if (::epoll_ctl(epfd, EPOLL_CTL_ADD, bell_fd, &ev) < 0) {
+        ::close(bell_fd);
+        bell_fd = -1;
+    }
 }
 
 void Lane::Releaser::release(Op* op) noexcept {
@@ -108,6 +118,7 @@ void Lane::Releaser::release(Op* op) noexcept {
 }
 
 Lane::~Lane() {
+    if (bell_fd >= 0) ::close(bell_fd);
     if (epfd >= 0) ::close(epfd);
 }
 
@@ -156,7 +167,8 @@ Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
                                  id));
     if (!l) {
         auto nl = std::make_unique<Lane>(id, opts_);
-        if (nl->epfd < 0) return errno_error("tcp: epoll_create1 (a context's set)", errno);
+        if (nl->epfd < 0 || nl->bell_fd < 0)
+            return errno_error("tcp: epoll_create1/eventfd (a context's set and bell)", errno);
         l = nl.get();
         lanes_[id] = std::move(nl);
         lane_ptr_[id].store(l, std::memory_order_release);

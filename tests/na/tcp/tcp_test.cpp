@@ -1022,6 +1022,67 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     EXPECT_EQ(text, "hi");
 }
 
+// A message for one context that arrives on a connection of another (a server answering a
+// client that does not listen on the connection its other context opened) is handed to the
+// right context, whose sleeping thread its bell wakes at once.
+TEST(Tcp, MessageOnAnotherContextsConnectionWakesItsContext) {
+    Peer s = make_peer("tcp://127.0.0.1:0");
+    Peer c = make_peer("tcp://", Options{.listen = false});
+    auto c1r = c.t->context_create(1);
+    ASSERT_TRUE(c1r);
+    std::unique_ptr<Context> c1 = std::move(*c1r);
+    Addr server = lookup(*c.t, s.self());
+    // Client context 0 connects; the server learns the client from its message.
+    auto rb = buf_with(*s.t, "", 64);
+    Addr client;
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx, [&](const Completion& cp) { client = cp.source; }, rb));
+    auto m = buf_with(*c.t, "hi");
+    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 2, server, 0, 1));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return static_cast<bool>(client); }));
+    // Client context 1 sleeps in progress; the server sends to it over that connection.
+    auto cb = buf_with(*c.t, "", 64);
+    std::atomic<bool> got{false};
+    Completion seen;
+    ASSERT_TRUE(c.t->post_recv_unexpected(
+        *c1,
+        [&](const Completion& cp) {
+            seen = cp;
+            got = true;
+        },
+        cb));
+    std::atomic<bool> sleeping{false};
+    std::thread sleeper([&] {
+        auto end = Clock::now() + 10s;
+        while (!got.load() && Clock::now() < end) {
+            sleeping = true;
+            (void)c1->progress(5s);
+            c1->trigger();
+        }
+    });
+    while (!sleeping.load())
+        std::this_thread::yield();
+    std::this_thread::sleep_for(20ms);  // let it block
+    auto sent_at = Clock::now();
+    auto msg = buf_with(*s.t, "to-one");
+    ASSERT_TRUE(s.t->post_send_unexpected(*s.ctx, {}, msg, 6, client, 1, 9));
+    // Client context 0 must progress to read the connection and hand the message over.
+    while (!got.load() && Clock::now() - sent_at < 5s) {
+        for (Context* x : {c.ctx.get(), s.ctx.get()}) {
+            (void)x->progress(Duration::zero());
+            x->trigger();
+        }
+    }
+    auto took = Clock::now() - sent_at;
+    sleeper.join();
+    ASSERT_TRUE(got.load());
+    EXPECT_EQ(seen.status, Errc::ok);
+    EXPECT_EQ(seen.context_id, 1);
+    EXPECT_EQ(as_string(cb, seen.size), "to-one");
+    EXPECT_LT(took, 1s) << "the sleeping context was not woken by the hand-over";
+    c1.reset();
+}
+
 TEST(Tcp, SingleThreadedMode) {
     Options o;
     o.thread_safe = false;
