@@ -12,6 +12,8 @@
 #include <cstring>
 #include <span>
 
+#include <vector>
+
 #include "na/ucx/wire.hpp"
 
 namespace {
@@ -46,8 +48,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             if (h->instance == 0) fail("instance 0 accepted");
             if (h->kind == MsgKind::hello) {
                 if (auto a = decode_hello(payload)) {
-                    if (a->empty() || a->size() > kMaxAddrString) fail("hello address size");
-                    if (!inside(payload, a->data(), a->size())) fail("hello address outside");
+                    if (a->address.empty() || a->address.size() > kMaxAddrString)
+                        fail("hello address size");
+                    if (!inside(payload, a->address.data(), a->address.size()))
+                        fail("hello address outside");
+                    if (a->worker.empty() || a->worker.size() > kMaxWorkerAddr)
+                        fail("hello worker size");
+                    if (!inside(payload, a->worker.data(), a->worker.size()))
+                        fail("hello worker outside");
+                    if (hello_size(a->address, a->worker.size()) != payload.size())
+                        fail("hello parts do not add up to its payload");
+                }
+            }
+            if (h->kind == MsgKind::located) {
+                if (auto l = decode_located(payload)) {
+                    if (l->worker.empty() || l->worker.size() > kMaxWorkerAddr)
+                        fail("located worker size");
+                    if (!inside(payload, l->worker.data(), l->worker.size()))
+                        fail("located worker outside");
+                    std::vector<std::byte> re(located_size(l->worker.size()));
+                    encode_located(*l, re.data());
+                    if (re.size() != payload.size() ||
+                        std::memcmp(re.data(), payload.data(), re.size()) != 0)
+                        fail("a decoded located answer does not re-encode to the same bytes");
                 }
             }
         } else if (h.code() != talaria::Errc::protocol_error) {

@@ -1,7 +1,10 @@
-// The ucx transport: UCP (UCX 1.12+) under the na interface. One UCP context and one worker per
-// transport, configured from the address string without touching the process environment;
-// endpoints made on first use (by sockaddr through a listener, or by packed worker address);
-// one active-message id carrying hello, unexpected and expected messages, matched in software;
+// The ucx transport: UCP (UCX 1.12+) under the na interface. One UCP context per transport,
+// configured from the address string without touching the process environment, and one UCP
+// worker per na context (a Lane: each context is a progress domain of its own); endpoints made
+// on first use (to a peer's context 0 by sockaddr through its listener or by its packed worker
+// address; to its other contexts by their worker addresses, learned from hellos or asked for
+// with locate); one active-message id carrying hello, unexpected and expected messages,
+// matched in software per lane;
 // put/get with ucp_put_nbx/ucp_get_nbx on ucp_mem_map'ed regions whose packed rkeys travel in
 // the serialized memory handle (ucx+sm: process_vm_readv/writev, see init_direct_rma()). Setup
 // (config, worker, listener, addresses, endpoints, registration) is in ucx_setup.cpp; the data path
@@ -11,8 +14,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -25,11 +30,14 @@
 #include "na/ucx/wire.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
+#include "talaria/util/spin_lock.hpp"
 
 namespace talaria::na::ucx {
 
 class UcxTransport;
 struct Ep;
+struct Lane;
+struct Route;
 
 /// How peers are named and reached: by IP address and port through a UCP listener
 /// ("ucx+tcp://127.0.0.1:5000"), or by the hex of a packed UCP worker address ("ucx+sm://0a1b..").
@@ -53,100 +61,192 @@ struct EpTag {};
 enum class OpState : uint8_t {
     idle,
     recv_posted,  ///< on a posted-receive list (software matching), cancelable
+    routing,      ///< a send waiting for its route (a locate in flight), cancelable
     inflight,     ///< a UCX request is pending (send, put/flush, get)
 };
 
-/// A user operation.
+/// A user operation. Its Op hook links it on a posted-receive list or on a route's list of
+/// sends waiting for the route (routing).
 struct UcxOp : Op, ListHook<InflightTag> {
     OpState state = OpState::idle;
     void* req = nullptr;       ///< the pending UCX request (inflight)
-    std::byte* buf = nullptr;  ///< recv: destination
-    std::size_t cap = 0;       ///< recv: capacity
+    std::byte* buf = nullptr;  ///< recv: destination; send (routing): the payload
+    std::size_t cap = 0;       ///< recv: capacity; send (routing): payload bytes
     Addr match_source;         ///< recv_expected
     Tag match_tag = 0;         ///< recv_expected
-    UcxTransport* owner = nullptr;
+    Lane* lane = nullptr;      ///< the lane (context) it was posted on
+    Route* route = nullptr;    ///< routing: the route it waits for
+    MsgHeader hdr;             ///< send: what goes in the header (seq set when it leaves)
     alignas(8) std::byte header[kMsgHeaderSize]{};  ///< send: the AM header (UCX may keep it)
 };
 
 /// An incoming message nobody had posted a receive for yet (queued by the Matcher), or one not
-/// deliverable yet (held_: its sender's hello or its turn has not come).
+/// deliverable yet (Lane::held: its sender's hello or its turn has not come).
 struct UcxMsg : QueuedMsg {
-    bool bye = false;       ///< held_: a bye
-    uint64_t instance = 0;  ///< held_: the sender's instance
-    uint32_t seq = 0;       ///< held_: its place in the sender's stream
+    MsgKind kind = MsgKind::unexpected;  ///< held: what it is
+    uint8_t source_ctx = 0;              ///< held: the sender's context
+    uint32_t stream = 0;                 ///< held: the sender's endpoint (its stream)
+    uint64_t instance = 0;               ///< held: the sender's instance
+    uint32_t seq = 0;                    ///< held: its place in the sender's stream
 };
 
-/// Messages that cannot be delivered yet are held, at most this many: from a sender whose
-/// hello has not arrived, or ahead of their turn in the sender's stream (UCP may reorder the
-/// messages sent while an endpoint is being wired up).
+/// Messages that cannot be delivered yet are held, at most this many per lane: from a sender
+/// whose hello has not arrived, or ahead of their turn in the sender's stream (UCP may reorder
+/// the messages sent while an endpoint is being wired up).
 inline constexpr std::size_t kMaxHeldMsgs = 4096;
 
-/// One peer, interned weakly (na/base/addr_table.hpp). Alive while a user Addr, an endpoint
-/// (Ep::peer), a pending op, a queued message, a remote memory handle or self_ holds it.
-/// Fields other than `str`/`key`/`instance` are guarded by the transport lock.
+/// One peer process (one transport instance), interned weakly (na/base/addr_table.hpp).
+/// Alive while a user Addr, an alias, an endpoint or route or stream of a lane, a pending op,
+/// a queued message, a remote memory handle or self_ holds it. `str`, `key`, `sa`,
+/// `worker_addr` and `anonymous` are written before the address is handed out (under the
+/// setup lock) and only read after; `instance` and `dead` are atomics; the rest is under `dmu`,
+/// a leaf lock taken only when a lane sets up a route, learns where a context of the peer
+/// lives, or the peer dies (never per message).
 struct UcxAddr final : AddrImpl {
-    UcxAddr(UcxTransport* t, std::string s, std::string k);
+    UcxAddr(UcxTransport* t, std::string s, std::string k, bool thread_safe);
     ~UcxAddr() override;
     UcxAddr(const UcxAddr&) = delete;
     UcxAddr& operator=(const UcxAddr&) = delete;
     std::string str;  ///< canonical "ucx+<sub>://<key>"
     std::string key;  ///< table key: "host:port", "~<instance>" or the worker address hex
     SockAddr sa;      ///< sockaddr mode
-    std::vector<std::byte> worker_addr;  ///< worker mode: the packed worker address
+    std::vector<std::byte> worker_addr;  ///< worker mode: the packed address of its context 0
     bool anonymous = false;              ///< a client that does not listen ("~<instance>")
-    bool dead = false;  ///< an endpoint to it failed: its ops fail with `dead_status`
-    Errc dead_status = Errc::disconnected;
-    std::string dead_why;
-    Ep* ep = nullptr;       ///< the endpoint we send on
-    uint64_t instance = 0;  ///< from its hello (0: not heard from yet)
-    uint32_t tx_seq = 0;    ///< next sequence number of our messages to it
-    uint32_t rx_next = 0;   ///< sequence number of its next message to deliver
+    std::atomic<uint64_t> instance{0};   ///< from its hello (0: not heard from yet)
+    std::atomic<bool> dead{false};       ///< declared dead: its ops fail with dead_status
+
+    /// Where one of its contexts is served: by its context (worker) `lane`, at `worker`.
+    struct Where {
+        uint8_t ctx = 0;
+        uint8_t lane = 0;
+        std::vector<std::byte> worker;
+    };
+    MaybeSpinLock dmu;
+    Errc dead_status = Errc::disconnected;  ///< under dmu
+    std::string dead_why;                   ///< under dmu
+    std::vector<Where> dir;                 ///< under dmu: learned from hellos and located
+    int last_heard = -1;                    ///< under dmu: the context it last said hello from
 
   private:
     UcxTransport* ut_;
 };
 
-/// One UCP endpoint we created (outgoing, or accepted from a listener's connection request).
+/// One UCP endpoint of a lane: outgoing (to one context's worker of a peer: `peer_lane`), or
+/// accepted from a listener's connection request (lane 0; receive only, watched for failure).
+/// Guarded by its lane's lock.
 struct Ep : ListHook<EpTag> {
     ucp_ep_h h = nullptr;
-    UcxTransport* t = nullptr;
-    uint64_t serial = 0;  ///< unique per transport (remote keys are unpacked per endpoint)
-    TimePoint created{};  ///< when ucp_ep_create returned (blocking waits spin while it is new)
-    Addr peer;            ///< outgoing: at creation; accepted: from the peer's hello
+    Lane* lane = nullptr;
+    uint64_t serial = 0;    ///< unique per transport (remote keys are unpacked per endpoint)
+    TimePoint created{};    ///< when ucp_ep_create returned (blocking waits spin while it is new)
+    Addr peer;              ///< outgoing: at creation; accepted: from the peer's hello
+    uint8_t peer_lane = 0;  ///< outgoing: the peer's context whose worker it reaches
     bool outgoing = false;
+    /// Accepted, and its peer's hello came on it: it carries our messages back to that peer's
+    /// context (`peer_lane`), as an outgoing one would.
+    bool answering = false;
     uint64_t client_id = 0;  ///< accepted: the peer's instance, from its connection request
     bool failed = false;     ///< its error callback ran
     bool closing = false;    ///< ucp_ep_close_nbx called; `close_req` may be pending
     ucs_status_t fail_status = UCS_OK;
     void* close_req = nullptr;
+    uint32_t tx_seq = 0;  ///< next sequence number of our messages on it (one stream per Ep)
+    [[nodiscard]] uint32_t stream_id() const noexcept { return uint32_t(serial); }
     alignas(8) std::byte hello_hdr[kMsgHeaderSize]{};
     std::vector<std::byte> hello;  ///< our hello payload (UCX may send it after we return)
 };
 
+/// Where a lane sends messages for one context of one peer: the endpoint to the worker that
+/// serves it, or, while that is not known yet (a locate is in flight), the sends waiting.
+struct Route {
+    Addr peer;
+    uint8_t ctx = 0;
+    Ep* ep = nullptr;
+    IntrusiveList<UcxOp> waiting;  ///< sends posted before the route was known, in order
+};
+
+/// What a lane receives on one endpoint of a peer (the sender's context and endpoint id are in
+/// every header): the messages of that stream are delivered in its order, with `source` (an
+/// alias: this lane's own reference count).
+struct Stream {
+    Addr source;
+    UcxAddr* peer = nullptr;  ///< canonical (kept alive by `source`)
+    uint32_t rx_next = 0;     ///< sequence number of its next message to deliver
+    bool bye = false;         ///< its bye came (the peer is gone once all its streams said so)
+};
+
+/// A remote key unpacked on one endpoint of one lane (UcxMem::rkeys).
+struct RkeyOnEp {
+    Lane* lane = nullptr;
+    uint64_t ep_serial = 0;
+    ucp_rkey_h h = nullptr;
+};
+
 /// A registration (local: ucp_mem_map'ed here) or a deserialized peer's handle (remote).
 struct UcxMem final : MemImpl {
-    UcxMem(UcxTransport* t, uint64_t base, uint64_t length, Access access, bool local);
+    UcxMem(UcxTransport* t, uint64_t base, uint64_t length, Access access, bool local,
+           bool thread_safe);
     ~UcxMem() override;
     UcxTransport* ut;
     ucp_mem_h memh = nullptr;     ///< local
     std::vector<std::byte> rkey;  ///< packed remote key (local: ours; remote: the owner's)
     std::string owner;            ///< owner's address string (remote)
     Addr owner_addr;              ///< interned owner (remote)
-    ucp_rkey_h rkey_h = nullptr;  ///< unpacked on endpoint `rkey_ep`
-    uint64_t rkey_ep = 0;         ///< Ep::serial the rkey was unpacked for
+    MaybeSpinLock rk_mu;          ///< leaf lock of rkeys
+    std::vector<RkeyOnEp> rkeys;  ///< remote: unpacked per (lane, endpoint), destroyed with it
     uint32_t pid = 0;             ///< remote: owner's process for process_vm_* (0: use ucp_put/get)
     uint32_t pidns = 0;           ///< remote: owner's pid namespace
 };
 
+/// One context's progress domain: its UCP worker and everything its progress and posts touch,
+/// under its own lock. Lane 0 is made with the transport (its worker is the one a peer reaches
+/// first: it holds the listener, and its address is ours in worker mode); the others with
+/// their contexts. A lane outlives its context (a context made again with its id reuses it)
+/// and goes with the transport.
+struct Lane {
+    Lane(UcxTransport* t, uint8_t id, const Options& o);
+    UcxTransport* t;
+    const uint8_t id;
+    MaybeMutex mu;  ///< guards everything below and every call into the worker
+    OpPool<UcxOp> ops;
+    ucp_worker_h worker = nullptr;
+    int efd = -1;                        ///< the worker's event fd (in the context's wait set)
+    std::vector<std::byte> worker_addr;  ///< packed address of `worker` (immutable once made)
+    const Context* ctx = nullptr;        ///< attached context
+    /// Its context exists and takes unexpected messages (read by other lanes' progress, to
+    /// answer a locate: serving_lane()).
+    std::atomic<bool> serves{false};
+    /// Posted receives and early messages of this lane's context; its storage also holds
+    /// `held`. Every unexpected message arriving here goes to the context (the locate answer
+    /// sent a peer here for it).
+    Matcher<UcxOp, UcxMsg> match;
+    IntrusiveList<UcxMsg> held;  ///< not deliverable yet (kMaxHeldMsgs), arrival order
+    std::size_t held_count = 0;
+    IntrusiveList<UcxOp, InflightTag> inflight;
+    IntrusiveList<Ep, EpTag> eps;          ///< live endpoints
+    IntrusiveList<Ep, EpTag> closing_eps;  ///< being closed (close_req pending)
+    std::vector<Ep*> failed;               ///< error callback ran, not handled yet
+    std::vector<Addr> byes;                ///< peers that said bye, not handled yet
+    std::map<std::pair<const UcxAddr*, uint8_t>, Route> routes;  ///< (peer, its context)
+    std::map<std::pair<uint64_t, uint32_t>, Stream> streams;     ///< (instance, its endpoint)
+    Route* last_route = nullptr;    ///< cache of the last route used by a send
+    Stream* last_stream = nullptr;  ///< cache of the last stream a message came on
+    uint64_t last_instance = 0;     ///< ... and its key
+    uint32_t last_stream_id = 0;
+};
+
 class UcxContext final : public Context {
   public:
-    UcxContext(UcxTransport* t, uint8_t id, bool thread_safe);
+    UcxContext(UcxTransport* t, uint8_t id, bool thread_safe, Lane* lane);
     ~UcxContext() override;
     [[nodiscard]] int block_fd() const noexcept { return block_epfd_; }
+    [[nodiscard]] Lane& lane() const noexcept { return *lane_; }
+    bool attached = false;
 
   private:
     UcxTransport* ut_;
-    int block_epfd_ = -1;  ///< epoll over the worker's event fd and this context's eventfd
+    Lane* lane_;
+    int block_epfd_ = -1;  ///< epoll over its lane's worker fd and this context's eventfd
 };
 
 class UcxTransport final : public Transport {
@@ -162,6 +262,7 @@ class UcxTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }
+    Addr addr_alias(const Addr& a) override;
     /// Interned addresses alive now (self included); for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
@@ -196,8 +297,11 @@ class UcxTransport final : public Transport {
 
     Result<void> cancel(OpId id) override;
     Result<void> progress(Context& ctx, TimePoint deadline) override;
-    int progress_fd() const noexcept override { return efd_; }
+    /// Never readable: a context's events come on its own lane's worker fd, which its
+    /// wait_fd() holds. Block on Context::wait_fd() after Context::try_wait().
+    int progress_fd() const noexcept override { return pfd_; }
     bool try_wait() override;
+    bool try_wait_for(Context& ctx) override;
 
     // --- for tests and diagnostics -----------------------------------------------------------
     /// The UCX configuration our context was read with (key=value lines of what we set).
@@ -205,8 +309,8 @@ class UcxTransport final : public Transport {
         const noexcept {
         return settings_;
     }
-    /// ucp_ep_print_info of the endpoint we send to `a` on (empty if none yet): the lanes and
-    /// the UCT transports they use.
+    /// ucp_ep_print_info of the endpoint context 0 sends to `a`'s context 0 on (empty if none
+    /// yet): the lanes and the UCT transports they use.
     std::string ep_info(const Addr& a);
     [[nodiscard]] Mode mode() const noexcept { return spec_.mode; }
     /// True if put/get to handles of ucx+sm peers copy with process_vm_readv/writev (the
@@ -214,38 +318,45 @@ class UcxTransport final : public Transport {
     [[nodiscard]] bool direct_rma() const noexcept { return pidns_ != 0; }
 
     // --- used by UcxContext / UcxMem / UcxAddr and the UCX callbacks ---------------------------
-    void context_destroyed(uint8_t id) noexcept;
+    void context_destroyed(UcxContext* ctx) noexcept;
     void mem_release(UcxMem* m) noexcept;
     void addr_destroyed(UcxAddr* a) noexcept;
     void on_conn_request(ucp_conn_request_h req);
     void on_ep_error(Ep* e, ucs_status_t status);
     void on_op_done(UcxOp* op, ucs_status_t status);
-    ucs_status_t on_am(const void* header, std::size_t header_len, void* data, std::size_t len,
-                       const ucp_am_recv_param_t* param);
+    ucs_status_t on_am(Lane& l, const void* header, std::size_t header_len, void* data,
+                       std::size_t len, const ucp_am_recv_param_t* param);
 
   private:
     // setup (ucx_setup.cpp)
     Result<void> init_context();
-    Result<void> init_worker();
+    Result<Lane*> lane_create_locked(uint8_t id);
     Result<void> init_listener();
     /// ucx+sm: enable put/get by process_vm_readv/writev if this process may use them.
     void init_direct_rma() noexcept;
     Result<Addr> lookup_locked(std::string_view address, bool from_wire);
-    Addr intern_locked(const std::string& key);
-    /// The endpoint to send to `peer` on, created (with our hello queued on it) if absent.
-    Result<Ep*> ep_for_locked(UcxAddr* peer);
-    Result<Ep*> ep_create_locked(const ucp_ep_params_t& params, bool outgoing,
+    Addr intern_locked(const std::string& key, bool anonymous = false);
+    Ep* find_ep_locked(Lane& l, const UcxAddr* peer, uint8_t peer_lane);
+    /// The endpoint of lane `l` to the worker of `peer`'s context `peer_lane`, created (with
+    /// our hello queued on it) if absent: at `worker` (a packed worker address) or, when that
+    /// is empty, at the peer's own address (its context 0: listener or worker).
+    Result<Ep*> ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane,
+                             std::span<const std::byte> worker);
+    Result<Ep*> ep_create_locked(Lane& l, const ucp_ep_params_t& params, bool outgoing,
                                  const std::string& who);
-    void send_hello_locked(Ep* e);
-    void close_ep_locked(Ep* e);
-    void reap_closed_locked();
+    void send_hello_locked(Lane& l, Ep* e);
+    void close_ep_locked(Lane& l, Ep* e);
+    void reap_closed_locked(Lane& l);
+    /// Which of our lanes serves context `ctx`: its own when it exists and takes unexpected
+    /// messages, else the lowest that does, else 0 (as route_unexpected). Takes no lock.
+    uint8_t serving_lane(uint8_t ctx);
     Error ucs_error(Errc code, std::string_view call, ucs_status_t st,
                     std::string_view detail = {}) const;
 
     // data path (ucx_io.cpp)
     Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
                            const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
-    Result<OpId> fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
+    Result<OpId> fail_async(Lane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
                             const std::string& why);
     Result<OpId> post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
@@ -253,60 +364,78 @@ class UcxTransport final : public Transport {
     /// put/get by process_vm_writev/readv into the owner process `pid`: ok, or why not.
     static Errc copy_direct(bool is_put, uint32_t pid, void* local, uint64_t remote,
                             std::size_t len, std::string& why) noexcept;
+    /// The route of lane `l` to `peer`'s context `ctx`, made if absent: its endpoint when the
+    /// worker serving that context is known (or is the peer's context 0), else waiting for the
+    /// answer to a locate sent to the peer's context 0.
+    Result<Route*> route_locked(Lane& l, UcxAddr* peer, uint8_t ctx);
+    /// Any endpoint of lane `l` to `peer` (for put/get and for watching it), made if absent.
+    Result<Ep*> any_ep_locked(Lane& l, UcxAddr* peer);
+    /// Send `op` (hdr set) on `e` now.
+    void send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* data, std::size_t len);
+    /// A control message (locate, located, bye) on `e`, in its stream.
+    void send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx,
+                             std::vector<std::byte> payload);
     /// Finish a just-issued UCX operation: complete at once, fail, or track its request.
-    void track_locked(UcxOp* op, ucs_status_ptr_t r, const char* call);
+    void track_locked(Lane& l, UcxOp* op, ucs_status_ptr_t r, const char* call);
     void complete_recv(UcxOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,
                        Errc status);
-    void deliver_locked(const MsgHeader& h, const Addr& source, const std::byte* data,
+    void deliver_locked(Lane& l, const MsgHeader& h, Stream& s, const std::byte* data,
                         std::size_t len);
     /// A message from a known sender: deliver it if it is its turn (then any held ones whose
     /// turn came), else hold it.
-    void sequence_locked(const MsgHeader& h, UcxAddr* source, std::span<const std::byte> data);
-    void hold_locked(const MsgHeader& h, std::span<const std::byte> data);
+    void sequence_locked(Lane& l, const MsgHeader& h, Stream& s, std::span<const std::byte> data);
+    void hold_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> data);
     /// Deliver held messages whose sender is known and whose turn it is.
-    void release_held_locked();
-    void on_hello_locked(const MsgHeader& h, std::span<const std::byte> payload);
-    void handle_failures_locked();
-    /// `peer` is gone (an endpoint failed, or it said bye): fail what waits for it, close its
-    /// endpoints, and let a later lookup of its name make a fresh address.
-    void peer_gone_locked(const Addr& peer, Errc status, const std::string& why);
-    /// Tell every peer we have an endpoint to that we are closing (transport destructor).
-    void say_bye_locked();
-    void progress_locked();
+    void release_held_locked(Lane& l);
+    /// A hello, which came on our endpoint `via` when it is one we accepted.
+    void on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload,
+                         ucp_ep_h via);
+    void on_locate_locked(Lane& l, const MsgHeader& h, Stream& s);
+    void on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
+                           std::span<const std::byte> payload);
+    void handle_failures_locked(Lane& l);
+    /// `peer` is gone (an endpoint failed, or it said bye): mark it dead (every lane's posts
+    /// to it fail from now on), fail what waits for it on this lane, close this lane's
+    /// endpoints to it, and let a later lookup of its name make a fresh address.
+    void peer_gone_locked(Lane& l, UcxAddr* peer, Errc status, const std::string& why);
+    /// Tell every peer lane `l` has an endpoint to that we are closing (transport destructor).
+    void say_bye_locked(Lane& l);
+    void progress_locked(Lane& l);
+    /// Close a lane at transport teardown.
+    void lane_close(Lane& l) noexcept;
+    [[nodiscard]] Lane* lane_at(uint8_t id) const noexcept {
+        return lane_ptr_[id].load(std::memory_order_acquire);
+    }
 
     // First member, so destroyed last: every Addr the members below hold leaves it on the way.
     AddrTable addrs_;
     Options opts_;
     Spec spec_;
     std::string scheme_;  ///< "ucx+tcp"
-    MaybeMutex mu_;       ///< guards everything below and every call into the worker
-    MaybeMutex inst_mu_;  ///< leaf lock of instances_ (UcxAddr's destructor takes it)
-    OpPool<UcxOp> ops_;
+    /// Setup lock: making lanes, attaching and detaching contexts. Taken before a lane's lock,
+    /// never under one.
+    MaybeMutex setup_mu_;
+    /// Interning addresses (lookup_locked, intern_locked): a leaf but for the address table's
+    /// own lock; taken under a lane's lock (a hello) or alone.
+    MaybeMutex intern_mu_;
     ucp_context_h context_ = nullptr;
-    ucp_worker_h worker_ = nullptr;
-    ucp_listener_h listener_ = nullptr;
-    int efd_ = -1;
+    ucp_listener_h listener_ = nullptr;  ///< on lane 0's worker (its lock guards it)
+    int pfd_ = -1;                       ///< progress_fd(): an eventfd nobody writes
     uint64_t instance_ = 0;
-    uint64_t ep_serial_ = 0;
-    bool closing_ = false;  ///< in the destructor: callbacks complete nothing
-    uint32_t pid_ = 0;      ///< ours, advertised in handles when pidns_ != 0
-    uint32_t pidns_ = 0;    ///< our pid namespace; nonzero only for ucx+sm (peers on this host)
+    std::atomic<uint64_t> ep_serial_{0};
+    std::atomic<bool> closing_{false};  ///< in the destructor: callbacks complete nothing
+    uint32_t pid_ = 0;                  ///< ours, advertised in handles when pidns_ != 0
+    uint32_t pidns_ = 0;  ///< our pid namespace; nonzero only for ucx+sm (peers on this host)
     Addr self_;
     std::vector<std::pair<std::string, std::string>> settings_;
-    std::unordered_map<uint64_t, UcxAddr*> instances_;  ///< peers' instance ids (weak)
-    uint64_t last_instance_ = 0;  ///< the last sender's instance, and its address (on_am)
-    Addr last_source_;
-    /// Posted receives and early messages of every context (na/base/matcher.hpp); its message
-    /// storage also holds held_.
-    Matcher<UcxOp, UcxMsg> match_;
-    IntrusiveList<UcxMsg> held_;  ///< not deliverable yet (kMaxHeldMsgs), arrival order
-    std::size_t held_count_ = 0;
-    IntrusiveList<UcxOp, InflightTag> inflight_;
-    IntrusiveList<Ep, EpTag> eps_;          ///< live endpoints
-    IntrusiveList<Ep, EpTag> closing_eps_;  ///< being closed (close_req pending)
-    std::vector<Ep*> failed_;               ///< error callback ran, not handled yet
-    std::vector<Addr> byes_;                ///< peers that said bye, not handled yet
+    std::vector<std::unique_ptr<Lane>> lanes_;        ///< under setup_mu_
+    std::unique_ptr<std::atomic<Lane*>[]> lane_ptr_;  ///< by id, published once made
 };
+
+/// The UcxAddr an address of a ucx transport (or an alias of one) stands for.
+inline UcxAddr* ucx_addr(const Addr& a) noexcept {
+    return static_cast<UcxAddr*>(a.impl()->canonical());
+}
 
 /// Errc for a UCS status of a failed operation or endpoint.
 Errc errc_of(ucs_status_t st) noexcept;

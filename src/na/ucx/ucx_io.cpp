@@ -1,5 +1,6 @@
-// ucx transport data path: posting, the active-message handler and software matching,
-// completions of UCX requests, endpoint failure, cancel and progress.
+// ucx transport data path: posting, routes to a peer's contexts, the active-message handler and
+// software matching, completions of UCX requests, endpoint failure, cancel and progress. Every
+// function named *_locked runs under the lock of the lane (context) it is given.
 #include <sys/epoll.h>
 #include <sys/uio.h>
 
@@ -28,17 +29,54 @@ void op_done_cb(void* req, ucs_status_t st, void* user) {
     auto* op = static_cast<UcxOp*>(user);
     if (op->req == req) op->req = nullptr;
     ucp_request_free(req);
-    op->owner->on_op_done(op, st);
+    op->lane->t->on_op_done(op, st);
+}
+
+/// A control message (locate, located): its header and payload, kept until UCX is done.
+struct ControlMsg {
+    alignas(8) std::byte header[kMsgHeaderSize]{};
+    std::vector<std::byte> payload;
+};
+
+void control_sent_cb(void* req, ucs_status_t, void* user) {
+    ucp_request_free(req);
+    delete static_cast<ControlMsg*>(user);
+}
+
+Lane& lane_of(Context& ctx) noexcept {
+    return static_cast<UcxContext&>(ctx).lane();
+}
+
+/// Why `pa` was declared dead (its status, and the reason in `why`).
+Errc dead_status(UcxAddr* pa, std::string& why) {
+    std::lock_guard g(pa->dmu);
+    why = pa->dead_why;
+    return pa->dead_status;
+}
+
+/// Remember that `pa`'s context `ctx` is served by its context `lane`, whose worker is at
+/// `worker`.
+void learn(UcxAddr* pa, uint8_t ctx, uint8_t lane, std::span<const std::byte> worker, bool heard) {
+    std::lock_guard g(pa->dmu);
+    if (heard) pa->last_heard = ctx;
+    for (auto& w : pa->dir) {
+        if (w.ctx != ctx) continue;
+        w.lane = lane;
+        w.worker.assign(worker.begin(), worker.end());
+        return;
+    }
+    pa->dir.push_back({ctx, lane, std::vector<std::byte>(worker.begin(), worker.end())});
 }
 
 }  // namespace
 
 // --- posting ------------------------------------------------------------------------------------
 
-Result<OpId> UcxTransport::fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
-                                      const std::string& why) {
-    UcxOp* op = ops_.acquire(ctx, std::move(cb), type);
+Result<OpId> UcxTransport::fail_async(Lane& l, Context& ctx, Callback&& cb, OpType type,
+                                      Errc status, const std::string& why) {
+    UcxOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
+    op->lane = &l;
     if (status != Errc::ok)
         TALARIA_LOG(ucx, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
     OpId id = op->id();
@@ -46,8 +84,9 @@ Result<OpId> UcxTransport::fail_async(Context& ctx, Callback&& cb, OpType type, 
     return id;
 }
 
-void UcxTransport::track_locked(UcxOp* op, ucs_status_ptr_t r, const char* call) {
+void UcxTransport::track_locked(Lane& l, UcxOp* op, ucs_status_ptr_t r, const char* call) {
     if (r == nullptr) {  // done in place: no request was allocated
+        op->state = OpState::idle;
         complete_op(op, Errc::ok);
         return;
     }
@@ -56,19 +95,22 @@ void UcxTransport::track_locked(UcxOp* op, ucs_status_ptr_t r, const char* call)
         TALARIA_LOG(ucx, debug, "{}: {} failed: {}", scheme_, call, ucs_status_string(st));
         if (op->completion.type == OpType::put || op->completion.type == OpType::get)
             op->completion.size = 0;
+        op->state = OpState::idle;
         complete_op(op, errc_of(st));
         return;
     }
     op->req = r;
     op->state = OpState::inflight;
-    inflight_.push_back(*op);
+    l.inflight.push_back(*op);
 }
 
 void UcxTransport::on_op_done(UcxOp* op, ucs_status_t st) {
-    // From ucp_worker_progress, ucp_request_cancel or ucp_ep_close_nbx: under mu_.
-    if (static_cast<ListHook<InflightTag>*>(op)->linked()) inflight_.erase(*op);
+    // From ucp_worker_progress, ucp_request_cancel or ucp_ep_close_nbx: under its lane's lock.
+    Lane& l = *op->lane;
+    if (static_cast<ListHook<InflightTag>*>(op)->linked()) l.inflight.erase(*op);
     op->state = OpState::idle;
-    if (closing_ || op->ctx == nullptr) {  // its context (or the transport) is gone
+    if (closing_.load(std::memory_order_relaxed) || op->ctx == nullptr) {
+        // Its context (or the transport) is gone.
         op->releaser->release(op);
         return;
     }
@@ -79,6 +121,112 @@ void UcxTransport::on_op_done(UcxOp* op, ucs_status_t st) {
         TALARIA_LOG(ucx, debug, "{} failed: {}", op_type_name(op->completion.type),
                     ucs_status_string(st));
     complete_op(op, s);
+}
+
+void UcxTransport::send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* data,
+                                  std::size_t len) {
+    op->hdr.seq = e->tx_seq++;
+    op->hdr.stream = e->stream_id();
+    encode_msg_header(op->hdr, op->header);
+    ucp_request_param_t p;
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = &op_done_cb;
+    p.user_data = op;
+    // Eager only: small messages complete in place (no request), and the receiver gets the
+    // whole message in its callback (no rendezvous to drive).
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, op->header, kMsgHeaderSize, data, len, &p);
+    track_locked(l, op, r, "ucp_am_send_nbx");
+}
+
+void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx,
+                                       std::vector<std::byte> payload) {
+    auto* m = new ControlMsg;
+    m->payload = std::move(payload);
+    MsgHeader h;
+    h.kind = kind;
+    h.context_id = ctx;
+    h.source_ctx = l.id;
+    h.instance = instance_;
+    h.seq = e->tx_seq++;
+    h.stream = e->stream_id();
+    encode_msg_header(h, m->header);
+    ucp_request_param_t p;
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = &control_sent_cb;
+    p.user_data = m;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, m->header, kMsgHeaderSize, m->payload.data(),
+                                         m->payload.size(), &p);
+    if (UCS_PTR_IS_PTR(r)) return;  // control_sent_cb frees it
+    if (UCS_PTR_IS_ERR(r))
+        TALARIA_LOG(ucx, debug, "{}: control message {} to {} failed: {}", scheme_, int(kind),
+                    ucx_addr(e->peer)->str, ucs_status_string(UCS_PTR_STATUS(r)));
+    delete m;
+}
+
+Result<Ep*> UcxTransport::any_ep_locked(Lane& l, UcxAddr* pa) {
+    for (Ep& e : l.eps)
+        if (e.outgoing && !e.failed && !e.closing && ucx_addr(e.peer) == pa) return &e;
+    if (pa == self_.as<UcxAddr>()) return ep_to_locked(l, pa, l.id, l.worker_addr);
+    int lane = -1;
+    std::vector<std::byte> worker;
+    {
+        std::lock_guard g(pa->dmu);
+        // The context it last introduced itself from is one it drives now (put/get emulated
+        // by UCX over active messages need the target's worker to progress).
+        for (const auto& w : pa->dir) {
+            if (lane < 0 || w.ctx == pa->last_heard) {
+                lane = w.lane;
+                worker = w.worker;
+            }
+        }
+    }
+    if (lane >= 0) return ep_to_locked(l, pa, uint8_t(lane), worker);
+    return ep_to_locked(l, pa, 0, {});
+}
+
+Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx) {
+    auto key = std::make_pair(static_cast<const UcxAddr*>(pa), ctx);
+    if (auto it = l.routes.find(key); it != l.routes.end()) return &it->second;
+    // Where that context is served: ours (a send to ourselves) we know; a peer's from its
+    // hellos and answers; its context 0 is where its address leads.
+    int lane = -1;
+    std::vector<std::byte> worker;
+    if (pa == self_.as<UcxAddr>()) {
+        lane = serving_lane(ctx);
+        worker = lane_at(uint8_t(lane))->worker_addr;
+    } else {
+        std::lock_guard g(pa->dmu);
+        for (const auto& w : pa->dir) {
+            if (w.ctx != ctx) continue;
+            lane = w.lane;
+            worker = w.worker;
+            break;
+        }
+    }
+    Ep* ep = nullptr;
+    if (lane >= 0) {
+        TALARIA_TRY(e, ep_to_locked(l, pa, uint8_t(lane), worker));
+        ep = e;
+    } else if (ctx == 0 && !pa->anonymous) {
+        TALARIA_TRY(e, ep_to_locked(l, pa, 0, {}));
+        ep = e;
+    } else {
+        // Ask it which of its workers serves `ctx` (any context of it answers); the sends
+        // wait on the route until the answer comes (on_located_locked).
+        TALARIA_TRY(e, any_ep_locked(l, pa));
+        send_control_locked(l, e, MsgKind::locate, ctx, {});
+        TALARIA_LOG(ucx, debug, "context {}: where is context {} of {}?", l.id, ctx, pa->str);
+    }
+    auto [it, inserted] = l.routes.try_emplace(key);
+    Route& r = it->second;
+    r.peer = Addr(pa);
+    r.ctx = ctx;
+    r.ep = ep;
+    return &r;
 }
 
 Result<OpId> UcxTransport::post_send(Context& ctx, Callback cb, const MsgBuffer& buf,
@@ -99,33 +247,42 @@ Result<OpId> UcxTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
     if (!dest || dest.impl()->transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("{}: destination is not an address of this transport", scheme_));
-
-    std::lock_guard g(mu_);
-    auto e = ep_for_locked(dest.as<UcxAddr>());
-    if (!e) return fail_async(ctx, std::move(cb), type, e.code(), e.error().message());
-    UcxOp* op = ops_.acquire(ctx, std::move(cb), type);
+    Lane& l = lane_of(ctx);
+    UcxAddr* pa = ucx_addr(dest);
+    std::lock_guard g(l.mu);
+    if (pa->dead.load(std::memory_order_acquire)) [[unlikely]] {
+        std::string why;
+        Errc st = dead_status(pa, why);
+        return fail_async(l, ctx, std::move(cb), type, st, why);
+    }
+    Route* r = l.last_route;
+    if (r == nullptr || ucx_addr(r->peer) != pa || r->ctx != dest_ctx) [[unlikely]] {
+        auto rr = route_locked(l, pa, dest_ctx);
+        if (!rr) return fail_async(l, ctx, std::move(cb), type, rr.code(), rr.error().message());
+        r = *rr;
+        l.last_route = r;
+    }
+    UcxOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
-    op->owner = this;
-    MsgHeader h;
-    h.kind = expected ? MsgKind::expected : MsgKind::unexpected;
-    h.context_id = dest_ctx;
-    h.tag = tag;
-    h.instance = instance_;
-    h.seq = dest.as<UcxAddr>()->tx_seq++;
-    encode_msg_header(h, op->header);
+    op->lane = &l;
+    op->hdr.kind = expected ? MsgKind::expected : MsgKind::unexpected;
+    op->hdr.context_id = dest_ctx;
+    op->hdr.source_ctx = l.id;
+    op->hdr.tag = tag;
+    op->hdr.instance = instance_;
     op->completion.size = len;
-    ucp_request_param_t p;
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &op_done_cb;
-    p.user_data = op;
-    // Eager only: small messages complete in place (no request), and the receiver gets the
-    // whole message in its callback (no rendezvous to drive).
-    p.flags = UCP_AM_SEND_FLAG_EAGER;
     OpId id = op->id();
-    ucs_status_ptr_t r =
-        ucp_am_send_nbx((*e)->h, kAmId, op->header, kMsgHeaderSize, buf.data(), len, &p);
-    track_locked(op, r, "ucp_am_send_nbx");
+    if (r->ep) [[likely]] {
+        send_on_locked(l, r->ep, op, buf.data(), len);
+    } else {
+        // Its route waits for the answer to a locate: the buffer is the caller's until the
+        // completion, so it waits with the op.
+        op->state = OpState::routing;
+        op->route = r;
+        op->buf = const_cast<std::byte*>(buf.data());
+        op->cap = len;
+        r->waiting.push_back(*op);
+    }
     return id;
 }
 
@@ -156,16 +313,17 @@ Result<OpId> UcxTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     if (&ctx.transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("{}: the context belongs to another transport", scheme_));
-    std::lock_guard g(mu_);
-    UcxOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    UcxOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_unexpected);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
-    op->owner = this;
+    op->lane = &l;
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
     op->state = OpState::recv_posted;
-    if (UcxMsg* m = match_.post_unexpected(ctx.id(), op)) {
-        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+    if (UcxMsg* m = l.match.post_unexpected(ctx.id(), op)) {
+        l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
     }
     return id;
 }
@@ -178,27 +336,36 @@ Result<OpId> UcxTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     if (!source || source.impl()->transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("{}: source is not an address of this transport", scheme_));
-    std::lock_guard g(mu_);
-    UcxOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    Lane& l = lane_of(ctx);
+    UcxAddr* pa = ucx_addr(source);
+    std::lock_guard g(l.mu);
+    UcxOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_expected);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
-    op->owner = this;
+    op->lane = &l;
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
     op->state = OpState::recv_posted;
-    if (UcxMsg* m = match_.post_expected(op, source, tag)) {
-        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+    if (UcxMsg* m = l.match.post_expected(op, source, tag)) {
+        l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
         return id;
     }
-    auto* pa = source.as<UcxAddr>();
-    if (pa->dead) {
-        match_.withdraw(op);
-        complete_recv(op, source, 0, tag, 0, pa->dead_status);
+    if (pa->dead.load(std::memory_order_acquire)) {
+        l.match.withdraw(op);
+        std::string why;
+        complete_recv(op, source, 0, tag, 0, dead_status(pa, why));
         return id;
     }
-    // An endpoint to the source watches it: if it dies, UCX tells us and this receive fails
-    // with disconnected instead of waiting forever.
-    if (!pa->ep && !pa->anonymous && source != self_) (void)ep_for_locked(pa);
+    // An endpoint of this lane to the source watches it: if it dies, UCX tells us and this
+    // receive fails with disconnected instead of waiting forever.
+    if (pa != self_.as<UcxAddr>()) {
+        Route* r = l.last_route;
+        if (r == nullptr || ucx_addr(r->peer) != pa || r->ep == nullptr) {
+            if (auto e = any_ep_locked(l, pa); !e)
+                TALARIA_LOG(ucx, debug, "context {}: cannot watch {}: {}", l.id, pa->str,
+                            e.error().describe());
+        }
+    }
     return id;
 }
 
@@ -212,41 +379,47 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         check_rma_args(this, scheme_, what, ctx, local, local_off, remote, len, remote_addr));
     auto* rm = remote.as<UcxMem>();
     auto* lm = local.as<UcxMem>();
+    Lane& l = lane_of(ctx);
+    UcxAddr* target = ucx_addr(remote_addr);
 
-    std::lock_guard g(mu_);
+    std::lock_guard g(l.mu);
     // One-sided: the target never sees the request, so the handle's access mode and bounds are
     // all there is to check, here (see docs/architecture.md (ucx)).
     bool allowed = is_put ? (uint8_t(rm->access()) & uint8_t(Access::write_only))
                           : (uint8_t(rm->access()) & uint8_t(Access::read_only));
     if (!allowed)
-        return fail_async(ctx, std::move(cb), type, Errc::access_denied,
+        return fail_async(l, ctx, std::move(cb), type, Errc::access_denied,
                           fmt::format("the remote region does not allow {}",
                                       is_put ? "writes (put)" : "reads (get)"));
     if (remote_off > rm->length() || len > rm->length() - remote_off)
-        return fail_async(ctx, std::move(cb), type, Errc::out_of_range,
+        return fail_async(l, ctx, std::move(cb), type, Errc::out_of_range,
                           fmt::format("remote range [{}, +{}) is outside the {}-byte region",
                                       remote_off, len, rm->length()));
     Addr owner = rm->local() ? self_ : rm->owner_addr;
     if (owner && owner != remote_addr)
-        return fail_async(ctx, std::move(cb), type, Errc::invalid_argument,
+        return fail_async(l, ctx, std::move(cb), type, Errc::invalid_argument,
                           fmt::format("the remote handle was registered by {}, not by {}",
-                                      owner.as<UcxAddr>()->str, remote_addr.as<UcxAddr>()->str));
-    auto e = ep_for_locked(remote_addr.as<UcxAddr>());
-    if (!e) return fail_async(ctx, std::move(cb), type, e.code(), e.error().message());
+                                      ucx_addr(owner)->str, target->str));
+    if (target->dead.load(std::memory_order_acquire)) {
+        std::string why;
+        Errc st = dead_status(target, why);
+        return fail_async(l, ctx, std::move(cb), type, st, why);
+    }
+    auto e = any_ep_locked(l, target);
+    if (!e) return fail_async(l, ctx, std::move(cb), type, e.code(), e.error().message());
     Ep* ep = *e;
-    if (len == 0) return fail_async(ctx, std::move(cb), type, Errc::ok, {});
+    if (len == 0) return fail_async(l, ctx, std::move(cb), type, Errc::ok, {});
     if (uint32_t pid = rm->local() ? pid_ : rm->pid; pid != 0) {
         // ucx+sm, same pid namespace: copy now, as UCX's cma would (see init_direct_rma).
-        UcxOp* op = ops_.acquire(ctx, std::move(cb), type);
+        UcxOp* op = l.ops.acquire(ctx, std::move(cb), type);
         if (!op) return ops_exhausted(fmt::format("{} {}", scheme_, what), opts_.max_ops);
-        op->owner = this;
+        op->lane = &l;
         OpId id = op->id();
         std::string why;
         Errc st = copy_direct(is_put, pid, reinterpret_cast<std::byte*>(local->base()) + local_off,
                               rm->base() + remote_off, len, why);
         if (st != Errc::ok) {
-            TALARIA_LOG(ucx, debug, "{} {} to {} failed: {}", scheme_, what,
-                        remote_addr.as<UcxAddr>()->str, why);
+            TALARIA_LOG(ucx, debug, "{} {} to {} failed: {}", scheme_, what, target->str, why);
             op->completion.size = 0;
         } else {
             op->completion.size = len;
@@ -254,22 +427,32 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         complete_op(op, st);
         return id;
     }
-    if (rm->rkey_ep != ep->serial || !rm->rkey_h) {
-        if (rm->rkey_h) ucp_rkey_destroy(rm->rkey_h);
-        rm->rkey_h = nullptr;
-        ucs_status_t st = ucp_ep_rkey_unpack(ep->h, rm->rkey.data(), &rm->rkey_h);
-        if (st != UCS_OK) {
-            rm->rkey_h = nullptr;
-            return fail_async(ctx, std::move(cb), type, Errc::invalid_argument,
+    // The remote key, unpacked once per endpoint (on this lane's worker).
+    ucp_rkey_h rk = nullptr;
+    {
+        std::lock_guard gk(rm->rk_mu);
+        for (const RkeyOnEp& k : rm->rkeys)
+            if (k.lane == &l && k.ep_serial == ep->serial) rk = k.h;
+    }
+    if (!rk) {
+        ucs_status_t st = ucp_ep_rkey_unpack(ep->h, rm->rkey.data(), &rk);
+        if (st != UCS_OK)
+            return fail_async(l, ctx, std::move(cb), type, Errc::invalid_argument,
                               fmt::format("ucp_ep_rkey_unpack of the remote handle's key failed: "
                                           "{}",
                                           ucs_status_string(st)));
-        }
-        rm->rkey_ep = ep->serial;
+        std::lock_guard gk(rm->rk_mu);
+        // Keys this lane unpacked for endpoints since closed go now (under this lane's lock).
+        std::erase_if(rm->rkeys, [&](const RkeyOnEp& k) {
+            if (k.lane != &l) return false;
+            ucp_rkey_destroy(k.h);
+            return true;
+        });
+        rm->rkeys.push_back({&l, ep->serial, rk});
     }
-    UcxOp* op = ops_.acquire(ctx, std::move(cb), type);
+    UcxOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(fmt::format("{} {}", scheme_, what), opts_.max_ops);
-    op->owner = this;
+    op->lane = &l;
     op->completion.size = len;
     OpId id = op->id();
     void* lptr = reinterpret_cast<std::byte*>(local->base()) + local_off;
@@ -280,9 +463,9 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     if (is_put) {
         // Local completion of a put only means the buffer is free again; the flush after it
         // completes when the data is at the target, which is what the callback promises.
-        ucs_status_ptr_t r = ucp_put_nbx(ep->h, lptr, len, raddr, rm->rkey_h, &p);
+        ucs_status_ptr_t r = ucp_put_nbx(ep->h, lptr, len, raddr, rk, &p);
         if (UCS_PTR_IS_ERR(r)) {
-            track_locked(op, r, "ucp_put_nbx");
+            track_locked(l, op, r, "ucp_put_nbx");
             return id;
         }
         if (r) ucp_request_free(r);  // released by UCX when it completes
@@ -290,12 +473,12 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         f.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         f.cb.send = &op_done_cb;
         f.user_data = op;
-        track_locked(op, ucp_ep_flush_nbx(ep->h, &f), "ucp_ep_flush_nbx");
+        track_locked(l, op, ucp_ep_flush_nbx(ep->h, &f), "ucp_ep_flush_nbx");
     } else {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         p.cb.send = &op_done_cb;
         p.user_data = op;
-        track_locked(op, ucp_get_nbx(ep->h, lptr, len, raddr, rm->rkey_h, &p), "ucp_get_nbx");
+        track_locked(l, op, ucp_get_nbx(ep->h, lptr, len, raddr, rk, &p), "ucp_get_nbx");
     }
     return id;
 }
@@ -351,17 +534,33 @@ Result<OpId> UcxTransport::post_get(Context& ctx, Callback cb, const MemHandle& 
 }
 
 Result<void> UcxTransport::cancel(OpId id) {
-    std::lock_guard g(mu_);
-    UcxOp* op = ops_.lookup(id);
+    Lane* l = nullptr;
+    for (std::size_t i = 0; !l && i < opts_.max_contexts; ++i) {
+        Lane* c = lane_at(uint8_t(i));
+        if (c && c->ops.owns(id.op)) l = c;
+    }
+    if (!l)
+        return Error(Errc::not_found, fmt::format("{} cancel: not an operation of this "
+                                                  "transport",
+                                                  scheme_));
+    std::lock_guard g(l->mu);
+    UcxOp* op = l->ops.lookup(id);
     if (!op)
         return Error(
             Errc::not_found,
             fmt::format("{} cancel: the operation already finished (stale OpId)", scheme_));
     switch (op->state) {
         case OpState::recv_posted:
-            match_.withdraw(op);
+            l->match.withdraw(op);
             op->state = OpState::idle;
             op->match_source.reset();
+            complete_op(op, Errc::canceled);
+            break;
+        case OpState::routing:
+            // Not handed to UCX yet: no sequence number is taken, so it can go.
+            op->route->waiting.erase(*op);
+            op->route = nullptr;
+            op->state = OpState::idle;
             complete_op(op, Errc::canceled);
             break;
         case OpState::inflight:
@@ -371,7 +570,7 @@ Result<void> UcxTransport::cancel(OpId id) {
             // call), otherwise normally.
             if (op->req &&
                 (op->completion.type == OpType::put || op->completion.type == OpType::get))
-                ucp_request_cancel(worker_, op->req);
+                ucp_request_cancel(l->worker, op->req);
             break;
         case OpState::idle:
             break;
@@ -381,171 +580,250 @@ Result<void> UcxTransport::cancel(OpId id) {
 
 // --- receiving ----------------------------------------------------------------------------------
 
-void UcxTransport::deliver_locked(const MsgHeader& h, const Addr& source, const std::byte* data,
+void UcxTransport::deliver_locked(Lane& l, const MsgHeader& h, Stream& s, const std::byte* data,
                                   std::size_t len) {
-    if (h.kind == MsgKind::bye) {  // handled once progress returns (it closes endpoints)
-        byes_.push_back(source);
-        return;
+    switch (h.kind) {
+        case MsgKind::bye: {
+            // The peer closes its transport. It says so on each of its endpoints, after its
+            // last message there; messages on its other endpoints may still come, so it is gone
+            // when every stream of it here has said bye (handled once progress returns: it
+            // closes endpoints).
+            s.bye = true;
+            for (const auto& [key, o] : l.streams)
+                if (o.peer == s.peer && !o.bye) return;
+            l.byes.push_back(Addr(s.peer));
+            return;
+        }
+        case MsgKind::locate:
+            on_locate_locked(l, h, s);
+            return;
+        case MsgKind::located:
+            on_located_locked(l, h, s, {data, len});
+            return;
+        default:
+            break;
     }
     const bool expected = h.kind == MsgKind::expected;
     bool no_context = false;
-    if (UcxOp* op = match_.match(expected, h.context_id, source, h.tag, &no_context)) {
+    if (UcxOp* op = l.match.match(expected, h.context_id, s.source, h.tag, &no_context)) {
         Errc st = copy_message(data, len, op->buf, op->cap);
-        complete_recv(op, source, h.context_id, h.tag, len, st);
+        complete_recv(op, s.source, h.context_id, h.tag, len, st);
         return;
     }
-    Queued q = match_.queue_copy(expected, h.context_id, source, h.tag, {data, len});
+    Queued q = l.match.queue_copy(expected, h.context_id, s.source, h.tag, {data, len});
     if (q != Queued::ok)
         TALARIA_LOG(ucx, warn,
-                    "{}: dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
-                    scheme_, len, expected ? "expected" : "unexpected", h.tag,
-                    source.as<UcxAddr>()->str, h.context_id, match_.refusal(q));
+                    "{}: dropping a {}-byte {} message (tag {}) from {} for context {} (on context "
+                    "{}): {}",
+                    scheme_, len, expected ? "expected" : "unexpected", h.tag, s.peer->str,
+                    h.context_id, l.id, l.match.refusal(q));
 }
 
-void UcxTransport::on_hello_locked(const MsgHeader& h, std::span<const std::byte> payload) {
-    auto s = decode_hello(payload);
-    if (!s) {
-        TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, s.error().describe());
+void UcxTransport::on_locate_locked(Lane& l, const MsgHeader& h, Stream& s) {
+    uint8_t w = serving_lane(h.context_id);
+    Lane* wl = lane_at(w);
+    std::vector<std::byte> payload(located_size(wl->worker_addr.size()));
+    Located loc;
+    loc.lane = w;
+    loc.worker = wl->worker_addr;
+    encode_located(loc, payload.data());
+    // The answer goes to the asking context (its hello told us where its worker is).
+    auto r = route_locked(l, s.peer, h.source_ctx);
+    if (!r || !(*r)->ep) {
+        TALARIA_LOG(ucx, debug, "{}: cannot answer a locate from context {} of {}: {}", scheme_,
+                    h.source_ctx, s.peer->str,
+                    r ? std::string("its context is not located") : r.error().describe());
         return;
     }
-    std::string_view str = *s;
+    send_control_locked(l, (*r)->ep, MsgKind::located, h.context_id, std::move(payload));
+}
+
+void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
+                                     std::span<const std::byte> payload) {
+    auto loc = decode_located(payload);
+    if (!loc) {
+        TALARIA_LOG(ucx, warn, "{}: dropping a bad located answer from {}: {}", scheme_,
+                    s.peer->str, loc.error().describe());
+        return;
+    }
+    UcxAddr* pa = s.peer;
+    learn(pa, h.context_id, loc->lane, loc->worker, false);
+    auto it = l.routes.find({pa, h.context_id});
+    if (it == l.routes.end() || it->second.ep) return;
+    Route& r = it->second;
+    auto e = ep_to_locked(l, pa, loc->lane, loc->worker);
+    if (!e) {
+        TALARIA_LOG(ucx, debug, "context {}: no endpoint to context {} of {}: {}", l.id,
+                    h.context_id, pa->str, e.error().describe());
+        while (UcxOp* op = r.waiting.pop_front()) {
+            op->route = nullptr;
+            op->state = OpState::idle;
+            complete_op(op, e.code());
+        }
+        if (l.last_route == &r) l.last_route = nullptr;
+        l.routes.erase(it);
+        return;
+    }
+    r.ep = *e;
+    TALARIA_LOG(ucx, debug, "context {}: context {} of {} is served by its context {}", l.id,
+                h.context_id, pa->str, loc->lane);
+    while (UcxOp* op = r.waiting.pop_front()) {
+        op->route = nullptr;
+        op->state = OpState::idle;
+        send_on_locked(l, r.ep, op, op->buf, op->cap);
+    }
+}
+
+void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload,
+                                   ucp_ep_h via) {
+    auto hello = decode_hello(payload);
+    if (!hello) {
+        TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, hello.error().describe());
+        return;
+    }
+    std::string_view str = hello->address;
     Addr peer;
     auto p = str.find("://");
     std::string_view key = p == std::string_view::npos ? str : str.substr(p + 3);
-    if (spec_.mode == Mode::sockaddr && key.starts_with('~')) {
-        // A client that does not listen: known by its instance id, reachable only over the
-        // endpoint it opened.
-        if (key.size() != 17 || !is_hex(key.substr(1, 16)) ||
-            key.substr(1) != fmt::format("{:016x}", h.instance)) {
-            TALARIA_LOG(ucx, warn, "{}: dropping a hello with a bad client name", scheme_);
-            return;
+    {
+        std::lock_guard gi(intern_mu_);
+        if (spec_.mode == Mode::sockaddr && key.starts_with('~')) {
+            // A client that does not listen: known by its instance id, reached at the workers
+            // its hellos name.
+            if (key.size() != 17 || !is_hex(key.substr(1, 16)) ||
+                key.substr(1) != fmt::format("{:016x}", h.instance)) {
+                TALARIA_LOG(ucx, warn, "{}: dropping a hello with a bad client name", scheme_);
+                return;
+            }
+            peer = intern_locked(std::string(key), true);
+        } else {
+            auto r = lookup_locked(str, true);
+            if (!r) {
+                TALARIA_LOG(ucx, warn, "{}: dropping a hello naming an invalid address: {}",
+                            scheme_, r.error().describe());
+                return;
+            }
+            peer = *r;
         }
-        peer = intern_locked(std::string(key));
-        peer.as<UcxAddr>()->anonymous = true;
-    } else {
-        auto r = lookup_locked(str, true);
-        if (!r) {
-            TALARIA_LOG(ucx, warn, "{}: dropping a hello naming an invalid address: {}", scheme_,
-                        r.error().describe());
-            return;
-        }
-        peer = *r;
     }
-    auto* pa = peer.as<UcxAddr>();
-    if (pa->instance != h.instance || last_instance_ == h.instance) {
-        last_source_.reset();
-        last_instance_ = 0;
+    UcxAddr* pa = ucx_addr(peer);
+    pa->instance.store(h.instance, std::memory_order_relaxed);
+    learn(pa, h.source_ctx, h.source_ctx, hello->worker, true);
+    // The stream of the endpoint it came on: its hello starts it.
+    Stream& s = l.streams[{h.instance, h.stream}];
+    if (s.peer != pa) {
+        s.peer = pa;
+        s.source = alias_of(this, peer);
     }
-    if (pa->instance != h.instance) {
-        std::lock_guard gi(inst_mu_);
-        if (pa->instance != 0) {
-            auto it = instances_.find(pa->instance);
-            if (it != instances_.end() && it->second == pa) instances_.erase(it);
-        }
-        pa->instance = h.instance;
-        instances_[h.instance] = pa;
-    }
-    // Endpoints we accepted from its connection requests (they carry its instance as client
-    // id): bind them to the peer, and answer on one unless we already have an endpoint.
-    if (spec_.mode == Mode::sockaddr) {
-        for (Ep& e : eps_) {
-            if (e.outgoing || e.peer || e.client_id != h.instance || e.closing || e.failed)
-                continue;
+    s.rx_next = 0;
+    l.last_stream = nullptr;
+    // Endpoints lane 0 accepted from its connection requests (they carry its instance as
+    // client id): bind them to the peer, so that their failure is its failure. The one this
+    // hello came on answers that context of the peer (no second connection between the two
+    // workers: UCX 1.13 aborts tearing down a worker whose endpoint to a peer's worker crossed
+    // one from it mid-handshake).
+    for (Ep& e : l.eps) {
+        if (e.outgoing || e.closing || e.failed) continue;
+        if (via != nullptr && e.h == via) {
             e.peer = peer;
-            if (!pa->ep) pa->ep = &e;
+            e.peer_lane = h.source_ctx;
+            e.answering = true;
+        } else if (!e.peer && e.client_id == h.instance) {
+            e.peer = peer;
         }
     }
-    // Worker mode: connect back at once, so that replies need no connection set-up and a dead
-    // peer is noticed (by the endpoint's keepalive) while we wait for it.
-    if (!pa->ep && !pa->dead && !pa->anonymous && pa != self_.as<UcxAddr>()) {
-        if (auto e = ep_for_locked(pa); !e)
-            TALARIA_LOG(ucx, debug, "connecting back to {} failed: {}", pa->str,
-                        e.error().describe());
+    // Connect back at once (unless it came on an endpoint we accepted), so that replies need no
+    // connection set-up and a dead peer is noticed (by the endpoint's keepalive) while we
+    // wait for it.
+    if (pa != self_.as<UcxAddr>() && !pa->dead.load(std::memory_order_acquire)) {
+        if (auto r = route_locked(l, pa, h.source_ctx); !r)
+            TALARIA_LOG(ucx, debug, "connecting back to context {} of {} failed: {}", h.source_ctx,
+                        pa->str, r.error().describe());
     }
-    TALARIA_LOG(ucx, debug, "hello from {} (instance {:016x})", pa->str, h.instance);
+    TALARIA_LOG(ucx, debug, "context {}: hello from context {} of {} (instance {:016x})", l.id,
+                h.source_ctx, pa->str, h.instance);
     // Messages it sent that overtook the hello.
-    if (held_count_ > 0) release_held_locked();
+    if (l.held_count > 0) release_held_locked(l);
 }
 
-void UcxTransport::hold_locked(const MsgHeader& h, std::span<const std::byte> data) {
-    if (held_count_ >= kMaxHeldMsgs) {
+void UcxTransport::hold_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> data) {
+    if (l.held_count >= kMaxHeldMsgs) {
         TALARIA_LOG(ucx, warn,
                     "{}: dropping a message from instance {:016x}: {} undeliverable messages "
-                    "held already (no hello from their senders, or gaps in their streams)",
-                    scheme_, h.instance, held_count_);
+                    "held already on context {} (no hello from their senders, or gaps in their "
+                    "streams)",
+                    scheme_, h.instance, l.held_count, l.id);
         return;
     }
-    UcxMsg* m = match_.msg_alloc();
+    UcxMsg* m = l.match.msg_alloc();
     m->data.assign(data.begin(), data.end());
     m->tag = h.tag;
     m->context_id = h.context_id;
+    m->kind = h.kind;
     m->expected = h.kind == MsgKind::expected;
-    m->bye = h.kind == MsgKind::bye;
+    m->source_ctx = h.source_ctx;
+    m->stream = h.stream;
     m->instance = h.instance;
     m->seq = h.seq;
-    held_.push_back(*m);
-    ++held_count_;
+    l.held.push_back(*m);
+    ++l.held_count;
 }
 
-void UcxTransport::sequence_locked(const MsgHeader& h, UcxAddr* source,
+void UcxTransport::sequence_locked(Lane& l, const MsgHeader& h, Stream& s,
                                    std::span<const std::byte> data) {
-    if (h.seq != source->rx_next) {
-        if (int32_t(h.seq - source->rx_next) < 0) {
+    if (h.seq != s.rx_next) {
+        if (int32_t(h.seq - s.rx_next) < 0) {
             TALARIA_LOG(ucx, warn, "{}: dropping a duplicate message #{} from {}", scheme_, h.seq,
-                        source->str);
+                        s.peer->str);
             return;
         }
-        hold_locked(h, data);
+        hold_locked(l, h, data);
         return;
     }
-    ++source->rx_next;
-    deliver_locked(h, Addr(source), data.data(), data.size());
-    if (held_count_ > 0) release_held_locked();
+    ++s.rx_next;
+    deliver_locked(l, h, s, data.data(), data.size());
+    if (l.held_count > 0) release_held_locked(l);
 }
 
-void UcxTransport::release_held_locked() {
+void UcxTransport::release_held_locked(Lane& l) {
     // Rare (connection set-up, a hello overtaken), and bounded by kMaxHeldMsgs: rescan until
     // nothing more is deliverable.
-    for (bool progress = true; progress && held_count_ > 0;) {
+    for (bool progress = true; progress && l.held_count > 0;) {
         progress = false;
-        held_.for_each_safe([&](UcxMsg& m) {
-            Addr source;
-            {
-                std::lock_guard gi(inst_mu_);
-                auto it = instances_.find(m.instance);
-                if (it != instances_.end() && it->second->try_ref())
-                    source = Addr::adopt(it->second);
-            }
-            if (!source) return;
-            auto* pa = source.as<UcxAddr>();
-            if (m.seq != pa->rx_next) {
-                if (int32_t(m.seq - pa->rx_next) < 0) {  // a duplicate
-                    held_.erase(m);
-                    --held_count_;
-                    match_.msg_free(&m);
+        l.held.for_each_safe([&](UcxMsg& m) {
+            auto it = l.streams.find({m.instance, m.stream});
+            if (it == l.streams.end()) return;
+            Stream& s = it->second;
+            if (m.seq != s.rx_next) {
+                if (int32_t(m.seq - s.rx_next) < 0) {  // a duplicate
+                    l.held.erase(m);
+                    --l.held_count;
+                    l.match.msg_free(&m);
                 }
                 return;
             }
-            held_.erase(m);
-            --held_count_;
-            ++pa->rx_next;
+            l.held.erase(m);
+            --l.held_count;
+            ++s.rx_next;
             MsgHeader mh;
-            mh.kind = m.bye ? MsgKind::bye : m.expected ? MsgKind::expected : MsgKind::unexpected;
+            mh.kind = m.kind;
             mh.context_id = m.context_id;
+            mh.source_ctx = m.source_ctx;
+            mh.stream = m.stream;
             mh.tag = m.tag;
             mh.instance = m.instance;
             mh.seq = m.seq;
-            deliver_locked(mh, source, m.data.data(), m.data.size());
-            match_.msg_free(&m);
+            deliver_locked(l, mh, s, m.data.data(), m.data.size());
+            l.match.msg_free(&m);
             progress = true;
         });
     }
 }
 
-ucs_status_t UcxTransport::on_am(const void* header, std::size_t header_len, void* data,
+ucs_status_t UcxTransport::on_am(Lane& l, const void* header, std::size_t header_len, void* data,
                                  std::size_t len, const ucp_am_recv_param_t* param) {
-    // From ucp_worker_progress, under mu_. Every byte here comes from a peer.
-    if (closing_) return UCS_OK;
+    // From ucp_worker_progress of lane `l`, under its lock. Every byte here comes from a peer.
+    if (closing_.load(std::memory_order_relaxed)) return UCS_OK;
     auto h = decode_msg_header(
         std::span<const std::byte>(static_cast<const std::byte*>(header), header_len));
     if (!h) {
@@ -561,7 +839,9 @@ ucs_status_t UcxTransport::on_am(const void* header, std::size_t header_len, voi
     }
     auto payload = std::span<const std::byte>(static_cast<const std::byte*>(data), len);
     if (h->kind == MsgKind::hello) {
-        on_hello_locked(*h, payload);
+        ucp_ep_h via =
+            (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+        on_hello_locked(l, *h, payload, via);
         return UCS_OK;
     }
     if (len > kMaxMessageSize) {
@@ -569,101 +849,117 @@ ucs_status_t UcxTransport::on_am(const void* header, std::size_t header_len, voi
                     kMaxMessageSize);
         return UCS_OK;
     }
-    // The last sender, cached (a strong reference, dropped when it is gone or re-introduced),
-    // spares the instance map's lock on a busy stream.
-    if (h->instance == last_instance_ && last_source_) [[likely]] {
-        sequence_locked(*h, last_source_.as<UcxAddr>(), payload);
-        return UCS_OK;
+    // The last sender's stream, cached, spares the map lookup on a busy stream.
+    Stream* s = l.last_stream;
+    if (s == nullptr || l.last_instance != h->instance || l.last_stream_id != h->stream)
+        [[unlikely]] {
+        auto it = l.streams.find({h->instance, h->stream});
+        if (it == l.streams.end()) {
+            hold_locked(l, *h, payload);  // its hello has not come yet
+            return UCS_OK;
+        }
+        s = &it->second;
+        l.last_stream = s;
+        l.last_instance = h->instance;
+        l.last_stream_id = h->stream;
     }
-    Addr source;
-    {
-        std::lock_guard gi(inst_mu_);
-        auto it = instances_.find(h->instance);
-        if (it != instances_.end() && it->second->try_ref()) source = Addr::adopt(it->second);
-    }
-    if (!source) {
-        hold_locked(*h, payload);  // its hello has not come yet
-        return UCS_OK;
-    }
-    last_instance_ = h->instance;
-    last_source_ = source;
-    sequence_locked(*h, source.as<UcxAddr>(), payload);
+    sequence_locked(l, *h, *s, payload);
     return UCS_OK;
 }
 
 // --- endpoint failure ---------------------------------------------------------------------------
 
 void UcxTransport::on_ep_error(Ep* e, ucs_status_t status) {
-    // From ucp_worker_progress, under mu_. UCX forbids closing the endpoint from here; it is
-    // closed (forced) once progress returns.
+    // From ucp_worker_progress of its lane, under its lock. UCX forbids closing the endpoint
+    // from here; it is closed (forced) once progress returns.
     if (e->failed || e->closing) return;
     e->failed = true;
     e->fail_status = status;
-    failed_.push_back(e);
+    e->lane->failed.push_back(e);
 }
 
-void UcxTransport::peer_gone_locked(const Addr& peer, Errc st, const std::string& why) {
-    auto* pa = peer.as<UcxAddr>();
-    if (last_source_ == peer) {
-        last_source_.reset();
-        last_instance_ = 0;
+void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::string& why) {
+    Addr keep(pa);  // the routes and streams dropped below may hold the last references
+    bool first = false;
+    {
+        std::lock_guard g(pa->dmu);
+        if (!pa->dead.load(std::memory_order_relaxed)) {
+            pa->dead_status = st;
+            pa->dead_why = why;
+            pa->dead.store(true, std::memory_order_release);
+            first = true;
+        }
     }
-    if (!pa->dead) {
+    if (first) {
         TALARIA_LOG(ucx, debug, "{}", why);
-        pa->dead = true;
-        pa->dead_status = st;
-        pa->dead_why = why;
         // A later lookup makes a fresh address (a new process may come to live there).
         addrs_.unlink(pa->key, pa);
     }
-    if (held_count_ > 0 && pa->instance != 0) {
-        held_.for_each_safe([&](UcxMsg& m) {
-            if (m.instance != pa->instance) return;
-            held_.erase(m);
-            --held_count_;
-            match_.msg_free(&m);
+    std::string dwhy;
+    Errc dst = dead_status(pa, dwhy);
+    l.last_route = nullptr;
+    l.last_stream = nullptr;
+    if (l.held_count > 0) {
+        uint64_t inst = pa->instance.load(std::memory_order_relaxed);
+        l.held.for_each_safe([&](UcxMsg& m) {
+            if (m.instance != inst) return;
+            l.held.erase(m);
+            --l.held_count;
+            l.match.msg_free(&m);
         });
     }
-    match_.take_expected_from(peer,
-                              [&](UcxOp* op) { complete_recv(op, peer, 0, op->match_tag, 0, st); });
-    // Every endpoint to it: forced closes fail the UCX requests still pending on them.
-    eps_.for_each_safe([&](Ep& o) {
-        if (o.peer == peer) close_ep_locked(&o);
+    std::erase_if(l.streams, [&](const auto& kv) { return kv.second.peer == pa; });
+    l.match.take_expected_from(
+        keep, [&](UcxOp* op) { complete_recv(op, keep, 0, op->match_tag, 0, dst); });
+    for (auto it = l.routes.begin(); it != l.routes.end();) {
+        if (it->first.first != pa) {
+            ++it;
+            continue;
+        }
+        while (UcxOp* op = it->second.waiting.pop_front()) {
+            op->route = nullptr;
+            op->state = OpState::idle;
+            complete_op(op, dst);
+        }
+        it = l.routes.erase(it);
+    }
+    // Every endpoint of this lane to it: forced closes fail the UCX requests still pending.
+    l.eps.for_each_safe([&](Ep& o) {
+        if (o.peer && ucx_addr(o.peer) == pa) close_ep_locked(l, &o);
     });
-    pa->ep = nullptr;
 }
 
-void UcxTransport::handle_failures_locked() {
+void UcxTransport::handle_failures_locked(Lane& l) {
     std::vector<Ep*> failed;
-    failed.swap(failed_);
+    failed.swap(l.failed);
+    UcxAddr* self = self_.as<UcxAddr>();
     for (Ep* e : failed) {
         if (e->closing) continue;
-        if (e->peer && e->peer != self_) {
+        if (e->peer && ucx_addr(e->peer) != self) {
             Errc st = errc_of(e->fail_status);
             if (st == Errc::ok || st == Errc::canceled) st = Errc::disconnected;
-            Addr peer = e->peer;
-            peer_gone_locked(
-                peer, st,
-                fmt::format("{}: the endpoint to {} failed: {}", scheme_, peer.as<UcxAddr>()->str,
-                            ucs_status_string(e->fail_status)));
+            UcxAddr* pa = ucx_addr(e->peer);
+            peer_gone_locked(l, pa, st,
+                             fmt::format("{}: the endpoint to {} failed: {}", scheme_, pa->str,
+                                         ucs_status_string(e->fail_status)));
         }
-        close_ep_locked(e);
+        close_ep_locked(l, e);
     }
     std::vector<Addr> byes;
-    byes.swap(byes_);
+    byes.swap(l.byes);
     for (const Addr& peer : byes)
-        if (peer != self_)
+        if (ucx_addr(peer) != self)
             peer_gone_locked(
-                peer, Errc::disconnected,
-                fmt::format("{}: {} closed its transport", scheme_, peer.as<UcxAddr>()->str));
+                l, ucx_addr(peer), Errc::disconnected,
+                fmt::format("{}: {} closed its transport", scheme_, ucx_addr(peer)->str));
 }
 
-void UcxTransport::say_bye_locked() {
+void UcxTransport::say_bye_locked(Lane& l) {
     // A peer on the same host cannot see our process die when only the transport goes (ep
-    // keepalive checks the process), and a forced close tells it nothing: say so, in the
-    // stream (after our last message), and give it a moment to leave.
+    // keepalive checks the process), and a forced close tells it nothing: say so, in every
+    // stream of ours (after our last message), and give it a moment to leave.
     // On the heap: a bye UCX still holds after the bounded waits below completes later (from
-    // the destructor's progress), and its callback and header must still be there then.
+    // lane_close's progress), and its callback and header must still be there then.
     struct Byes {
         int pending = 0;
         std::vector<std::unique_ptr<std::byte[]>> headers;
@@ -675,14 +971,18 @@ void UcxTransport::say_bye_locked() {
         ucp_request_free(req);
         --static_cast<Byes*>(user)->pending;
     };
-    for (Ep& e : eps_) {
-        if (e.failed || e.closing || !e.peer || e.peer == self_) continue;
-        auto* pa = e.peer.as<UcxAddr>();
-        if (pa->ep != &e || pa->dead) continue;  // one bye per peer, on the stream's endpoint
+    UcxAddr* self = self_.as<UcxAddr>();
+    // Every endpoint our hello went on carries a stream of ours: each gets a bye.
+    for (Ep& e : l.eps) {
+        if (e.failed || e.closing || (e.peer && ucx_addr(e.peer) == self)) continue;
+        if (e.peer && ucx_addr(e.peer)->dead.load(std::memory_order_relaxed)) continue;
         MsgHeader h;
         h.kind = MsgKind::bye;
+        h.context_id = e.peer_lane;
+        h.source_ctx = l.id;
         h.instance = instance_;
-        h.seq = pa->tx_seq++;
+        h.seq = e.tx_seq++;
+        h.stream = e.stream_id();
         headers.push_back(std::make_unique<std::byte[]>(kMsgHeaderSize));
         encode_msg_header(h, headers.back().get());
         ucp_request_param_t p;
@@ -697,11 +997,11 @@ void UcxTransport::say_bye_locked() {
     }
     auto deadline = deadline_after(std::chrono::milliseconds(500));
     while (pending > 0 && !deadline_passed(deadline))
-        ucp_worker_progress(worker_);
+        ucp_worker_progress(l.worker);
     // A bye still pending is freed by the forced close (its callback runs then, and must not
     // touch `pending` after we return): wait for those too, bounded.
     if (pending > 0) {
-        for (Ep& e : eps_) {
+        for (Ep& e : l.eps) {
             if (e.closing) continue;
             ucp_request_param_t p;
             p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -712,12 +1012,12 @@ void UcxTransport::say_bye_locked() {
         }
         deadline = deadline_after(std::chrono::seconds(2));
         while (pending > 0 && !deadline_passed(deadline))
-            ucp_worker_progress(worker_);
+            ucp_worker_progress(l.worker);
     }
     if (pending == 0) {
         delete byes;
     } else {
-        // Left to UCX (a few header bytes, once per transport): freeing them could let a late
+        // Left to UCX (a few header bytes, once per lane): freeing them could let a late
         // callback write into freed memory.
         TALARIA_LOG(ucx, warn,
                     "{}: {} bye messages still pending at close; their {} bytes stay "
@@ -728,20 +1028,21 @@ void UcxTransport::say_bye_locked() {
 
 // --- progress -----------------------------------------------------------------------------------
 
-void UcxTransport::progress_locked() {
+void UcxTransport::progress_locked(Lane& l) {
     // Once per poll, as a bare UCP loop does (each call polls every interface); the blocking
     // path calls again until ucp_worker_arm agrees that nothing is left.
-    ucp_worker_progress(worker_);
-    if (!failed_.empty() || !byes_.empty()) handle_failures_locked();
-    if (!closing_eps_.empty()) reap_closed_locked();
+    ucp_worker_progress(l.worker);
+    if (!l.failed.empty() || !l.byes.empty()) handle_failures_locked(l);
+    if (!l.closing_eps.empty()) reap_closed_locked(l);
 }
 
 Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
     auto& uc = static_cast<UcxContext&>(ctx);
+    Lane& l = uc.lane();
     for (;;) {
         {
-            std::lock_guard g(mu_);
-            progress_locked();
+            std::lock_guard g(l.mu);
+            progress_locked(l);
         }
         if (ctx.has_completions()) return ok();
         if (deadline_passed(deadline)) return Errc::timeout;
@@ -749,20 +1050,29 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
         ucs_status_t st;
         int cap = -1;  // longest wait: none without endpoints
         {
-            std::lock_guard g(mu_);
-            st = ucp_worker_arm(worker_);
-            if (!eps_.empty() || !closing_eps_.empty()) cap = kKeepaliveTickMs;
+            std::lock_guard g(l.mu);
+            st = ucp_worker_arm(l.worker);
+            if (!l.eps.empty() || !l.closing_eps.empty()) cap = kKeepaliveTickMs;
             // UCX drives connection set-up (sockaddr CM, wire-up) partly from its async thread
-            // without always signalling the worker's fd: while an endpoint's peer has not
-            // introduced itself yet, do not sleep (for its first kConnectSpin; in short naps
-            // after that, so that a peer that never answers does not cost a whole core).
+            // without always signalling the worker's fd: while an endpoint is new, or its peer
+            // has not introduced itself yet, do not sleep (for its first kConnectSpin; in short
+            // naps after that, so that a peer that never answers does not cost a whole core).
             auto now = Clock::now();
-            for (const Ep& e : eps_) {
-                if (e.peer && e.peer.as<UcxAddr>()->instance != 0) continue;
-                cap = std::min(cap < 0 ? kKeepaliveTickMs : cap,
-                               now - e.created < kConnectSpin ? 0 : kConnectNapMs);
+            for (const Ep& e : l.eps) {
+                bool fresh = now - e.created < kConnectSpin;
+                if (!fresh && e.peer &&
+                    ucx_addr(e.peer)->instance.load(std::memory_order_relaxed) != 0)
+                    continue;
+                cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, fresh ? 0 : kConnectNapMs);
                 if (cap == 0) break;
             }
+            // A route waiting for a locate answer: same.
+            if (cap != 0)
+                for (const auto& [key, r] : l.routes)
+                    if (!r.ep) {
+                        cap = 0;
+                        break;
+                    }
         }
         if (st == UCS_OK) {
             int ms = ms_until(deadline);
@@ -775,10 +1085,17 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
     }
 }
 
+bool UcxTransport::try_wait_for(Context& ctx) {
+    Lane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    if (!l.failed.empty() || !l.byes.empty()) return false;
+    return ucp_worker_arm(l.worker) == UCS_OK;
+}
+
 bool UcxTransport::try_wait() {
-    std::lock_guard g(mu_);
-    if (!failed_.empty() || !byes_.empty()) return false;
-    return ucp_worker_arm(worker_) == UCS_OK;
+    // A context's messages arrive on its lane's worker, whose fd progress_fd() does not hold:
+    // block on a context's wait_fd() after Context::try_wait().
+    return false;
 }
 
 }  // namespace talaria::na::ucx

@@ -2,6 +2,7 @@
 // listener, contexts, addresses, endpoints and memory registration.
 #include <arpa/inet.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -107,12 +108,13 @@ void conn_request_cb(ucp_conn_request_h req, void* arg) {
 
 void ep_error_cb(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* e = static_cast<Ep*>(arg);
-    e->t->on_ep_error(e, status);
+    e->lane->t->on_ep_error(e, status);
 }
 
 ucs_status_t am_cb(void* arg, const void* header, size_t header_len, void* data, size_t len,
                    const ucp_am_recv_param_t* param) {
-    return static_cast<UcxTransport*>(arg)->on_am(header, header_len, data, len, param);
+    auto* l = static_cast<Lane*>(arg);
+    return l->t->on_am(*l, header, header_len, data, len, param);
 }
 
 /// Completion of a hello send: nothing waits for it.
@@ -197,25 +199,94 @@ Error UcxTransport::ucs_error(Errc code, std::string_view call, ucs_status_t st,
                                    detail.empty() ? "" : " ", detail));
 }
 
-// --- contexts -----------------------------------------------------------------------------------
+// --- lanes and contexts -------------------------------------------------------------------------
 
-UcxContext::UcxContext(UcxTransport* t, uint8_t id, bool thread_safe)
-    : Context(t, id, thread_safe), ut_(t) {
+Lane::Lane(UcxTransport* tr, uint8_t i, const Options& o)
+    : t(tr), id(i), mu(o.thread_safe), ops(o.max_ops, o.thread_safe), match(o.max_contexts) {}
+
+Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
+    if (Lane* l = lane_at(id)) return l;
+    auto l = std::make_unique<Lane>(this, id, opts_);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
+    // Sent with our connection requests: the listener learns which instance an endpoint it
+    // accepts belongs to before the hello comes.
+    wp.client_id = instance_;
+    // Every call into a worker is made under its lane's lock (or by one thread without
+    // thread_safe).
+    wp.thread_mode = opts_.thread_safe ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
+    ucs_status_t st = ucp_worker_create(context_, &wp, &l->worker);
+    if (st != UCS_OK) {
+        l->worker = nullptr;
+        return ucs_error(Errc::io_error, "ucp_worker_create", st, fmt::format("(context {})", id));
+    }
+    // From here on the lane owns a worker: keep it in lanes_ so that teardown destroys it.
+    Lane* lp = l.get();
+    lanes_.push_back(std::move(l));
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = kAmId;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = &am_cb;
+    hp.arg = lp;
+    st = ucp_worker_set_am_recv_handler(lp->worker, &hp);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_set_am_recv_handler", st);
+    st = ucp_worker_get_efd(lp->worker, &lp->efd);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_get_efd", st);
+    ucp_address_t* wa = nullptr;
+    std::size_t wlen = 0;
+    st = ucp_worker_get_address(lp->worker, &wa, &wlen);
+    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_get_address", st);
+    auto* wb = reinterpret_cast<const std::byte*>(wa);
+    lp->worker_addr.assign(wb, wb + wlen);
+    ucp_worker_release_address(lp->worker, wa);
+    if (wlen > kMaxWorkerAddr)
+        return Error(Errc::not_supported,
+                     fmt::format("{}: the packed worker address is {} bytes, more than the {} a "
+                                 "hello may carry (name fewer transports)",
+                                 scheme_, wlen, kMaxWorkerAddr));
+    lane_ptr_[id].store(lp, std::memory_order_release);
+    return lp;
+}
+
+uint8_t UcxTransport::serving_lane(uint8_t ctx) {
+    // Lock-free (a lane's `serves` flag): called from a lane's progress, which must not wait
+    // for another lane.
+    std::vector<Lane*> by_id(opts_.max_contexts, nullptr);
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i)
+        by_id[i] = lane_at(uint8_t(i));
+    auto serves = [&](std::size_t i) {
+        return by_id[i] != nullptr && by_id[i]->serves.load(std::memory_order_acquire);
+    };
+    if (ctx < by_id.size() && serves(ctx)) return ctx;
+    for (std::size_t i = 0; i < by_id.size(); ++i)
+        if (serves(i)) return uint8_t(i);
+    return 0;
+}
+
+UcxContext::UcxContext(UcxTransport* t, uint8_t id, bool thread_safe, Lane* lane)
+    : Context(t, id, thread_safe), ut_(t), lane_(lane) {
     block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (block_epfd_ < 0) {
         TALARIA_LOG(ucx, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
         return;
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = t->progress_fd();
-    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, t->progress_fd(), &ev);
-    ev.data.fd = event_fd();
-    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, event_fd(), &ev);
+    for (int fd : {lane->efd, event_fd()}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        if (::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            TALARIA_LOG(ucx, error, "context {}: epoll_ctl failed: {}", id, std::strerror(errno));
+            ::close(block_epfd_);
+            block_epfd_ = -1;
+            return;
+        }
+    }
 }
 
 UcxContext::~UcxContext() {
-    ut_->context_destroyed(id());
+    if (attached) ut_->context_destroyed(this);
     if (block_epfd_ >= 0) ::close(block_epfd_);
 }
 
@@ -226,29 +297,54 @@ Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id,
                      fmt::format("context id {} out of range: this {} transport has "
                                  "Options::max_contexts = {}",
                                  id, scheme_, opts_.max_contexts));
-    std::lock_guard g(mu_);
-    if (match_.context(id))
-        return Error(Errc::already_exists, fmt::format("context {} already exists", id));
-    auto ctx = std::make_unique<UcxContext>(this, id, opts_.thread_safe);
+    std::lock_guard g(setup_mu_);
+    TALARIA_TRY(l, lane_create_locked(id));
+    // Lock order: setup lock, then a lane's (a lane never takes the setup lock).
+    {
+        std::lock_guard gl(l->mu);
+        if (l->ctx)
+            return Error(Errc::already_exists, fmt::format("context {} already exists", id));
+    }
+    auto ctx = std::make_unique<UcxContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
         return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
-    match_.attach(ctx.get());
+    if (!ctx->watch_fd(l->efd))
+        return Error(Errc::io_error, fmt::format("context {}: epoll_ctl(its worker's fd) failed: "
+                                                 "{}",
+                                                 id, std::strerror(errno)));
+    std::lock_guard gl(l->mu);
+    l->match.attach(ctx.get());
+    l->ctx = ctx.get();
+    l->serves.store(opts.unexpected, std::memory_order_release);
+    ctx->attached = true;
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
-void UcxTransport::context_destroyed(uint8_t id) noexcept {
-    std::lock_guard g(mu_);
-    const Context* ctx = match_.context(id);
-    // The caller should have canceled and drained; release receives still posted on it, and
-    // orphan UCX operations still in flight (their completion then only frees them).
-    match_.detach(id, [](UcxOp* op) {
+void UcxTransport::context_destroyed(UcxContext* ctx) noexcept {
+    Lane& l = ctx->lane();
+    std::lock_guard gs(setup_mu_);
+    std::lock_guard g(l.mu);
+    // The caller should have canceled and drained; release receives still posted on it and
+    // sends still waiting for a route, and orphan UCX operations still in flight (their
+    // completion then only frees them).
+    auto release = [](UcxOp* op) {
         op->state = OpState::idle;
         op->match_source.reset();
+        op->route = nullptr;
         op->releaser->release(op);
-    });
-    for (UcxOp& op : inflight_)
+    };
+    l.match.detach(ctx->id(), release);
+    for (auto& [key, r] : l.routes)
+        r.waiting.for_each_safe([&](UcxOp& op) {
+            if (op.ctx != ctx) return;
+            r.waiting.erase(op);
+            release(&op);
+        });
+    for (UcxOp& op : l.inflight)
         if (op.ctx == ctx) op.ctx = nullptr;
+    l.ctx = nullptr;
+    l.serves.store(false, std::memory_order_release);
 }
 
 // --- transport lifetime -------------------------------------------------------------------------
@@ -256,67 +352,95 @@ void UcxTransport::context_destroyed(uint8_t id) noexcept {
 UcxTransport::UcxTransport(const Options& o)
     : addrs_(o.thread_safe),
       opts_(o),
-      mu_(o.thread_safe),
-      inst_mu_(o.thread_safe),
-      ops_(o.max_ops, o.thread_safe),
-      match_(o.max_contexts) {}
+      setup_mu_(o.thread_safe),
+      intern_mu_(o.thread_safe),
+      lane_ptr_(std::make_unique<std::atomic<Lane*>[]>(o.max_contexts)) {
+    for (std::size_t i = 0; i < o.max_contexts; ++i)
+        lane_ptr_[i].store(nullptr, std::memory_order_relaxed);
+}
 
-UcxTransport::~UcxTransport() {
-    {
-        std::lock_guard g(mu_);
-        closing_ = true;
-        if (!inflight_.empty()) {
-            std::string what;
-            for (UcxOp& op : inflight_)
-                what += fmt::format(" {}", op_type_name(op.completion.type));
-            TALARIA_LOG(ucx, debug, "{} closing with UCX operations in flight:{}", scheme_, what);
-        }
-        if (listener_) ucp_listener_destroy(listener_);
-        listener_ = nullptr;
-        if (worker_) say_bye_locked();
-        // Operations still in flight: their callbacks free the UCX requests and release the
-        // ops (closing_), when the endpoints below are force-closed.
-        while (Ep* e = eps_.pop_front()) {
-            closing_eps_.push_back(*e);
-            if (!e->closing) {
-                e->closing = true;
-                if (e->peer && e->peer.as<UcxAddr>()->ep == e) e->peer.as<UcxAddr>()->ep = nullptr;
-                ucp_request_param_t p{};
-                p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-                p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-                ucs_status_ptr_t r = ucp_ep_close_nbx(e->h, &p);
-                e->close_req = UCS_PTR_IS_PTR(r) ? r : nullptr;
-            }
-        }
-        failed_.clear();
-        byes_.clear();
-        last_source_.reset();
-        // Bounded: a forced close completes locally.
-        auto deadline = deadline_after(std::chrono::seconds(2));
-        while (worker_ && !closing_eps_.empty() && !deadline_passed(deadline)) {
-            ucp_worker_progress(worker_);
-            reap_closed_locked();
-        }
-        while (Ep* e = closing_eps_.pop_front()) {
-            if (e->close_req) ucp_request_free(e->close_req);
-            delete e;
-        }
-        match_.clear();
-        while (UcxMsg* m = held_.pop_front())
-            match_.msg_free(m);
-        held_count_ = 0;
-        // Requests UCX never completed: cancel them; an op left over is not ours to touch.
-        while (UcxOp* op = inflight_.pop_front()) {
-            if (op->req && worker_) {
-                ucp_request_cancel(worker_, op->req);
-                ucp_request_free(op->req);
-            }
-            op->req = nullptr;
+void UcxTransport::lane_close(Lane& l) noexcept {
+    std::lock_guard g(l.mu);
+    if (!l.inflight.empty()) {
+        std::string what;
+        for (UcxOp& op : l.inflight)
+            what += fmt::format(" {}", op_type_name(op.completion.type));
+        TALARIA_LOG(ucx, debug, "{} context {} closing with UCX operations in flight:{}", scheme_,
+                    l.id, what);
+    }
+    // Operations still in flight: their callbacks free the UCX requests and release the ops
+    // (closing_), when the endpoints below are force-closed.
+    while (Ep* e = l.eps.pop_front()) {
+        l.closing_eps.push_back(*e);
+        if (!e->closing) {
+            e->closing = true;
+            ucp_request_param_t p{};
+            p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+            ucs_status_ptr_t r = ucp_ep_close_nbx(e->h, &p);
+            e->close_req = UCS_PTR_IS_PTR(r) ? r : nullptr;
         }
     }
+    l.failed.clear();
+    l.byes.clear();
+    l.last_route = nullptr;
+    l.last_stream = nullptr;
+    // Sends still waiting for a route: their contexts are gone by now (the caller drained).
+    for (auto& [key, r] : l.routes)
+        while (UcxOp* op = r.waiting.pop_front()) {
+            op->state = OpState::idle;
+            op->releaser->release(op);
+        }
+    l.routes.clear();
+    l.streams.clear();
+    // Bounded: a forced close completes locally.
+    auto deadline = deadline_after(std::chrono::seconds(2));
+    while (!l.closing_eps.empty() && !deadline_passed(deadline)) {
+        ucp_worker_progress(l.worker);
+        reap_closed_locked(l);
+    }
+    while (Ep* e = l.closing_eps.pop_front()) {
+        if (e->close_req) ucp_request_free(e->close_req);
+        delete e;
+    }
+    l.match.clear();
+    while (UcxMsg* m = l.held.pop_front())
+        l.match.msg_free(m);
+    l.held_count = 0;
+    // Requests UCX never completed: cancel them; an op left over is not ours to touch.
+    while (UcxOp* op = l.inflight.pop_front()) {
+        if (op->req) {
+            ucp_request_cancel(l.worker, op->req);
+            ucp_request_free(op->req);
+        }
+        op->req = nullptr;
+    }
+}
+
+UcxTransport::~UcxTransport() {
+    closing_.store(true, std::memory_order_release);
+    // Byes first, on every lane, while every endpoint still stands; then the listener, then
+    // the endpoints.
+    for (auto& l : lanes_) {
+        if (!l->worker) continue;
+        std::lock_guard g(l->mu);
+        say_bye_locked(*l);
+    }
+    if (Lane* l0 = lane_at(0); l0 && listener_) {
+        std::lock_guard g(l0->mu);
+        ucp_listener_destroy(listener_);
+        listener_ = nullptr;
+    }
+    for (auto& l : lanes_)
+        if (l->worker) lane_close(*l);
     self_.reset();
-    if (worker_) ucp_worker_destroy(worker_);
+    for (auto& l : lanes_) {
+        if (l->worker) ucp_worker_destroy(l->worker);
+        l->worker = nullptr;
+    }
+    lanes_.clear();
     if (context_) ucp_cleanup(context_);
+    if (pfd_ >= 0) ::close(pfd_);
 }
 
 Result<void> UcxTransport::init_context() {
@@ -350,7 +474,9 @@ Result<void> UcxTransport::init_context() {
     p.field_mask =
         UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
     p.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-    p.mt_workers_shared = 0;
+    // One worker per context, driven by different threads: the context's own state (memory
+    // registration, its caches) is then shared by them and must be thread safe.
+    p.mt_workers_shared = opts_.thread_safe ? 1 : 0;
     p.name = "talaria";
     st = ucp_init(&p, cfg, &context_);
     ucp_config_release(cfg);
@@ -367,42 +493,16 @@ Result<void> UcxTransport::init_context() {
     return ok();
 }
 
-Result<void> UcxTransport::init_worker() {
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
-    // Sent with our connection requests: the listener learns which instance an endpoint it
-    // accepts belongs to before the hello comes.
-    wp.client_id = instance_;
-    // Every call into the worker is made under mu_ (or by one thread without thread_safe).
-    wp.thread_mode = opts_.thread_safe ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
-    ucs_status_t st = ucp_worker_create(context_, &wp, &worker_);
-    if (st != UCS_OK) {
-        worker_ = nullptr;
-        return ucs_error(Errc::io_error, "ucp_worker_create", st);
-    }
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    hp.id = kAmId;
-    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-    hp.cb = &am_cb;
-    hp.arg = this;
-    st = ucp_worker_set_am_recv_handler(worker_, &hp);
-    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_set_am_recv_handler", st);
-    st = ucp_worker_get_efd(worker_, &efd_);
-    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_get_efd", st);
-    return ok();
-}
-
 Result<void> UcxTransport::init_listener() {
     TALARIA_TRY(sa, parse_host_port(spec_.host, true));
+    Lane* l0 = lane_at(0);
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = sa.sa();
     lp.sockaddr.addrlen = sa.len;
     lp.conn_handler.cb = &conn_request_cb;
     lp.conn_handler.arg = this;
-    ucs_status_t st = ucp_listener_create(worker_, &lp, &listener_);
+    ucs_status_t st = ucp_listener_create(l0->worker, &lp, &listener_);
     if (st != UCS_OK) {
         listener_ = nullptr;
         return ucs_error(st == UCS_ERR_BUSY ? Errc::address_in_use : Errc::io_error,
@@ -425,6 +525,7 @@ Result<void> UcxTransport::init_listener() {
         adv = lo;
         adv.set_port(bound.port());
     }
+    std::lock_guard gi(intern_mu_);
     Addr self = intern_locked(adv.to_string());
     self.as<UcxAddr>()->sa = adv;
     self_ = self;
@@ -436,40 +537,30 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     TALARIA_TRY(spec, parse_spec(sub, rest));
     spec_ = std::move(spec);
     instance_ = random_u64();
+    pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (pfd_ < 0) return Error(Errc::io_error, fmt::format("eventfd: {}", std::strerror(errno)));
     TALARIA_CHECK(init_context());
-    TALARIA_CHECK(init_worker());
-    std::lock_guard g(mu_);
+    std::lock_guard g(setup_mu_);
+    TALARIA_TRY(l0, lane_create_locked(0));
     if (spec_.mode == Mode::sockaddr) {
         if (opts_.listen) {
             TALARIA_CHECK(init_listener());
         } else {
             // A client: validate the host part but do not listen; identify by instance id.
             TALARIA_CHECK(parse_host_port(spec_.host, true));
-            Addr self = intern_locked(fmt::format("~{:016x}", instance_));
-            self.as<UcxAddr>()->anonymous = true;
-            self_ = self;
+            std::lock_guard gi(intern_mu_);
+            self_ = intern_locked(fmt::format("~{:016x}", instance_), true);
         }
     } else {
-        ucp_address_t* wa = nullptr;
-        std::size_t wlen = 0;
-        ucs_status_t st = ucp_worker_get_address(worker_, &wa, &wlen);
-        if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_worker_get_address", st);
-        std::string hex = to_hex(wa, wlen);
-        ucp_worker_release_address(worker_, wa);
-        if (hex.size() > kMaxAddrString)
-            return Error(Errc::not_supported,
-                         fmt::format("{}: the packed worker address is {} bytes, more than the "
-                                     "{} an address string may carry (name fewer transports)",
-                                     scheme_, wlen, kMaxAddrString / 2));
+        std::string hex = to_hex(l0->worker_addr.data(), l0->worker_addr.size());
+        // The intern lock is never held around UCX calls: a lane's progress takes it inside
+        // UCX's callbacks (a hello).
+        std::lock_guard gi(intern_mu_);
         Addr self = intern_locked(hex);
-        self.as<UcxAddr>()->worker_addr = from_hex(hex);
+        self.as<UcxAddr>()->worker_addr = l0->worker_addr;
         self_ = self;
     }
-    self_.as<UcxAddr>()->instance = instance_;
-    {
-        std::lock_guard gi(inst_mu_);
-        instances_[instance_] = self_.as<UcxAddr>();
-    }
+    self_.as<UcxAddr>()->instance.store(instance_, std::memory_order_relaxed);
     if (spec_.sub == "sm") init_direct_rma();
     TALARIA_LOG(ucx, debug, "{} open as {} (instance {:016x}, UCX_TLS={}, direct put/get {})",
                 scheme_, self_.as<UcxAddr>()->str, instance_, spec_.tls,
@@ -506,26 +597,22 @@ void UcxTransport::init_direct_rma() noexcept {
 
 // --- addresses ----------------------------------------------------------------------------------
 
-UcxAddr::UcxAddr(UcxTransport* t, std::string s, std::string k)
-    : AddrImpl(t), str(std::move(s)), key(std::move(k)), ut_(t) {}
+UcxAddr::UcxAddr(UcxTransport* t, std::string s, std::string k, bool thread_safe)
+    : AddrImpl(t), str(std::move(s)), key(std::move(k)), dmu(thread_safe), ut_(t) {}
 
 UcxAddr::~UcxAddr() {
-    // No transport lock here (we may be running under it): only leaf locks.
+    // No lane lock here (we may be running under one): only the table's leaf lock.
     ut_->addr_destroyed(this);
 }
 
 void UcxTransport::addr_destroyed(UcxAddr* a) noexcept {
-    if (a->instance != 0) {
-        std::lock_guard g(inst_mu_);
-        auto it = instances_.find(a->instance);
-        if (it != instances_.end() && it->second == a) instances_.erase(it);
-    }
     addrs_.remove(a->key, a);
 }
 
-Addr UcxTransport::intern_locked(const std::string& key) {
+Addr UcxTransport::intern_locked(const std::string& key, bool anonymous) {
     if (Addr a = addrs_.find(key)) return a;
-    auto* a = new UcxAddr(this, fmt::format("{}://{}", scheme_, key), key);
+    auto* a = new UcxAddr(this, fmt::format("{}://{}", scheme_, key), key, opts_.thread_safe);
+    a->anonymous = anonymous;
     Addr out(a);
     addrs_.add(key, a);
     return out;
@@ -584,25 +671,30 @@ Result<Addr> UcxTransport::lookup_locked(std::string_view address, bool from_wir
 }
 
 Result<Addr> UcxTransport::addr_lookup(std::string_view address) {
-    std::lock_guard g(mu_);
+    std::lock_guard g(intern_mu_);
     return lookup_locked(address, false);
+}
+
+Addr UcxTransport::addr_alias(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return a;
+    return alias_of(this, a);
 }
 
 std::string UcxTransport::addr_to_string(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
-    return a.as<UcxAddr>()->str;
+    return ucx_addr(a)->str;
 }
 
 std::size_t UcxTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
-    return 2 + a.as<UcxAddr>()->str.size();
+    return 2 + ucx_addr(a)->str.size();
 }
 
 Result<std::size_t> UcxTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
     if (!a || a.impl()->transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("addr_serialize: not an address of this {} transport", scheme_));
-    const std::string& s = a.as<UcxAddr>()->str;
+    const std::string& s = ucx_addr(a)->str;
     if (out.size() < 2 + s.size())
         return Error(
             Errc::invalid_argument,
@@ -614,66 +706,82 @@ Result<std::size_t> UcxTransport::addr_serialize(const Addr& a, std::span<std::b
 
 Result<Addr> UcxTransport::addr_deserialize(std::span<const std::byte> in) {
     TALARIA_TRY(s, decode_addr_blob(in));
-    std::lock_guard g(mu_);
+    std::lock_guard g(intern_mu_);
     return lookup_locked(s, true);
 }
 
 // --- endpoints ----------------------------------------------------------------------------------
 
-Result<Ep*> UcxTransport::ep_create_locked(const ucp_ep_params_t& params_in, bool outgoing,
+Result<Ep*> UcxTransport::ep_create_locked(Lane& l, const ucp_ep_params_t& params_in, bool outgoing,
                                            const std::string& who) {
     auto* e = new Ep;
-    e->t = this;
-    e->serial = ++ep_serial_;
+    e->lane = &l;
+    e->serial = ep_serial_.fetch_add(1, std::memory_order_relaxed) + 1;
     e->outgoing = outgoing;
     ucp_ep_params_t params = params_in;
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &ep_error_cb;
     params.err_handler.arg = e;
-    ucs_status_t st = ucp_ep_create(worker_, &params, &e->h);
+    ucs_status_t st = ucp_ep_create(l.worker, &params, &e->h);
     if (st != UCS_OK) {
         delete e;
         return ucs_error(errc_of(st) == Errc::disconnected ? Errc::unreachable : errc_of(st),
                          "ucp_ep_create", st, fmt::format("(to {})", who));
     }
     e->created = Clock::now();
-    eps_.push_back(*e);
+    l.eps.push_back(*e);
     return e;
 }
 
-void UcxTransport::send_hello_locked(Ep* e) {
+void UcxTransport::send_hello_locked(Lane& l, Ep* e) {
     const std::string& me = self_.as<UcxAddr>()->str;
     MsgHeader h;
     h.kind = MsgKind::hello;
+    h.context_id = e->peer_lane;
+    h.source_ctx = l.id;
     h.instance = instance_;
+    h.stream = e->stream_id();
     encode_msg_header(h, e->hello_hdr);
-    e->hello.resize(hello_size(me));
-    encode_hello(me, e->hello.data());
+    e->hello.resize(hello_size(me, l.worker_addr.size()));
+    encode_hello(me, l.worker_addr, e->hello.data());
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = &hello_sent_cb;
-    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    // REPLY: the receiver learns which of its endpoints it came on (an accepted one then
+    // answers on it instead of connecting back).
+    p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
     ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, e->hello_hdr, kMsgHeaderSize, e->hello.data(),
                                          e->hello.size(), &p);
     if (UCS_PTR_IS_ERR(r))
         TALARIA_LOG(ucx, debug, "hello to {} failed: {}",
-                    e->peer ? e->peer.as<UcxAddr>()->str : std::string("a new peer"),
+                    e->peer ? ucx_addr(e->peer)->str : std::string("a new peer"),
                     ucs_status_string(UCS_PTR_STATUS(r)));
 }
 
-Result<Ep*> UcxTransport::ep_for_locked(UcxAddr* peer) {
-    if (peer->dead) [[unlikely]]
-        return Error(peer->dead_status, peer->dead_why);
-    if (peer->ep) [[likely]]
-        return peer->ep;
-    if (peer->anonymous)
-        return Error(Errc::disconnected,
-                     fmt::format("{} is a client that does not listen, and its endpoint to us is "
-                                 "closed",
-                                 peer->str));
+Ep* UcxTransport::find_ep_locked(Lane& l, const UcxAddr* peer, uint8_t peer_lane) {
+    for (Ep& e : l.eps)
+        if ((e.outgoing || e.answering) && !e.failed && !e.closing && e.peer_lane == peer_lane &&
+            ucx_addr(e.peer) == peer)
+            return &e;
+    return nullptr;
+}
+
+Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane,
+                                       std::span<const std::byte> worker) {
+    if (Ep* e = find_ep_locked(l, peer, peer_lane)) return e;
     ucp_ep_params_t params{};
-    if (spec_.mode == Mode::sockaddr) {
+    std::vector<std::byte> wa;
+    if (!worker.empty()) {
+        wa.assign(worker.begin(), worker.end());
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.address = reinterpret_cast<const ucp_address_t*>(wa.data());
+    } else if (peer->anonymous) {
+        return Error(Errc::disconnected,
+                     fmt::format("{} is a client that does not listen, and none of its contexts "
+                                 "has introduced itself to context {} here",
+                                 peer->str, l.id));
+    } else if (spec_.mode == Mode::sockaddr) {
         params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
         params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
         params.sockaddr.addr = peer->sa.sa();
@@ -682,17 +790,19 @@ Result<Ep*> UcxTransport::ep_for_locked(UcxAddr* peer) {
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         params.address = reinterpret_cast<const ucp_address_t*>(peer->worker_addr.data());
     }
-    TALARIA_TRY(e, ep_create_locked(params, true, peer->str));
+    TALARIA_TRY(e, ep_create_locked(l, params, true,
+                                    fmt::format("context {} of {}", peer_lane, peer->str)));
     e->peer = Addr(peer);
-    peer->ep = e;
-    send_hello_locked(e);
-    TALARIA_LOG(ucx, debug, "endpoint to {}", peer->str);
+    e->peer_lane = peer_lane;
+    send_hello_locked(l, e);
+    TALARIA_LOG(ucx, debug, "context {}: endpoint to context {} of {}", l.id, peer_lane, peer->str);
     return e;
 }
 
 void UcxTransport::on_conn_request(ucp_conn_request_h req) {
-    // From ucp_worker_progress, under mu_.
-    if (closing_) {
+    // From lane 0's ucp_worker_progress, under its lock.
+    Lane& l = *lane_at(0);
+    if (closing_.load(std::memory_order_acquire)) {
         ucp_listener_reject(listener_, req);
         return;
     }
@@ -702,30 +812,33 @@ void UcxTransport::on_conn_request(ucp_conn_request_h req) {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     params.conn_request = req;
-    auto e = ep_create_locked(params, false, "a connecting peer");
+    auto e = ep_create_locked(l, params, false, "a connecting peer");
     if (!e) {
         TALARIA_LOG(ucx, warn, "accepting a connection failed: {}", e.error().describe());
         return;
     }
     (*e)->client_id = client_id;
-    send_hello_locked(*e);
+    // Our hello starts our stream on it (the peer's first message on it names its context,
+    // and then it answers that context).
+    send_hello_locked(l, *e);
     TALARIA_LOG(ucx, debug, "accepted an endpoint");
 }
 
-void UcxTransport::close_ep_locked(Ep* e) {
+void UcxTransport::close_ep_locked(Lane& l, Ep* e) {
     if (e->closing) return;
     e->closing = true;
-    if (e->peer) {
-        auto* pa = e->peer.as<UcxAddr>();
-        if (pa->ep == e) {
-            pa->ep = nullptr;
-            // Another endpoint to the same peer can take over.
-            for (Ep& o : eps_)
-                if (&o != e && !o.closing && !o.failed && o.peer == e->peer) pa->ep = &o;
+    // Routes that send on it go with it (a later send makes a new one). They have no sends
+    // waiting: only a route without an endpoint has.
+    for (auto it = l.routes.begin(); it != l.routes.end();) {
+        if (it->second.ep != e) {
+            ++it;
+            continue;
         }
+        if (l.last_route == &it->second) l.last_route = nullptr;
+        it = l.routes.erase(it);
     }
-    eps_.erase(*e);
-    closing_eps_.push_back(*e);
+    l.eps.erase(*e);
+    l.closing_eps.push_back(*e);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -733,22 +846,23 @@ void UcxTransport::close_ep_locked(Ep* e) {
     e->close_req = UCS_PTR_IS_PTR(r) ? r : nullptr;
 }
 
-void UcxTransport::reap_closed_locked() {
-    closing_eps_.for_each_safe([&](Ep& e) {
+void UcxTransport::reap_closed_locked(Lane& l) {
+    l.closing_eps.for_each_safe([&](Ep& e) {
         if (e.close_req) {
             if (ucp_request_check_status(e.close_req) == UCS_INPROGRESS) return;
             ucp_request_free(e.close_req);
             e.close_req = nullptr;
         }
-        closing_eps_.erase(e);
+        l.closing_eps.erase(e);
         delete &e;  // drops its peer reference
     });
 }
 
 std::string UcxTransport::ep_info(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
-    std::lock_guard g(mu_);
-    Ep* e = a.as<UcxAddr>()->ep;
+    Lane* l = lane_at(0);
+    std::lock_guard g(l->mu);
+    Ep* e = find_ep_locked(*l, ucx_addr(a), 0);
     if (!e) return {};
     char* buf = nullptr;
     std::size_t len = 0;
@@ -763,17 +877,26 @@ std::string UcxTransport::ep_info(const Addr& a) {
 
 // --- memory -------------------------------------------------------------------------------------
 
-UcxMem::UcxMem(UcxTransport* t, uint64_t base, uint64_t length, Access access, bool local)
-    : MemImpl(t, base, length, access, local), ut(t) {}
+UcxMem::UcxMem(UcxTransport* t, uint64_t base, uint64_t length, Access access, bool local,
+               bool thread_safe)
+    : MemImpl(t, base, length, access, local), ut(t), rk_mu(thread_safe) {}
 
 UcxMem::~UcxMem() {
     ut->mem_release(this);
 }
 
 void UcxTransport::mem_release(UcxMem* m) noexcept {
-    std::lock_guard g(mu_);
-    if (m->rkey_h) ucp_rkey_destroy(m->rkey_h);
-    m->rkey_h = nullptr;
+    // Remote keys go on the lane they were unpacked on (the worker's pools hold them).
+    std::vector<RkeyOnEp> rkeys;
+    {
+        std::lock_guard g(m->rk_mu);
+        rkeys.swap(m->rkeys);
+    }
+    for (RkeyOnEp& k : rkeys) {
+        std::lock_guard g(k.lane->mu);
+        ucp_rkey_destroy(k.h);
+    }
+    // ucp_mem_unmap on the context (thread safe: mt_workers_shared).
     if (m->memh) ucp_mem_unmap(context_, m->memh);
     m->memh = nullptr;
     m->owner_addr.reset();
@@ -785,7 +908,8 @@ Result<MemHandle> UcxTransport::mem_register(void* buf, std::size_t len, Access 
     if (access != Access::read_only && access != Access::write_only && access != Access::read_write)
         return Error(Errc::invalid_argument,
                      fmt::format("mem_register: invalid access mode {}", int(access)));
-    auto m = std::make_unique<UcxMem>(this, reinterpret_cast<uintptr_t>(buf), len, access, true);
+    auto m = std::make_unique<UcxMem>(this, reinterpret_cast<uintptr_t>(buf), len, access, true,
+                                      opts_.thread_safe);
     if (len == 0) return MemHandle(std::move(m));  // nothing to map: no rkey, no put/get bytes
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -795,7 +919,6 @@ Result<MemHandle> UcxTransport::mem_register(void* buf, std::size_t len, Access 
     mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
     if (uint8_t(access) & uint8_t(Access::read_only)) mp.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
     if (uint8_t(access) & uint8_t(Access::write_only)) mp.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
-    std::lock_guard g(mu_);
     ucs_status_t st = ucp_mem_map(context_, &mp, &m->memh);
     if (st != UCS_OK) {
         m->memh = nullptr;
@@ -848,12 +971,13 @@ Result<std::size_t> UcxTransport::mem_serialize(const MemHandle& h, std::span<st
 
 Result<MemHandle> UcxTransport::mem_deserialize(std::span<const std::byte> in) {
     TALARIA_TRY(b, decode_mem_blob(in));
-    std::lock_guard g(mu_);
+    std::lock_guard g(intern_mu_);
     // The owner must be a well-formed peer address of this transport (put/get go there). An
     // anonymous client's name that is not connected to us is kept unresolved.
     auto owner = lookup_locked(b.owner, true);
     if (!owner && owner.code() != Errc::unreachable) return std::move(owner).error();
-    auto m = std::make_unique<UcxMem>(this, b.base, b.length, Access(b.access), false);
+    auto m = std::make_unique<UcxMem>(this, b.base, b.length, Access(b.access), false,
+                                      opts_.thread_safe);
     m->rkey.assign(b.rkey.begin(), b.rkey.end());
     m->owner = std::string(b.owner);
     if (owner) m->owner_addr = *owner;

@@ -21,38 +21,74 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
                      fmt::format("ucx message header version {} (expected {})", uint8_t(p[0]),
                                  kWireVersion));
     uint8_t kind = uint8_t(p[1]);
-    if (kind < uint8_t(MsgKind::hello) || kind > uint8_t(MsgKind::bye))
+    if (kind < uint8_t(MsgKind::hello) || kind > uint8_t(MsgKind::located))
         return Error(Errc::protocol_error, fmt::format("ucx message kind {} is unknown", kind));
-    if (p[3] != std::byte{0})
-        return Error(Errc::protocol_error, "ucx message header: reserved byte is not zero");
     MsgHeader h;
     h.kind = MsgKind(kind);
     h.context_id = uint8_t(p[2]);
+    h.source_ctx = uint8_t(p[3]);
     h.tag = uint32_t(load_le(p + 4, 4));
     h.instance = load_le(p + 8, 8);
     if (h.instance == 0) return Error(Errc::protocol_error, "ucx message header: instance 0");
     h.seq = uint32_t(load_le(p + 16, 4));
-    if (load_le(p + 20, 4) != 0)
-        return Error(Errc::protocol_error, "ucx message header: reserved bytes are not zero");
+    h.stream = uint32_t(load_le(p + 20, 4));
     return h;
 }
 
-void encode_hello(std::string_view address, std::byte* out) noexcept {
+void encode_hello(std::string_view address, std::span<const std::byte> worker,
+                  std::byte* out) noexcept {
     store_le(out, address.size(), 2);
     if (!address.empty()) std::memcpy(out + 2, address.data(), address.size());
+    std::byte* w = out + 2 + address.size();
+    store_le(w, worker.size(), 2);
+    if (!worker.empty()) std::memcpy(w + 2, worker.data(), worker.size());
 }
 
-Result<std::string_view> decode_hello(std::span<const std::byte> in) {
-    if (in.size() < 2)
+Result<Hello> decode_hello(std::span<const std::byte> in) {
+    if (in.size() < 4)
         return Error(Errc::protocol_error,
-                     fmt::format("ucx hello payload of {} bytes is shorter than 2", in.size()));
+                     fmt::format("ucx hello payload of {} bytes is shorter than 4", in.size()));
     std::size_t len = load_le(in.data(), 2);
-    if (len == 0 || len > kMaxAddrString || len != in.size() - 2)
+    if (len == 0 || len > kMaxAddrString || len > in.size() - 4)
         return Error(Errc::protocol_error,
-                     fmt::format("ucx hello address length {} does not match its {}-byte payload "
+                     fmt::format("ucx hello address length {} does not fit its {}-byte payload "
                                  "(or exceeds {})",
                                  len, in.size(), kMaxAddrString));
-    return std::string_view(reinterpret_cast<const char*>(in.data()) + 2, len);
+    std::size_t wlen = load_le(in.data() + 2 + len, 2);
+    if (wlen == 0 || wlen > kMaxWorkerAddr || wlen != in.size() - 4 - len)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx hello worker address length {} does not match its {}-byte "
+                                 "payload (or exceeds {})",
+                                 wlen, in.size(), kMaxWorkerAddr));
+    Hello h;
+    h.address = std::string_view(reinterpret_cast<const char*>(in.data()) + 2, len);
+    h.worker = in.subspan(4 + len, wlen);
+    return h;
+}
+
+void encode_located(const Located& l, std::byte* out) noexcept {
+    out[0] = std::byte(l.lane);
+    out[1] = std::byte{0};
+    store_le(out + 2, l.worker.size(), 2);
+    if (!l.worker.empty()) std::memcpy(out + 4, l.worker.data(), l.worker.size());
+}
+
+Result<Located> decode_located(std::span<const std::byte> in) {
+    if (in.size() < 4)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx located payload of {} bytes is shorter than 4", in.size()));
+    if (in[1] != std::byte{0})
+        return Error(Errc::protocol_error, "ucx located payload: reserved byte is not zero");
+    std::size_t wlen = load_le(in.data() + 2, 2);
+    if (wlen == 0 || wlen > kMaxWorkerAddr || wlen != in.size() - 4)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx located worker address length {} does not match its "
+                                 "{}-byte payload (or exceeds {})",
+                                 wlen, in.size(), kMaxWorkerAddr));
+    Located l;
+    l.lane = uint8_t(in[0]);
+    l.worker = in.subspan(4, wlen);
+    return l;
 }
 
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in) {

@@ -1,5 +1,6 @@
 // The ucx transport's wire format (docs/protocol.md (ucx)): the 24-byte header every active
-// message carries, the hello payload, the serialized address and the serialized memory handle.
+// message carries, the hello and located payloads, the serialized address and the serialized
+// memory handle.
 // Everything here is pure (no UCX, no I/O, no allocation) so that fuzz/fuzz_ucx_wire.cpp can
 // drive the decoders with arbitrary bytes.
 #pragma once
@@ -13,7 +14,9 @@
 
 namespace talaria::na::ucx {
 
-inline constexpr uint8_t kWireVersion = 1;
+/// 2: per-context workers (the header names the sending context; hello carries the sending
+/// worker's address; locate/located).
+inline constexpr uint8_t kWireVersion = 2;
 /// The one UCP active-message id this transport registers (hello and both message kinds).
 inline constexpr unsigned kAmId = 0x54;
 inline constexpr std::size_t kMsgHeaderSize = 24;
@@ -22,6 +25,8 @@ inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 /// Longest address string: a hex-packed UCP worker address with shared-memory, tcp and IB
 /// transports is a few hundred bytes to about 2 KiB.
 inline constexpr std::size_t kMaxAddrString = 8192;
+/// Longest packed UCP worker address carried in a hello or a located answer.
+inline constexpr std::size_t kMaxWorkerAddr = kMaxAddrString / 2;
 /// Longest packed remote key carried in a memory handle.
 inline constexpr std::size_t kMaxRkeySize = 4096;
 
@@ -30,17 +35,26 @@ enum class MsgKind : uint8_t {
     unexpected = 2,  ///< unexpected message for context `context_id`
     expected = 3,    ///< expected message, matched on (source, tag)
     bye = 4,         ///< the sender's transport is closing: fail what waits for it
+    locate = 5,      ///< which of your workers serves context `context_id`? (to your context 0)
+    located = 6,     ///< answer to locate: the worker serving context `context_id`
 };
 
 struct MsgHeader {
     MsgKind kind = MsgKind::hello;
+    /// Messages: the destination context; hello: the context whose worker the endpoint reaches;
+    /// locate/located: the context asked about.
     uint8_t context_id = 0;
+    /// The sender's context (its worker): with `instance`, names the sender's stream.
+    uint8_t source_ctx = 0;
     uint32_t tag = 0;
     uint64_t instance = 0;  ///< the sender's random instance id (its hello maps it to an address)
     /// Messages and byes (not hellos): position in the sender's stream to this receiver, from 0.
     /// UCP does not keep active messages in order (it reorders those sent while an endpoint is
     /// still being wired up), so the receiver restores the order.
     uint32_t seq = 0;
+    /// The sender's endpoint the message goes on (its id, unique in the sender's transport):
+    /// each endpoint is one stream, which its hello starts.
+    uint32_t stream = 0;
 };
 
 namespace detail {
@@ -61,25 +75,44 @@ inline void encode_msg_header(const MsgHeader& h, std::byte* out) noexcept {
     out[0] = std::byte(kWireVersion);
     out[1] = std::byte(uint8_t(h.kind));
     out[2] = std::byte(h.context_id);
-    out[3] = std::byte{0};
+    out[3] = std::byte(h.source_ctx);
     detail::store_le(out + 4, h.tag, 4);
     detail::store_le(out + 8, h.instance, 8);
     detail::store_le(out + 16, h.seq, 4);
-    detail::store_le(out + 20, 0, 4);
+    detail::store_le(out + 20, h.stream, 4);
 }
-/// Decode and validate an AM header (exactly kMsgHeaderSize bytes): version, kind, reserved
-/// bytes, nonzero instance. protocol_error otherwise.
+/// Decode and validate an AM header (exactly kMsgHeaderSize bytes): version, kind, nonzero
+/// instance. protocol_error otherwise.
 Result<MsgHeader> decode_msg_header(std::span<const std::byte> in);
 
-/// Hello payload: u16 address length, then the sender's canonical address string ("ucx+tcp://
+/// Hello payload: u16 address length, the sender's canonical address string ("ucx+tcp://
 /// 127.0.0.1:5000", "ucx+tcp://~<instance>" for a client that does not listen, "ucx+sm://<hex
-/// worker address>").
-inline std::size_t hello_size(std::string_view address) noexcept {
-    return 2 + address.size();
+/// worker address>"), u16 worker address length, the packed address of the sending context's
+/// UCP worker (how the receiver reaches that context: it connects back to it).
+struct Hello {
+    std::string_view address;
+    std::span<const std::byte> worker;
+};
+inline std::size_t hello_size(std::string_view address, std::size_t worker_len) noexcept {
+    return 4 + address.size() + worker_len;
 }
-void encode_hello(std::string_view address, std::byte* out) noexcept;
-/// The address a hello payload carries (views `in`); protocol_error if malformed or empty.
-Result<std::string_view> decode_hello(std::span<const std::byte> in);
+void encode_hello(std::string_view address, std::span<const std::byte> worker,
+                  std::byte* out) noexcept;
+/// The hello a payload carries (views `in`); protocol_error if malformed, either part empty
+/// or over its limit (kMaxAddrString, kMaxWorkerAddr).
+Result<Hello> decode_hello(std::span<const std::byte> in);
+
+/// Located payload: u8 the answering side's context (worker) that serves the context asked
+/// about, u8 zero, u16 worker address length, the packed worker address.
+struct Located {
+    uint8_t lane = 0;
+    std::span<const std::byte> worker;
+};
+inline std::size_t located_size(std::size_t worker_len) noexcept {
+    return 4 + worker_len;
+}
+void encode_located(const Located& l, std::byte* out) noexcept;
+Result<Located> decode_located(std::span<const std::byte> in);
 
 /// Serialized address: u16 length, then the address string (as for tcp).
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in);

@@ -1,6 +1,7 @@
 // The ucx wire format's pure decoders: round trips and rejection of every malformed field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <vector>
@@ -20,9 +21,11 @@ MsgHeader sample() {
     MsgHeader h;
     h.kind = MsgKind::expected;
     h.context_id = 7;
+    h.source_ctx = 5;
     h.tag = 0xdeadbeef;
     h.instance = 0x0102030405060708ull;
     h.seq = 0xfffffffe;
+    h.stream = 0x0a0b0c0d;
     return h;
 }
 
@@ -31,16 +34,20 @@ TEST(UcxWire, HeaderRoundTripLittleEndian) {
     EXPECT_EQ(uint8_t(b[0]), kWireVersion);
     EXPECT_EQ(uint8_t(b[1]), 3);
     EXPECT_EQ(uint8_t(b[2]), 7);
+    EXPECT_EQ(uint8_t(b[3]), 5);     // the sending context
     EXPECT_EQ(uint8_t(b[4]), 0xef);  // tag, little-endian
     EXPECT_EQ(uint8_t(b[8]), 0x08);  // instance, little-endian
     EXPECT_EQ(uint8_t(b[16]), 0xfe);
+    EXPECT_EQ(uint8_t(b[20]), 0x0d);  // the sender's endpoint, little-endian
     auto d = decode_msg_header(b);
     ASSERT_TRUE(d) << d.error().describe();
     EXPECT_EQ(d->kind, MsgKind::expected);
     EXPECT_EQ(d->context_id, 7);
+    EXPECT_EQ(d->source_ctx, 5);
     EXPECT_EQ(d->tag, 0xdeadbeefu);
     EXPECT_EQ(d->instance, 0x0102030405060708ull);
     EXPECT_EQ(d->seq, 0xfffffffeu);
+    EXPECT_EQ(d->stream, 0x0a0b0c0du);
 }
 
 TEST(UcxWire, HeaderRejectsEveryBadField) {
@@ -54,14 +61,12 @@ TEST(UcxWire, HeaderRejectsEveryBadField) {
             EXPECT_EQ(d.code(), Errc::protocol_error);
         }
     };
-    bad(0, 0);      // version
-    bad(0, 2);      // version
-    bad(1, 0);      // kind
-    bad(1, 5);      // kind
-    bad(1, 0xff);   // kind
-    bad(3, 1);      // reserved
-    bad(20, 1);     // reserved
-    bad(23, 0x80);  // reserved
+    bad(0, 0);     // version
+    bad(0, 1);     // version (before contexts had workers of their own)
+    bad(0, 3);     // version
+    bad(1, 0);     // kind
+    bad(1, 7);     // kind
+    bad(1, 0xff);  // kind
     auto zero_instance = sample();
     zero_instance.instance = 0;
     EXPECT_FALSE(decode_msg_header(encode(zero_instance)));
@@ -75,22 +80,59 @@ TEST(UcxWire, HeaderRejectsEveryBadField) {
 
 TEST(UcxWire, HelloBounds) {
     std::string a = "ucx+tcp://127.0.0.1:5000";
-    std::vector<std::byte> b(hello_size(a));
-    encode_hello(a, b.data());
+    std::vector<std::byte> w(40, std::byte{0x11});
+    std::vector<std::byte> b(hello_size(a, w.size()));
+    encode_hello(a, w, b.data());
     auto d = decode_hello(b);
     ASSERT_TRUE(d);
-    EXPECT_EQ(*d, a);
-    // Truncated at every length, one byte too many, an empty address, a length over the limit.
+    EXPECT_EQ(d->address, a);
+    EXPECT_TRUE(std::equal(d->worker.begin(), d->worker.end(), w.begin(), w.end()));
+    // Truncated at every length, one byte too many, an empty address or worker, a length over
+    // the limit.
     for (std::size_t n = 0; n < b.size(); ++n)
         EXPECT_FALSE(decode_hello(std::span(b.data(), n))) << n;
     auto more = b;
     more.push_back(std::byte{'x'});
     EXPECT_FALSE(decode_hello(more));
-    std::vector<std::byte> empty(2, std::byte{0});
-    EXPECT_FALSE(decode_hello(empty));
-    std::vector<std::byte> huge(2 + kMaxAddrString + 1, std::byte{'a'});
+    std::vector<std::byte> no_worker(hello_size(a, 0));
+    encode_hello(a, {}, no_worker.data());
+    EXPECT_FALSE(decode_hello(no_worker));
+    std::vector<std::byte> no_addr(hello_size("", w.size()));
+    encode_hello("", w, no_addr.data());
+    EXPECT_FALSE(decode_hello(no_addr));
+    std::vector<std::byte> huge(4 + kMaxAddrString + 1 + 1, std::byte{'a'});
     detail::store_le(huge.data(), kMaxAddrString + 1, 2);
+    detail::store_le(huge.data() + 2 + kMaxAddrString + 1, 1, 2);
     EXPECT_FALSE(decode_hello(huge));
+    std::vector<std::byte> big_worker(kMaxWorkerAddr + 1, std::byte{1});
+    std::vector<std::byte> hw(hello_size(a, big_worker.size()));
+    encode_hello(a, big_worker, hw.data());
+    EXPECT_FALSE(decode_hello(hw));
+}
+
+TEST(UcxWire, LocatedBounds) {
+    std::vector<std::byte> w(33, std::byte{0x22});
+    Located l;
+    l.lane = 3;
+    l.worker = w;
+    std::vector<std::byte> b(located_size(w.size()));
+    encode_located(l, b.data());
+    auto d = decode_located(b);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->lane, 3);
+    EXPECT_EQ(d->worker.size(), w.size());
+    for (std::size_t n = 0; n < b.size(); ++n)
+        EXPECT_FALSE(decode_located(std::span(b.data(), n))) << n;
+    auto more = b;
+    more.push_back(std::byte{0});
+    EXPECT_FALSE(decode_located(more));
+    auto reserved = b;
+    reserved[1] = std::byte{1};
+    EXPECT_FALSE(decode_located(reserved));
+    std::vector<std::byte> empty(located_size(0));
+    l.worker = {};
+    encode_located(l, empty.data());
+    EXPECT_FALSE(decode_located(empty));
 }
 
 TEST(UcxWire, AddrBlobBounds) {
