@@ -370,6 +370,70 @@ TEST(UcxClient, AnonymousClientIsAnsweredOverItsOwnEndpoint) {
     EXPECT_TRUE(a) << a.error().describe();
 }
 
+// Each context of a client that does not listen is a progress domain with a worker of its own.
+// Its context 1, which never talked to the server before, reaches the server's context 1 (it
+// asks the server's context 0 where that is served), is answered at its own worker (the server
+// connects back to it), and a server context the client never called (2: a bulk context)
+// reads the client's memory.
+TEST(UcxClient, AnonymousClientContextsAreReachedAtTheirOwnWorkers) {
+    Endpoint srv("ucx+tcp://127.0.0.1:0");
+    Options o;
+    o.listen = false;
+    Endpoint cli("ucx+tcp://127.0.0.1:0", o);
+    ASSERT_TRUE(srv.impl && cli.impl && srv.ctx && cli.ctx);
+    auto s1 = srv.t->context_create(1);
+    auto s2 = srv.t->context_create(2, ContextOptions{.unexpected = false});
+    auto c1 = cli.t->context_create(1);
+    ASSERT_TRUE(s1 && s2 && c1);
+    auto all = {srv.ctx.get(), s1->get(), s2->get(), cli.ctx.get(), c1->get()};
+    auto dest = cli.t->addr_lookup(srv.self());
+    ASSERT_TRUE(dest) << dest.error().describe();
+    MsgBuffer sb = alloc_buf(*cli.t, 64), rb = alloc_buf(*srv.t, 64);
+    MsgBuffer rep = alloc_buf(*srv.t, 64), rr = alloc_buf(*cli.t, 64);
+    test::fill_pattern(sb.span(), 41);
+    test::fill_pattern(rep.span(), 42);
+    Recorder got, sent, reply_got, reply_sent;
+    ASSERT_TRUE(srv.t->post_recv_unexpected(**s1, record(got), rb));
+    ASSERT_TRUE(cli.t->post_recv_expected(**c1, record(reply_got), rr, *dest, 7));
+    ASSERT_TRUE(cli.t->post_send_unexpected(**c1, record(sent), sb, 64, *dest, 1, 7));
+    ASSERT_TRUE(progress_until(
+        all, [&] { return got.done() && sent.done(); }, 10s));
+    ASSERT_EQ(got.last.status, Errc::ok);
+    EXPECT_EQ(sent.last.status, Errc::ok);
+    EXPECT_EQ(got.last.context_id, 1);
+    EXPECT_FALSE(test::pattern_mismatch(rb.span(), 41));
+    EXPECT_EQ(srv.t->addr_to_string(got.last.source), cli.self());
+    ASSERT_TRUE(
+        srv.t->post_send_expected(**s1, record(reply_sent), rep, 64, got.last.source, 1, 7));
+    ASSERT_TRUE(progress_until(
+        all, [&] { return reply_got.done() && reply_sent.done(); }, 10s));
+    ASSERT_EQ(reply_got.last.status, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(rr.span(), 42));
+    EXPECT_EQ(reply_got.last.source, *dest);
+
+    std::vector<std::byte> mem(8192), local(8192);
+    test::fill_pattern(mem, 43);
+    auto mh = cli.t->mem_register(mem.data(), mem.size(), Access::read_only);
+    auto lh = srv.t->mem_register(local.data(), local.size(), Access::read_write);
+    ASSERT_TRUE(mh && lh);
+    std::vector<std::byte> blob(cli.t->mem_serialize_size(*mh));
+    ASSERT_TRUE(cli.t->mem_serialize(*mh, blob));
+    auto rh = srv.t->mem_deserialize(blob);
+    ASSERT_TRUE(rh) << rh.error().describe();
+    Recorder g;
+    ASSERT_TRUE(srv.t->post_get(**s2, record(g), *lh, 0, *rh, 0, mem.size(), got.last.source));
+    ASSERT_TRUE(progress_until(
+        all, [&] { return g.done(); }, 10s));
+    EXPECT_EQ(g.last.status, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(local, 43)) << "the get did not bring the client's bytes";
+    got.last.source.reset();
+    rh->reset();
+    dest->reset();
+    s1->reset();
+    s2->reset();
+    c1->reset();
+}
+
 // --- teardown ------------------------------------------------------------------------------------
 
 class UcxTeardown : public ::testing::TestWithParam<std::string> {};
