@@ -60,6 +60,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         fail("hello parts do not add up to its payload");
                 }
             }
+            if (h->kind == MsgKind::locate) {
+                if (auto k = decode_locate(payload); k && payload.size() != kLocateSize)
+                    fail("a locate of the wrong size decoded");
+            }
             if (h->kind == MsgKind::located) {
                 if (auto l = decode_located(payload)) {
                     if (l->worker.empty() || l->worker.size() > kMaxWorkerAddr)

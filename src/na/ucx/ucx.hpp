@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -94,6 +95,13 @@ struct UcxMsg : QueuedMsg {
 /// whose hello has not arrived, or ahead of their turn in the sender's stream (UCP may reorder
 /// the messages sent while an endpoint is being wired up).
 inline constexpr std::size_t kMaxHeldMsgs = 4096;
+inline constexpr std::size_t kMaxHeldBytes = std::size_t{32} << 20;
+/// Streams (peer endpoints sending to it) one lane keeps at most: a hello beyond is dropped.
+inline constexpr std::size_t kMaxStreams = 4096;
+/// A locate not answered within this is sent again; after kLocateTries, the sends waiting for
+/// it fail (unreachable).
+inline constexpr Duration kLocateRetry = std::chrono::seconds(1);
+inline constexpr int kLocateTries = 3;
 
 /// One peer process (one transport instance), interned weakly (na/base/addr_table.hpp).
 /// Alive while a user Addr, an alias, an endpoint or route or stream of a lane, a pending op,
@@ -115,9 +123,12 @@ struct UcxAddr final : AddrImpl {
     std::atomic<uint64_t> instance{0};   ///< from its hello (0: not heard from yet)
     std::atomic<bool> dead{false};       ///< declared dead: its ops fail with dead_status
 
-    /// Where one of its contexts is served: by its context (worker) `lane`, at `worker`.
+    /// Where one of its contexts is served: by its context (worker) `lane`, at `worker`, for
+    /// unexpected messages or for expected ones (they differ when the context takes no
+    /// unexpected messages, or does not exist).
     struct Where {
         uint8_t ctx = 0;
+        bool unexpected = false;
         uint8_t lane = 0;
         std::vector<std::byte> worker;
     };
@@ -145,6 +156,9 @@ struct Ep : ListHook<EpTag> {
     /// Accepted, and its peer's hello came on it: it carries our messages back to that peer's
     /// context (`peer_lane`), as an outgoing one would.
     bool answering = false;
+    /// A hello from the peer context at its other end reached this lane: the connection is up
+    /// (until then, a blocked progress() does not sleep long: see progress()).
+    bool established = false;
     uint64_t client_id = 0;  ///< accepted: the peer's instance, from its connection request
     bool failed = false;     ///< its error callback ran
     bool closing = false;    ///< ucp_ep_close_nbx called; `close_req` may be pending
@@ -156,14 +170,20 @@ struct Ep : ListHook<EpTag> {
     std::vector<std::byte> hello;  ///< our hello payload (UCX may send it after we return)
 };
 
-/// Where a lane sends messages for one context of one peer: the endpoint to the worker that
-/// serves it, or, while that is not known yet (a locate is in flight), the sends waiting.
+/// Where a lane sends one kind of message (unexpected or expected) for one context of one
+/// peer: the endpoint to the worker that serves it, or, while that is not known yet (a locate
+/// is in flight), the sends waiting.
 struct Route {
     Addr peer;
     uint8_t ctx = 0;
+    bool unexpected = true;
     Ep* ep = nullptr;
     IntrusiveList<UcxOp> waiting;  ///< sends posted before the route was known, in order
+    uint32_t token = 0;            ///< the locate in flight (its answer echoes it)
+    TimePoint since{};             ///< when that locate was sent
+    int tries = 0;                 ///< locates sent
 };
+using RouteKey = std::tuple<const UcxAddr*, uint8_t, bool>;
 
 /// What a lane receives on one endpoint of a peer (the sender's context and endpoint id are in
 /// every header): the messages of that stream are delivered in its order, with `source` (an
@@ -213,8 +233,9 @@ struct Lane {
     int efd = -1;                        ///< the worker's event fd (in the context's wait set)
     std::vector<std::byte> worker_addr;  ///< packed address of `worker` (immutable once made)
     const Context* ctx = nullptr;        ///< attached context
-    /// Its context exists and takes unexpected messages (read by other lanes' progress, to
-    /// answer a locate: serving_lane()).
+    /// Its context exists (`attached`), and takes unexpected messages (`serves`): read by
+    /// other lanes' progress, to answer a locate (serving_lane()).
+    std::atomic<bool> attached{false};
     std::atomic<bool> serves{false};
     /// Posted receives and early messages of this lane's context; its storage also holds
     /// `held`. Every unexpected message arriving here goes to the context (the locate answer
@@ -222,13 +243,17 @@ struct Lane {
     Matcher<UcxOp, UcxMsg> match;
     IntrusiveList<UcxMsg> held;  ///< not deliverable yet (kMaxHeldMsgs), arrival order
     std::size_t held_count = 0;
+    std::size_t held_bytes = 0;  ///< their payload bytes (kMaxHeldBytes)
     IntrusiveList<UcxOp, InflightTag> inflight;
     IntrusiveList<Ep, EpTag> eps;          ///< live endpoints
     IntrusiveList<Ep, EpTag> closing_eps;  ///< being closed (close_req pending)
     std::vector<Ep*> failed;               ///< error callback ran, not handled yet
     std::vector<Addr> byes;                ///< peers that said bye, not handled yet
-    std::map<std::pair<const UcxAddr*, uint8_t>, Route> routes;  ///< (peer, its context)
-    std::map<std::pair<uint64_t, uint32_t>, Stream> streams;     ///< (instance, its endpoint)
+    std::map<RouteKey, Route> routes;      ///< (peer, its context, unexpected?)
+    std::size_t locating = 0;              ///< routes waiting for a locate answer
+    uint32_t next_token = 0;
+    uint64_t deaths_seen = 0;  ///< UcxTransport::deaths_ when this lane last looked
+    std::map<std::pair<uint64_t, uint32_t>, Stream> streams;  ///< (instance, its endpoint)
     Route* last_route = nullptr;    ///< cache of the last route used by a send
     Stream* last_stream = nullptr;  ///< cache of the last stream a message came on
     uint64_t last_instance = 0;     ///< ... and its key
@@ -347,9 +372,10 @@ class UcxTransport final : public Transport {
     void send_hello_locked(Lane& l, Ep* e);
     void close_ep_locked(Lane& l, Ep* e);
     void reap_closed_locked(Lane& l);
-    /// Which of our lanes serves context `ctx`: its own when it exists and takes unexpected
-    /// messages, else the lowest that does, else 0 (as route_unexpected). Takes no lock.
-    uint8_t serving_lane(uint8_t ctx);
+    /// Which of our lanes serves context `ctx`: for expected messages its own when it exists;
+    /// for unexpected ones its own when it exists and takes them, else the lowest that does (as
+    /// route_unexpected); else 0. Takes no lock.
+    uint8_t serving_lane(uint8_t ctx, bool unexpected);
     Error ucs_error(Errc code, std::string_view call, ucs_status_t st,
                     std::string_view detail = {}) const;
 
@@ -367,13 +393,27 @@ class UcxTransport final : public Transport {
     /// The route of lane `l` to `peer`'s context `ctx`, made if absent: its endpoint when the
     /// worker serving that context is known (or is the peer's context 0), else waiting for the
     /// answer to a locate sent to the peer's context 0.
-    Result<Route*> route_locked(Lane& l, UcxAddr* peer, uint8_t ctx);
+    Result<Route*> route_locked(Lane& l, UcxAddr* peer, uint8_t ctx, bool unexpected);
+    /// The endpoint of lane `l` to `peer`'s context `ctx` itself (its worker, from the peer's
+    /// hellos; its context 0 by its address), made if absent; for control answers.
+    Result<Ep*> ep_to_context_locked(Lane& l, UcxAddr* peer, uint8_t ctx);
+    void send_locate_locked(Lane& l, Ep* e, Route& r);
+    /// Route `r` now sends on `e`: the sends waiting go, in order.
+    void route_ready_locked(Lane& l, Route& r, Ep* e);
+    /// Route `r` cannot be made: the sends waiting fail with `st`; the route goes.
+    void route_failed_locked(Lane& l, RouteKey key, Errc st, const std::string& why);
+    /// Waiting routes of `peer` that its directory can now complete.
+    void resolve_routes_locked(Lane& l, UcxAddr* peer);
+    /// Locates not answered in time: again, or give up.
+    void check_locates_locked(Lane& l);
+    /// Another lane declared peers dead: fail what waits for them here too.
+    void sweep_dead_locked(Lane& l);
     /// Any endpoint of lane `l` to `peer` (for put/get and for watching it), made if absent.
     Result<Ep*> any_ep_locked(Lane& l, UcxAddr* peer);
     /// Send `op` (hdr set) on `e` now.
     void send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* data, std::size_t len);
     /// A control message (locate, located, bye) on `e`, in its stream.
-    void send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx,
+    void send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx, uint32_t tag,
                              std::vector<std::byte> payload);
     /// Finish a just-issued UCX operation: complete at once, fail, or track its request.
     void track_locked(Lane& l, UcxOp* op, ucs_status_ptr_t r, const char* call);
@@ -390,7 +430,8 @@ class UcxTransport final : public Transport {
     /// A hello, which came on our endpoint `via` when it is one we accepted.
     void on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload,
                          ucp_ep_h via);
-    void on_locate_locked(Lane& l, const MsgHeader& h, Stream& s);
+    void on_locate_locked(Lane& l, const MsgHeader& h, Stream& s,
+                          std::span<const std::byte> payload);
     void on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
                            std::span<const std::byte> payload);
     void handle_failures_locked(Lane& l);
@@ -424,6 +465,7 @@ class UcxTransport final : public Transport {
     uint64_t instance_ = 0;
     std::atomic<uint64_t> ep_serial_{0};
     std::atomic<bool> closing_{false};  ///< in the destructor: callbacks complete nothing
+    std::atomic<uint64_t> deaths_{0};   ///< peers declared dead so far (lanes sweep on change)
     uint32_t pid_ = 0;                  ///< ours, advertised in handles when pidns_ != 0
     uint32_t pidns_ = 0;  ///< our pid namespace; nonzero only for ucx+sm (peers on this host)
     Addr self_;

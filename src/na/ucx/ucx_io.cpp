@@ -54,18 +54,27 @@ Errc dead_status(UcxAddr* pa, std::string& why) {
     return pa->dead_status;
 }
 
-/// Remember that `pa`'s context `ctx` is served by its context `lane`, whose worker is at
-/// `worker`.
-void learn(UcxAddr* pa, uint8_t ctx, uint8_t lane, std::span<const std::byte> worker, bool heard) {
-    std::lock_guard g(pa->dmu);
-    if (heard) pa->last_heard = ctx;
+/// Remember that `pa`'s context `ctx` is served, for messages of one kind, by its context
+/// `lane`, whose worker is at `worker`. Called under dmu.
+void learn_locked(UcxAddr* pa, uint8_t ctx, bool unexpected, uint8_t lane,
+                  std::span<const std::byte> worker) {
     for (auto& w : pa->dir) {
-        if (w.ctx != ctx) continue;
+        if (w.ctx != ctx || w.unexpected != unexpected) continue;
         w.lane = lane;
         w.worker.assign(worker.begin(), worker.end());
         return;
     }
-    pa->dir.push_back({ctx, lane, std::vector<std::byte>(worker.begin(), worker.end())});
+    pa->dir.push_back(
+        {ctx, unexpected, lane, std::vector<std::byte>(worker.begin(), worker.end())});
+}
+
+/// Where `pa`'s context `ctx` is served for messages of one kind: (lane, worker); lane -1 when
+/// not known.
+std::pair<int, std::vector<std::byte>> where(UcxAddr* pa, uint8_t ctx, bool unexpected) {
+    std::lock_guard g(pa->dmu);
+    for (const auto& w : pa->dir)
+        if (w.ctx == ctx && w.unexpected == unexpected) return {w.lane, w.worker};
+    return {-1, {}};
 }
 
 }  // namespace
@@ -140,7 +149,7 @@ void UcxTransport::send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* da
     track_locked(l, op, r, "ucp_am_send_nbx");
 }
 
-void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx,
+void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx, uint32_t tag,
                                        std::vector<std::byte> payload) {
     auto* m = new ControlMsg;
     m->payload = std::move(payload);
@@ -148,6 +157,7 @@ void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx
     h.kind = kind;
     h.context_id = ctx;
     h.source_ctx = l.id;
+    h.tag = tag;
     h.instance = instance_;
     h.seq = e->tx_seq++;
     h.stream = e->stream_id();
@@ -169,7 +179,8 @@ void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx
 
 Result<Ep*> UcxTransport::any_ep_locked(Lane& l, UcxAddr* pa) {
     for (Ep& e : l.eps)
-        if (e.outgoing && !e.failed && !e.closing && ucx_addr(e.peer) == pa) return &e;
+        if ((e.outgoing || e.answering) && !e.failed && !e.closing && ucx_addr(e.peer) == pa)
+            return &e;
     if (pa == self_.as<UcxAddr>()) return ep_to_locked(l, pa, l.id, l.worker_addr);
     int lane = -1;
     std::vector<std::byte> worker;
@@ -188,26 +199,38 @@ Result<Ep*> UcxTransport::any_ep_locked(Lane& l, UcxAddr* pa) {
     return ep_to_locked(l, pa, 0, {});
 }
 
-Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx) {
-    auto key = std::make_pair(static_cast<const UcxAddr*>(pa), ctx);
+Result<Ep*> UcxTransport::ep_to_context_locked(Lane& l, UcxAddr* pa, uint8_t ctx) {
+    if (pa == self_.as<UcxAddr>()) {
+        Lane* t = lane_at(ctx);
+        return ep_to_locked(l, pa, ctx, t ? t->worker_addr : lane_at(0)->worker_addr);
+    }
+    auto [lane, worker] = where(pa, ctx, false);
+    if (lane >= 0) return ep_to_locked(l, pa, uint8_t(lane), worker);
+    return ep_to_locked(l, pa, 0, {});
+}
+
+void UcxTransport::send_locate_locked(Lane& l, Ep* e, Route& r) {
+    r.since = Clock::now();
+    ++r.tries;
+    std::vector<std::byte> payload(kLocateSize, std::byte(r.unexpected ? 0 : 1));
+    send_control_locked(l, e, MsgKind::locate, r.ctx, r.token, std::move(payload));
+}
+
+Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx, bool unexpected) {
+    RouteKey key{pa, ctx, unexpected};
     if (auto it = l.routes.find(key); it != l.routes.end()) return &it->second;
     // Where that context is served: ours (a send to ourselves) we know; a peer's from its
     // hellos and answers; its context 0 is where its address leads.
     int lane = -1;
     std::vector<std::byte> worker;
     if (pa == self_.as<UcxAddr>()) {
-        lane = serving_lane(ctx);
+        lane = serving_lane(ctx, unexpected);
         worker = lane_at(uint8_t(lane))->worker_addr;
     } else {
-        std::lock_guard g(pa->dmu);
-        for (const auto& w : pa->dir) {
-            if (w.ctx != ctx) continue;
-            lane = w.lane;
-            worker = w.worker;
-            break;
-        }
+        std::tie(lane, worker) = where(pa, ctx, unexpected);
     }
     Ep* ep = nullptr;
+    Ep* ask = nullptr;
     if (lane >= 0) {
         TALARIA_TRY(e, ep_to_locked(l, pa, uint8_t(lane), worker));
         ep = e;
@@ -218,15 +241,91 @@ Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx) {
         // Ask it which of its workers serves `ctx` (any context of it answers); the sends
         // wait on the route until the answer comes (on_located_locked).
         TALARIA_TRY(e, any_ep_locked(l, pa));
-        send_control_locked(l, e, MsgKind::locate, ctx, {});
-        TALARIA_LOG(ucx, debug, "context {}: where is context {} of {}?", l.id, ctx, pa->str);
+        ask = e;
     }
     auto [it, inserted] = l.routes.try_emplace(key);
     Route& r = it->second;
     r.peer = Addr(pa);
     r.ctx = ctx;
+    r.unexpected = unexpected;
     r.ep = ep;
+    if (ask) {
+        r.token = ++l.next_token;
+        ++l.locating;
+        send_locate_locked(l, ask, r);
+        TALARIA_LOG(ucx, debug, "context {}: where do {} messages for context {} of {} go?", l.id,
+                    unexpected ? "unexpected" : "expected", ctx, pa->str);
+    }
     return &r;
+}
+
+void UcxTransport::route_ready_locked(Lane& l, Route& r, Ep* e) {
+    if (r.ep == nullptr && l.locating > 0) --l.locating;
+    r.ep = e;
+    while (UcxOp* op = r.waiting.pop_front()) {
+        op->route = nullptr;
+        op->state = OpState::idle;
+        send_on_locked(l, e, op, op->buf, op->cap);
+    }
+}
+
+void UcxTransport::route_failed_locked(Lane& l, RouteKey key, Errc st, const std::string& why) {
+    auto it = l.routes.find(key);
+    if (it == l.routes.end()) return;
+    Route& r = it->second;
+    TALARIA_LOG(ucx, debug, "context {}: {}", l.id, why);
+    if (r.ep == nullptr && l.locating > 0) --l.locating;
+    while (UcxOp* op = r.waiting.pop_front()) {
+        op->route = nullptr;
+        op->state = OpState::idle;
+        complete_op(op, st);
+    }
+    if (l.last_route == &r) l.last_route = nullptr;
+    l.routes.erase(it);
+}
+
+void UcxTransport::resolve_routes_locked(Lane& l, UcxAddr* pa) {
+    if (l.locating == 0) return;
+    std::vector<RouteKey> done;
+    for (auto& [key, r] : l.routes) {
+        if (r.ep || std::get<0>(key) != pa) continue;
+        auto [lane, worker] = where(pa, r.ctx, r.unexpected);
+        if (lane < 0) continue;
+        auto e = ep_to_locked(l, pa, uint8_t(lane), worker);
+        if (!e) {
+            done.push_back(key);
+            continue;
+        }
+        route_ready_locked(l, r, *e);
+    }
+    for (const RouteKey& k : done)
+        route_failed_locked(l, k, Errc::unreachable,
+                            fmt::format("no endpoint to the context of {} that serves context {}",
+                                        pa->str, std::get<1>(k)));
+}
+
+void UcxTransport::check_locates_locked(Lane& l) {
+    auto now = Clock::now();
+    std::vector<RouteKey> expired;
+    for (auto& [key, r] : l.routes) {
+        if (r.ep || now - r.since < kLocateRetry) continue;
+        UcxAddr* pa = ucx_addr(r.peer);
+        if (r.tries >= kLocateTries) {
+            expired.push_back(key);
+            continue;
+        }
+        if (auto e = any_ep_locked(l, pa))
+            send_locate_locked(l, *e, r);
+        else
+            expired.push_back(key);
+    }
+    for (const RouteKey& k : expired)
+        route_failed_locked(
+            l, k, Errc::unreachable,
+            fmt::format(
+                "{} did not say where its context {} is served ({} locates, {} ms apart)",
+                std::get<0>(k)->str, std::get<1>(k), kLocateTries,
+                std::chrono::duration_cast<std::chrono::milliseconds>(kLocateRetry).count()));
 }
 
 Result<OpId> UcxTransport::post_send(Context& ctx, Callback cb, const MsgBuffer& buf,
@@ -256,8 +355,9 @@ Result<OpId> UcxTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
         return fail_async(l, ctx, std::move(cb), type, st, why);
     }
     Route* r = l.last_route;
-    if (r == nullptr || ucx_addr(r->peer) != pa || r->ctx != dest_ctx) [[unlikely]] {
-        auto rr = route_locked(l, pa, dest_ctx);
+    if (r == nullptr || ucx_addr(r->peer) != pa || r->ctx != dest_ctx || r->unexpected == expected)
+        [[unlikely]] {
+        auto rr = route_locked(l, pa, dest_ctx, !expected);
         if (!rr) return fail_async(l, ctx, std::move(cb), type, rr.code(), rr.error().message());
         r = *rr;
         l.last_route = r;
@@ -595,7 +695,7 @@ void UcxTransport::deliver_locked(Lane& l, const MsgHeader& h, Stream& s, const 
             return;
         }
         case MsgKind::locate:
-            on_locate_locked(l, h, s);
+            on_locate_locked(l, h, s, {data, len});
             return;
         case MsgKind::located:
             on_located_locked(l, h, s, {data, len});
@@ -619,23 +719,31 @@ void UcxTransport::deliver_locked(Lane& l, const MsgHeader& h, Stream& s, const 
                     h.context_id, l.id, l.match.refusal(q));
 }
 
-void UcxTransport::on_locate_locked(Lane& l, const MsgHeader& h, Stream& s) {
-    uint8_t w = serving_lane(h.context_id);
-    Lane* wl = lane_at(w);
-    std::vector<std::byte> payload(located_size(wl->worker_addr.size()));
-    Located loc;
-    loc.lane = w;
-    loc.worker = wl->worker_addr;
-    encode_located(loc, payload.data());
-    // The answer goes to the asking context (its hello told us where its worker is).
-    auto r = route_locked(l, s.peer, h.source_ctx);
-    if (!r || !(*r)->ep) {
-        TALARIA_LOG(ucx, debug, "{}: cannot answer a locate from context {} of {}: {}", scheme_,
-                    h.source_ctx, s.peer->str,
-                    r ? std::string("its context is not located") : r.error().describe());
+void UcxTransport::on_locate_locked(Lane& l, const MsgHeader& h, Stream& s,
+                                    std::span<const std::byte> payload) {
+    auto kind = decode_locate(payload);
+    if (!kind) {
+        TALARIA_LOG(ucx, warn, "{}: dropping a bad locate from {}: {}", scheme_, s.peer->str,
+                    kind.error().describe());
         return;
     }
-    send_control_locked(l, (*r)->ep, MsgKind::located, h.context_id, std::move(payload));
+    uint8_t w = serving_lane(h.context_id, *kind);
+    Lane* wl = lane_at(w);
+    std::vector<std::byte> out(located_size(wl->worker_addr.size()));
+    Located loc;
+    loc.lane = w;
+    loc.unexpected = *kind;
+    loc.worker = wl->worker_addr;
+    encode_located(loc, out.data());
+    // The answer goes to the asking context itself (its hello told us where its worker is),
+    // not through a route of ours that may itself wait for a locate.
+    auto e = ep_to_context_locked(l, s.peer, h.source_ctx);
+    if (!e) {
+        TALARIA_LOG(ucx, debug, "{}: cannot answer a locate from context {} of {}: {}", scheme_,
+                    h.source_ctx, s.peer->str, e.error().describe());
+        return;
+    }
+    send_control_locked(l, *e, MsgKind::located, h.context_id, h.tag, std::move(out));
 }
 
 void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
@@ -646,32 +754,30 @@ void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
                     s.peer->str, loc.error().describe());
         return;
     }
-    UcxAddr* pa = s.peer;
-    learn(pa, h.context_id, loc->lane, loc->worker, false);
-    auto it = l.routes.find({pa, h.context_id});
-    if (it == l.routes.end() || it->second.ep) return;
-    Route& r = it->second;
+    // The route that asked (by its token: it may name the peer by another address than its
+    // hello does, e.g. a wildcard listener looked up by its host's IP).
+    Route* r = nullptr;
+    for (auto& [key, x] : l.routes)
+        if (!x.ep && x.token == h.tag && x.ctx == h.context_id && x.unexpected == loc->unexpected)
+            r = &x;
+    for (UcxAddr* pa : {s.peer, r ? ucx_addr(r->peer) : nullptr}) {
+        if (pa == nullptr) continue;
+        std::lock_guard g(pa->dmu);
+        learn_locked(pa, h.context_id, loc->unexpected, loc->lane, loc->worker);
+    }
+    if (r == nullptr) return;
+    UcxAddr* pa = ucx_addr(r->peer);
     auto e = ep_to_locked(l, pa, loc->lane, loc->worker);
     if (!e) {
-        TALARIA_LOG(ucx, debug, "context {}: no endpoint to context {} of {}: {}", l.id,
-                    h.context_id, pa->str, e.error().describe());
-        while (UcxOp* op = r.waiting.pop_front()) {
-            op->route = nullptr;
-            op->state = OpState::idle;
-            complete_op(op, e.code());
-        }
-        if (l.last_route == &r) l.last_route = nullptr;
-        l.routes.erase(it);
+        route_failed_locked(l, RouteKey{pa, r->ctx, r->unexpected}, e.code(),
+                            fmt::format("no endpoint to context {} of {}: {}", loc->lane, pa->str,
+                                        e.error().describe()));
         return;
     }
-    r.ep = *e;
-    TALARIA_LOG(ucx, debug, "context {}: context {} of {} is served by its context {}", l.id,
-                h.context_id, pa->str, loc->lane);
-    while (UcxOp* op = r.waiting.pop_front()) {
-        op->route = nullptr;
-        op->state = OpState::idle;
-        send_on_locked(l, r.ep, op, op->buf, op->cap);
-    }
+    TALARIA_LOG(ucx, debug, "context {}: {} messages for context {} of {} go to its context {}",
+                l.id, loc->unexpected ? "unexpected" : "expected", h.context_id, pa->str,
+                loc->lane);
+    route_ready_locked(l, *r, *e);
 }
 
 void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload,
@@ -679,6 +785,12 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
     auto hello = decode_hello(payload);
     if (!hello) {
         TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, hello.error().describe());
+        return;
+    }
+    if (l.streams.size() >= kMaxStreams && !l.streams.contains({h.instance, h.stream})) {
+        TALARIA_LOG(ucx, warn,
+                    "{}: dropping a hello: context {} receives {} streams already, the most kept",
+                    scheme_, l.id, l.streams.size());
         return;
     }
     std::string_view str = hello->address;
@@ -707,8 +819,25 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
         }
     }
     UcxAddr* pa = ucx_addr(peer);
-    pa->instance.store(h.instance, std::memory_order_relaxed);
-    learn(pa, h.source_ctx, h.source_ctx, hello->worker, true);
+    uint64_t before = pa->instance.exchange(h.instance, std::memory_order_relaxed);
+    if (before != 0 && before != h.instance) {
+        // A new process under a known name: what this lane held from the old one goes.
+        std::erase_if(l.streams, [&](const auto& kv) { return kv.first.first == before; });
+        l.held.for_each_safe([&](UcxMsg& m) {
+            if (m.instance != before) return;
+            l.held.erase(m);
+            --l.held_count;
+            l.held_bytes -= m.data.size();
+            l.match.msg_free(&m);
+        });
+    }
+    {
+        std::lock_guard g(pa->dmu);
+        pa->last_heard = h.source_ctx;
+        learn_locked(pa, h.source_ctx, false, h.source_ctx, hello->worker);
+        if (h.tag & kHelloTakesUnexpected)
+            learn_locked(pa, h.source_ctx, true, h.source_ctx, hello->worker);
+    }
     // The stream of the endpoint it came on: its hello starts it.
     Stream& s = l.streams[{h.instance, h.stream}];
     if (s.peer != pa) {
@@ -716,6 +845,7 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
         s.source = alias_of(this, peer);
     }
     s.rx_next = 0;
+    s.bye = false;
     l.last_stream = nullptr;
     // Endpoints lane 0 accepted from its connection requests (they carry its instance as
     // client id): bind them to the peer, so that their failure is its failure. The one this
@@ -723,11 +853,16 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
     // workers: UCX 1.13 aborts tearing down a worker whose endpoint to a peer's worker crossed
     // one from it mid-handshake).
     for (Ep& e : l.eps) {
-        if (e.outgoing || e.closing || e.failed) continue;
+        if (e.closing || e.failed) continue;
+        if (e.outgoing) {
+            if (ucx_addr(e.peer) == pa && e.peer_lane == h.source_ctx) e.established = true;
+            continue;
+        }
         if (via != nullptr && e.h == via) {
             e.peer = peer;
             e.peer_lane = h.source_ctx;
             e.answering = true;
+            e.established = true;
         } else if (!e.peer && e.client_id == h.instance) {
             e.peer = peer;
         }
@@ -736,9 +871,10 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
     // connection set-up and a dead peer is noticed (by the endpoint's keepalive) while we
     // wait for it.
     if (pa != self_.as<UcxAddr>() && !pa->dead.load(std::memory_order_acquire)) {
-        if (auto r = route_locked(l, pa, h.source_ctx); !r)
+        if (auto r = route_locked(l, pa, h.source_ctx, false); !r)
             TALARIA_LOG(ucx, debug, "connecting back to context {} of {} failed: {}", h.source_ctx,
                         pa->str, r.error().describe());
+        resolve_routes_locked(l, pa);
     }
     TALARIA_LOG(ucx, debug, "context {}: hello from context {} of {} (instance {:016x})", l.id,
                 h.source_ctx, pa->str, h.instance);
@@ -747,12 +883,12 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
 }
 
 void UcxTransport::hold_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> data) {
-    if (l.held_count >= kMaxHeldMsgs) {
+    if (l.held_count >= kMaxHeldMsgs || l.held_bytes + data.size() > kMaxHeldBytes) {
         TALARIA_LOG(ucx, warn,
                     "{}: dropping a message from instance {:016x}: {} undeliverable messages "
-                    "held already on context {} (no hello from their senders, or gaps in their "
-                    "streams)",
-                    scheme_, h.instance, l.held_count, l.id);
+                    "({} bytes) held already on context {} (no hello from their senders, or gaps "
+                    "in their streams)",
+                    scheme_, h.instance, l.held_count, l.held_bytes, l.id);
         return;
     }
     UcxMsg* m = l.match.msg_alloc();
@@ -767,6 +903,7 @@ void UcxTransport::hold_locked(Lane& l, const MsgHeader& h, std::span<const std:
     m->seq = h.seq;
     l.held.push_back(*m);
     ++l.held_count;
+    l.held_bytes += m->data.size();
 }
 
 void UcxTransport::sequence_locked(Lane& l, const MsgHeader& h, Stream& s,
@@ -798,12 +935,14 @@ void UcxTransport::release_held_locked(Lane& l) {
                 if (int32_t(m.seq - s.rx_next) < 0) {  // a duplicate
                     l.held.erase(m);
                     --l.held_count;
+                    l.held_bytes -= m.data.size();
                     l.match.msg_free(&m);
                 }
                 return;
             }
             l.held.erase(m);
             --l.held_count;
+            l.held_bytes -= m.data.size();
             ++s.rx_next;
             MsgHeader mh;
             mh.kind = m.kind;
@@ -894,6 +1033,11 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
         TALARIA_LOG(ucx, debug, "{}", why);
         // A later lookup makes a fresh address (a new process may come to live there).
         addrs_.unlink(pa->key, pa);
+        // The other lanes fail what waits for it there at their next progress (sweep_dead),
+        // woken for it.
+        deaths_.fetch_add(1, std::memory_order_release);
+        for (std::size_t i = 0; i < opts_.max_contexts; ++i)
+            if (Lane* o = lane_at(uint8_t(i)); o && o != &l) (void)ucp_worker_signal(o->worker);
     }
     std::string dwhy;
     Errc dst = dead_status(pa, dwhy);
@@ -905,6 +1049,7 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
             if (m.instance != inst) return;
             l.held.erase(m);
             --l.held_count;
+            l.held_bytes -= m.data.size();
             l.match.msg_free(&m);
         });
     }
@@ -912,10 +1057,11 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
     l.match.take_expected_from(
         keep, [&](UcxOp* op) { complete_recv(op, keep, 0, op->match_tag, 0, dst); });
     for (auto it = l.routes.begin(); it != l.routes.end();) {
-        if (it->first.first != pa) {
+        if (std::get<0>(it->first) != pa) {
             ++it;
             continue;
         }
+        if (it->second.ep == nullptr && l.locating > 0) --l.locating;
         while (UcxOp* op = it->second.waiting.pop_front()) {
             op->route = nullptr;
             op->state = OpState::idle;
@@ -1028,12 +1174,42 @@ void UcxTransport::say_bye_locked(Lane& l) {
 
 // --- progress -----------------------------------------------------------------------------------
 
+void UcxTransport::sweep_dead_locked(Lane& l) {
+    std::vector<Addr> dead;
+    auto add = [&](UcxAddr* pa) {
+        if (!pa || !pa->dead.load(std::memory_order_acquire)) return;
+        for (const Addr& d : dead)
+            if (ucx_addr(d) == pa) return;
+        dead.emplace_back(pa);
+    };
+    for (Ep& e : l.eps)
+        if (e.peer) add(ucx_addr(e.peer));
+    for (auto& [key, r] : l.routes)
+        add(ucx_addr(r.peer));
+    for (auto& [key, s] : l.streams)
+        add(s.peer);
+    UcxAddr* self = self_.as<UcxAddr>();
+    for (const Addr& d : dead) {
+        UcxAddr* pa = ucx_addr(d);
+        if (pa == self) continue;
+        std::string why;
+        Errc st = dead_status(pa, why);
+        peer_gone_locked(l, pa, st, why);
+    }
+}
+
 void UcxTransport::progress_locked(Lane& l) {
     // Once per poll, as a bare UCP loop does (each call polls every interface); the blocking
     // path calls again until ucp_worker_arm agrees that nothing is left.
     ucp_worker_progress(l.worker);
     if (!l.failed.empty() || !l.byes.empty()) handle_failures_locked(l);
     if (!l.closing_eps.empty()) reap_closed_locked(l);
+    if (uint64_t d = deaths_.load(std::memory_order_acquire); d != l.deaths_seen) [[unlikely]] {
+        l.deaths_seen = d;
+        sweep_dead_locked(l);
+    }
+    if (l.locating > 0) [[unlikely]]
+        check_locates_locked(l);
 }
 
 Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
@@ -1054,25 +1230,25 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
             st = ucp_worker_arm(l.worker);
             if (!l.eps.empty() || !l.closing_eps.empty()) cap = kKeepaliveTickMs;
             // UCX drives connection set-up (sockaddr CM, wire-up) partly from its async thread
-            // without always signalling the worker's fd: while an endpoint is new, or its peer
-            // has not introduced itself yet, do not sleep (for its first kConnectSpin; in short
-            // naps after that, so that a peer that never answers does not cost a whole core).
+            // without always signalling the worker's fd: while the peer context at the other
+            // end of an endpoint has not said hello to this lane yet, do not sleep (for the
+            // endpoint's first kConnectSpin; in short naps after that, so that a peer that
+            // never answers does not cost a whole core).
             auto now = Clock::now();
             for (const Ep& e : l.eps) {
+                if (e.established) continue;
                 bool fresh = now - e.created < kConnectSpin;
-                if (!fresh && e.peer &&
-                    ucx_addr(e.peer)->instance.load(std::memory_order_relaxed) != 0)
-                    continue;
                 cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, fresh ? 0 : kConnectNapMs);
                 if (cap == 0) break;
             }
-            // A route waiting for a locate answer: same.
-            if (cap != 0)
-                for (const auto& [key, r] : l.routes)
-                    if (!r.ep) {
-                        cap = 0;
-                        break;
-                    }
+            // A route waiting for a locate answer: the same, and at least once per retry.
+            if (l.locating > 0)
+                for (const auto& [key, r] : l.routes) {
+                    if (r.ep) continue;
+                    bool fresh = now - r.since < kConnectSpin;
+                    cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, fresh ? 0 : kConnectNapMs);
+                    if (cap == 0) break;
+                }
         }
         if (st == UCS_OK) {
             int ms = ms_until(deadline);

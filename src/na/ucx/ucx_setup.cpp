@@ -250,7 +250,7 @@ Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
     return lp;
 }
 
-uint8_t UcxTransport::serving_lane(uint8_t ctx) {
+uint8_t UcxTransport::serving_lane(uint8_t ctx, bool unexpected) {
     // Lock-free (a lane's `serves` flag): called from a lane's progress, which must not wait
     // for another lane.
     std::vector<Lane*> by_id(opts_.max_contexts, nullptr);
@@ -259,6 +259,11 @@ uint8_t UcxTransport::serving_lane(uint8_t ctx) {
     auto serves = [&](std::size_t i) {
         return by_id[i] != nullptr && by_id[i]->serves.load(std::memory_order_acquire);
     };
+    if (!unexpected)
+        return ctx < by_id.size() && by_id[ctx] &&
+                       by_id[ctx]->attached.load(std::memory_order_acquire)
+                   ? ctx
+                   : 0;
     if (ctx < by_id.size() && serves(ctx)) return ctx;
     for (std::size_t i = 0; i < by_id.size(); ++i)
         if (serves(i)) return uint8_t(i);
@@ -317,6 +322,7 @@ Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id,
     l->match.attach(ctx.get());
     l->ctx = ctx.get();
     l->serves.store(opts.unexpected, std::memory_order_release);
+    l->attached.store(true, std::memory_order_release);
     ctx->attached = true;
     return std::unique_ptr<Context>(std::move(ctx));
 }
@@ -345,6 +351,7 @@ void UcxTransport::context_destroyed(UcxContext* ctx) noexcept {
         if (op.ctx == ctx) op.ctx = nullptr;
     l.ctx = nullptr;
     l.serves.store(false, std::memory_order_release);
+    l.attached.store(false, std::memory_order_release);
 }
 
 // --- transport lifetime -------------------------------------------------------------------------
@@ -392,6 +399,7 @@ void UcxTransport::lane_close(Lane& l) noexcept {
             op->releaser->release(op);
         }
     l.routes.clear();
+    l.locating = 0;
     l.streams.clear();
     // Bounded: a forced close completes locally.
     auto deadline = deadline_after(std::chrono::seconds(2));
@@ -407,13 +415,12 @@ void UcxTransport::lane_close(Lane& l) noexcept {
     while (UcxMsg* m = l.held.pop_front())
         l.match.msg_free(m);
     l.held_count = 0;
-    // Requests UCX never completed: cancel them; an op left over is not ours to touch.
+    // Requests UCX never completed: cancel them. Their callback frees them (now, if the cancel
+    // runs it, or when UCX completes them); an op left over is not ours to touch.
     while (UcxOp* op = l.inflight.pop_front()) {
-        if (op->req) {
-            ucp_request_cancel(l.worker, op->req);
-            ucp_request_free(op->req);
-        }
+        void* r = op->req;
         op->req = nullptr;
+        if (r) ucp_request_cancel(l.worker, r);
     }
 }
 
@@ -742,6 +749,7 @@ void UcxTransport::send_hello_locked(Lane& l, Ep* e) {
     h.source_ctx = l.id;
     h.instance = instance_;
     h.stream = e->stream_id();
+    h.tag = l.serves.load(std::memory_order_acquire) ? kHelloTakesUnexpected : 0;
     encode_msg_header(h, e->hello_hdr);
     e->hello.resize(hello_size(me, l.worker_addr.size()));
     encode_hello(me, l.worker_addr, e->hello.data());

@@ -66,9 +66,17 @@ Result<Hello> decode_hello(std::span<const std::byte> in) {
     return h;
 }
 
+Result<bool> decode_locate(std::span<const std::byte> in) {
+    if (in.size() != kLocateSize || uint8_t(in[0]) > 1)
+        return Error(
+            Errc::protocol_error,
+            fmt::format("ucx locate payload of {} bytes (expected one byte, 0 or 1)", in.size()));
+    return in[0] == std::byte{0};
+}
+
 void encode_located(const Located& l, std::byte* out) noexcept {
     out[0] = std::byte(l.lane);
-    out[1] = std::byte{0};
+    out[1] = std::byte(l.unexpected ? 0 : 1);
     store_le(out + 2, l.worker.size(), 2);
     if (!l.worker.empty()) std::memcpy(out + 4, l.worker.data(), l.worker.size());
 }
@@ -77,8 +85,9 @@ Result<Located> decode_located(std::span<const std::byte> in) {
     if (in.size() < 4)
         return Error(Errc::protocol_error,
                      fmt::format("ucx located payload of {} bytes is shorter than 4", in.size()));
-    if (in[1] != std::byte{0})
-        return Error(Errc::protocol_error, "ucx located payload: reserved byte is not zero");
+    if (uint8_t(in[1]) > 1)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx located payload: kind {} is unknown", uint8_t(in[1])));
     std::size_t wlen = load_le(in.data() + 2, 2);
     if (wlen == 0 || wlen > kMaxWorkerAddr || wlen != in.size() - 4)
         return Error(Errc::protocol_error,
@@ -87,6 +96,7 @@ Result<Located> decode_located(std::span<const std::byte> in) {
                                  wlen, in.size(), kMaxWorkerAddr));
     Located l;
     l.lane = uint8_t(in[0]);
+    l.unexpected = in[1] == std::byte{0};
     l.worker = in.subspan(4, wlen);
     return l;
 }

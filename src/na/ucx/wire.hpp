@@ -35,8 +35,8 @@ enum class MsgKind : uint8_t {
     unexpected = 2,  ///< unexpected message for context `context_id`
     expected = 3,    ///< expected message, matched on (source, tag)
     bye = 4,         ///< the sender's transport is closing: fail what waits for it
-    locate = 5,      ///< which of your workers serves context `context_id`? (to your context 0)
-    located = 6,     ///< answer to locate: the worker serving context `context_id`
+    locate = 5,      ///< which of your workers serves context `context_id`? (tag: a token)
+    located = 6,     ///< answer to locate: the worker serving context `context_id` (same tag)
 };
 
 struct MsgHeader {
@@ -102,10 +102,21 @@ void encode_hello(std::string_view address, std::span<const std::byte> worker,
 /// or over its limit (kMaxAddrString, kMaxWorkerAddr).
 Result<Hello> decode_hello(std::span<const std::byte> in);
 
+/// Hello flag (in the header's tag): the sending context takes unexpected messages.
+inline constexpr uint32_t kHelloTakesUnexpected = 1;
+
+/// Locate payload: u8 kind: 0 where the context's unexpected messages go, 1 where its expected
+/// messages go (they differ when it takes no unexpected messages, or does not exist).
+inline constexpr std::size_t kLocateSize = 1;
+/// The kind a locate payload asks about (true: unexpected); protocol_error if malformed.
+Result<bool> decode_locate(std::span<const std::byte> in);
+
 /// Located payload: u8 the answering side's context (worker) that serves the context asked
-/// about, u8 zero, u16 worker address length, the packed worker address.
+/// about, u8 the kind asked about (as in locate), u16 worker address length, the packed worker
+/// address.
 struct Located {
     uint8_t lane = 0;
+    bool unexpected = true;
     std::span<const std::byte> worker;
 };
 inline std::size_t located_size(std::size_t worker_len) noexcept {

@@ -1413,6 +1413,49 @@ TEST_P(Conformance, ThreadsOnTwoContextsTalkToTheirOwnServerContexts) {
     s1->reset();
 }
 
+// A context that takes no unexpected messages (ContextOptions::unexpected = false, like the api
+// engine's bulk context) still receives the expected messages sent to it; the unexpected ones
+// that name it go to the lowest context that takes them, still naming it. Both kinds are sent
+// to it first, before any other message to that context (ucx routes each kind on its own).
+TEST_P(Conformance, ContextWithoutUnexpectedGetsItsExpectedMessages) {
+    auto s1 = server_.t->context_create(1, ContextOptions{.unexpected = false});
+    ASSERT_TRUE(s1) << s1.error().describe();
+    Addr srv = addr_of(client_, server_);
+    Addr cli = addr_of(server_, client_);
+    std::vector<Context*> all{server_.ctx.get(), s1->get(), client_.ctx.get()};
+    auto until = [&](const std::function<bool()>& pred) {
+        for (auto deadline = Clock::now() + 10s; Clock::now() < deadline;) {
+            for (Context* c : all) {
+                (void)c->progress(Duration(0));
+                c->trigger();
+            }
+            if (pred()) return true;
+        }
+        return false;
+    };
+    MsgBuffer rb = alloc_buf(*server_.t, 32), sb = alloc_buf(*client_.t, 32);
+    MsgBuffer rb0 = alloc_buf(*server_.t, 32), sb0 = alloc_buf(*client_.t, 32);
+    fill_pattern(sb.span(), 61);
+    fill_pattern(sb0.span(), 62);
+    Recorder got, sent, got0, sent0;
+    ASSERT_TRUE(server_.t->post_recv_expected(**s1, record(got), rb, cli, 9));
+    ASSERT_TRUE(client_.t->post_send_expected(*client_.ctx, record(sent), sb, 32, srv, 1, 9));
+    ASSERT_TRUE(until([&] { return got.done() && sent.done(); }));
+    EXPECT_EQ(got.last.status, Errc::ok);
+    EXPECT_EQ(got.last.context_id, 1);
+    EXPECT_FALSE(pattern_mismatch(rb.span(), 61));
+    ASSERT_TRUE(server_.t->post_recv_unexpected(*server_.ctx, record(got0), rb0));
+    ASSERT_TRUE(client_.t->post_send_unexpected(*client_.ctx, record(sent0), sb0, 32, srv, 1, 10));
+    ASSERT_TRUE(until([&] { return got0.done() && sent0.done(); }));
+    EXPECT_EQ(got0.last.status, Errc::ok);
+    EXPECT_EQ(got0.last.context_id, 1) << "it must still name the context it was sent to";
+    EXPECT_EQ(got0.last.tag, 10u);
+    EXPECT_FALSE(pattern_mismatch(rb0.span(), 62));
+    got.last.source.reset();
+    got0.last.source.reset();
+    s1->reset();
+}
+
 // Issue 9: a context is a progress domain. With touch tracing (the asan and tsan builds), two
 // client threads, each driving its own context against its own context of a server, take no
 // lock and no op pool in common on the call path, and neither do the server's two threads; a

@@ -114,21 +114,32 @@ TEST(UcxWire, LocatedBounds) {
     std::vector<std::byte> w(33, std::byte{0x22});
     Located l;
     l.lane = 3;
+    l.unexpected = false;
     l.worker = w;
     std::vector<std::byte> b(located_size(w.size()));
     encode_located(l, b.data());
     auto d = decode_located(b);
     ASSERT_TRUE(d) << d.error().describe();
     EXPECT_EQ(d->lane, 3);
+    EXPECT_FALSE(d->unexpected);
     EXPECT_EQ(d->worker.size(), w.size());
     for (std::size_t n = 0; n < b.size(); ++n)
         EXPECT_FALSE(decode_located(std::span(b.data(), n))) << n;
     auto more = b;
     more.push_back(std::byte{0});
     EXPECT_FALSE(decode_located(more));
-    auto reserved = b;
-    reserved[1] = std::byte{1};
-    EXPECT_FALSE(decode_located(reserved));
+    auto kind = b;
+    kind[1] = std::byte{2};
+    EXPECT_FALSE(decode_located(kind));
+    // Locate: one byte, 0 (unexpected) or 1 (expected).
+    std::byte k0[1] = {std::byte{0}}, k1[1] = {std::byte{1}}, k2[1] = {std::byte{2}};
+    ASSERT_TRUE(decode_locate(k0));
+    EXPECT_TRUE(*decode_locate(k0));
+    ASSERT_TRUE(decode_locate(k1));
+    EXPECT_FALSE(*decode_locate(k1));
+    EXPECT_FALSE(decode_locate(k2));
+    EXPECT_FALSE(decode_locate({}));
+    EXPECT_FALSE(decode_locate(b));
     std::vector<std::byte> empty(located_size(0));
     l.worker = {};
     encode_located(l, empty.data());
