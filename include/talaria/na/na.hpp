@@ -258,7 +258,8 @@ struct Options {
     bool listen = true;
     /// See the threading note at the top of this file.
     bool thread_safe = true;
-    /// Maximum number of operations in flight per transport (posting more returns Errc::again).
+    /// Maximum number of operations in flight (posting more returns Errc::again): per context
+    /// on sm, tcp, inproc and ucx (each context has its own pool), per transport on ofi.
     std::size_t max_ops = 4096;
     /// Maximum number of contexts (ids 0 .. max_contexts-1).
     uint8_t max_contexts = 16;
@@ -324,10 +325,10 @@ class Transport {
     /// queued, never lost. A message longer than the buffer completes with message_too_large.
     virtual Result<OpId> post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) = 0;
     /// Send an expected message to `dest`'s context `dest_ctx`: matched there by (source, tag)
-    /// against a post_recv_expected on that context (on sm, tcp and inproc each context matches
-    /// its own; on ofi and ucx, still against every context's receives). Messages that arrive
+    /// against a post_recv_expected on that context (on sm, tcp, inproc and ucx each context
+    /// matches its own; on ofi, still against every context's receives). Messages that arrive
     /// before their receive is posted are queued (at most 4096 of them and 32 MiB, per context
-    /// on sm and tcp, per transport on ofi and ucx: post the receive first).
+    /// on sm, tcp and ucx, per transport on ofi: post the receive first).
     virtual Result<OpId> post_send_expected(Context& ctx, Callback cb, const MsgBuffer& buf,
                                             std::size_t len, const Addr& dest, uint8_t dest_ctx,
                                             Tag tag) = 0;
