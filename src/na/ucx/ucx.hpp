@@ -191,6 +191,7 @@ using RouteKey = std::tuple<const UcxAddr*, uint8_t, bool>;
 struct Stream {
     Addr source;
     UcxAddr* peer = nullptr;  ///< canonical (kept alive by `source`)
+    uint8_t source_ctx = 0;   ///< the peer's context that sends on it
     uint32_t rx_next = 0;     ///< sequence number of its next message to deliver
     bool bye = false;         ///< its bye came (the peer is gone once all its streams said so)
 };

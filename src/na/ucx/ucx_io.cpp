@@ -844,6 +844,7 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
         s.peer = pa;
         s.source = alias_of(this, peer);
     }
+    s.source_ctx = h.source_ctx;
     s.rx_next = 0;
     s.bye = false;
     l.last_stream = nullptr;

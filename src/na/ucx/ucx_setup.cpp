@@ -802,6 +802,10 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
                                     fmt::format("context {} of {}", peer_lane, peer->str)));
     e->peer = Addr(peer);
     e->peer_lane = peer_lane;
+    // That peer context already said hello to this lane (we are connecting back to it): its
+    // worker is up, so a blocked progress need not spin for this endpoint.
+    for (const auto& [key, s] : l.streams)
+        if (s.peer == peer && s.source_ctx == peer_lane) e->established = true;
     send_hello_locked(l, e);
     TALARIA_LOG(ucx, debug, "context {}: endpoint to context {} of {}", l.id, peer_lane, peer->str);
     return e;
