@@ -43,6 +43,19 @@ void control_sent_cb(void* req, ucs_status_t, void* user) {
     delete static_cast<ControlMsg*>(user);
 }
 
+/// The parameters of an eager active-message send whose completion calls `cb(req, st, user)`.
+/// Eager only: small messages complete in place (no request), and the receiver gets the whole
+/// message in its callback (no rendezvous to drive).
+ucp_request_param_t eager_send(ucp_send_nbx_callback_t cb, void* user) noexcept {
+    ucp_request_param_t p;
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = cb;
+    p.user_data = user;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    return p;
+}
+
 Lane& lane_of(Context& ctx) noexcept {
     return static_cast<UcxContext&>(ctx).lane();
 }
@@ -137,14 +150,7 @@ void UcxTransport::send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* da
     op->hdr.seq = e->tx_seq++;
     op->hdr.stream = e->stream_id();
     encode_msg_header(op->hdr, op->header);
-    ucp_request_param_t p;
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &op_done_cb;
-    p.user_data = op;
-    // Eager only: small messages complete in place (no request), and the receiver gets the
-    // whole message in its callback (no rendezvous to drive).
-    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucp_request_param_t p = eager_send(&op_done_cb, op);
     ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, op->header, kMsgHeaderSize, data, len, &p);
     track_locked(l, op, r, "ucp_am_send_nbx");
 }
@@ -162,12 +168,7 @@ void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx
     h.seq = e->tx_seq++;
     h.stream = e->stream_id();
     encode_msg_header(h, m->header);
-    ucp_request_param_t p;
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &control_sent_cb;
-    p.user_data = m;
-    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucp_request_param_t p = eager_send(&control_sent_cb, m);
     ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, m->header, kMsgHeaderSize, m->payload.data(),
                                          m->payload.size(), &p);
     if (UCS_PTR_IS_PTR(r)) return;  // control_sent_cb frees it
@@ -1132,12 +1133,7 @@ void UcxTransport::say_bye_locked(Lane& l) {
         h.stream = e.stream_id();
         headers.push_back(std::make_unique<std::byte[]>(kMsgHeaderSize));
         encode_msg_header(h, headers.back().get());
-        ucp_request_param_t p;
-        p.op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-        p.cb.send = bye_cb;
-        p.user_data = byes;
-        p.flags = UCP_AM_SEND_FLAG_EAGER;
+        ucp_request_param_t p = eager_send(bye_cb, byes);
         ucs_status_ptr_t r =
             ucp_am_send_nbx(e.h, kAmId, headers.back().get(), kMsgHeaderSize, nullptr, 0, &p);
         if (UCS_PTR_IS_PTR(r)) ++pending;
