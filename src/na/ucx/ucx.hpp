@@ -135,8 +135,9 @@ struct UcxAddr final : AddrImpl {
     MaybeSpinLock dmu;
     Errc dead_status = Errc::disconnected;  ///< under dmu
     std::string dead_why;                   ///< under dmu
-    std::vector<Where> dir;                 ///< under dmu: learned from hellos and located
-    int last_heard = -1;                    ///< under dmu: the context it last said hello from
+    bool dead_by_bye = false;  ///< under dmu: it said bye (closed its transport), not failed
+    std::vector<Where> dir;    ///< under dmu: learned from hellos and located
+    int last_heard = -1;       ///< under dmu: the context it last said hello from
 
   private:
     UcxTransport* ut_;
@@ -439,7 +440,8 @@ class UcxTransport final : public Transport {
     /// `peer` is gone (an endpoint failed, or it said bye): mark it dead (every lane's posts
     /// to it fail from now on), fail what waits for it on this lane, close this lane's
     /// endpoints to it, and let a later lookup of its name make a fresh address.
-    void peer_gone_locked(Lane& l, UcxAddr* peer, Errc status, const std::string& why);
+    void peer_gone_locked(Lane& l, UcxAddr* peer, Errc status, const std::string& why,
+                          bool by_bye = false);
     /// Tell every peer lane `l` has an endpoint to that we are closing (transport destructor).
     void say_bye_locked(Lane& l);
     void progress_locked(Lane& l);

@@ -24,6 +24,8 @@ constexpr int kKeepaliveTickMs = 200;
 /// While an endpoint is being set up: no sleeping for this long, then naps of this many ms.
 constexpr Duration kConnectSpin = std::chrono::milliseconds(200);
 constexpr int kConnectNapMs = 5;
+/// An endpoint whose peer context has not said hello after this no longer shortens sleeps.
+constexpr Duration kConnectGiveUp = std::chrono::seconds(2);
 
 void op_done_cb(void* req, ucs_status_t st, void* user) {
     auto* op = static_cast<UcxOp*>(user);
@@ -54,6 +56,15 @@ ucp_request_param_t eager_send(ucp_send_nbx_callback_t cb, void* user) noexcept 
     p.user_data = user;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
     return p;
+}
+
+/// A 64-bit mixer (splitmix64's finalizer).
+uint64_t mix64(uint64_t x) noexcept {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
 }
 
 Lane& lane_of(Context& ctx) noexcept {
@@ -235,7 +246,9 @@ Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx, boo
     if (lane >= 0) {
         TALARIA_TRY(e, ep_to_locked(l, pa, uint8_t(lane), worker));
         ep = e;
-    } else if (ctx == 0 && !pa->anonymous) {
+    } else if (ctx == 0 && !pa->anonymous && (!unexpected || where(pa, 0, false).first < 0)) {
+        // Its context 0 is where its address leads (unless its hello said that context takes
+        // no unexpected messages: then ask where they go).
         TALARIA_TRY(e, ep_to_locked(l, pa, 0, {}));
         ep = e;
     } else {
@@ -251,7 +264,9 @@ Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx, boo
     r.unexpected = unexpected;
     r.ep = ep;
     if (ask) {
-        r.token = ++l.next_token;
+        // Not guessable from outside: a located answer is matched by it.
+        r.token = uint32_t(mix64(instance_ ^ (uint64_t(l.id) << 56) ^ ++l.next_token));
+        if (r.token == 0) r.token = 1;
         ++l.locating;
         send_locate_locked(l, ask, r);
         TALARIA_LOG(ucx, debug, "context {}: where do {} messages for context {} of {} go?", l.id,
@@ -315,7 +330,10 @@ void UcxTransport::check_locates_locked(Lane& l) {
             expired.push_back(key);
             continue;
         }
-        if (auto e = any_ep_locked(l, pa))
+        // Again, to its context 0 this time where its address reaches it (the endpoint asked
+        // first may lead to a context nobody progresses).
+        auto e = pa->anonymous ? any_ep_locked(l, pa) : ep_to_locked(l, pa, 0, {});
+        if (e)
             send_locate_locked(l, *e, r);
         else
             expired.push_back(key);
@@ -788,12 +806,6 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
         TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, hello.error().describe());
         return;
     }
-    if (l.streams.size() >= kMaxStreams && !l.streams.contains({h.instance, h.stream})) {
-        TALARIA_LOG(ucx, warn,
-                    "{}: dropping a hello: context {} receives {} streams already, the most kept",
-                    scheme_, l.id, l.streams.size());
-        return;
-    }
     std::string_view str = hello->address;
     Addr peer;
     auto p = str.find("://");
@@ -831,6 +843,12 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
             l.held_bytes -= m.data.size();
             l.match.msg_free(&m);
         });
+    }
+    if (l.streams.size() >= kMaxStreams && !l.streams.contains({h.instance, h.stream})) {
+        TALARIA_LOG(ucx, warn,
+                    "{}: dropping a hello: context {} receives {} streams already, the most kept",
+                    scheme_, l.id, l.streams.size());
+        return;
     }
     {
         std::lock_guard g(pa->dmu);
@@ -1019,7 +1037,8 @@ void UcxTransport::on_ep_error(Ep* e, ucs_status_t status) {
     e->lane->failed.push_back(e);
 }
 
-void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::string& why) {
+void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::string& why,
+                                    bool by_bye) {
     Addr keep(pa);  // the routes and streams dropped below may hold the last references
     bool first = false;
     {
@@ -1027,6 +1046,7 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
         if (!pa->dead.load(std::memory_order_relaxed)) {
             pa->dead_status = st;
             pa->dead_why = why;
+            pa->dead_by_bye = by_bye;
             pa->dead.store(true, std::memory_order_release);
             first = true;
         }
@@ -1099,7 +1119,7 @@ void UcxTransport::handle_failures_locked(Lane& l) {
         if (ucx_addr(peer) != self)
             peer_gone_locked(
                 l, ucx_addr(peer), Errc::disconnected,
-                fmt::format("{}: {} closed its transport", scheme_, ucx_addr(peer)->str));
+                fmt::format("{}: {} closed its transport", scheme_, ucx_addr(peer)->str), true);
 }
 
 void UcxTransport::say_bye_locked(Lane& l) {
@@ -1191,6 +1211,19 @@ void UcxTransport::sweep_dead_locked(Lane& l) {
         if (pa == self) continue;
         std::string why;
         Errc st = dead_status(pa, why);
+        bool by_bye;
+        {
+            std::lock_guard g(pa->dmu);
+            by_bye = pa->dead_by_bye;
+        }
+        // It closed its transport: its messages to this lane come before its byes here, so
+        // while a stream of it has not said bye, wait for that (a bye never overtakes a reply).
+        if (by_bye) {
+            bool pending = false;
+            for (const auto& [key, s] : l.streams)
+                if (s.peer == pa && !s.bye) pending = true;
+            if (pending) continue;
+        }
         peer_gone_locked(l, pa, st, why);
     }
 }
@@ -1231,11 +1264,15 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
             // end of an endpoint has not said hello to this lane yet, do not sleep (for the
             // endpoint's first kConnectSpin; in short naps after that, so that a peer that
             // never answers does not cost a whole core).
+            // An endpoint whose peer context already said hello still gets short naps while it
+            // is new (its own wire-up may need UCX's async progress), and one that never hears
+            // from its peer context stops costing wake-ups after kConnectGiveUp.
             auto now = Clock::now();
             for (const Ep& e : l.eps) {
-                if (e.established) continue;
-                bool fresh = now - e.created < kConnectSpin;
-                cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, fresh ? 0 : kConnectNapMs);
+                auto age = now - e.created;
+                if (age > kConnectGiveUp || (e.established && age >= kConnectSpin)) continue;
+                int want = e.established || age >= kConnectSpin ? kConnectNapMs : 0;
+                cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, want);
                 if (cap == 0) break;
             }
             // A route waiting for a locate answer: the same, and at least once per retry.

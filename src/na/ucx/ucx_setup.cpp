@@ -806,6 +806,7 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
     // worker is up, so a blocked progress need not spin for this endpoint.
     for (const auto& [key, s] : l.streams)
         if (s.peer == peer && s.source_ctx == peer_lane) e->established = true;
+    if (peer == self_.as<UcxAddr>()) e->established = true;  // our own worker: no hello back
     send_hello_locked(l, e);
     TALARIA_LOG(ucx, debug, "context {}: endpoint to context {} of {}", l.id, peer_lane, peer->str);
     return e;
