@@ -427,6 +427,10 @@ class UcxTransport final : public Transport {
     /// turn came), else hold it.
     void sequence_locked(Lane& l, const MsgHeader& h, Stream& s, std::span<const std::byte> data);
     void hold_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> data);
+    /// Take held message `m` off the lane's list and free it.
+    void unhold_locked(Lane& l, UcxMsg& m) noexcept;
+    /// Drop what the lane holds from the sender `instance` (gone, or restarted).
+    void drop_held_locked(Lane& l, uint64_t instance) noexcept;
     /// Deliver held messages whose sender is known and whose turn it is.
     void release_held_locked(Lane& l);
     /// A hello, which came on our endpoint `via` when it is one we accepted.

@@ -342,7 +342,9 @@ void UcxTransport::check_locates_locked(Lane& l) {
         route_failed_locked(
             l, k, Errc::unreachable,
             fmt::format(
-                "{} did not say where its context {} is served ({} locates, {} ms apart)",
+                "{} did not say where its context {} is served ({} locates, {} ms apart; its "
+                "context 0 "
+                "answers them: is it created and progressed?)",
                 std::get<0>(k)->str, std::get<1>(k), kLocateTries,
                 std::chrono::duration_cast<std::chrono::milliseconds>(kLocateRetry).count()));
 }
@@ -836,13 +838,7 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
     if (before != 0 && before != h.instance) {
         // A new process under a known name: what this lane held from the old one goes.
         std::erase_if(l.streams, [&](const auto& kv) { return kv.first.first == before; });
-        l.held.for_each_safe([&](UcxMsg& m) {
-            if (m.instance != before) return;
-            l.held.erase(m);
-            --l.held_count;
-            l.held_bytes -= m.data.size();
-            l.match.msg_free(&m);
-        });
+        drop_held_locked(l, before);
     }
     if (l.streams.size() >= kMaxStreams && !l.streams.contains({h.instance, h.stream})) {
         TALARIA_LOG(ucx, warn,
@@ -942,6 +938,20 @@ void UcxTransport::sequence_locked(Lane& l, const MsgHeader& h, Stream& s,
     if (l.held_count > 0) release_held_locked(l);
 }
 
+void UcxTransport::unhold_locked(Lane& l, UcxMsg& m) noexcept {
+    l.held.erase(m);
+    --l.held_count;
+    l.held_bytes -= m.data.size();
+    l.match.msg_free(&m);
+}
+
+void UcxTransport::drop_held_locked(Lane& l, uint64_t instance) noexcept {
+    if (l.held_count == 0) return;
+    l.held.for_each_safe([&](UcxMsg& m) {
+        if (m.instance == instance) unhold_locked(l, m);
+    });
+}
+
 void UcxTransport::release_held_locked(Lane& l) {
     // Rare (connection set-up, a hello overtaken), and bounded by kMaxHeldMsgs: rescan until
     // nothing more is deliverable.
@@ -952,12 +962,7 @@ void UcxTransport::release_held_locked(Lane& l) {
             if (it == l.streams.end()) return;
             Stream& s = it->second;
             if (m.seq != s.rx_next) {
-                if (int32_t(m.seq - s.rx_next) < 0) {  // a duplicate
-                    l.held.erase(m);
-                    --l.held_count;
-                    l.held_bytes -= m.data.size();
-                    l.match.msg_free(&m);
-                }
+                if (int32_t(m.seq - s.rx_next) < 0) unhold_locked(l, m);  // a duplicate
                 return;
             }
             l.held.erase(m);
@@ -1065,16 +1070,7 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
     Errc dst = dead_status(pa, dwhy);
     l.last_route = nullptr;
     l.last_stream = nullptr;
-    if (l.held_count > 0) {
-        uint64_t inst = pa->instance.load(std::memory_order_relaxed);
-        l.held.for_each_safe([&](UcxMsg& m) {
-            if (m.instance != inst) return;
-            l.held.erase(m);
-            --l.held_count;
-            l.held_bytes -= m.data.size();
-            l.match.msg_free(&m);
-        });
-    }
+    drop_held_locked(l, pa->instance.load(std::memory_order_relaxed));
     std::erase_if(l.streams, [&](const auto& kv) { return kv.second.peer == pa; });
     l.match.take_expected_from(
         keep, [&](UcxOp* op) { complete_recv(op, keep, 0, op->match_tag, 0, dst); });

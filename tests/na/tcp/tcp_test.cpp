@@ -374,6 +374,20 @@ TEST(Tcp, BlockingProgressTimesOutAndWakesOnData) {
 // ------------------------------------------------------------------------------------
 
 /// `h`, registered on `from`, as `to` sees it (serialized there and back).
+/// Client `c`'s context 0 sends one unexpected message to `server` (`s`'s context 0): the
+/// source the server sees (empty if it never arrived).
+Addr first_contact(Peer& c, Peer& s, const Addr& server) {
+    auto rb = buf_with(*s.t, "", 64);
+    Addr client;
+    if (!s.t->post_recv_unexpected(
+            *s.ctx, [&](const Completion& cp) { client = cp.source; }, rb))
+        return {};
+    auto m = buf_with(*c.t, "hi");
+    if (!c.t->post_send_unexpected(*c.ctx, {}, m, 2, server, 0, 1)) return {};
+    if (!drive({c.ctx.get(), s.ctx.get()}, [&] { return static_cast<bool>(client); })) return {};
+    return client;
+}
+
 MemHandle ship(Transport& from, const MemHandle& h, Transport& to) {
     std::vector<std::byte> b(from.mem_serialize_size(h));
     EXPECT_TRUE(from.mem_serialize(h, b));
@@ -971,13 +985,8 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     MemHandle remote = ship(*c.t, *reg, *s.t);
     ASSERT_TRUE(remote);
     // The client's first message connects it to server context 0; its source is the client.
-    auto rb = buf_with(*s.t, "", 64);
-    Addr client;
-    ASSERT_TRUE(s.t->post_recv_unexpected(
-        *s.ctx, [&](const Completion& cp) { client = cp.source; }, rb));
-    auto m = buf_with(*c.t, "hi");
-    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 2, server, 0, 1));
-    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return static_cast<bool>(client); }));
+    Addr client = first_contact(c, s, server);
+    ASSERT_TRUE(client);
     // Context 1 gets from the client's memory over context 0's connection.
     Errc st = Errc::internal;
     ASSERT_TRUE(s.t->post_get(
@@ -998,6 +1007,8 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     s1.reset();
     // The client now answers (or finds the connection gone); nothing may complete into the
     // destroyed context, and context 0 goes on serving a new message.
+    auto rb = buf_with(*s.t, "", 64);
+    auto m = buf_with(*c.t, "hi");
     std::string text;
     ASSERT_TRUE(s.t->post_recv_unexpected(
         *s.ctx,
@@ -1033,13 +1044,8 @@ TEST(Tcp, MessageOnAnotherContextsConnectionWakesItsContext) {
     std::unique_ptr<Context> c1 = std::move(*c1r);
     Addr server = lookup(*c.t, s.self());
     // Client context 0 connects; the server learns the client from its message.
-    auto rb = buf_with(*s.t, "", 64);
-    Addr client;
-    ASSERT_TRUE(s.t->post_recv_unexpected(
-        *s.ctx, [&](const Completion& cp) { client = cp.source; }, rb));
-    auto m = buf_with(*c.t, "hi");
-    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 2, server, 0, 1));
-    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return static_cast<bool>(client); }));
+    Addr client = first_contact(c, s, server);
+    ASSERT_TRUE(client);
     // Client context 1 sleeps in progress; the server sends to it over that connection.
     auto cb = buf_with(*c.t, "", 64);
     std::atomic<bool> got{false};

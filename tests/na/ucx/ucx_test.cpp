@@ -357,11 +357,16 @@ INSTANTIATE_TEST_SUITE_P(ucx, UcxPeerDeath, ::testing::Values("ucx+tcp://127.0.0
 
 // --- a client that does not listen ---------------------------------------------------------------
 
-TEST(UcxClient, AnonymousClientIsAnsweredOverItsOwnEndpoint) {
-    Endpoint srv("ucx+tcp://127.0.0.1:0");
+/// A client opened with Options::listen = false: ucx+tcp names it by instance ("~<hex>").
+Options not_listening() {
     Options o;
     o.listen = false;
-    Endpoint cli("ucx+tcp://127.0.0.1:0", o);
+    return o;
+}
+
+TEST(UcxClient, AnonymousClientIsAnsweredOverItsOwnEndpoint) {
+    Endpoint srv("ucx+tcp://127.0.0.1:0");
+    Endpoint cli("ucx+tcp://127.0.0.1:0", not_listening());
     ASSERT_TRUE(srv.impl && cli.impl && srv.ctx && cli.ctx);
     EXPECT_TRUE(cli.self().starts_with("ucx+tcp://~")) << cli.self();
     ping(cli, srv);
@@ -377,9 +382,7 @@ TEST(UcxClient, AnonymousClientIsAnsweredOverItsOwnEndpoint) {
 // reads the client's memory.
 TEST(UcxClient, AnonymousClientContextsAreReachedAtTheirOwnWorkers) {
     Endpoint srv("ucx+tcp://127.0.0.1:0");
-    Options o;
-    o.listen = false;
-    Endpoint cli("ucx+tcp://127.0.0.1:0", o);
+    Endpoint cli("ucx+tcp://127.0.0.1:0", not_listening());
     ASSERT_TRUE(srv.impl && cli.impl && srv.ctx && cli.ctx);
     auto s1 = srv.t->context_create(1);
     auto s2 = srv.t->context_create(2, ContextOptions{.unexpected = false});
