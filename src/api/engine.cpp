@@ -32,6 +32,95 @@ constexpr Duration kBusyIdle = std::chrono::milliseconds(2);
 
 class ManualDriver;
 
+/// A background context's seat: who drives the context (progress + trigger) right now, its
+/// progress thread or a thread waiting in Future::get() on a call of that context. One per
+/// context (the bulk context included), shared with the futures of its calls (weakly).
+///
+/// A waiting thread announces itself (a count in `word_`); the progress thread, seeing the
+/// count, gives the seat up at the end of its iteration and parks on the word; the waiter takes
+/// the seat (kHeld) and drives the context until its result is there, so the result needs no
+/// hand-off between threads, and where threads outnumber cores the progress thread does not
+/// compete with the caller. A parked progress thread resumes once no waiter is left: in block
+/// mode the last waiter wakes it; in busy mode it looks again every kParkCheck on its own, so
+/// that a caller calling get() in a loop pays no wake-up system call per call.
+class Seat final : public Driver {
+  public:
+    static constexpr uint32_t kWaiters = 0xFFFF;    ///< the count of waiting threads
+    static constexpr uint32_t kHeld = 1u << 16;     ///< someone drives the context now
+    static constexpr uint32_t kParked = 1u << 17;   ///< the progress thread sleeps on the word
+    static constexpr uint32_t kStop = 1u << 18;     ///< the engine shuts down: nobody drives
+    static constexpr uint32_t kNapping = 1u << 19;  ///< the holder sleeps in the transport
+    /// The parked progress thread sleeps until woken (block mode): the last waiter wakes it.
+    static constexpr uint32_t kParkedLong = 1u << 20;
+    /// A wrapping count of waiters' arrivals (bits 21..31): a parked busy-mode thread resumes
+    /// only after a whole kParkCheck with no waiter and no arrival, not in the gap between
+    /// two get() calls of a loop.
+    static constexpr int kArrivalShift = 21;
+    static constexpr uint32_t kArrival = 1u << kArrivalShift;
+    /// Busy mode: how often a parked progress thread looks whether the waiters are gone.
+    static constexpr Duration kParkCheck = std::chrono::microseconds(100);
+    /// How long a waiter polls for the seat before it sleeps in slices: the progress thread
+    /// gives it up at the end of its iteration (a microsecond or so).
+    static constexpr Duration kHoldSpin = std::chrono::microseconds(20);
+
+    Seat(core::Context* c, na::Context* n, WaitMode mode) noexcept
+        : core_(c), na_(n), mode_(mode) {}
+
+    void drive(uint8_t, Duration) override {}  // background contexts are never driven by slot
+    bool wait_ready(StateBase& s, TimePoint deadline) override;
+
+    /// One progress + trigger of the context: true if it did something.
+    bool step(Duration d) {
+        if (core_) {
+            bool got = core_->progress(d).has_value();
+            return core_->trigger() > 0 || got;
+        }
+        bool got = na_->progress(d).has_value();
+        return na_->trigger() > 0 || got;
+    }
+    /// Sleep in the transport for at most `d` (woken by completions and posts), marked so
+    /// that a waiter wakes the sleeper instead of waiting for the sleep to end.
+    bool nap(Duration d) {
+        word_.fetch_or(kNapping);
+        bool got = step(d);
+        word_.fetch_and(~kNapping);
+        return got;
+    }
+    bool try_hold() noexcept { return !(word_.fetch_or(kHeld) & kHeld); }
+    void release() noexcept { word_.fetch_and(~kHeld, std::memory_order_release); }
+    [[nodiscard]] bool waiters() const noexcept {
+        return (word_.load(std::memory_order_acquire) & kWaiters) != 0;
+    }
+    [[nodiscard]] bool stopping() const noexcept { return (word_.load() & kStop) != 0; }
+    /// The progress thread: sleep while waiters drive the context (or until stop).
+    void park();
+    /// Stop: no waiter takes the seat any more (they wait for the engine to fail their
+    /// calls), and a parked progress thread wakes.
+    void begin_stop() noexcept;
+    /// After begin_stop and the progress thread's join: returns once no waiter holds the seat
+    /// (each leaves at its next step), so that the context may be driven or destroyed.
+    void wait_unheld() const noexcept;
+    /// The seat the calling thread drives (its progress thread's, or the one it took over
+    /// while waiting), to refuse taking over a context from itself.
+    static thread_local Seat* tl_held;
+    /// Switch modes; a parked progress thread looks again at once (it parked for the old one).
+    void set_mode(WaitMode m) noexcept {
+        mode_.store(m, std::memory_order_relaxed);
+        futex_wake_all(word_);
+    }
+    [[nodiscard]] WaitMode mode() const noexcept { return mode_.load(std::memory_order_relaxed); }
+
+  private:
+    /// Drive the context on the waiting thread (holding the seat) until `s` is ready, the
+    /// deadline passes or the engine stops; true if ready.
+    bool drive_until(StateBase& s, TimePoint deadline);
+
+    core::Context* core_;
+    na::Context* na_;  ///< the bulk context (core_ null)
+    std::atomic<WaitMode> mode_;
+    alignas(64) std::atomic<uint32_t> word_{0};
+};
+
 /// Everything an Engine owns. Lives behind a pointer so Endpoint / Procedure / Request can
 /// keep a stable pointer to it across moves of the Engine.
 class EngineState {
@@ -53,6 +142,8 @@ class EngineState {
     std::unique_ptr<na::Context> bulk_ctx;
     std::unique_ptr<bulk::Context> bulk;
     std::shared_ptr<ManualDriver> driver;  ///< manual mode only
+    /// Background mode: the seat of each core context, then of the bulk context.
+    std::vector<std::shared_ptr<Seat>> seats;
 
     std::atomic<bool> stop{false};
     std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
@@ -77,6 +168,7 @@ class ManualDriver final : public Driver {
             c.trigger();
         }
     }
+    bool wait_ready(StateBase& s, TimePoint deadline) override { return s.wait_until(deadline); }
 
   private:
     EngineState* e_;
@@ -87,47 +179,175 @@ namespace {
 /// The loop of a background thread: progress + trigger until stop, polling while work keeps
 /// coming, sleeping in the transport once idle for the mode's window (block: kSpinWindow,
 /// busy: kBusyIdle). No sched_yield: an idle thread sleeps instead of competing for a core.
-template <class Ctx>
-void run_progress(Ctx& ctx, const std::atomic<bool>& stop, const std::atomic<WaitMode>& wait) {
+/// While threads waiting in get() drive the context (Seat), the thread parks.
+void run_progress(Seat& seat, const std::atomic<bool>& stop) {
+    Seat::tl_held = &seat;
     TimePoint last_work = Clock::now();
     while (!stop.load(std::memory_order_acquire)) {
-        bool got = ctx.progress(Duration(0)).has_value();
-        unsigned n = ctx.trigger();
-        if (got || n > 0) {
+        if (seat.waiters()) {
+            seat.park();
+            last_work = Clock::now();
+            continue;
+        }
+        if (!seat.try_hold()) {  // a waiter took it just now: it parks us next time round
+            cpu_relax();
+            continue;
+        }
+        if (seat.step(Duration(0))) {
+            seat.release();
             last_work = Clock::now();
             continue;
         }
         cpu_relax();
-        Duration window =
-            wait.load(std::memory_order_relaxed) == WaitMode::busy ? kBusyIdle : kSpinWindow;
-        if (Clock::now() - last_work < window) continue;
+        Duration window = seat.mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
+        if (Clock::now() - last_work < window) {
+            seat.release();
+            continue;
+        }
         // Idle: sleep until woken. A sleep that ends with nothing to do goes straight back to
         // sleep (after one poll), rather than spinning through another window.
-        bool woke = ctx.progress(kSleepSlice).has_value();
-        if (ctx.trigger() > 0 || woke) last_work = Clock::now();
+        if (seat.nap(kSleepSlice)) last_work = Clock::now();
+        seat.release();
     }
 }
 
 }  // namespace
 
+void Seat::park() {
+    // Busy: look again every kParkCheck (no wake-up call per get() on the waiter's side).
+    // Block: the last waiter wakes us (kParkedLong); kSleepSlice bounds the sleep all the same.
+    const bool busy = mode() == WaitMode::busy;
+    const uint32_t bits = busy ? kParked : kParked | kParkedLong;
+    uint32_t w = word_.fetch_or(bits) | bits;
+    uint32_t seen = w >> kArrivalShift;
+    TimePoint quiet_since = Clock::now();
+    while (!(w & kStop)) {
+        if (!(w & kWaiters)) {
+            // Block: the last waiter left (and woke us). Busy: no waiter, and none came for a
+            // whole kParkCheck.
+            if (!busy) break;
+            if ((w >> kArrivalShift) == seen && Clock::now() - quiet_since >= kParkCheck) break;
+        }
+        if ((w >> kArrivalShift) != seen) {
+            seen = w >> kArrivalShift;
+            quiet_since = Clock::now();
+        }
+        futex_wait(word_, w, Clock::now() + (busy ? kParkCheck : Duration(kSleepSlice)));
+        w = word_.load();
+    }
+    word_.fetch_and(~bits);
+}
+
+thread_local Seat* Seat::tl_held = nullptr;
+
+void Seat::begin_stop() noexcept {
+    word_.fetch_or(kStop);
+    futex_wake_all(word_);
+}
+
+void Seat::wait_unheld() const noexcept {
+    // A waiter that holds the seat leaves it at its next step (it checks kStop before each;
+    // one sleeping in the transport is woken by the engine's posted no-ops).
+    while (word_.load() & kHeld)
+        std::this_thread::yield();
+}
+
+bool Seat::drive_until(StateBase& s, TimePoint deadline) {
+    TimePoint last_work = Clock::now();
+    while (!s.ready()) {
+        if (stopping() || deadline_passed(deadline)) return s.ready();
+        if (step(Duration(0))) {
+            last_work = Clock::now();
+            continue;
+        }
+        cpu_relax();
+        TimePoint now = Clock::now();
+        Duration window = mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
+        if (now - last_work < window) continue;
+        // Nothing for a while: sleep in the transport (a completion ends the sleep).
+        Duration d = kSleepSlice;
+        if (deadline != TimePoint::max()) d = std::min<Duration>(d, deadline - now);
+        if (nap(std::max<Duration>(d, Duration(0)))) last_work = Clock::now();
+    }
+    return true;
+}
+
+bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
+    // This thread drives this context already (a handler or continuation waiting on a call
+    // of its own context): it cannot step in for itself; it waits as before.
+    if (tl_held == this) return s.sleep_until(deadline);
+    uint32_t w = word_.fetch_add(1 + kArrival);
+    bool done = false;
+    bool woke_napper = false;
+    TimePoint spin_end = Clock::now() + kHoldSpin;
+    while (!(w & kStop)) {
+        if (s.ready()) {
+            done = true;
+            break;
+        }
+        if (deadline_passed(deadline)) break;
+        if (try_hold()) {
+            Seat* outer = std::exchange(tl_held, this);
+            done = drive_until(s, deadline);
+            tl_held = outer;
+            release();
+            if (done || stopping() || deadline_passed(deadline)) break;
+            continue;
+        }
+        // Another thread drives: the progress thread (it parks after its iteration; woken at
+        // once if it sleeps in the transport) or another waiter (its progress completes ours
+        // too; we look for the seat again every 50 us in case it leaves first).
+        w = word_.load();
+        if ((w & kNapping) && !woke_napper) {
+            woke_napper = true;
+            if (core_)
+                (void)core_->na_context().post([](const na::Completion&) {});
+            else
+                (void)na_->post([](const na::Completion&) {});
+        }
+        if (Clock::now() < spin_end) {
+            cpu_relax();
+            continue;
+        }
+        TimePoint until = Clock::now() + std::chrono::microseconds(50);
+        s.sleep_once(deadline < until ? deadline : until);
+    }
+    w = word_.fetch_sub(1);
+    // Block mode: the last waiter wakes the parked progress thread (busy: it looks itself).
+    if ((w & kWaiters) == 1 && (w & kParkedLong)) futex_wake_all(word_);
+    if (done) return true;
+    // Stopping (the engine fails its calls) or the deadline passed.
+    return s.ready() || (stopping() && s.sleep_until(deadline));
+}
+
 void EngineState::start_threads() {
     for (uint8_t i = 0; i < core->context_count(); ++i)
-        threads.emplace_back([this, i] { run_progress(core->context(i), stop, wait); });
-    threads.emplace_back([this] { run_progress(*bulk_ctx, stop, wait); });
+        seats.push_back(std::make_shared<Seat>(&core->context(i), nullptr, opts.wait));
+    seats.push_back(std::make_shared<Seat>(nullptr, bulk_ctx.get(), opts.wait));
+    for (auto& seat : seats)
+        threads.emplace_back([this, st = seat.get()] { run_progress(*st, stop); });
 }
 
 void EngineState::shutdown() noexcept {
     if (!core) return;
     stop.store(true, std::memory_order_release);
     // Wake sleeping threads. The RPC contexts go first: a handler blocked on a transfer needs
-    // the bulk thread to finish it.
+    // the bulk context driven to finish it (by the bulk thread, or by the handler's own thread
+    // through the bulk seat, which stays open until the RPC threads are joined).
+    const std::size_t rpc = core->context_count();
+    for (std::size_t i = 0; i < rpc && i < seats.size(); ++i)
+        seats[i]->begin_stop();
     for (uint8_t i = 0; i < core->context_count(); ++i)
         (void)core->context(i).na_context().post([](const na::Completion&) {});
     for (std::size_t i = 0; i + 1 < threads.size(); ++i)
         threads[i].join();
+    for (std::size_t i = 0; i < rpc && i < seats.size(); ++i)
+        seats[i]->wait_unheld();
+    if (seats.size() > rpc) seats[rpc]->begin_stop();
     if (bulk_ctx) (void)bulk_ctx->post([](const na::Completion&) {});
     if (!threads.empty()) threads.back().join();
     threads.clear();
+    if (seats.size() > rpc) seats[rpc]->wait_unheld();
     // Run what the wake-ups left queued (a thread may have stopped before its wake-up arrived).
     for (uint8_t i = 0; i < core->context_count(); ++i)
         core->context(i).trigger();
@@ -150,9 +370,13 @@ core::Engine& core_engine(EngineState& e) noexcept {
     return *e.core;
 }
 
-std::weak_ptr<Driver> manual_driver(EngineState& e) noexcept {
-    if (!e.driver) return {};
-    return std::weak_ptr<Driver>(std::static_pointer_cast<Driver>(e.driver));
+void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept {
+    if (e.driver) {
+        st.set_driver(std::weak_ptr<Driver>(std::static_pointer_cast<Driver>(e.driver)), ctx);
+        return;
+    }
+    std::size_t i = ctx == kBulkContext ? e.seats.size() - 1 : ctx;
+    if (i < e.seats.size()) st.set_seat(std::weak_ptr<Driver>(e.seats[i]));
 }
 
 const ProcInfo* proc_info(EngineState& e, std::string_view name) {
@@ -200,7 +424,7 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
             fmt::format("bulk {}: no peer (the remote handle names no owner; pass an endpoint)",
                         what)));
     auto st = std::make_shared<State<void>>();
-    if (e.driver) st->set_driver(manual_driver(e), kBulkContext);
+    attach_driver(e, *st, kBulkContext);
     Future<void> fut(st);
     auto id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
                                [es = &e, s = std::move(st), len](Result<void>&& r) {
@@ -404,6 +628,8 @@ uint8_t Engine::context_count() const noexcept {
 
 void Engine::set_wait_mode(WaitMode w) noexcept {
     state_->wait.store(w, std::memory_order_relaxed);
+    for (auto& seat : state_->seats)
+        seat->set_mode(w);
 }
 
 WaitMode Engine::wait_mode() const noexcept {

@@ -27,6 +27,17 @@ struct Point {
     friend bool operator==(const Point&, const Point&) = default;
 };
 
+/// A value that notes which thread decoded it (the thread that ran the response's trigger).
+struct DecodedOn {
+    int32_t v = 0;
+    std::thread::id decoded_by{};
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(v);
+        if constexpr (Archive::decoding) decoded_by = std::this_thread::get_id();
+    }
+};
+
 TEST_P(Api, Sum) {
     open();
     server->define("sum", [](int a, int b) { return a + b; });
@@ -398,6 +409,82 @@ TEST_P(Api, ShutdownFailsPendingCalls) {
     std::lock_guard g(mu);
     for (auto& q : parked)
         (void)q.try_respond();
+}
+
+/// Calls `echo` 200 times with get(): at least one response must be decoded on this thread.
+/// Then 20 calls with then(), which nobody waits for: they complete all the same.
+void expect_get_drives(const Procedure<DecodedOn(DecodedOn)>& echo, const char* mode) {
+    int here = 0;
+    for (int i = 0; i < 200; ++i) {
+        DecodedOn r = echo(DecodedOn{i, {}}).get();
+        ASSERT_EQ(r.v, i);
+        if (r.decoded_by == std::this_thread::get_id()) ++here;
+    }
+    EXPECT_GT(here, 0) << mode << ": no response of 200 was decoded on the thread waiting in get()";
+    std::atomic<int> done{0};
+    for (int i = 0; i < 20; ++i)
+        echo(DecodedOn{i, {}}).then([&, i](Result<DecodedOn>&& r) {
+            if (r && r->v == i) done.fetch_add(1);
+        });
+    auto deadline = deadline_after(kWait);
+    while (done.load() < 20 && !deadline_passed(deadline))
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(done.load(), 20) << mode;
+}
+
+// get() on a background engine drives the call's context itself (the progress thread steps
+// aside while it waits), so responses are decoded on the waiting thread; with the old hand-off
+// every one was decoded on the progress thread. Busy and blocking modes.
+TEST_P(Api, GetDrivesItsContextOnTheWaitingThread) {
+    for (WaitMode mode : {WaitMode::busy, WaitMode::block}) {
+        EngineOptions o{.wait = mode};
+        open(o, o);
+        server->define("echo", [](DecodedOn d) { return d; });
+        expect_get_drives(client->remote<DecodedOn(DecodedOn)>("echo").on(ep),
+                          mode == WaitMode::busy ? "busy" : "block");
+        TearDown();
+    }
+}
+
+// A thread waiting in get() (driving the context itself) while another thread destroys the
+// engine: the wait ends with shutdown, nothing hangs or touches the destroyed context.
+TEST_P(Api, EngineDestroyedUnderAWaitingGet) {
+    for (WaitMode mode : {WaitMode::busy, WaitMode::block}) {
+        EngineOptions o{.wait = mode};
+        open({}, o);
+        std::mutex mu;
+        std::vector<Request> parked;
+        server->define("stall", [&](Request req) {
+            std::lock_guard g(mu);
+            parked.push_back(std::move(req));
+        });
+        std::atomic<bool> entered{false};
+        Result<void> got = ok();
+        std::thread waiter([&, f = client->remote<void()>("stall").on(ep)()]() mutable {
+            entered = true;
+            got = f.try_get();
+        });
+        auto deadline = deadline_after(kWait);
+        for (;;) {
+            {
+                std::lock_guard g(mu);
+                if ((!parked.empty() && entered) || deadline_passed(deadline)) break;
+            }
+            std::this_thread::sleep_for(1ms);
+        }
+        std::this_thread::sleep_for(20ms);  // let it settle into driving the context
+        ep = {};
+        client.reset();
+        waiter.join();
+        EXPECT_EQ(got.code(), Errc::shutdown);
+        {
+            std::lock_guard g(mu);
+            for (auto& q : parked)
+                (void)q.try_respond();
+            parked.clear();
+        }
+        TearDown();
+    }
 }
 
 TEST_P(Api, CountersJson) {

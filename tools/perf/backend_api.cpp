@@ -19,6 +19,7 @@
 //
 // The same process also runs the core layer (rpc back end, one context) as this layer's
 // baseline, interleaved repetition by repetition (client.cpp), so the ratio is api / core.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <barrier>
@@ -152,7 +153,11 @@ Duration run_threads(const Procedure<Echo>& proc, unsigned first, Consume consum
                      std::array<std::atomic<unsigned>, 64>& running,
                      std::atomic<uint64_t>& errors) {
     const auto k = static_cast<unsigned>(per.size());
-    std::barrier sync(static_cast<std::ptrdiff_t>(k + 1));
+    std::barrier sync(static_cast<std::ptrdiff_t>(k));
+    // Each thread reads the clock itself, right after the start barrier and right after its
+    // last call: a thread that only watched the barriers could be scheduled out meanwhile (on
+    // a machine with fewer cores than busy threads) and time a run shorter than it was.
+    std::vector<TimePoint> start(k), end(k);
     std::vector<std::thread> threads;
     threads.reserve(k);
     for (unsigned i = 0; i < k; ++i) {
@@ -160,17 +165,15 @@ Duration run_threads(const Procedure<Echo>& proc, unsigned first, Consume consum
             proc.from(static_cast<uint8_t>(i)).context(static_cast<uint8_t>(first + i));
         threads.emplace_back([&, p, i] {
             sync.arrive_and_wait();
+            start[i] = Clock::now();
             work(consume, p, per[i], inflight, errors, running[i]);
-            sync.arrive_and_wait();
+            end[i] = Clock::now();
         });
     }
-    sync.arrive_and_wait();
-    auto t0 = Clock::now();
-    sync.arrive_and_wait();
-    auto elapsed = Clock::now() - t0;
     for (auto& t : threads)
         t.join();
-    return elapsed;
+    return *std::max_element(end.begin(), end.end()) -
+           *std::min_element(start.begin(), start.end());
 }
 
 /// A worker's next line; its "error ..." line becomes the error it names.

@@ -91,8 +91,10 @@ const ProcInfo* proc_info(EngineState& e, std::string_view name);
 
 /// Non-template services of the engine used by the templates of this layer (src/api).
 core::Engine& core_engine(EngineState& e) noexcept;
-/// The driver of a manual engine (empty for a background one).
-std::weak_ptr<Driver> manual_driver(EngineState& e) noexcept;
+/// Record in `st` who completes it: a manual engine's driver (get() drives context `ctx`), or
+/// the seat of context `ctx` of a background engine (get() takes that context over from its
+/// progress thread while it waits). kBulkContext: the engine's bulk context.
+void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept;
 Duration default_timeout(EngineState& e) noexcept;
 /// Start a transfer on the engine's bulk context; the Future completes from its trigger().
 Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr& peer,

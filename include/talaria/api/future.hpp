@@ -4,7 +4,9 @@
 // the completion callback registered with the layer below each hold a reference. The result is
 // decoded when the response arrives (on the progress thread), so no response buffer is kept.
 // The hand-off between the completing thread and the consumer is one atomic word (see
-// StateBase): no mutex, no condition variable; get() spins briefly, then sleeps on a futex.
+// StateBase): no mutex, no condition variable. get() on a background engine drives the call's
+// context itself while it waits (the progress thread steps aside: Driver::wait_ready); where
+// another thread drives it, get() spins briefly, then sleeps on a futex.
 //
 // Consuming a Future: get() / try_get() (block; on a manual-progress engine they drive the
 // engine's progress themselves), then(callback) (runs on the completing thread), or co_await
@@ -33,6 +35,8 @@ class Future;
 
 namespace detail {
 
+class StateBase;
+
 /// Drives the progress of a manual-progress engine on behalf of a thread that waits for a
 /// result (Future::get, sync_wait). Implemented by the engine; futures hold it weakly so that a
 /// destroyed engine is noticed instead of touched.
@@ -40,8 +44,12 @@ class Driver {
   public:
     virtual ~Driver() = default;
     /// Progress then trigger context `ctx` (kBulkContext: the engine's transfer context),
-    /// waiting at most `d` for something to happen.
+    /// waiting at most `d` for something to happen (manual engines).
     virtual void drive(uint8_t ctx, Duration d) = 0;
+    /// Wait until `s` is ready or `deadline` passes; true if ready. A background engine's
+    /// context seat (src/api/engine.cpp) takes its context over from the progress thread and
+    /// drives it on the waiting thread; manual engines are driven by StateBase itself.
+    virtual bool wait_ready(StateBase& s, TimePoint deadline) = 0;
 };
 
 /// The context id a Driver understands as "the engine's bulk transfer context".
@@ -103,10 +111,15 @@ class StateBase {
         return (word_.load(std::memory_order_acquire) & kReady) != 0;
     }
 
-    /// Block until ready or `deadline`; drives the engine when it is a manual one.
+    /// Block until ready or `deadline`; drives the engine when it is a manual one, and on a
+    /// background engine takes the context over from its progress thread (Driver::wait_ready).
     bool wait_until(TimePoint deadline) {
         if (ready()) return true;
-        if (manual_) {
+        if (mode_ == Mode::seat) {
+            if (auto d = driver_.lock()) return d->wait_ready(*this, deadline);
+            return sleep_until(deadline);  // the engine is gone (it failed its calls first)
+        }
+        if (mode_ == Mode::manual) {
             // Nobody else progresses a manual engine: this thread does, in slices of at most
             // 10 ms so the deadline is kept.
             while (!ready()) {
@@ -120,6 +133,12 @@ class StateBase {
             }
             return true;
         }
+        return sleep_until(deadline);
+    }
+
+    /// Wait for another thread to complete this state: poll for kSpin, then sleep on the futex
+    /// until ready or `deadline`; true if ready. Drives nothing.
+    bool sleep_until(TimePoint deadline) {
         // Work is near (a round trip is microseconds): poll before paying for a sleep.
         for (TimePoint end = Clock::now() + kSpin;;) {
             for (unsigned i = 0; i < 16; ++i) {
@@ -140,7 +159,21 @@ class StateBase {
     void set_driver(std::weak_ptr<Driver> d, uint8_t ctx) {
         driver_ = std::move(d);
         ctx_ = ctx;
-        manual_ = true;
+        mode_ = Mode::manual;
+    }
+    /// Record the seat of the background engine's context that completes this state: a thread
+    /// waiting in get() drives that context itself (Driver::wait_ready).
+    void set_seat(std::weak_ptr<Driver> d) {
+        driver_ = std::move(d);
+        mode_ = Mode::seat;
+    }
+    /// A manual engine's driver was recorded (set_driver).
+    [[nodiscard]] bool manual() const noexcept { return mode_ == Mode::manual; }
+    /// Sleep once on the futex word until the state completes, a spurious wake-up or
+    /// `deadline` (Driver::wait_ready, while another thread drives the context).
+    void sleep_once(TimePoint deadline) {
+        uint32_t w = word_.fetch_or(kSleeper, std::memory_order_acq_rel);
+        if (!(w & kReady)) futex_wait(word_, w | kSleeper, deadline);
     }
     [[nodiscard]] const std::weak_ptr<Driver>& driver() const noexcept { return driver_; }
     [[nodiscard]] uint8_t driver_context() const noexcept { return ctx_; }
@@ -176,9 +209,10 @@ class StateBase {
     std::atomic<uint32_t> word_{0};
     std::coroutine_handle<> waiter_;
     std::unique_ptr<Continuation> cont_;
+    enum class Mode : uint8_t { none, manual, seat };
     std::weak_ptr<Driver> driver_;
     uint8_t ctx_ = 0;
-    bool manual_ = false;
+    Mode mode_ = Mode::none;
 };
 
 template <class T>
@@ -274,7 +308,7 @@ class [[nodiscard]] Future {
         template <class P>
         void note_driver(std::coroutine_handle<P> h) {
             if constexpr (std::is_base_of_v<detail::TaskPromiseBase, P>) {
-                if (h.promise().slot && !s->driver().expired())
+                if (h.promise().slot && s->manual() && !s->driver().expired())
                     h.promise().slot->set(s->driver(), s->driver_context());
             }
         }

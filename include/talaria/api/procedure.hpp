@@ -142,7 +142,7 @@ class Procedure<R(Args...)> {
         // From the calling thread's block cache: no malloc per call once warm.
         auto st = std::allocate_shared<detail::CallState<Ret>>(
             ThreadCacheAllocator<detail::CallState<Ret>>{}, info_);
-        if (auto d = detail::manual_driver(*engine_); !d.expired()) st->set_driver(d, from_);
+        detail::attach_driver(*engine_, *st, from_);
         core::CallOptions opts;
         opts.target_context = target_;
         opts.timeout = timeout_set_ ? timeout_ : detail::default_timeout(*engine_);
