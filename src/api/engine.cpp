@@ -100,9 +100,22 @@ class Seat final : public Driver {
     /// After begin_stop and the progress thread's join: returns once no waiter holds the seat
     /// (each leaves at its next step), so that the context may be driven or destroyed.
     void wait_unheld() const noexcept;
-    /// The seat the calling thread drives (its progress thread's, or the one it took over
-    /// while waiting), to refuse taking over a context from itself.
-    static thread_local Seat* tl_held;
+    /// The seats the calling thread drives now (its progress thread's, and those it took over
+    /// while waiting, nested), to refuse taking over a context from itself.
+    struct Held {
+        static constexpr int kMax = 8;
+        Seat* seats[kMax] = {};
+        int n = 0;
+        [[nodiscard]] bool has(const Seat* s) const noexcept {
+            for (int i = 0; i < n; ++i)
+                if (seats[i] == s) return true;
+            return false;
+        }
+        /// Only below kMax (a waiter nested deeper waits instead of driving).
+        void push(Seat* s) noexcept { seats[n++] = s; }
+        void pop() noexcept { --n; }
+    };
+    static thread_local Held tl_held;
     /// Switch modes; a parked progress thread looks again at once (it parked for the old one).
     void set_mode(WaitMode m) noexcept {
         mode_.store(m, std::memory_order_relaxed);
@@ -181,7 +194,7 @@ namespace {
 /// busy: kBusyIdle). No sched_yield: an idle thread sleeps instead of competing for a core.
 /// While threads waiting in get() drive the context (Seat), the thread parks.
 void run_progress(Seat& seat, const std::atomic<bool>& stop) {
-    Seat::tl_held = &seat;
+    Seat::tl_held.push(&seat);
     TimePoint last_work = Clock::now();
     while (!stop.load(std::memory_order_acquire)) {
         if (seat.waiters()) {
@@ -216,29 +229,37 @@ void run_progress(Seat& seat, const std::atomic<bool>& stop) {
 void Seat::park() {
     // Busy: look again every kParkCheck (no wake-up call per get() on the waiter's side).
     // Block: the last waiter wakes us (kParkedLong); kSleepSlice bounds the sleep all the same.
-    const bool busy = mode() == WaitMode::busy;
-    const uint32_t bits = busy ? kParked : kParked | kParkedLong;
-    uint32_t w = word_.fetch_or(bits) | bits;
+    uint32_t w = word_.fetch_or(kParked) | kParked;
     uint32_t seen = w >> kArrivalShift;
     TimePoint quiet_since = Clock::now();
     while (!(w & kStop)) {
-        if (!(w & kWaiters)) {
-            // Block: the last waiter left (and woke us). Busy: no waiter, and none came for a
-            // whole kParkCheck.
+        // The mode is read again on every pass (set_mode wakes us to do so).
+        const bool busy = mode() == WaitMode::busy;
+        if (busy && (w & kParkedLong)) {
+            w = word_.fetch_and(~kParkedLong) & ~kParkedLong;
+        } else if (!busy && !(w & kParkedLong)) {
+            w = word_.fetch_or(kParkedLong) | kParkedLong;
+        }
+        const TimePoint now = Clock::now();
+        if (w & kWaiters) {
+            quiet_since = now;
+        } else {
+            // Block: the last waiter left (and woke us). Busy: no waiter, and none came (nor
+            // was one here) for a whole kParkCheck.
             if (!busy) break;
-            if ((w >> kArrivalShift) == seen && Clock::now() - quiet_since >= kParkCheck) break;
+            if ((w >> kArrivalShift) == seen && now - quiet_since >= kParkCheck) break;
         }
         if ((w >> kArrivalShift) != seen) {
             seen = w >> kArrivalShift;
-            quiet_since = Clock::now();
+            quiet_since = now;
         }
-        futex_wait(word_, w, Clock::now() + (busy ? kParkCheck : Duration(kSleepSlice)));
+        futex_wait(word_, w, now + (busy ? kParkCheck : Duration(kSleepSlice)));
         w = word_.load();
     }
-    word_.fetch_and(~bits);
+    word_.fetch_and(~(kParked | kParkedLong));
 }
 
-thread_local Seat* Seat::tl_held = nullptr;
+thread_local Seat::Held Seat::tl_held;
 
 void Seat::begin_stop() noexcept {
     word_.fetch_or(kStop);
@@ -247,8 +268,10 @@ void Seat::begin_stop() noexcept {
 
 void Seat::wait_unheld() const noexcept {
     // A waiter that holds the seat leaves it at its next step (it checks kStop before each;
-    // one sleeping in the transport is woken by the engine's posted no-ops).
-    while (word_.load() & kHeld)
+    // one sleeping in the transport is woken by the engine's posted no-ops); one that waits
+    // for the seat sees kStop within a 50 us slice. Waiting for the count too means no waiter
+    // is left that could still post to the context.
+    while (word_.load() & (kHeld | kWaiters))
         std::this_thread::yield();
 }
 
@@ -275,7 +298,7 @@ bool Seat::drive_until(StateBase& s, TimePoint deadline) {
 bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
     // This thread drives this context already (a handler or continuation waiting on a call
     // of its own context): it cannot step in for itself; it waits as before.
-    if (tl_held == this) return s.sleep_until(deadline);
+    if (tl_held.has(this) || tl_held.n == Held::kMax) return s.sleep_until(deadline);
     uint32_t w = word_.fetch_add(1 + kArrival);
     bool done = false;
     bool woke_napper = false;
@@ -287,9 +310,9 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
         }
         if (deadline_passed(deadline)) break;
         if (try_hold()) {
-            Seat* outer = std::exchange(tl_held, this);
+            tl_held.push(this);
             done = drive_until(s, deadline);
-            tl_held = outer;
+            tl_held.pop();
             release();
             if (done || stopping() || deadline_passed(deadline)) break;
             continue;
@@ -298,6 +321,7 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
         // once if it sleeps in the transport) or another waiter (its progress completes ours
         // too; we look for the seat again every 50 us in case it leaves first).
         w = word_.load();
+        if (w & kStop) break;
         if ((w & kNapping) && !woke_napper) {
             woke_napper = true;
             if (core_)

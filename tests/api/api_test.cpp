@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -421,15 +422,16 @@ void expect_get_drives(const Procedure<DecodedOn(DecodedOn)>& echo, const char* 
         if (r.decoded_by == std::this_thread::get_id()) ++here;
     }
     EXPECT_GT(here, 0) << mode << ": no response of 200 was decoded on the thread waiting in get()";
-    std::atomic<int> done{0};
+    // Shared with the continuations: a late one must not touch a finished test's stack.
+    auto done = std::make_shared<std::atomic<int>>(0);
     for (int i = 0; i < 20; ++i)
-        echo(DecodedOn{i, {}}).then([&, i](Result<DecodedOn>&& r) {
-            if (r && r->v == i) done.fetch_add(1);
+        echo(DecodedOn{i, {}}).then([done, i](Result<DecodedOn>&& r) {
+            if (r && r->v == i) done->fetch_add(1);
         });
     auto deadline = deadline_after(kWait);
-    while (done.load() < 20 && !deadline_passed(deadline))
+    while (done->load() < 20 && !deadline_passed(deadline))
         std::this_thread::sleep_for(1ms);
-    EXPECT_EQ(done.load(), 20) << mode;
+    EXPECT_EQ(done->load(), 20) << mode;
 }
 
 // get() on a background engine drives the call's context itself (the progress thread steps
@@ -448,7 +450,7 @@ TEST_P(Api, GetDrivesItsContextOnTheWaitingThread) {
 
 // A thread waiting in get() (driving the context itself) while another thread destroys the
 // engine: the wait ends with shutdown, nothing hangs or touches the destroyed context.
-TEST_P(Api, EngineDestroyedUnderAWaitingGet) {
+TEST_P(Api, EngineDestroyedUnderAGetOnAnotherThread) {
     for (WaitMode mode : {WaitMode::busy, WaitMode::block}) {
         EngineOptions o{.wait = mode};
         open({}, o);
