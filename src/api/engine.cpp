@@ -40,9 +40,9 @@ class ManualDriver;
 /// count, gives the seat up at the end of its iteration and parks on the word; the waiter takes
 /// the seat (kHeld) and drives the context until its result is there, so the result needs no
 /// hand-off between threads, and where threads outnumber cores the progress thread does not
-/// compete with the caller. A parked progress thread resumes once no waiter is left: in block
-/// mode the last waiter wakes it; in busy mode it looks again every kParkCheck on its own, so
-/// that a caller calling get() in a loop pays no wake-up system call per call.
+/// compete with the caller. A parked progress thread looks again every kParkCheck (busy) or
+/// kParkCheckBlock on its own and resumes after a whole check with no waiter and no arrival,
+/// so that a caller calling get() in a loop pays no wake-up system call per call.
 class Seat final : public Driver {
   public:
     static constexpr uint32_t kWaiters = 0xFFFF;    ///< the count of waiting threads
@@ -50,15 +50,14 @@ class Seat final : public Driver {
     static constexpr uint32_t kParked = 1u << 17;   ///< the progress thread sleeps on the word
     static constexpr uint32_t kStop = 1u << 18;     ///< the engine shuts down: nobody drives
     static constexpr uint32_t kNapping = 1u << 19;  ///< the holder sleeps in the transport
-    /// The parked progress thread sleeps until woken (block mode): the last waiter wakes it.
-    static constexpr uint32_t kParkedLong = 1u << 20;
-    /// A wrapping count of waiters' arrivals (bits 21..31): a parked busy-mode thread resumes
-    /// only after a whole kParkCheck with no waiter and no arrival, not in the gap between
-    /// two get() calls of a loop.
+    /// A wrapping count of waiters' arrivals (bits 21..31): a parked thread resumes only after
+    /// a whole check with no waiter and no arrival, not in the gap between two get() calls.
     static constexpr int kArrivalShift = 21;
     static constexpr uint32_t kArrival = 1u << kArrivalShift;
     /// Busy mode: how often a parked progress thread looks whether the waiters are gone.
     static constexpr Duration kParkCheck = std::chrono::microseconds(100);
+    /// The same in block mode (fewer wake-ups of a parked thread while a get() waits long).
+    static constexpr Duration kParkCheckBlock = std::chrono::microseconds(250);
     /// How long a waiter polls for the seat before it sleeps in slices: the progress thread
     /// gives it up at the end of its iteration (a microsecond or so).
     static constexpr Duration kHoldSpin = std::chrono::microseconds(20);
@@ -227,36 +226,26 @@ void run_progress(Seat& seat, const std::atomic<bool>& stop) {
 }  // namespace
 
 void Seat::park() {
-    // Busy: look again every kParkCheck (no wake-up call per get() on the waiter's side).
-    // Block: the last waiter wakes us (kParkedLong); kSleepSlice bounds the sleep all the same.
+    // Look again every kParkCheck (busy) or kParkCheckBlock: no waiter makes a wake-up call
+    // when it leaves, so a loop of get() calls pays no system call per call for the parked
+    // thread, and the thread resumes after a whole check with no waiter and no arrival.
     uint32_t w = word_.fetch_or(kParked) | kParked;
     uint32_t seen = w >> kArrivalShift;
     TimePoint quiet_since = Clock::now();
     while (!(w & kStop)) {
         // The mode is read again on every pass (set_mode wakes us to do so).
-        const bool busy = mode() == WaitMode::busy;
-        if (busy && (w & kParkedLong)) {
-            w = word_.fetch_and(~kParkedLong) & ~kParkedLong;
-        } else if (!busy && !(w & kParkedLong)) {
-            w = word_.fetch_or(kParkedLong) | kParkedLong;
-        }
+        const Duration check = mode() == WaitMode::busy ? kParkCheck : kParkCheckBlock;
         const TimePoint now = Clock::now();
-        if (w & kWaiters) {
-            quiet_since = now;
-        } else {
-            // Block: the last waiter left (and woke us). Busy: no waiter, and none came (nor
-            // was one here) for a whole kParkCheck.
-            if (!busy) break;
-            if ((w >> kArrivalShift) == seen && now - quiet_since >= kParkCheck) break;
-        }
-        if ((w >> kArrivalShift) != seen) {
+        if ((w & kWaiters) || (w >> kArrivalShift) != seen) {
             seen = w >> kArrivalShift;
             quiet_since = now;
+        } else if (now - quiet_since >= check) {
+            break;
         }
-        futex_wait(word_, w, now + (busy ? kParkCheck : Duration(kSleepSlice)));
+        futex_wait(word_, w, now + check);
         w = word_.load();
     }
-    word_.fetch_and(~(kParked | kParkedLong));
+    word_.fetch_and(~kParked);
 }
 
 thread_local Seat::Held Seat::tl_held;
@@ -336,9 +325,7 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
         TimePoint until = Clock::now() + std::chrono::microseconds(50);
         s.sleep_once(deadline < until ? deadline : until);
     }
-    w = word_.fetch_sub(1);
-    // Block mode: the last waiter wakes the parked progress thread (busy: it looks itself).
-    if ((w & kWaiters) == 1 && (w & kParkedLong)) futex_wake_all(word_);
+    word_.fetch_sub(1);
     if (done) return true;
     // Stopping (the engine fails its calls) or the deadline passed.
     return s.ready() || (stopping() && s.sleep_until(deadline));
