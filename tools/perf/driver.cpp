@@ -157,6 +157,11 @@ Result<uint64_t> calibrate(Runner& r, const Spec& s, const RepeatOptions& opt) {
         return opt.fixed_iters;
     }
     auto target = std::chrono::duration<double>(opt.rep_time).count();
+    // A first call pays for what a fresh side sets up (a connection, a thread's wake-up after
+    // another layer's repetition): not a sample of the rate, and taken as one it made the
+    // count tiny and every repetition a few calls plus that cost.
+    TALARIA_TRY(warm, r.run(s, 1));
+    (void)warm;
     for (uint64_t n = 1;;) {
         TALARIA_TRY(d, r.run(s, n));
         double secs = std::chrono::duration<double>(d).count();
