@@ -30,6 +30,14 @@ bool inside(std::span<const std::byte> in, const void* p, std::size_t n) {
     return n == 0 || (b >= in.data() && b + n <= in.data() + in.size());
 }
 
+/// A worker address decoded from `payload` (a hello or a located answer): non-empty, within
+/// kMaxWorkerAddr, inside the payload. `what` names the message in the failure.
+void check_worker(std::span<const std::byte> payload, std::span<const std::byte> worker,
+                  const char* what) {
+    if (worker.empty() || worker.size() > kMaxWorkerAddr) fail(what);
+    if (!inside(payload, worker.data(), worker.size())) fail(what);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -52,10 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         fail("hello address size");
                     if (!inside(payload, a->address.data(), a->address.size()))
                         fail("hello address outside");
-                    if (a->worker.empty() || a->worker.size() > kMaxWorkerAddr)
-                        fail("hello worker size");
-                    if (!inside(payload, a->worker.data(), a->worker.size()))
-                        fail("hello worker outside");
+                    check_worker(payload, a->worker, "hello worker size or position");
                     if (hello_size(a->address, a->worker.size()) != payload.size())
                         fail("hello parts do not add up to its payload");
                 }
@@ -66,10 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
             if (h->kind == MsgKind::located) {
                 if (auto l = decode_located(payload)) {
-                    if (l->worker.empty() || l->worker.size() > kMaxWorkerAddr)
-                        fail("located worker size");
-                    if (!inside(payload, l->worker.data(), l->worker.size()))
-                        fail("located worker outside");
+                    check_worker(payload, l->worker, "located worker size or position");
                     std::vector<std::byte> re(located_size(l->worker.size()));
                     encode_located(*l, re.data());
                     if (re.size() != payload.size() ||

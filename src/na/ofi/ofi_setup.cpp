@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "na/base/epoll_set.hpp"
 #include "na/base/transports.hpp"
 #include "na/base/url.hpp"
 #include "na/ofi/ofi.hpp"
@@ -128,17 +129,9 @@ bool is_ip_literal(std::string_view host) {
 
 OfiContext::OfiContext(OfiTransport* t, uint8_t id, bool thread_safe)
     : Context(t, id, thread_safe), ot_(t) {
-    block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (block_epfd_ < 0) {
-        TALARIA_LOG(ofi, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
-        return;
-    }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = t->progress_fd();
-    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, t->progress_fd(), &ev);
-    ev.data.fd = event_fd();
-    ::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, event_fd(), &ev);
+    block_epfd_ = epoll_set_of({t->progress_fd(), event_fd()});
+    if (block_epfd_ < 0)
+        TALARIA_LOG(ofi, error, "context {}: its epoll set: {}", id, std::strerror(errno));
 }
 
 OfiContext::~OfiContext() {
@@ -161,7 +154,7 @@ Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id,
     auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
-        return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
+        return Error(Errc::io_error, fmt::format("context {}: {}", id, kEpollSetRemedy));
     match_.attach(ctx.get());
     return std::unique_ptr<Context>(std::move(ctx));
 }

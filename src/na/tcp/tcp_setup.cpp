@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "na/base/epoll_set.hpp"
 #include "na/base/transports.hpp"
 #include "na/tcp/tcp.hpp"
 #include "talaria/util/log.hpp"
@@ -124,22 +125,9 @@ Lane::~Lane() {
 
 TcpContext::TcpContext(TcpTransport* t, uint8_t id, bool thread_safe, Lane* lane)
     : Context(t, id, thread_safe), tt_(t), lane_(lane) {
-    block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (block_epfd_ < 0) {
-        TALARIA_LOG(tcp, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
-        return;
-    }
-    for (int fd : {lane->epfd, t->progress_fd(), event_fd()}) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.fd = fd;
-        if (::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            TALARIA_LOG(tcp, error, "context {}: epoll_ctl failed: {}", id, std::strerror(errno));
-            ::close(block_epfd_);
-            block_epfd_ = -1;
-            return;
-        }
-    }
+    block_epfd_ = epoll_set_of({lane->epfd, t->progress_fd(), event_fd()});
+    if (block_epfd_ < 0)
+        TALARIA_LOG(tcp, error, "context {}: its epoll set: {}", id, std::strerror(errno));
 }
 
 TcpContext::~TcpContext() {
@@ -176,7 +164,7 @@ Result<std::unique_ptr<Context>> TcpTransport::context_create(uint8_t id,
     auto ctx = std::make_unique<TcpContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
-        return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
+        return Error(Errc::io_error, fmt::format("context {}: {}", id, kEpollSetRemedy));
     if (!ctx->watch_fd(l->epfd)) return errno_error("tcp: epoll_ctl(a context's set)", errno);
     {
         std::lock_guard lg(l->mu);

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "na/base/epoll_set.hpp"
 #include "na/base/transports.hpp"
 #include "na/ucx/ucx.hpp"
 #include "na/ucx/ucx_diag.hpp"
@@ -272,22 +273,9 @@ uint8_t UcxTransport::serving_lane(uint8_t ctx, bool unexpected) {
 
 UcxContext::UcxContext(UcxTransport* t, uint8_t id, bool thread_safe, Lane* lane)
     : Context(t, id, thread_safe), ut_(t), lane_(lane) {
-    block_epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (block_epfd_ < 0) {
-        TALARIA_LOG(ucx, error, "context {}: epoll_create1 failed: {}", id, std::strerror(errno));
-        return;
-    }
-    for (int fd : {lane->efd, event_fd()}) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.fd = fd;
-        if (::epoll_ctl(block_epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            TALARIA_LOG(ucx, error, "context {}: epoll_ctl failed: {}", id, std::strerror(errno));
-            ::close(block_epfd_);
-            block_epfd_ = -1;
-            return;
-        }
-    }
+    block_epfd_ = epoll_set_of({lane->efd, event_fd()});
+    if (block_epfd_ < 0)
+        TALARIA_LOG(ucx, error, "context {}: its epoll set: {}", id, std::strerror(errno));
 }
 
 UcxContext::~UcxContext() {
@@ -313,7 +301,7 @@ Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id,
     auto ctx = std::make_unique<UcxContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
     if (ctx->block_fd() < 0)
-        return Error(Errc::io_error, fmt::format("context {}: epoll_create1 failed", id));
+        return Error(Errc::io_error, fmt::format("context {}: {}", id, kEpollSetRemedy));
     if (!ctx->watch_fd(l->efd))
         return Error(Errc::io_error, fmt::format("context {}: epoll_ctl(its worker's fd) failed: "
                                                  "{}",
