@@ -63,7 +63,7 @@ class Seat final : public Driver {
     static constexpr Duration kHoldSpin = std::chrono::microseconds(20);
 
     Seat(core::Context* c, na::Context* n, WaitMode mode) noexcept
-        : core_(c), na_(n), mode_(mode) {}
+        : core_(c), na_(c ? &c->na_context() : n), mode_(mode) {}
 
     void drive(uint8_t, Duration) override {}  // background contexts are never driven by slot
     bool wait_ready(StateBase& s, TimePoint deadline) override;
@@ -128,7 +128,7 @@ class Seat final : public Driver {
     bool drive_until(StateBase& s, TimePoint deadline);
 
     core::Context* core_;
-    na::Context* na_;  ///< the bulk context (core_ null)
+    na::Context* na_;  ///< the na context below core_, or the bulk context (core_ null)
     std::atomic<WaitMode> mode_;
     alignas(64) std::atomic<uint32_t> word_{0};
 };
@@ -313,10 +313,7 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
         if (w & kStop) break;
         if ((w & kNapping) && !woke_napper) {
             woke_napper = true;
-            if (core_)
-                (void)core_->na_context().post([](const na::Completion&) {});
-            else
-                (void)na_->post([](const na::Completion&) {});
+            (void)na_->post([](const na::Completion&) {});
         }
         if (Clock::now() < spin_end) {
             cpu_relax();
