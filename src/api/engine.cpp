@@ -267,11 +267,13 @@ void Seat::wait_unheld() const noexcept {
 bool Seat::drive_until(StateBase& s, TimePoint deadline) {
     TimePoint last_work = Clock::now();
     while (!s.ready()) {
-        if (stopping() || deadline_passed(deadline)) return s.ready();
+        if (stopping()) return s.ready();
+        // One step before the deadline is looked at: a short wait still drives the context.
         if (step(Duration(0))) {
             last_work = Clock::now();
             continue;
         }
+        if (deadline_passed(deadline)) return s.ready();
         cpu_relax();
         TimePoint now = Clock::now();
         Duration window = mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
@@ -287,7 +289,20 @@ bool Seat::drive_until(StateBase& s, TimePoint deadline) {
 bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
     // This thread drives this context already (a handler or continuation waiting on a call
     // of its own context): it cannot step in for itself; it waits as before.
-    if (tl_held.has(this) || tl_held.n == Held::kMax) return s.sleep_until(deadline);
+    if (tl_held.has(this)) {
+        // Only this thread could complete the call (nobody else may drive the context, and
+        // its deadline fires from this context's own trigger): it waits until someone else
+        // completes it, if anyone does.
+        TALARIA_LOG(api, warn,
+                    "get() on a call of the context this thread drives (a handler or "
+                    "continuation of that context) cannot complete: call .from() another "
+                    "context, or use then()/co_await");
+        return s.sleep_until(deadline);
+    }
+    if (tl_held.n == Held::kMax) return s.sleep_until(deadline);
+    // A poll (wait_for(0)) must not announce itself: the progress thread would park for a
+    // whole check with nobody driving.
+    if (deadline_passed(deadline)) return s.ready();
     uint32_t w = word_.fetch_add(1 + kArrival);
     bool done = false;
     bool woke_napper = false;

@@ -417,7 +417,7 @@ TEST_P(Api, ShutdownFailsPendingCalls) {
 void expect_get_drives(const Procedure<DecodedOn(DecodedOn)>& echo, const char* mode) {
     int here = 0;
     for (int i = 0; i < 200; ++i) {
-        DecodedOn r = echo(DecodedOn{i, {}}).get();
+        DecodedOn r = value_within(echo(DecodedOn{i, {}}));
         ASSERT_EQ(r.v, i);
         if (r.decoded_by == std::this_thread::get_id()) ++here;
     }

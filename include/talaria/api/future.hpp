@@ -117,7 +117,7 @@ class StateBase {
         if (ready()) return true;
         if (mode_ == Mode::seat) {
             if (auto d = driver_.lock()) return d->wait_ready(*this, deadline);
-            return sleep_until(deadline);  // the engine is gone (it failed its calls first)
+            return ready();  // the engine is gone: nothing will complete this state any more
         }
         if (mode_ == Mode::manual) {
             // Nobody else progresses a manual engine: this thread does, in slices of at most
