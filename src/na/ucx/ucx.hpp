@@ -470,6 +470,7 @@ class UcxTransport final : public Transport {
     ucp_listener_h listener_ = nullptr;  ///< on lane 0's worker (its lock guards it)
     int pfd_ = -1;                       ///< progress_fd(): an eventfd nobody writes
     uint64_t instance_ = 0;
+    uint64_t token_salt_ = 0;  ///< random, never sent: mixed into locate tokens
     std::atomic<uint64_t> ep_serial_{0};
     std::atomic<bool> closing_{false};  ///< in the destructor: callbacks complete nothing
     std::atomic<uint64_t> deaths_{0};   ///< peers declared dead so far (lanes sweep on change)

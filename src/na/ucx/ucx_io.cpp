@@ -264,8 +264,10 @@ Result<Route*> UcxTransport::route_locked(Lane& l, UcxAddr* pa, uint8_t ctx, boo
     r.unexpected = unexpected;
     r.ep = ep;
     if (ask) {
-        // Not guessable from outside: a located answer is matched by it.
-        r.token = uint32_t(mix64(instance_ ^ (uint64_t(l.id) << 56) ^ ++l.next_token));
+        // Not guessable from outside: a located answer is matched by it, and the salt never
+        // goes on the wire (the instance does).
+        r.token =
+            uint32_t(mix64(token_salt_ ^ instance_ ^ (uint64_t(l.id) << 56) ^ ++l.next_token));
         if (r.token == 0) r.token = 1;
         ++l.locating;
         send_locate_locked(l, ask, r);
@@ -781,12 +783,12 @@ void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
     for (auto& [key, x] : l.routes)
         if (!x.ep && x.token == h.tag && x.ctx == h.context_id && x.unexpected == loc->unexpected)
             r = &x;
-    for (UcxAddr* pa : {s.peer, r ? ucx_addr(r->peer) : nullptr}) {
-        if (pa == nullptr) continue;
+    // An answer nobody asked for teaches nothing (a peer must not fill our directory).
+    if (r == nullptr) return;
+    for (UcxAddr* pa : {s.peer, ucx_addr(r->peer)}) {
         std::lock_guard g(pa->dmu);
         learn_locked(pa, h.context_id, loc->unexpected, loc->lane, loc->worker);
     }
-    if (r == nullptr) return;
     UcxAddr* pa = ucx_addr(r->peer);
     auto e = ep_to_locked(l, pa, loc->lane, loc->worker);
     if (!e) {

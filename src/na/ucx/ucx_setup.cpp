@@ -296,7 +296,9 @@ Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id,
     {
         std::lock_guard gl(l->mu);
         if (l->ctx)
-            return Error(Errc::already_exists, fmt::format("context {} already exists", id));
+            return Error(
+                Errc::already_exists,
+                fmt::format("context {} already exists: destroy it first or use another id", id));
     }
     auto ctx = std::make_unique<UcxContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
@@ -532,6 +534,7 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     TALARIA_TRY(spec, parse_spec(sub, rest));
     spec_ = std::move(spec);
     instance_ = random_u64();
+    token_salt_ = random_u64();
     pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pfd_ < 0) return Error(Errc::io_error, fmt::format("eventfd: {}", std::strerror(errno)));
     TALARIA_CHECK(init_context());
