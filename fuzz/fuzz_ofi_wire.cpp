@@ -1,6 +1,7 @@
 // Fuzz the ofi transport's decoders of peer bytes (src/na/ofi/ofi_wire.hpp): the header in front
-// of every message (read straight out of a receive buffer), the serialized address and the
-// serialized memory handle. None may crash or accept what the encoders would not produce.
+// of every message (read straight out of a receive buffer), the locate request and answer, the
+// serialized address and the serialized memory handle. None may crash or accept what the encoders
+// would not produce.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -21,15 +22,31 @@ void check(bool ok) {
 void header(std::span<const std::byte> in) {
     auto h = decode_msg_header(in);
     if (!h) return;
-    check(h->header_size == kMsgFixedSize + h->raw_addr.size());
+    check(h->header_size == kMsgFixedSize + h->raw_addr.size() + h->lane_addr.size());
     check(h->header_size <= in.size());
     check(!h->raw_addr.empty() && h->raw_addr.size() <= kMaxRawAddr);
+    check(h->lane_addr.size() <= kMaxRawAddr);
     check(in.size() - h->header_size <= kMaxMessageSize);
     check(h->instance != 0);
     std::byte again[kHeaderRoom];
     std::size_t n = encode_msg_header(*h, again);
     check(n == h->header_size);
     check(std::memcmp(again, in.data(), n) == 0);
+}
+
+void locate(std::span<const std::byte> in) {
+    auto l = decode_locate(in);
+    if (l) {
+        std::byte again[kLocateSize];
+        encode_locate(*l, again);
+        check(std::memcmp(again, in.data(), kLocateSize) == 0);
+    }
+    auto d = decode_located(in);
+    if (!d) return;
+    check(d->found == !d->raw.empty() && d->raw.size() <= kMaxRawAddr);
+    std::byte again[kLocatedFixedSize + kMaxRawAddr];
+    std::size_t n = encode_located(*d, again);
+    check(n == in.size() && std::memcmp(again, in.data(), n) == 0);
 }
 
 void addr(std::span<const std::byte> in) {
@@ -58,9 +75,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::span<const std::byte> all(reinterpret_cast<const std::byte*>(data), size);
     // The first byte picks the decoder the rest is meant for; every decoder also sees it all.
     auto rest = all.subspan(1);
-    switch (data[0] % 3) {
+    switch (data[0] % 4) {
         case 0:
             header(rest);
+            break;
+        case 2:
+            locate(rest);
             break;
         case 1:
             addr(rest);
@@ -70,6 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             break;
     }
     header(all);
+    locate(all);
     addr(all);
     mem(all);
     return 0;

@@ -77,14 +77,12 @@ double AllocApi::echo_allocs_per_call(ProgressMode client_progress) {
     return per;
 }
 
-/// Allocations per call the transport itself still makes (issue 9, item 4, not met there): a
-/// received message's source address is interned by name and dropped with the message, so
-/// every message re-creates it (inproc: the address object and its table entry; ofi: the
-/// "\x01"+raw-address key, the object, the table node). Every other transport: none.
+/// Allocations per call the transport itself still makes (issue 9, item 4, not met there):
+/// inproc (a test transport) interns a received message's source address by name and drops it
+/// with the message, so every message re-creates it (the address object and its table entry).
+/// Every other transport: none (ofi's lanes keep the processes they hear from).
 double transport_budget(const std::string& label) {
     if (label == "inproc") return 2.0;
-    if (label == "ofi_tcp") return 10.0;
-    if (label == "ofi_shm") return 13.0;
     return 0.0;
 }
 

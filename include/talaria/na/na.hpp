@@ -366,9 +366,9 @@ class Transport {
     /// An fd that is readable when this transport needs progress (epoll-nestable).
     [[nodiscard]] virtual int progress_fd() const noexcept = 0;
     /// Prepare to block on progress_fd(): false when work is already pending (do not block).
-    /// sm, tcp and ucx always answer false (their messages wake each context's own set, which
-    /// progress_fd() does not hold; ucx's progress_fd() is never readable): block on
-    /// Context::wait_fd() after Context::try_wait().
+    /// sm, tcp, ucx and ofi always answer false (their messages wake each context's own set,
+    /// which progress_fd() does not hold; ucx's and ofi's progress_fd() is never readable):
+    /// block on Context::wait_fd() after Context::try_wait().
     virtual bool try_wait() = 0;
     /// An address equal to `a` for one context to keep (a transport whose addresses are
     /// reference counted per peer may return an alias with a count of its own, so that the

@@ -1,30 +1,38 @@
-// The ofi transport: libfabric reliable-datagram endpoints (FI_EP_RDM), one endpoint, completion
-// queue and address vector per transport. Setup (fabric, domain, endpoint, addresses, memory
-// registration, message-buffer pool) is in ofi_setup.cpp; the data path (posting, completion
+// The ofi transport: libfabric reliable-datagram endpoints (FI_EP_RDM). Every context is a
+// progress domain, a lane: its own endpoint, completion queue, address vector, receive buffers,
+// op pool, matcher and lock; the fabric, the domain, memory registrations and message-buffer
+// slabs are the transport's. Setup (fabric, domain, lanes, addresses, memory registration,
+// message-buffer pool) is in ofi_setup.cpp; the data path (posting, routing, completion
 // processing, software matching, peer probing, progress) in ofi_io.cpp; the wire format in
 // ofi_wire.hpp. Design notes: docs/architecture.md (ofi); wire layout: docs/protocol.md (ofi).
 //
-// Unexpected messages and probes are untagged libfabric sends of [header | payload] into
-// FI_MULTI_RECV buffers owned by the transport (or a pool of posted buffers where the provider
-// lacks multi-recv), dispatched to contexts in software; the header names the sender, so no
-// provider needs FI_SOURCE. Expected messages are tagged sends (fi_tsend/fi_tinject, no header)
-// received by fi_trecv straight into the user's buffer, matched by the provider on (source
-// fi_addr, tag) with FI_DIRECTED_RECV; where a provider lacks FI_TAGGED|FI_DIRECTED_RECV they
-// take the untagged path and are matched in software (ProviderInfo::tagged).
+// Every message is an untagged libfabric send of [header | payload] into FI_MULTI_RECV buffers
+// owned by the receiving lane (or posted buffers where the provider lacks multi-recv), matched
+// in software by that lane (na/base/matcher.hpp); the header names the sending process and
+// lane, so no provider needs FI_SOURCE. A lane learns where a peer's context lives (which of
+// the peer's endpoints serves it) from the peer's headers or by asking the peer's context 0
+// (locate / located messages).
 //
-// Locking: one transport lock `mu_` (a no-op without Options::thread_safe) around every
-// libfabric call and all matching state (the domain is opened FI_THREAD_DOMAIN: we serialize).
+// Locking: a lane's lock `mu` guards its endpoint, CQ, AV and every structure of the lane (a
+// no-op without Options::thread_safe); the domain is opened FI_THREAD_COMPLETION (we serialize
+// each endpoint with its CQ; the provider serializes shared objects such as registrations).
+// The transport's `setup_mu_` guards lane creation and registration keys (a lane never holds
+// it while it takes a lane lock); `buf_mu_` the message-buffer free lists (leaf).
 #pragma once
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
 #include <atomic>
+#include <bitset>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -51,52 +59,105 @@ inline constexpr Duration kProbeTimeout = std::chrono::milliseconds(2500);
 /// Poll-sleep period where the completion queue has no wait fd (shm).
 inline constexpr Duration kPollSleep = std::chrono::milliseconds(1);
 
-/// The 64-bit libfabric tag of an expected message: a marker bit, the destination context id
-/// (bits 32..39, ignored when matching, reported in the completion) and the na tag (bits 0..31).
-inline constexpr uint64_t kTagExpected = uint64_t(1) << 63;
-inline constexpr uint64_t kTagCtxIgnore = uint64_t(0xff) << 32;
-[[nodiscard]] constexpr uint64_t expected_tag(uint8_t dest_ctx, uint32_t tag) noexcept {
-    return kTagExpected | (uint64_t(dest_ctx) << 32) | tag;
-}
+/// A locate not answered within this is sent again; after kLocateTries, the sends waiting for
+/// it fail (unreachable).
+inline constexpr Duration kLocateRetry = std::chrono::seconds(1);
+inline constexpr int kLocateTries = 3;
 
 /// What a libfabric operation context points at (the first member of each kind).
 struct FiCtx {
-    enum class Kind : uint8_t { op, rx, probe };
+    enum class Kind : uint8_t { op, rx, ctl };
     Kind fi_kind = Kind::op;
 };
 
 struct WatchTag {};
+struct LaneTag {};
 
-/// One peer, interned weakly (see na/base/addr_table.hpp) under its canonical string and, as an
-/// alias, under "\x01" + its raw provider address (how a received header names it). Lives while
-/// a user Addr, a pending op, a queued message, a remote memory handle or a probe holds it.
-struct OfiAddr final : AddrImpl, ListHook<WatchTag> {
+class OfiLane;
+
+/// One peer process (one transport instance, named by the address of its context 0's
+/// endpoint), interned weakly (see na/base/addr_table.hpp) under its canonical string and, as
+/// an alias, under "\x01" + its raw provider address (how a received header names it). Lives
+/// while a user Addr, an alias, a lane's route, source or remote endpoint, a pending op, a
+/// queued message or a remote memory handle holds it. `str`, `raw` and `pid` are written
+/// before it is handed out; `instance` and `dead` are atomics; `aliases`/`raw_alias` are under
+/// the transport's setup lock.
+struct OfiAddr final : AddrImpl {
     OfiAddr(OfiTransport* t, std::string s);
     ~OfiAddr() override;
     OfiAddr(const OfiAddr&) = delete;
     OfiAddr& operator=(const OfiAddr&) = delete;
 
-    std::string str;                  ///< canonical "ofi+tcp://127.0.0.1:5000", "ofi+shm://name"
-    std::string raw;                  ///< provider address bytes (what fi_av_insert takes)
-    fi_addr_t fi = FI_ADDR_NOTAVAIL;  ///< AV entry (lookup / first use); under the lock
-    int pid = 0;                      ///< shm: the owner's pid (from the name), 0 if unknown
-    uint64_t instance = 0;            ///< the peer's endpoint instance, once heard from
-    bool dead = false;                ///< declared dead: every op on it fails with disconnected
-    uint32_t pending = 0;             ///< ops in flight on it (watched while nonzero)
+    std::string str;  ///< canonical "ofi+tcp://127.0.0.1:5000", "ofi+shm://name"
+    std::string raw;  ///< provider address of its context 0's endpoint (what fi_av_insert takes)
+    int pid = 0;      ///< shm: the owner's pid (from the name), 0 if unknown
+    std::atomic<uint64_t> instance{0};  ///< the peer's endpoint instance, once heard from
+    std::atomic<bool> dead{false};      ///< declared dead: every op on it fails (disconnected)
+    std::vector<std::string> aliases;   ///< other lookup strings interned for it
+    bool raw_alias = false;             ///< interned under "\x01" + raw
+
+  private:
+    OfiTransport* owner_;
+};
+
+/// The peer process behind an address of this transport (canonical or an alias).
+inline OfiAddr* ofi_addr(const Addr& a) noexcept {
+    return static_cast<OfiAddr*>(a.impl()->canonical());
+}
+
+/// One endpoint of a peer (the lane of one of its contexts) as one lane of ours sees it: its
+/// entry in our lane's address vector and what our lane knows of it. Under our lane's lock.
+struct Remote : ListHook<WatchTag> {
+    std::string raw;                  ///< its provider address
+    Addr peer;                        ///< the process it belongs to
+    fi_addr_t fi = FI_ADDR_NOTAVAIL;  ///< its entry in our lane's AV (once inserted)
+    int pid = 0;                      ///< shm: the owner's pid (from the name)
+    uint32_t pending = 0;             ///< our ops in flight on it (watched while nonzero)
     bool probing = false;             ///< a probe is in flight
     bool connected = false;           ///< a send to it completed (so injects may be used)
     uint32_t deferred = 0;            ///< its ops on the deferred list (later sends queue behind)
     uint64_t stalled_pass = 0;        ///< the retry pass in which the provider refused it
     TimePoint heard{};                ///< last message or successful probe from it
     TimePoint probe_sent{};
-    TimePoint refused_since{};         ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
-    TimePoint listen_checked_at{};     ///< last listener_gone_locked look (rate limit)
-    std::vector<std::string> aliases;  ///< other lookup strings interned for it
-    bool raw_alias = false;            ///< interned under "\x01" + raw
-
-  private:
-    OfiTransport* owner_;
+    TimePoint refused_since{};      ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
+    TimePoint listen_checked_at{};  ///< last listener_gone_locked look (rate limit)
 };
+
+/// Where our lane sends one kind of message (unexpected or expected) for one context of one
+/// peer: the peer's endpoint that serves it, or, while that is not known (a locate is in
+/// flight), the sends waiting, in order.
+struct Route {
+    Addr peer;
+    uint8_t ctx = 0;
+    bool unexpected = true;
+    Remote* rem = nullptr;
+    IntrusiveList<struct OfiOp> waiting;
+    uint32_t token = 0;     ///< the locate in flight (its answer echoes it)
+    TimePoint since{};      ///< when that locate was sent
+    int tries = 0;          ///< locates sent
+    bool locating = false;  ///< a locate is due or in flight (counted in OfiLane::locating)
+};
+using RouteKey = std::tuple<const OfiAddr*, uint8_t, bool>;
+
+/// A process our lane receives from: its address as this lane keeps it (an alias, so lanes
+/// do not share one reference count), keyed by its raw address.
+struct Source {
+    Addr addr;  ///< alias of the canonical address
+    uint64_t instance = 0;
+    TimePoint heard{};  ///< last message from it (read when probing its endpoints)
+    /// Its contexts whose routes this lane learned from their headers (expected; unexpected).
+    std::bitset<256> learned[2];
+};
+
+/// Hash of the string-keyed maps of a lane (lookups by string_view, no allocation).
+struct RawHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+        return std::hash<std::string_view>{}(s);
+    }
+};
+template <class V>
+using RawMap = std::unordered_map<std::string, V, RawHash, std::equal_to<>>;
 
 /// A registration (local) or a deserialized peer's handle (remote).
 struct OfiMem final : MemImpl {
@@ -125,12 +186,14 @@ struct Slab {
 enum class OpState : uint8_t {
     idle,
     recv_posted,  ///< on a posted-receive list (software matching), cancelable
+    routing,      ///< a send waiting for its route (a locate in flight), cancelable
     deferred,     ///< a send or put/get the provider refused for now (-FI_EAGAIN): retried by
-                  ///< progress, in order per peer; cancelable
+                  ///< progress, in order per remote endpoint; cancelable
     in_provider,  ///< posted to libfabric: completes through the CQ
 };
 
-/// A user operation. Its Op hook links it on a posted-receive list or on the deferred list.
+/// A user operation. Its Op hook links it on a posted-receive list, a route's waiting list or
+/// the deferred list.
 struct OfiOp : Op, FiCtx {
     OpState state = OpState::idle;
     std::byte* buf = nullptr;      ///< recv: destination; send: header + payload; put/get: local
@@ -139,15 +202,15 @@ struct OfiOp : Op, FiCtx {
     uint64_t raddr = 0;            ///< put/get: remote address (or offset) of byte 0
     uint64_t rkey = 0;             ///< put/get: remote key
     std::size_t posted_bytes = 0;  ///< put/get: bytes of fragments already posted
-    Addr peer;  ///< send/put/get: destination; recv_expected: source (watched; the Matcher's)
+    Addr peer;               ///< send/put/get: destination; recv_expected: source (the Matcher's)
+    Remote* rem = nullptr;   ///< send/put/get: the endpoint; recv_expected: the peer's context 0
+    Route* route = nullptr;  ///< routing: the route it waits for
     Tag match_tag = 0;
     uint32_t fragments = 0;  ///< put/get: fragments still in the provider
     Errc first_error = Errc::ok;
     std::byte* bounce = nullptr;  ///< send of a foreign buffer: our copy (freed on completion)
-    bool counted = false;         ///< counted in peer->pending
+    bool counted = false;         ///< counted in rem->pending
     bool cancel_asked = false;    ///< cancel() called fi_cancel on it
-    bool tagged = false;          ///< an fi_tsend / fi_trecv (expected message, provider-matched)
-    uint64_t ftag = 0;            ///< tagged send: the 64-bit libfabric tag
 };
 
 /// A receive buffer posted to the provider (multi-recv, or one message each).
@@ -157,21 +220,102 @@ struct RxBuf : FiCtx {
     bool posted = false;
 };
 
-/// An internal probe in flight (outlives a peer declared dead while the provider holds it).
-struct Probe : FiCtx {
-    Addr peer;
+/// An internal message in flight (a probe, a locate or its answer): a registered buffer of
+/// its own; outlives a peer declared dead while the provider holds it.
+struct Ctl : FiCtx {
+    MsgBuffer buf;          ///< a message buffer (registered; header room in front)
+    Addr peer;              ///< probes: the peer probed
+    Remote* rem = nullptr;  ///< probes: the endpoint probed
+    bool probe = false;
     bool in_use = false;
+};
+
+/// A peer found dead where failing it at once could pull lists or routes out from under the
+/// caller (inside a walk of them): failed at the next safe point (flush_deaths_locked).
+struct PendingDeath {
+    Addr peer;
+    Errc status = Errc::disconnected;
+    std::string why;
+};
+
+/// An internal message the provider refused for now (-FI_EAGAIN), sent again from progress.
+struct CtlRetry {
+    Ctl* ctl = nullptr;
+    Remote* to = nullptr;
+    std::size_t total = 0;
+};
+
+/// One context's progress domain: its endpoint, completion queue and address vector, and
+/// everything its progress and posts touch, under its own lock. Lane 0 is made with the
+/// transport (its endpoint's address is the transport's address); the others with their
+/// contexts. A lane outlives its context (a context made again with its id reuses it, so its
+/// address stays what peers learned) and goes with the transport.
+class OfiLane {
+  public:
+    OfiLane(OfiTransport* t, uint8_t id, const Options& o);
+    OfiTransport* const t;
+    const uint8_t id;
+    MaybeMutex mu;  ///< guards everything below and every call on ep, cq and av
+    OpPool<OfiOp> ops;
+    fid_ep* ep = nullptr;
+    fid_cq* cq = nullptr;
+    fid_av* av = nullptr;
+    int cq_fd = -1;        ///< the CQ's wait fd, or -1
+    int timer_fd = -1;     ///< one-shot timer: poll-sleep without a wait fd, and peer probing
+    int pfd = -1;          ///< epoll over cq_fd and timer_fd (in the context's wait set)
+    std::string raw;       ///< our endpoint's provider address (immutable once made)
+    std::string shm_name;  ///< shm: our region name (its /dev/shm file)
+    std::byte header[kHeaderRoom]{};  ///< header template (kind/ctx/tag/flags patched per send)
+    std::size_t header_size = 0;
+    const Context* ctx = nullptr;  ///< the attached context
+    /// Its context exists (`attached`), and takes unexpected messages (`serves`): read by
+    /// other lanes' progress, to answer a locate.
+    std::atomic<bool> attached{false};
+    std::atomic<bool> serves{false};
+
+    std::vector<std::unique_ptr<RxBuf>> rx;
+    std::unique_ptr<std::byte[]> rx_mem;
+    fid_mr* rx_mr = nullptr;
+    void* rx_desc = nullptr;
+    std::vector<std::unique_ptr<Ctl>> ctls;
+    std::vector<CtlRetry> ctl_retry;   ///< answers refused with -FI_EAGAIN, sent again
+    std::vector<PendingDeath> deaths;  ///< peers to fail at the next safe point
+    bool polling = false;              ///< inside poll_cq_locked (no nested poll)
+
+    /// Posted receives and early messages of this lane's context. An unexpected message
+    /// naming a context this lane does not serve (the peer's route led here: its own context
+    /// takes none) goes to this lane's context, still naming the one it was sent to.
+    Matcher<OfiOp, QueuedMsg, &OfiOp::peer> match;
+    IntrusiveList<OfiOp> deferred;
+    IntrusiveList<OfiOp> inflight;  ///< ops the provider holds (released at teardown)
+    uint64_t pass = 0;
+    uint64_t rx_buffer_messages = 0;
+    IntrusiveList<Remote, WatchTag> watched;
+    TimePoint next_check{};
+    RawMap<std::unique_ptr<Remote>> remotes;  ///< by raw address
+    std::map<RouteKey, Route> routes;
+    std::size_t locating = 0;  ///< routes waiting for a locate answer
+    uint32_t next_token = 0;
+    uint64_t token_salt = 0;   ///< random, never sent: locate tokens are not guessable
+    RawMap<Source> sources;    ///< by the peer's raw address
+    uint64_t deaths_seen = 0;  ///< OfiTransport::deaths_ when this lane last looked
+    Route* last_route = nullptr;
+    Source* last_source = nullptr;
+    std::string last_source_raw;
 };
 
 class OfiContext final : public Context {
   public:
-    OfiContext(OfiTransport* t, uint8_t id, bool thread_safe);
+    OfiContext(OfiTransport* t, uint8_t id, bool thread_safe, OfiLane* lane);
     ~OfiContext() override;
     [[nodiscard]] int block_fd() const noexcept { return block_epfd_; }
+    [[nodiscard]] OfiLane& lane() const noexcept { return *lane_; }
+    bool attached = false;
 
   private:
     OfiTransport* ot_;
-    int block_epfd_ = -1;  ///< epoll over the transport's progress fd and this context's eventfd
+    OfiLane* lane_;
+    int block_epfd_ = -1;  ///< epoll over its lane's fd and this context's eventfd
 };
 
 /// What the provider offers, read from its fi_info.
@@ -185,8 +329,6 @@ struct ProviderInfo {
     std::size_t max_msg_size = 0;
     bool multi_recv = false;
     bool wait_fd = false;
-    bool tagged = false;        ///< FI_TAGGED | FI_DIRECTED_RECV: expected messages are tagged
-    bool av_on_lookup = false;  ///< addr_lookup inserts into the AV (not shm: bounded AV)
     /// A peer's address is a TCP socket it listens on (tcp;ofi_rxm), so no listener on a
     /// loopback peer's port proves its process gone (listener_gone_locked). Not verbs: its
     /// socket addresses name rdma_cm listeners, not TCP ones.
@@ -206,6 +348,7 @@ class OfiTransport final : public Transport {
 
     Result<Addr> addr_lookup(std::string_view address) override;
     Addr addr_self() override { return self_; }
+    Addr addr_alias(const Addr& a) override;
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
@@ -241,26 +384,39 @@ class OfiTransport final : public Transport {
 
     Result<void> cancel(OpId id) override;
     Result<void> progress(Context& ctx, TimePoint deadline) override;
+    /// An eventfd nobody writes: a context's messages wake its lane's fd, in the context's
+    /// wait_fd(). Block on Context::wait_fd() after Context::try_wait().
     int progress_fd() const noexcept override { return pfd_; }
-    bool try_wait() override;
+    bool try_wait() override { return false; }
+    bool try_wait_for(Context& ctx) override;
 
     [[nodiscard]] const ProviderInfo& provider() const noexcept { return prov_; }
-    /// Peers currently watched (with operations pending on them); for tests.
+    /// Peer endpoints currently watched (with operations pending on them), over all lanes;
+    /// for tests.
     [[nodiscard]] std::size_t watched_peers();
-    /// Messages (not probes) taken from our receive buffers and dispatched in software (copied
-    /// into the user's buffer); tagged expected messages never count. For tests.
+    /// Messages taken from our receive buffers and matched in software, over all lanes; for
+    /// tests.
     [[nodiscard]] uint64_t rx_buffer_messages();
 
     // --- used by OfiContext / OfiMem / OfiAddr ------------------------------------------------
-    void context_destroyed(uint8_t id) noexcept;
+    void context_destroyed(OfiContext* c) noexcept;
     void mem_unregister(OfiMem* m) noexcept;
 
   private:
     friend struct OfiAddr;
+    friend class OfiLane;
+
+    [[nodiscard]] OfiLane* lane_at(uint8_t id) const noexcept {
+        return lane_ptr_[id].load(std::memory_order_acquire);
+    }
+    static OfiLane& lane_of(Context& ctx) noexcept { return static_cast<OfiContext&>(ctx).lane(); }
 
     // setup (ofi_setup.cpp)
     Result<void> open_provider(std::string_view sub, std::string_view rest);
-    Result<void> post_rx_buffers();
+    Result<OfiLane*> lane_create_locked(uint8_t id);
+    Result<void> lane_open(OfiLane& l);
+    void lane_close(OfiLane& l) noexcept;
+    Result<void> post_rx_buffers(OfiLane& l);
     Result<Addr> lookup_locked(std::string_view address, bool from_wire);
     Addr intern_locked(const std::string& canonical, std::string raw);
     /// The canonical address string of a raw provider address (empty if not representable).
@@ -270,115 +426,126 @@ class OfiTransport final : public Transport {
     std::optional<SockAddr> sock_addr_of(std::span<const std::byte> raw) const;
     /// The raw provider address of a canonical string's part after "scheme://".
     Result<std::string> raw_of(std::string_view rest, bool from_wire) const;
-    Result<void> av_insert_locked(OfiAddr* a);
-    /// shm: the peer with this raw address closed its endpoint or died.
-    bool shm_peer_gone_locked(std::string_view raw) const;
-    Result<Slab*> slab_grow_locked(uint8_t size_class);
-    /// A maximal slot for a copy of a foreign buffer (called under mu_), and its descriptor.
+    /// shm: the peer endpoint with this raw address closed or died (its region is gone).
+    bool shm_peer_gone(std::string_view raw) const;
+    Result<Slab*> slab_grow(uint8_t size_class);
+    /// A maximal registered slot for a copy of a foreign buffer, and its descriptor.
     std::byte* bounce_alloc(void** desc) noexcept;
     void bounce_free(std::byte* p) noexcept;
+    uint64_t next_key_locked() noexcept;
     void close_all() noexcept;
 
-    // data path (ofi_io.cpp)
+    // data path (ofi_io.cpp), each on one lane under its lock
     Result<OpId> post_send(Context& ctx, Callback cb, const MsgBuffer& buf, std::size_t len,
                            const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
-    Result<OpId> fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
+    Result<OpId> fail_async(OfiLane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
                             const std::string& why);
-    /// An expected receive as an fi_trecv from the source's fi_addr (tagged providers).
-    Result<OpId> post_trecv_locked(OfiOp* op, MsgBuffer& buf, const Addr& source, Tag tag);
     Result<OpId> post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
                           std::size_t len, const Addr& remote_addr);
     /// Post with retries on -FI_EAGAIN (progressing the CQ in between); the libfabric result.
     template <class F>
-    ssize_t post_retry_locked(F&& f);
-    void poll_cq_locked();
+    ssize_t post_retry_locked(OfiLane& l, F&& f);
+    /// Our lane's view of the peer endpoint at `raw` (made on first use), owned by `peer`.
+    Remote* remote_locked(OfiLane& l, std::string_view raw, const Addr& peer);
+    Result<void> av_insert_locked(OfiLane& l, Remote* r);
+    /// The route of (peer, context, kind): made on first use; a locate goes out when the
+    /// endpoint is not known yet.
+    Route* route_locked(OfiLane& l, const Addr& peer, uint8_t ctx, bool unexpected);
+    void send_locate_locked(OfiLane& l, Route& r, TimePoint now);
+    void route_found_locked(OfiLane& l, Route& r, Remote* rem);
+    void route_failed_locked(OfiLane& l, Route& r, Errc status, const std::string& why);
+    void check_locates_locked(OfiLane& l, TimePoint now);
+    /// Start a send whose endpoint is known (routing done).
+    void start_send_locked(OfiLane& l, OfiOp* op);
+    Ctl* ctl_alloc_locked(OfiLane& l);
+    /// Send an internal message (its header written at ctl->buf.data() - header bytes).
+    ssize_t ctl_send_locked(OfiLane& l, Ctl* c, std::size_t total, Remote* to);
+    void answer_locate_locked(OfiLane& l, Remote* to, uint32_t token,
+                              std::span<const std::byte> payload);
+    void on_located_locked(OfiLane& l, const Addr& peer, uint32_t token,
+                           std::span<const std::byte> payload);
+    void poll_cq_locked(OfiLane& l);
     /// Post (the rest of) a send or put/get: 0 when all of it is in the provider.
-    ssize_t try_post_locked(OfiOp* op);
-    void defer_locked(OfiOp* op);
-    void to_provider_locked(OfiOp* op);
-    void retry_deferred_locked();
-    void on_completion(const fi_cq_tagged_entry& e);
-    void on_error(const fi_cq_err_entry& e);
-    void on_rx(RxBuf* rb, const fi_cq_tagged_entry& e);
-    void repost_rx(RxBuf* rb);
-    void on_message(std::span<const std::byte> msg);
-    void op_finished(OfiOp* op, Errc status);
-    void complete_recv(OfiOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,
-                       Errc status);
-    void watch_inc(OfiAddr* a);
-    void watch_dec(OfiAddr* a);
-    void check_peers_locked(TimePoint now);
-    void send_probe_locked(OfiAddr* a, TimePoint now);
-    /// Is a loopback peer's listening socket gone? True when /proc/net/tcp{,6} of this network
-    /// namespace shows nothing listening on its port: the process that listened there is gone.
-    /// Nothing is sent to the peer (a TCP connect to a live rxm listener leaks memory inside
-    /// libfabric 1.17 when it carries no handshake). False for remote peers (the probes'
-    /// kProbeTimeout decides), other providers, or when /proc cannot tell; at most one look
-    /// per peer per kProbeAfterSilence.
-    bool listener_gone_locked(OfiAddr* a, TimePoint now);
-    void peer_failed_locked(OfiAddr* a, Errc status, const std::string& why);
+    ssize_t try_post_locked(OfiLane& l, OfiOp* op);
+    void defer_locked(OfiLane& l, OfiOp* op);
+    void to_provider_locked(OfiLane& l, OfiOp* op);
+    void retry_deferred_locked(OfiLane& l);
+    void on_completion(OfiLane& l, const fi_cq_tagged_entry& e);
+    void on_error(OfiLane& l, const fi_cq_err_entry& e);
+    void on_rx(OfiLane& l, RxBuf* rb, const fi_cq_tagged_entry& e);
+    void repost_rx(OfiLane& l, RxBuf* rb);
+    void on_message(OfiLane& l, std::span<const std::byte> msg);
+    /// The sender of a received header, as this lane keeps it; empty (and logged) when the
+    /// header names no endpoint of this transport.
+    Source* source_locked(OfiLane& l, const MsgHeader& h);
+    /// The live process interned under raw address `raw` (or none); its instance becomes
+    /// `instance` if it had none yet (0: leave it).
+    Addr find_raw(std::string_view raw, uint64_t instance);
+    void op_finished(OfiLane& l, OfiOp* op, Errc status);
+    void complete_recv(OfiLane& l, OfiOp* op, const Addr& source, uint8_t ctx_id, Tag tag,
+                       std::size_t size, Errc status);
+    void watch_inc(OfiLane& l, Remote* r);
+    void watch_dec(OfiLane& l, Remote* r);
+    void check_peers_locked(OfiLane& l, TimePoint now);
+    void send_probe_locked(OfiLane& l, Remote* r, TimePoint now);
+    /// Is a loopback peer endpoint's listening socket gone? True when /proc/net/tcp{,6} of
+    /// this network namespace shows nothing listening on its port: the process that listened
+    /// there is gone. Nothing is sent to the peer (a TCP connect to a live rxm listener leaks
+    /// memory inside libfabric 1.17 when it carries no handshake). False for remote peers (the
+    /// probes' kProbeTimeout decides), other providers, or when /proc cannot tell; at most one
+    /// look per endpoint per kProbeAfterSilence.
+    bool listener_gone_locked(Remote* r, TimePoint now);
+    /// Peer `a` is dead: marked for every lane (each fails its own ops on it when it next
+    /// looks, see sweep_dead_locked); this lane's ops on it fail now.
+    void peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const std::string& why);
+    /// Fail this lane's ops on peers another lane declared dead, and forget their routes.
+    void sweep_dead_locked(OfiLane& l);
+    void fail_peer_ops_locked(OfiLane& l, OfiAddr* a, Errc status);
+    void defer_death_locked(OfiLane& l, OfiAddr* a, Errc status, std::string why);
+    void flush_deaths_locked(OfiLane& l);
+    void retry_ctls_locked(OfiLane& l);
     /// shm peers in this very process: false (and the peer declared dead) once that endpoint
     /// closed. shm 1.17 reaches an in-process peer's region through that endpoint's own
     /// mapping, so a send after it closed would touch unmapped memory.
-    bool shm_local_peer_ok_locked(OfiAddr* a);
+    bool shm_local_peer_ok_locked(OfiLane& l, Remote* r);
 
     // First member, so destroyed last: every Addr the members below hold leaves it on the way.
     AddrTable addrs_;
     Options opts_;
     std::string scheme_;  ///< "ofi+tcp"
     ProviderInfo prov_;
-    MaybeMutex mu_;
-    OpPool<OfiOp> ops_;
+    MaybeMutex setup_mu_;   ///< lanes' creation (then a lane's lock; never the other way)
+    MaybeMutex intern_mu_;  ///< interning (a lane may take it under its lock; takes none)
+    MaybeMutex reg_mu_;     ///< registration keys and slab growth (leaf)
 
     fi_info* info_ = nullptr;
     fid_fabric* fabric_ = nullptr;
     fid_domain* domain_ = nullptr;
-    fid_av* av_ = nullptr;
-    fid_cq* cq_ = nullptr;
-    fid_ep* ep_ = nullptr;
-    int cq_fd_ = -1;     ///< the CQ's wait fd, or -1
-    int timer_fd_ = -1;  ///< one-shot timer: poll-sleep without a wait fd, and peer probing
-    int pfd_ = -1;       ///< epoll over cq_fd_ and timer_fd_: progress_fd()
+    int pfd_ = -1;  ///< progress_fd(): an eventfd nobody writes
 
     uint64_t instance_ = 0;
     Addr self_;
-    std::string self_raw_;
-    std::byte self_header_[kHeaderRoom]{};  ///< our header template (kind/ctx/tag patched)
-    std::size_t self_header_size_ = 0;
-    std::string shm_name_;   ///< shm: our region name (its /dev/shm file)
-    uint64_t next_key_ = 1;  ///< requested keys, without FI_MR_PROV_KEY
+    std::string shm_base_;    ///< shm: our region names' stem (lane k adds ".k" for k > 0)
+    std::string raw_prefix_;  ///< FI_ADDR_STR providers: "fi_shm://" (from lane 0's address)
+    uint64_t next_key_ = 1;   ///< requested keys, without FI_MR_PROV_KEY (under setup_mu_)
+    std::atomic<uint64_t> deaths_{0};  ///< peers declared dead so far (lanes sweep on change)
 
-    std::vector<std::unique_ptr<RxBuf>> rx_;
-    std::unique_ptr<std::byte[]> rx_mem_;
-    fid_mr* rx_mr_ = nullptr;
-    void* rx_desc_ = nullptr;
-    std::unique_ptr<std::byte[]> probe_mem_;  ///< a probe message (header only), registered
-    fid_mr* probe_mr_ = nullptr;
-    void* probe_desc_ = nullptr;
-    std::vector<std::unique_ptr<Probe>> probes_;
+    std::vector<std::unique_ptr<OfiLane>> lanes_;        ///< under setup_mu_
+    std::unique_ptr<std::atomic<OfiLane*>[]> lane_ptr_;  ///< by id, published once made
 
-    // Message buffers: per size class a free list of slots (each kHeaderRoom + class size).
+    // Message buffers. Providers without FI_MR_LOCAL (tcp;ofi_rxm, shm): the heap, each with
+    // kHeaderRoom in front, tagged with heap_slab_ (no registration, no descriptor, no lock
+    // the contexts share). With FI_MR_LOCAL: per size class a free list of slots of registered
+    // slabs (each kHeaderRoom + class size), also the bounce slots of foreign buffers.
+    Slab heap_slab_;        ///< MsgBuffer::priv of heap buffers (mr and desc null)
     MaybeSpinLock buf_mu_;  ///< leaf lock: free lists (msg_buf_alloc/free from any thread)
     std::vector<std::unique_ptr<Slab>> slabs_;
     std::vector<std::byte*> free_slots_[2];
-
-    /// Posted receives and early messages of every context (na/base/matcher.hpp); expected
-    /// ones only without provider tag matching (!prov_.tagged).
-    Matcher<OfiOp, QueuedMsg, &OfiOp::peer> match_;
-    IntrusiveList<OfiOp> deferred_;
-    IntrusiveList<OfiOp> inflight_;  ///< ops the provider holds (released at teardown)
-    uint64_t pass_ = 0;
-    uint64_t rx_buffer_messages_ = 0;  ///< see rx_buffer_messages()
-    IntrusiveList<OfiAddr, WatchTag> watched_;
-    TimePoint next_check_{};
-
-    /// Raw address -> AV entry, for every peer looked up (not on shm), used or heard from.
-    /// Never removed: fi_av_remove of a peer in another process and reuse of its slot crashes
-    /// shm 1.17 (a send into the new peer touched the old one's unmapped region); on shm (an
-    /// AV of 256 peers) lookups alone insert nothing, and a full AV fails sends with no_memory.
-    std::unordered_map<std::string, fi_addr_t> av_cache_;
 };
+
+/// The pid in an shm endpoint name ("[fi_shm://]<prefix>-<pid>-<instance>[.<lane>]"), or 0.
+int shm_pid_of(std::string_view raw) noexcept;
 
 /// libfabric 1.17's shm address vector capacity (SMR_MAX_PEERS).
 inline constexpr std::size_t kShmMaxPeers = 256;

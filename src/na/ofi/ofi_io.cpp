@@ -72,20 +72,22 @@ bool peer_lost(Errc e) {
 }  // namespace
 
 template <class F>
-ssize_t OfiTransport::post_retry_locked(F&& f) {
+ssize_t OfiTransport::post_retry_locked(OfiLane& l, F&& f) {
     ssize_t rc = f();
-    for (int i = 0; rc == -FI_EAGAIN && i < kPostRetries; ++i) {
-        poll_cq_locked();
+    // Never from inside a completion pass: completions would be handled out of order, and a
+    // multi-recv buffer that entries of the outer pass still point into could be reposted.
+    for (int i = 0; rc == -FI_EAGAIN && !l.polling && i < kPostRetries; ++i) {
+        poll_cq_locked(l);
         rc = f();
     }
     return rc;
 }
 
-// --- posting ------------------------------------------------------------------------------------
+// --- ops and remote endpoints --------------------------------------------------------------------
 
-Result<OpId> OfiTransport::fail_async(Context& ctx, Callback&& cb, OpType type, Errc status,
-                                      const std::string& why) {
-    OfiOp* op = ops_.acquire(ctx, std::move(cb), type);
+Result<OpId> OfiTransport::fail_async(OfiLane& l, Context& ctx, Callback&& cb, OpType type,
+                                      Errc status, const std::string& why) {
+    OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
     TALARIA_LOG(ofi, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
     OpId id = op->id();
@@ -93,35 +95,356 @@ Result<OpId> OfiTransport::fail_async(Context& ctx, Callback&& cb, OpType type, 
     return id;
 }
 
-void OfiTransport::watch_inc(OfiAddr* a) {
-    if (a->pending++ == 0) {
-        a->heard = Clock::now();
-        watched_.push_back(*a);
+void OfiTransport::watch_inc(OfiLane& l, Remote* r) {
+    if (r->pending++ == 0) {
+        r->heard = Clock::now();
+        l.watched.push_back(*r);
     }
 }
 
-void OfiTransport::watch_dec(OfiAddr* a) {
-    if (--a->pending == 0) watched_.erase(*a);
+void OfiTransport::watch_dec(OfiLane& l, Remote* r) {
+    if (--r->pending == 0) l.watched.erase(*r);
 }
 
-void OfiTransport::to_provider_locked(OfiOp* op) {
+void OfiTransport::to_provider_locked(OfiLane& l, OfiOp* op) {
     op->state = OpState::in_provider;
-    inflight_.push_back(*op);
+    l.inflight.push_back(*op);
 }
 
-void OfiTransport::op_finished(OfiOp* op, Errc status) {
-    if (op->state == OpState::in_provider) inflight_.erase(*op);
+void OfiTransport::op_finished(OfiLane& l, OfiOp* op, Errc status) {
+    if (op->state == OpState::in_provider) l.inflight.erase(*op);
     if (op->bounce) {
         bounce_free(op->bounce);
         op->bounce = nullptr;
     }
-    if (op->counted) watch_dec(op->peer.as<OfiAddr>());
+    if (op->counted) watch_dec(l, op->rem);
     op->counted = false;
-    op->tagged = false;
+    op->rem = nullptr;
+    op->route = nullptr;
     op->peer.reset();
     op->state = OpState::idle;
+    if (!op->ctx) {
+        // Its context was destroyed while the provider held it: nobody to tell.
+        op->releaser->release(op);
+        return;
+    }
     complete_op(op, status);
 }
+
+Remote* OfiTransport::remote_locked(OfiLane& l, std::string_view raw, const Addr& peer) {
+    auto it = l.remotes.find(raw);
+    if (it != l.remotes.end()) {
+        Remote* r = it->second.get();
+        OfiAddr* had = ofi_addr(r->peer);
+        if (had != ofi_addr(peer) &&
+            ((r->pending == 0 && r->deferred == 0) || had->dead.load(std::memory_order_relaxed))) {
+            // A new process at an endpoint address we knew (a restarted peer): its own now.
+            r->peer = Addr(ofi_addr(peer));
+            r->connected = false;
+            r->probing = false;
+            r->refused_since = TimePoint{};
+        }
+        return r;
+    }
+    auto r = std::make_unique<Remote>();
+    r->raw = std::string(raw);
+    r->peer = Addr(ofi_addr(peer));
+    if (prov_.prov_name == "shm") r->pid = shm_pid_of(raw);
+    Remote* p = r.get();
+    l.remotes.emplace(p->raw, std::move(r));
+    return p;
+}
+
+Result<void> OfiTransport::av_insert_locked(OfiLane& l, Remote* r) {
+    if (r->fi != FI_ADDR_NOTAVAIL) return ok();
+    const std::string& who = ofi_addr(r->peer)->str;
+    // shm 1.17 crashes (SIGSEGV in fi_av_insert) when the named region does not exist: it
+    // maps the entry into our endpoint without the peer's region. So never insert a peer that
+    // is gone (a small window remains if it closes between this check and the insertion).
+    if (prov_.prov_name == "shm" && shm_peer_gone(r->raw))
+        return Error(Errc::unreachable,
+                     fmt::format("ofi: no shm endpoint {} (its region /dev/shm/{} does not "
+                                 "exist: closed, killed or never opened)",
+                                 who, r->raw.substr(r->raw.find("://") + 3)));
+    std::string raw = r->raw;
+    if (prov_.addr_format == FI_ADDR_STR) raw.push_back('\0');
+    fi_addr_t fa = FI_ADDR_NOTAVAIL;
+    int rc = fi_av_insert(l.av, raw.data(), 1, &fa, 0, nullptr);
+    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
+        std::size_t in_av = 0;
+        for (const auto& [k, v] : l.remotes)
+            in_av += v->fi != FI_ADDR_NOTAVAIL;
+        if (prov_.prov_name == "shm" && in_av + 1 >= kShmMaxPeers)
+            return Error(
+                Errc::no_memory,
+                fmt::format("ofi: cannot add {} to the address vector of context {} on shm: it "
+                            "is full ({} peer endpoints in use; libfabric 1.17's shm AV holds at "
+                            "most {} (SMR_MAX_PEERS)) and entries are never removed (fi_av_remove "
+                            "of a peer in another process crashes shm 1.17); fi_av_insert "
+                            "returned {}",
+                            who, l.id, in_av, kShmMaxPeers,
+                            rc < 0 ? fi_strerror(-rc) : "0 inserted"));
+        return Error(
+            Errc::unreachable,
+            fmt::format("ofi: fi_av_insert of {} on {} failed: {} ({} entries in the AV)", who,
+                        prov_.prov_name, rc < 0 ? fi_strerror(-rc) : "not inserted", in_av));
+    }
+    r->fi = fa;
+    return ok();
+}
+
+// --- routes --------------------------------------------------------------------------------------
+
+Route* OfiTransport::route_locked(OfiLane& l, const Addr& peer, uint8_t ctx, bool unexpected) {
+    OfiAddr* a = ofi_addr(peer);
+    if (Route* r = l.last_route;
+        r && r->ctx == ctx && r->unexpected == unexpected && ofi_addr(r->peer) == a)
+        return r;
+    auto [it, made] = l.routes.try_emplace(RouteKey{a, ctx, unexpected});
+    Route& r = it->second;
+    if (made) {
+        r.peer = Addr(a);
+        r.ctx = ctx;
+        r.unexpected = unexpected;
+    }
+    l.last_route = &r;
+    return &r;
+}
+
+Ctl* OfiTransport::ctl_alloc_locked(OfiLane& l) {
+    // Reserved from here until its send fails or completes.
+    for (auto& c : l.ctls)
+        if (!c->in_use) {
+            c->in_use = true;
+            return c.get();
+        }
+    auto c = std::make_unique<Ctl>();
+    c->fi_kind = FiCtx::Kind::ctl;
+    auto b = msg_buf_alloc(kLocatedFixedSize + kMaxRawAddr);
+    if (!b) {
+        TALARIA_LOG(ofi, warn, "{}: no buffer for an internal message: {}", scheme_,
+                    b.error().describe());
+        return nullptr;
+    }
+    c->buf = std::move(*b);
+    c->in_use = true;
+    l.ctls.push_back(std::move(c));
+    return l.ctls.back().get();
+}
+
+ssize_t OfiTransport::ctl_send_locked(OfiLane& l, Ctl* c, std::size_t total, Remote* to) {
+    if (!shm_local_peer_ok_locked(l, to)) return -FI_ENOTCONN;
+    std::byte* start = c->buf.data() - l.header_size;
+    void* desc = static_cast<Slab*>(c->buf.priv())->desc;
+    return fi_send(l.ep, start, total, desc, to->fi, static_cast<FiCtx*>(c));
+}
+
+void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
+    OfiAddr* a = ofi_addr(r.peer);
+    if (!r.locating) {
+        r.locating = true;
+        ++l.locating;
+    }
+    ++r.tries;
+    r.since = now;
+    // Tokens are not guessable from outside (a forged answer could redirect a route).
+    do
+        r.token = uint32_t((++l.next_token ^ l.token_salt) * 0x9e3779b97f4a7c15ull >> 32);
+    while (r.token == 0);
+    // To the peer's context 0 (its transport address): it knows where its contexts live.
+    Remote* r0 = remote_locked(l, a->raw, r.peer);
+    if (auto ins = av_insert_locked(l, r0); !ins) {
+        route_failed_locked(
+            l, r, ins.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable,
+            ins.error().message());
+        return;
+    }
+    Ctl* c = ctl_alloc_locked(l);
+    if (!c) return;  // retried after kLocateRetry
+    std::byte* start = c->buf.data() - l.header_size;
+    std::memcpy(start, l.header, l.header_size);
+    start[1] = std::byte(uint8_t(MsgKind::locate));
+    start[2] = std::byte(0);
+    detail::store_le(start + 4, r.token, 4);
+    encode_locate(Locate{r.ctx, r.unexpected}, c->buf.data());
+    // One attempt: polling the CQ here could fail the peer and erase this route under us.
+    ssize_t rc = ctl_send_locked(l, c, l.header_size + kLocateSize, r0);
+    if (rc != 0) c->in_use = false;
+    if (rc == -FI_EAGAIN) {
+        // rxm still connecting: try again at the next pass (not counted as a try), unless the
+        // peer is gone: nothing listens on its port, or the provider has refused for as long
+        // as a probe may take.
+        r.since = now - kLocateRetry;
+        --r.tries;
+        if (listener_gone_locked(r0, now)) {
+            defer_death_locked(l, a, Errc::disconnected,
+                               "nothing listens on its port any more (and the provider cannot "
+                               "reach it): its process is gone");
+        } else if (r0->refused_since == TimePoint{}) {
+            r0->refused_since = now;
+        } else if (now - r0->refused_since > kProbeTimeout) {
+            defer_death_locked(l, a, Errc::disconnected,
+                               "the provider refused to send a locate to it (-FI_EAGAIN, "
+                               "connecting) for longer than a probe may take");
+        }
+        return;
+    }
+    r0->refused_since = TimePoint{};
+    if (rc != 0)
+        TALARIA_LOG(ofi, debug, "{}: locate of context {} at {} failed to post: {}", scheme_, r.ctx,
+                    a->str, fi_strerror(int(-rc)));
+}
+
+void OfiTransport::route_found_locked(OfiLane& l, Route& r, Remote* rem) {
+    r.rem = rem;
+    if (r.locating) --l.locating;
+    r.locating = false;
+    r.tries = 0;
+    r.token = 0;
+    IntrusiveList<OfiOp> go;
+    while (OfiOp* op = r.waiting.pop_front())
+        go.push_back(*op);
+    while (OfiOp* op = go.pop_front()) {
+        op->route = nullptr;
+        op->state = OpState::idle;
+        op->rem = rem;
+        start_send_locked(l, op);
+    }
+}
+
+void OfiTransport::route_failed_locked(OfiLane& l, Route& r, Errc status, const std::string& why) {
+    if (r.locating) --l.locating;
+    r.locating = false;
+    r.tries = 0;
+    r.token = 0;
+    if (!r.waiting.empty())
+        TALARIA_LOG(ofi, debug, "{}: {} sends to context {} of {} fail with {}: {}", scheme_,
+                    r.waiting.size(), r.ctx, ofi_addr(r.peer)->str, errc_name(status), why);
+    while (OfiOp* op = r.waiting.pop_front()) {
+        op->route = nullptr;
+        op->state = OpState::idle;
+        op_finished(l, op, status);
+    }
+}
+
+void OfiTransport::check_locates_locked(OfiLane& l, TimePoint now) {
+    // What is due first: acting on a route may declare its peer dead, which erases routes.
+    std::vector<RouteKey> due;
+    for (auto& [key, r] : l.routes)
+        if (!r.rem && r.locating && now - r.since >= kLocateRetry) due.push_back(key);
+    for (const RouteKey& key : due) {
+        auto it = l.routes.find(key);
+        if (it == l.routes.end() || it->second.rem || !it->second.locating) continue;
+        Route& r = it->second;
+        OfiAddr* a = ofi_addr(r.peer);
+        if (a->dead.load(std::memory_order_relaxed)) {
+            route_failed_locked(l, r, Errc::disconnected, "the peer was declared dead");
+        } else if (r.tries >= kLocateTries) {
+            route_failed_locked(
+                l, r, Errc::unreachable,
+                fmt::format(
+                    "{} did not say where its context {} is ({} locates, {} s apart, "
+                    "unanswered): its context 0 answers them, so it must exist and "
+                    "be progressed",
+                    a->str, r.ctx, r.tries,
+                    std::chrono::duration_cast<std::chrono::seconds>(kLocateRetry).count()));
+        } else {
+            send_locate_locked(l, r, now);
+        }
+    }
+}
+
+void OfiTransport::answer_locate_locked(OfiLane& l, Remote* to, uint32_t token,
+                                        std::span<const std::byte> payload) {
+    auto q = decode_locate(payload);
+    if (!q) {
+        TALARIA_LOG(ofi, warn, "{}: dropping a locate from {}: {}", scheme_,
+                    ofi_addr(to->peer)->str, q.error().message());
+        return;
+    }
+    // Expected messages go to the context's own lane while it exists; unexpected ones to it
+    // if it takes them, else to the lowest context that does (docs/architecture.md, Messages).
+    OfiLane* serving = nullptr;
+    OfiLane* k = q->ctx < opts_.max_contexts ? lane_at(q->ctx) : nullptr;
+    if (!q->unexpected) {
+        if (k && k->attached.load(std::memory_order_acquire)) serving = k;
+    } else if (k && k->serves.load(std::memory_order_acquire)) {
+        serving = k;
+    } else {
+        for (std::size_t i = 0; !serving && i < opts_.max_contexts; ++i)
+            if (OfiLane* o = lane_at(uint8_t(i)); o && o->serves.load(std::memory_order_acquire))
+                serving = o;
+    }
+    Located ans;
+    ans.ctx = q->ctx;
+    ans.unexpected = q->unexpected;
+    ans.found = serving != nullptr;
+    if (serving) {
+        ans.lane = serving->id;
+        ans.raw = std::as_bytes(std::span(serving->raw));
+    }
+    TALARIA_LOG(ofi, debug, "{}: context {} of {} asks where our context {} takes {} messages: {}",
+                scheme_, l.id, ofi_addr(to->peer)->str, q->ctx,
+                q->unexpected ? "unexpected" : "expected",
+                serving ? fmt::format("context {}", serving->id) : std::string("nowhere"));
+    if (auto ins = av_insert_locked(l, to); !ins) {
+        TALARIA_LOG(ofi, warn, "{}: cannot answer {}, which asks where our context {} is: {}",
+                    scheme_, ofi_addr(to->peer)->str, q->ctx, ins.error().message());
+        return;
+    }
+    Ctl* c = ctl_alloc_locked(l);
+    if (!c) return;
+    std::byte* start = c->buf.data() - l.header_size;
+    std::memcpy(start, l.header, l.header_size);
+    start[1] = std::byte(uint8_t(MsgKind::located));
+    detail::store_le(start + 4, token, 4);
+    std::size_t n = encode_located(ans, c->buf.data());
+    ssize_t rc = ctl_send_locked(l, c, l.header_size + n, to);
+    if (rc == -FI_EAGAIN) {
+        // rxm connecting back to the asking lane: sent again from progress.
+        l.ctl_retry.push_back(CtlRetry{c, to, l.header_size + n});
+        return;
+    }
+    if (rc != 0) {
+        c->in_use = false;
+        TALARIA_LOG(ofi, debug, "{}: answering a locate from {} failed: {} (it asks again)",
+                    scheme_, ofi_addr(to->peer)->str, fi_strerror(int(-rc)));
+    }
+}
+
+void OfiTransport::on_located_locked(OfiLane& l, const Addr& peer, uint32_t token,
+                                     std::span<const std::byte> payload) {
+    auto ans = decode_located(payload);
+    if (!ans) {
+        TALARIA_LOG(ofi, warn, "{}: dropping a located answer from {}: {}", scheme_,
+                    ofi_addr(peer)->str, ans.error().message());
+        return;
+    }
+    OfiAddr* a = ofi_addr(peer);
+    TALARIA_LOG(ofi, debug, "{}: {} takes {} messages for its context {} {}{}", scheme_, a->str,
+                ans->unexpected ? "unexpected" : "expected", ans->ctx,
+                ans->found ? "on context " : "nowhere",
+                ans->found ? std::to_string(ans->lane) : "");
+    auto it = l.routes.find(RouteKey{a, ans->ctx, ans->unexpected});
+    if (it == l.routes.end() || it->second.rem || it->second.token != token) return;  // stale
+    Route& r = it->second;
+    if (!ans->found) {
+        route_failed_locked(
+            l, r, Errc::not_found,
+            fmt::format("{} has no context {}{}", a->str, r.ctx,
+                        r.unexpected ? " and none of its contexts takes unexpected messages" : ""));
+        return;
+    }
+    std::string_view raw(reinterpret_cast<const char*>(ans->raw.data()), ans->raw.size());
+    if (canonical_of(ans->raw).empty()) {
+        TALARIA_LOG(ofi, warn, "{}: dropping a located answer from {}: not an {} endpoint", scheme_,
+                    a->str, scheme_);
+        return;
+    }
+    route_found_locked(l, r, remote_locked(l, raw, peer));
+}
+
+// --- posting -------------------------------------------------------------------------------------
 
 Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer& buf,
                                      std::size_t len, const Addr& dest, uint8_t dest_ctx, Tag tag,
@@ -143,25 +466,28 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
                      fmt::format("{}: destination is not an address of this transport", scheme_));
     auto* slab = static_cast<Slab*>(buf.priv());
     const bool ours = slab && slab->magic == Slab::kMagic && slab->owner == this;
-    auto* peer = dest.as<OfiAddr>();
+    OfiAddr* peer = ofi_addr(dest);
+    OfiLane& l = lane_of(ctx);
 
-    std::lock_guard g(mu_);
-    if (peer->dead)
-        return fail_async(ctx, std::move(cb), type, Errc::disconnected,
+    std::lock_guard g(l.mu);
+    if (peer->dead.load(std::memory_order_relaxed))
+        return fail_async(l, ctx, std::move(cb), type, Errc::disconnected,
                           fmt::format("{} was declared dead", peer->str));
-    if (auto r = av_insert_locked(peer); !r) {
-        // A full address vector is a local limit, reported here with its message.
+    Route* route = route_locked(l, dest, dest_ctx, !expected);
+    // The endpoint it goes to (or, while that is not known, the peer's context 0, which the
+    // locate goes to) into the address vector now: a full one is a local limit, reported here
+    // with its message.
+    Remote* to = route->rem ? route->rem : remote_locked(l, peer->raw, dest);
+    if (auto r = av_insert_locked(l, to); !r) {
         if (r.error().code() == Errc::no_memory) return r.error();
-        return fail_async(ctx, std::move(cb), type, Errc::unreachable, r.error().message());
+        return fail_async(l, ctx, std::move(cb), type, Errc::unreachable, r.error().message());
     }
-    OfiOp* op = ops_.acquire(ctx, std::move(cb), type);
+    OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
     op->completion.size = len;
-    // Expected messages with a tagged provider: no header, the tag says it all (the provider
-    // knows the source). Else the header goes in the room in front of the payload (ours), or
-    // both into a bounce slot (a buffer we did not allocate): one registered send either way.
-    const bool tagged = expected && prov_.tagged;
-    const std::size_t hdr = tagged ? 0 : self_header_size_;
+    // The header goes in the room in front of the payload (ours), or both into a bounce slot
+    // (a buffer we did not allocate): one registered send either way.
+    const std::size_t hdr = l.header_size;
     std::byte* start;
     void* desc;
     if (ours) {
@@ -178,72 +504,84 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
         start = op->bounce;
         if (len) std::memcpy(start + hdr, buf.data(), len);
     }
-    if (tagged) {
-        op->tagged = true;
-        op->ftag = expected_tag(dest_ctx, tag);
-    } else {
-        std::memcpy(start, self_header_, self_header_size_);
-        start[1] = std::byte(uint8_t(expected ? MsgKind::expected : MsgKind::unexpected));
-        start[2] = std::byte(dest_ctx);
-        detail::store_le(start + 4, tag, 4);
-    }
-    const std::size_t total = hdr + len;
-    OpId id = op->id();
-    if (total <= prov_.inject_size && !op->bounce && peer->connected && peer->deferred == 0 &&
-        shm_local_peer_ok_locked(peer)) {
-        // Small: the provider copies it at once and reports no completion. (Not before the
-        // first send to the peer completed: rxm refuses injects while it connects.)
-        ssize_t rc = tagged ? fi_tinject(ep_, start, total, peer->fi, op->ftag)
-                            : fi_inject(ep_, start, total, peer->fi);
-        if (rc == 0) {
-            complete_op(op, Errc::ok);
-            return id;
-        }
-        if (rc != -FI_EAGAIN) {
-            TALARIA_LOG(ofi, debug, "{} to {} on {} failed: {}",
-                        tagged ? "fi_tinject" : "fi_inject", peer->str, prov_.prov_name,
-                        fi_strerror(int(-rc)));
-            complete_op(op, Errc::disconnected);
-            return id;
-        }
-        // Provider queue full: a send with a completion waits in the provider instead.
-    }
-    op->peer = dest;
+    std::memcpy(start, l.header, hdr);
+    start[1] = std::byte(uint8_t(expected ? MsgKind::expected : MsgKind::unexpected));
+    start[2] = std::byte(dest_ctx);
+    detail::store_le(start + 4, tag, 4);
+    start[18] = std::byte(l.serves.load(std::memory_order_relaxed) ? kFlagServes : 0);
     op->buf = start;
-    op->cap = total;
+    op->cap = hdr + len;
     op->desc = desc;
-    op->counted = true;
-    watch_inc(peer);
-    if (peer->deferred > 0) {
-        defer_locked(op);  // behind the sends already waiting: messages stay in order
+    op->peer = dest;
+    OpId id = op->id();
+    if (!route->rem) {
+        // Where that context lives is not known yet: wait for the locate, in order.
+        op->state = OpState::routing;
+        op->route = route;
+        route->waiting.push_back(*op);
+        if (!route->locating) send_locate_locked(l, *route, Clock::now());
         return id;
     }
-    ssize_t rc = try_post_locked(op);
-    if (rc == 0) {
-        to_provider_locked(op);
-    } else if (rc == -FI_EAGAIN) {
-        defer_locked(op);  // e.g. rxm connecting: the peer must progress too
-    } else if (rc != 0 && peer->dead) {
-        op_finished(op, Errc::disconnected);
-    } else if (rc != 0) {
-        TALARIA_LOG(ofi, debug, "{}: {} of {} bytes to {} on {} failed: {}", scheme_,
-                    tagged ? "fi_tsend" : "fi_send", total, peer->str, prov_.prov_name,
-                    fi_strerror(int(-rc)));
-        op_finished(op, Errc::disconnected);
-    }
+    op->rem = route->rem;
+    start_send_locked(l, op);
     return id;
 }
 
-ssize_t OfiTransport::try_post_locked(OfiOp* op) {
-    auto* peer = op->peer.as<OfiAddr>();
-    if (!shm_local_peer_ok_locked(peer)) return -FI_ENOTCONN;
-    const OpType t = op->completion.type;
-    if (t == OpType::send_unexpected || t == OpType::send_expected) {
-        if (op->tagged)
-            return fi_tsend(ep_, op->buf, op->cap, op->desc, peer->fi, op->ftag,
-                            static_cast<FiCtx*>(op));
-        return fi_send(ep_, op->buf, op->cap, op->desc, peer->fi, static_cast<FiCtx*>(op));
+void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
+    Remote* rem = op->rem;
+    OfiAddr* peer = ofi_addr(op->peer);
+    if (peer->dead.load(std::memory_order_relaxed)) {
+        op_finished(l, op, Errc::disconnected);
+        return;
     }
+    if (auto r = av_insert_locked(l, rem); !r) {
+        TALARIA_LOG(ofi, debug, "{}: a send fails: {}", scheme_, r.error().message());
+        op_finished(l, op,
+                    r.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable);
+        return;
+    }
+    if (op->cap <= prov_.inject_size && !op->bounce && rem->connected && rem->deferred == 0 &&
+        shm_local_peer_ok_locked(l, rem)) {
+        // Small: the provider copies it at once and reports no completion. (Not before the
+        // first send to the endpoint completed: rxm refuses injects while it connects.)
+        ssize_t rc = fi_inject(l.ep, op->buf, op->cap, rem->fi);
+        if (rc == 0) {
+            op_finished(l, op, Errc::ok);
+            return;
+        }
+        if (rc != -FI_EAGAIN) {
+            TALARIA_LOG(ofi, debug, "fi_inject to {} on {} failed: {}", peer->str, prov_.prov_name,
+                        fi_strerror(int(-rc)));
+            op_finished(l, op, Errc::disconnected);
+            return;
+        }
+        // Provider queue full: a send with a completion waits in the provider instead.
+    }
+    op->counted = true;
+    watch_inc(l, rem);
+    if (rem->deferred > 0) {
+        defer_locked(l, op);  // behind the sends already waiting: messages stay in order
+        return;
+    }
+    ssize_t rc = try_post_locked(l, op);
+    if (rc == 0) {
+        to_provider_locked(l, op);
+    } else if (rc == -FI_EAGAIN) {
+        defer_locked(l, op);  // e.g. rxm connecting: the peer must progress too
+    } else {
+        if (!peer->dead.load(std::memory_order_relaxed))
+            TALARIA_LOG(ofi, debug, "{}: fi_send of {} bytes to {} on {} failed: {}", scheme_,
+                        op->cap, peer->str, prov_.prov_name, fi_strerror(int(-rc)));
+        op_finished(l, op, Errc::disconnected);
+    }
+}
+
+ssize_t OfiTransport::try_post_locked(OfiLane& l, OfiOp* op) {
+    Remote* rem = op->rem;
+    if (!shm_local_peer_ok_locked(l, rem)) return -FI_ENOTCONN;
+    const OpType t = op->completion.type;
+    if (t == OpType::send_unexpected || t == OpType::send_expected)
+        return fi_send(l.ep, op->buf, op->cap, op->desc, rem->fi, static_cast<FiCtx*>(op));
     // put/get: split at the provider's largest message; each fragment completes on its own.
     const bool is_put = t == OpType::put;
     const std::size_t chunk = std::max<std::size_t>(
@@ -261,13 +599,13 @@ ssize_t OfiTransport::try_post_locked(OfiOp* op) {
             msg.msg_iov = &iov;
             msg.desc = &op->desc;
             msg.iov_count = 1;
-            msg.addr = peer->fi;
+            msg.addr = rem->fi;
             msg.rma_iov = &riov;
             msg.rma_iov_count = 1;
             msg.context = static_cast<FiCtx*>(op);
-            rc = fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+            rc = fi_writemsg(l.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
         } else {
-            rc = fi_read(ep_, op->buf + off, n, op->desc, peer->fi, op->raddr + off, op->rkey,
+            rc = fi_read(l.ep, op->buf + off, n, op->desc, rem->fi, op->raddr + off, op->rkey,
                          static_cast<FiCtx*>(op));
         }
         if (rc != 0) return rc;
@@ -277,35 +615,36 @@ ssize_t OfiTransport::try_post_locked(OfiOp* op) {
     return 0;
 }
 
-void OfiTransport::defer_locked(OfiOp* op) {
+void OfiTransport::defer_locked(OfiLane& l, OfiOp* op) {
     op->state = OpState::deferred;
-    deferred_.push_back(*op);
-    ++op->peer.as<OfiAddr>()->deferred;
+    l.deferred.push_back(*op);
+    ++op->rem->deferred;
 }
 
-void OfiTransport::retry_deferred_locked() {
-    ++pass_;
-    deferred_.for_each_safe([&](OfiOp& op) {
-        auto* peer = op.peer.as<OfiAddr>();
-        if (peer->stalled_pass == pass_) return;  // keep its order: try again next pass
-        ssize_t rc = try_post_locked(&op);
+void OfiTransport::retry_deferred_locked(OfiLane& l) {
+    ++l.pass;
+    l.deferred.for_each_safe([&](OfiOp& op) {
+        Remote* rem = op.rem;
+        if (rem->stalled_pass == l.pass) return;  // keep its order: try again next pass
+        ssize_t rc = try_post_locked(l, &op);
         if (rc == -FI_EAGAIN) {
-            peer->stalled_pass = pass_;
+            rem->stalled_pass = l.pass;
             return;
         }
-        deferred_.erase(op);
-        --peer->deferred;
+        l.deferred.erase(op);
+        --rem->deferred;
         if (rc == 0) {
-            to_provider_locked(&op);
+            to_provider_locked(l, &op);
             return;
         }
         TALARIA_LOG(ofi, debug, "{}: posting {} to {} failed: {}", scheme_,
-                    op_type_name(op.completion.type), peer->str, fi_strerror(int(-rc)));
+                    op_type_name(op.completion.type), ofi_addr(op.peer)->str,
+                    fi_strerror(int(-rc)));
         op.first_error = Errc::disconnected;
         if (op.fragments == 0)
-            op_finished(&op, Errc::disconnected);
+            op_finished(l, &op, Errc::disconnected);
         else
-            to_provider_locked(&op);  // the fragments in flight finish it
+            to_provider_locked(l, &op);  // the fragments in flight finish it
     });
 }
 
@@ -321,29 +660,29 @@ Result<OpId> OfiTransport::post_send_expected(Context& ctx, Callback cb, const M
     return post_send(ctx, std::move(cb), buf, len, dest, dest_ctx, tag, true);
 }
 
-void OfiTransport::complete_recv(OfiOp* op, const Addr& source, uint8_t ctx_id, Tag tag,
+void OfiTransport::complete_recv(OfiLane& l, OfiOp* op, const Addr& source, uint8_t ctx_id, Tag tag,
                                  std::size_t size, Errc status) {
     op->completion.source = source;
     op->completion.context_id = ctx_id;
     op->completion.tag = tag;
     op->completion.size = size;
-    op_finished(op, status);
+    op_finished(l, op, status);
 }
 
 Result<OpId> OfiTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuffer& buf) {
     if (&ctx.transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("{}: the context belongs to another transport", scheme_));
-    std::lock_guard g(mu_);
-    OfiOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_unexpected);
+    OfiLane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    OfiOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_unexpected);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
     op->state = OpState::recv_posted;
-    if (QueuedMsg* m = match_.post_unexpected(ctx.id(), op)) {
-        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
-    }
+    if (QueuedMsg* m = l.match.post_unexpected(ctx.id(), op))
+        l.match.deliver(m, op, [&](auto&&... a) { complete_recv(l, a...); });
     return id;
 }
 
@@ -355,93 +694,29 @@ Result<OpId> OfiTransport::post_recv_expected(Context& ctx, Callback cb, MsgBuff
     if (!source || source.impl()->transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("{}: source is not an address of this transport", scheme_));
-    std::lock_guard g(mu_);
-    OfiOp* op = ops_.acquire(ctx, std::move(cb), OpType::recv_expected);
+    OfiLane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
+    OfiOp* op = l.ops.acquire(ctx, std::move(cb), OpType::recv_expected);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
     op->buf = buf.data();
     op->cap = buf.size();
     OpId id = op->id();
-    if (prov_.tagged) return post_trecv_locked(op, buf, source, tag);
     op->state = OpState::recv_posted;
-    if (QueuedMsg* m = match_.post_expected(op, source, tag)) {
+    if (QueuedMsg* m = l.match.post_expected(op, source, tag)) {
         // It arrived before its receive (also from a peer that died since).
-        match_.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+        l.match.deliver(m, op, [&](auto&&... a) { complete_recv(l, a...); });
         return id;
     }
-    auto* peer = source.as<OfiAddr>();
-    if (peer->dead) {
-        match_.withdraw(op);
-        complete_recv(op, source, 0, tag, 0, Errc::disconnected);
+    OfiAddr* peer = ofi_addr(source);
+    if (peer->dead.load(std::memory_order_relaxed)) {
+        l.match.withdraw(op);
+        complete_recv(l, op, source, ctx.id(), tag, 0, Errc::disconnected);
         return id;
     }
+    // A receive from a peer that dies must fail: watch the peer (its context 0's endpoint).
+    op->rem = remote_locked(l, peer->raw, source);
     op->counted = true;  // op->peer is the source (set by the matcher)
-    watch_inc(peer);     // a receive from a peer that dies must fail: watch it
-    return id;
-}
-
-Result<OpId> OfiTransport::post_trecv_locked(OfiOp* op, MsgBuffer& buf, const Addr& source,
-                                             Tag tag) {
-    OpId id = op->id();
-    auto* peer = source.as<OfiAddr>();
-    if (peer->dead) {
-        complete_recv(op, source, 0, tag, 0, Errc::disconnected);
-        return id;
-    }
-    if (auto r = av_insert_locked(peer); !r) {
-        if (r.error().code() == Errc::no_memory)
-            TALARIA_LOG(ofi, warn, "{}: recv_expected fails: {}", scheme_, r.error().message());
-        else
-            TALARIA_LOG(ofi, debug, "recv_expected fails: {}", r.error().message());
-        complete_recv(op, source, 0, tag, 0,
-                      r.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable);
-        return id;
-    }
-    // Straight into the user's buffer: ours is registered (its slab's descriptor); a foreign
-    // one needs a registered bounce slot only where the provider wants descriptors
-    // (FI_MR_LOCAL), copied out on completion.
-    auto* slab = static_cast<Slab*>(buf.priv());
-    std::byte* dst = op->buf;
-    std::size_t cap = op->cap;
-    void* desc = nullptr;
-    if (slab && slab->magic == Slab::kMagic && slab->owner == this) {
-        desc = slab->desc;
-    } else if (prov_.mr_mode & FI_MR_LOCAL) {
-        op->bounce = bounce_alloc(&desc);
-        if (!op->bounce) {
-            op->releaser->release(op);
-            return Error(Errc::no_memory, fmt::format("{}: no bounce buffer for a receive into a "
-                                                      "buffer not from msg_buf_alloc",
-                                                      scheme_));
-        }
-        dst = op->bounce;
-        cap = std::min(cap, kHeaderRoom + kMaxMessageSize);
-    }
-    const uint64_t ftag = expected_tag(0, tag);
-    ssize_t rc = post_retry_locked([&] {
-        return fi_trecv(ep_, dst, cap, desc, peer->fi, ftag, kTagCtxIgnore,
-                        static_cast<FiCtx*>(op));
-    });
-    if (rc != 0) {
-        TALARIA_LOG(ofi, warn, "{}: fi_trecv from {} on {} failed: {}", scheme_, peer->str,
-                    prov_.prov_name, fi_strerror(int(-rc)));
-        complete_recv(op, source, 0, tag, 0, rc == -FI_EAGAIN ? Errc::again : Errc::io_error);
-        return id;
-    }
-    op->tagged = true;
-    op->peer = source;
-    op->match_tag = tag;
-    op->counted = true;
-    watch_inc(peer);  // a receive from a peer that dies must fail: watch it
-    to_provider_locked(op);
-    // post_retry_locked may have polled the CQ and declared this peer dead meanwhile (before
-    // the op was in flight, so peer_failed_locked could not withdraw it): withdraw it now.
-    if (peer->dead && op->first_error == Errc::ok) {
-        op->first_error = Errc::disconnected;
-        int crc = fi_cancel(&ep_->fid, static_cast<FiCtx*>(op));
-        if (crc != 0 && crc != -FI_ENOENT)
-            TALARIA_LOG(ofi, warn, "{}: fi_cancel of a receive from dead peer {} on {}: {}",
-                        scheme_, peer->str, prov_.prov_name, fi_strerror(-crc));
-    }
+    watch_inc(l, op->rem);
     return id;
 }
 
@@ -455,36 +730,40 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         check_rma_args(this, scheme_, what, ctx, local, local_off, remote, len, remote_addr));
     auto* lm = local.as<OfiMem>();
     auto* rm = remote.as<OfiMem>();
-    auto* peer = remote_addr.as<OfiAddr>();
+    OfiAddr* peer = ofi_addr(remote_addr);
+    OfiLane& l = lane_of(ctx);
 
-    std::lock_guard g(mu_);
+    std::lock_guard g(l.mu);
     // The provider checks keys, ranges and access at the target too; checking what the handle
     // says here first gives the exact status and leaves the target untouched.
     bool allowed = is_put ? (uint8_t(rm->access()) & uint8_t(Access::write_only))
                           : (uint8_t(rm->access()) & uint8_t(Access::read_only));
     if (!allowed)
-        return fail_async(ctx, std::move(cb), type, Errc::access_denied,
+        return fail_async(l, ctx, std::move(cb), type, Errc::access_denied,
                           fmt::format("the remote region does not allow {}",
                                       is_put ? "writes (put)" : "reads (get)"));
     if (remote_off > rm->length() || len > rm->length() - remote_off)
-        return fail_async(ctx, std::move(cb), type, Errc::out_of_range,
+        return fail_async(l, ctx, std::move(cb), type, Errc::out_of_range,
                           fmt::format("remote range [{}, +{}) is outside the {}-byte region",
                                       remote_off, len, rm->length()));
     Addr owner = rm->local() ? self_ : rm->owner_addr;
     if (owner && owner != remote_addr)
-        return fail_async(ctx, std::move(cb), type, Errc::invalid_argument,
+        return fail_async(l, ctx, std::move(cb), type, Errc::invalid_argument,
                           fmt::format("the remote handle was registered by {}, not by {}",
-                                      owner.as<OfiAddr>()->str, peer->str));
-    if (peer->dead)
-        return fail_async(ctx, std::move(cb), type, Errc::disconnected,
+                                      ofi_addr(owner)->str, peer->str));
+    if (peer->dead.load(std::memory_order_relaxed))
+        return fail_async(l, ctx, std::move(cb), type, Errc::disconnected,
                           fmt::format("{} was declared dead", peer->str));
-    if (len == 0) return fail_async(ctx, std::move(cb), type, Errc::ok, "empty transfer");
-    if (auto r = av_insert_locked(peer); !r) {
+    if (len == 0) return fail_async(l, ctx, std::move(cb), type, Errc::ok, "empty transfer");
+    // Registrations are the domain's: any endpoint of the owner serves them; its context 0's
+    // is the one every peer knows.
+    Remote* rem = remote_locked(l, peer->raw, remote_addr);
+    if (auto r = av_insert_locked(l, rem); !r) {
         // A full address vector is a local limit, reported here with its message.
         if (r.error().code() == Errc::no_memory) return r.error();
-        return fail_async(ctx, std::move(cb), type, Errc::unreachable, r.error().message());
+        return fail_async(l, ctx, std::move(cb), type, Errc::unreachable, r.error().message());
     }
-    OfiOp* op = ops_.acquire(ctx, std::move(cb), type);
+    OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(fmt::format("{} {}", scheme_, what), opts_.max_ops);
     op->completion.size = len;
     OpId id = op->id();
@@ -494,26 +773,27 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     op->raddr = (rm->virt ? rm->base() : 0) + remote_off;
     op->rkey = rm->key;
     op->peer = remote_addr;
+    op->rem = rem;
     op->counted = true;
-    watch_inc(peer);
-    if (peer->deferred > 0) {
-        defer_locked(op);
+    watch_inc(l, rem);
+    if (rem->deferred > 0) {
+        defer_locked(l, op);
         return id;
     }
-    ssize_t rc = try_post_locked(op);
+    ssize_t rc = try_post_locked(l, op);
     if (rc == 0) {
-        to_provider_locked(op);
+        to_provider_locked(l, op);
     } else if (rc == -FI_EAGAIN) {
-        defer_locked(op);
-    } else if (rc != 0) {
+        defer_locked(l, op);
+    } else {
         TALARIA_LOG(ofi, warn, "{}: {} to {} on {} failed: {}", scheme_,
                     is_put ? "fi_write" : "fi_read", peer->str, prov_.prov_name,
                     fi_strerror(int(-rc)));
         op->first_error = Errc::disconnected;
         if (op->fragments == 0)
-            op_finished(op, Errc::disconnected);
+            op_finished(l, op, Errc::disconnected);
         else
-            to_provider_locked(op);
+            to_provider_locked(l, op);
     }
     return id;
 }
@@ -535,174 +815,256 @@ Result<OpId> OfiTransport::post_get(Context& ctx, Callback cb, const MemHandle& 
 }
 
 Result<void> OfiTransport::cancel(OpId id) {
-    std::lock_guard g(mu_);
-    OfiOp* op = ops_.lookup(id);
+    OfiLane* l = nullptr;
+    for (std::size_t i = 0; !l && i < opts_.max_contexts; ++i) {
+        OfiLane* c = lane_at(uint8_t(i));
+        if (c && c->ops.owns(id.op)) l = c;
+    }
+    if (!l)
+        return Error(Errc::not_found,
+                     fmt::format("{} cancel: not an operation of this transport", scheme_));
+    std::lock_guard g(l->mu);
+    OfiOp* op = l->ops.lookup(id);
     if (!op)
         return Error(
             Errc::not_found,
             fmt::format("{} cancel: the operation already finished (stale OpId)", scheme_));
     if (op->state == OpState::recv_posted) {
         // Receives are matched in software: withdrawn here, completed once.
-        match_.withdraw(op);
-        op_finished(op, Errc::canceled);
+        l->match.withdraw(op);
+        op_finished(*l, op, Errc::canceled);
+    } else if (op->state == OpState::routing) {
+        op->route->waiting.erase(*op);
+        op_finished(*l, op, Errc::canceled);
     } else if (op->state == OpState::deferred && op->fragments == 0) {
-        deferred_.erase(*op);
-        --op->peer.as<OfiAddr>()->deferred;
-        op_finished(op, Errc::canceled);
+        l->deferred.erase(*op);
+        --op->rem->deferred;
+        op_finished(*l, op, Errc::canceled);
     } else if (op->state == OpState::in_provider) {
         // Sends and put/get in the provider: ask it; if it cannot stop them they complete
         // normally (fi_cancel reports completion through the CQ either way).
         op->cancel_asked = true;
-        fi_cancel(&ep_->fid, static_cast<FiCtx*>(op));
+        fi_cancel(&l->ep->fid, static_cast<FiCtx*>(op));
     }
     return ok();
 }
 
-// --- receiving ----------------------------------------------------------------------------------
+// --- receiving -----------------------------------------------------------------------------------
 
-void OfiTransport::repost_rx(RxBuf* rb) {
-    if (!ep_) return;
+void OfiTransport::repost_rx(OfiLane& l, RxBuf* rb) {
+    if (!l.ep) return;
     ssize_t rc;
     if (prov_.multi_recv) {
         iovec iov{rb->data, rb->size};
-        void* desc = rx_desc_;
+        void* desc = l.rx_desc;
         fi_msg msg{};
         msg.msg_iov = &iov;
         msg.desc = &desc;
         msg.iov_count = 1;
         msg.addr = FI_ADDR_UNSPEC;
         msg.context = static_cast<FiCtx*>(rb);
-        rc = post_retry_locked([&] { return fi_recvmsg(ep_, &msg, FI_MULTI_RECV); });
+        rc = post_retry_locked(l, [&] { return fi_recvmsg(l.ep, &msg, FI_MULTI_RECV); });
     } else {
-        rc = post_retry_locked([&] {
-            return fi_recv(ep_, rb->data, rb->size, rx_desc_, FI_ADDR_UNSPEC,
+        rc = post_retry_locked(l, [&] {
+            return fi_recv(l.ep, rb->data, rb->size, l.rx_desc, FI_ADDR_UNSPEC,
                            static_cast<FiCtx*>(rb));
         });
     }
     rb->posted = rc == 0;
     if (rc != 0)
-        TALARIA_LOG(ofi, error, "{}: reposting a receive buffer failed: {}", prov_.prov_name,
-                    fi_strerror(int(-rc)));
+        TALARIA_LOG(ofi, error, "{}: reposting a receive buffer of context {} failed: {}",
+                    prov_.prov_name, l.id, fi_strerror(int(-rc)));
 }
 
-void OfiTransport::on_message(std::span<const std::byte> msg) {
+Addr OfiTransport::find_raw(std::string_view raw, uint64_t instance) {
+    std::lock_guard g(intern_mu_);
+    char key[1 + kMaxRawAddr];
+    key[0] = '\x01';
+    std::memcpy(key + 1, raw.data(), raw.size());
+    Addr a = addrs_.find(std::string_view(key, 1 + raw.size()));
+    if (a && instance != 0) {
+        uint64_t zero = 0;
+        ofi_addr(a)->instance.compare_exchange_strong(zero, instance, std::memory_order_relaxed);
+    }
+    return a;
+}
+
+Source* OfiTransport::source_locked(OfiLane& l, const MsgHeader& h) {
+    std::string_view raw(reinterpret_cast<const char*>(h.raw_addr.data()), h.raw_addr.size());
+    if (Source* s = l.last_source; s && s->instance == h.instance && l.last_source_raw == raw &&
+                                   !ofi_addr(s->addr)->dead.load(std::memory_order_relaxed))
+        return s;
+    auto it = l.sources.find(raw);
+    if (it != l.sources.end() && it->second.instance == h.instance) {
+        if (!ofi_addr(it->second.addr)->dead.load(std::memory_order_relaxed)) {
+            l.last_source = &it->second;
+            l.last_source_raw.assign(raw);
+            return &it->second;
+        }
+        // A process declared dead speaks again. If another process now lives at its address,
+        // this is a late message of the old one: dropped (it must not declare the new one
+        // dead). Else it was declared dead wrongly (a slow peer): it gets a new address below.
+        Addr now_there = find_raw(raw, 0);
+        if (now_there &&
+            ofi_addr(now_there)->instance.load(std::memory_order_relaxed) != h.instance) {
+            TALARIA_LOG(ofi, debug,
+                        "{}: dropping a late message of {} (declared dead; a new "
+                        "process uses its address)",
+                        scheme_, ofi_addr(it->second.addr)->str);
+            return nullptr;
+        }
+    }
+    // A process this lane has not heard from (or a new instance of one): intern it.
+    Addr src = find_raw(raw, h.instance);
+    if (src && ofi_addr(src)->instance.load(std::memory_order_relaxed) != h.instance) {
+        // A new endpoint at the address of an old one: the old one is gone.
+        peer_failed_locked(l, ofi_addr(src), Errc::disconnected,
+                           "a new endpoint now uses its address");
+        src.reset();
+    }
+    if (!src) {
+        std::string canonical = canonical_of(h.raw_addr);
+        if (canonical.empty()) {
+            TALARIA_LOG(ofi, warn,
+                        "{}: dropping a message from an address that is not an {} endpoint",
+                        scheme_, scheme_);
+            return nullptr;
+        }
+        std::lock_guard g(intern_mu_);
+        src = intern_locked(canonical, std::string(raw));
+        uint64_t zero = 0;
+        ofi_addr(src)->instance.compare_exchange_strong(zero, h.instance,
+                                                        std::memory_order_relaxed);
+    }
+    if (it == l.sources.end()) it = l.sources.try_emplace(std::string(raw)).first;
+    Source& s = it->second;
+    s.addr = alias_of(this, src);
+    s.instance = h.instance;
+    s.learned[0].reset();
+    s.learned[1].reset();
+    l.last_source = &s;
+    l.last_source_raw.assign(raw);
+    return &s;
+}
+
+void OfiTransport::on_message(OfiLane& l, std::span<const std::byte> msg) {
     auto h = decode_msg_header(msg);
     if (!h) {
         TALARIA_LOG(ofi, warn, "{}: dropping a message: {}", scheme_, h.error().message());
         return;
     }
-    // Who sent it: the raw address in the header, interned under "\x01" + raw.
-    char key[1 + kMaxRawAddr];
-    key[0] = '\x01';
-    std::memcpy(key + 1, h->raw_addr.data(), h->raw_addr.size());
-    std::string_view k(key, 1 + h->raw_addr.size());
-    Addr src = addrs_.find(k);
-    if (src && src.as<OfiAddr>()->instance != 0 && src.as<OfiAddr>()->instance != h->instance) {
-        // A new endpoint at the address of an old one: the old one is gone.
-        peer_failed_locked(src.as<OfiAddr>(), Errc::disconnected,
-                           "a new endpoint now uses its address");
-        src.reset();
-    }
-    if (!src) {
-        std::string canonical = canonical_of(h->raw_addr);
-        if (canonical.empty()) {
+    Source* s = source_locked(l, *h);
+    if (!s) return;
+    if (!l.watched.empty()) s->heard = Clock::now();
+    const Addr& src = s->addr;
+    std::span<const std::byte> lane_raw = h->lane_addr.empty() ? h->raw_addr : h->lane_addr;
+    std::string_view lraw(reinterpret_cast<const char*>(lane_raw.data()), lane_raw.size());
+    // Where the sender's context lives, for our replies: its expected messages go to the
+    // endpoint it sent from, and so do its unexpected ones when its context takes them.
+    const uint8_t sc = h->source_ctx;
+    const bool serves = (h->flags & kFlagServes) != 0;
+    if (!s->learned[0].test(sc) || (serves && !s->learned[1].test(sc))) {
+        if (!h->lane_addr.empty() && canonical_of(h->lane_addr).empty()) {
             TALARIA_LOG(ofi, warn,
-                        "{}: dropping a message from an address that is not an {} "
-                        "endpoint",
-                        scheme_, scheme_);
+                        "{}: dropping a message from {}: its lane address is not an "
+                        "{} endpoint",
+                        scheme_, ofi_addr(src)->str, scheme_);
             return;
         }
-        src = intern_locked(
-            canonical,
-            std::string(reinterpret_cast<const char*>(h->raw_addr.data()), h->raw_addr.size()));
-    }
-    auto* a = src.as<OfiAddr>();
-    a->instance = h->instance;
-    if (a->pending) a->heard = Clock::now();
-    if (a->fi == FI_ADDR_NOTAVAIL) {
-        // First message from it: into the AV now, so its expected messages (tagged, matched on
-        // its fi_addr) can be received and the reply needs no insertion. If that fails (shm:
-        // AV full) the message is still delivered (the header names its sender), but replies to
-        // it will fail: say so.
-        if (auto r = av_insert_locked(a); !r)
-            TALARIA_LOG(ofi, warn,
-                        "{}: a message from {} is delivered, but replies to it will fail: {}",
-                        scheme_, a->str, r.error().message());
+        Remote* rem = remote_locked(l, lraw, src);
+        for (int kind = 0; kind < (serves ? 2 : 1); ++kind) {
+            Route* r = route_locked(l, src, sc, kind == 1);
+            if (!r->rem) route_found_locked(l, *r, rem);
+            s->learned[kind].set(sc);
+        }
     }
     std::span<const std::byte> payload = msg.subspan(h->header_size);
-    if (h->kind == MsgKind::probe) return;
-    ++rx_buffer_messages_;
-
-    const bool expected = h->kind != MsgKind::unexpected;
+    switch (h->kind) {
+        case MsgKind::probe:
+            return;
+        case MsgKind::locate:
+            // The answer goes to the lane address the header names: it must be one of ours.
+            if (!h->lane_addr.empty() && canonical_of(h->lane_addr).empty()) {
+                TALARIA_LOG(ofi, warn,
+                            "{}: dropping a locate from {}: its lane address is not "
+                            "an {} endpoint",
+                            scheme_, ofi_addr(src)->str, scheme_);
+                return;
+            }
+            answer_locate_locked(l, remote_locked(l, lraw, src), h->tag, payload);
+            return;
+        case MsgKind::located:
+            on_located_locked(l, src, h->tag, payload);
+            return;
+        default:
+            break;
+    }
+    ++l.rx_buffer_messages;
+    const bool expected = h->kind == MsgKind::expected;
     bool no_context = false;
-    OfiOp* op = match_.match(expected, h->context_id, src, h->tag, &no_context);
+    OfiOp* op = l.match.match(expected, h->context_id, src, h->tag, &no_context);
     if (!op) {
-        Queued q = match_.queue_copy(expected, h->context_id, src, h->tag, payload);
+        Queued q = l.match.queue_copy(expected, h->context_id, src, h->tag, payload);
         if (q != Queued::ok)
             TALARIA_LOG(ofi, warn,
                         "{}: dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
                         scheme_, payload.size(), expected ? "expected" : "unexpected", h->tag,
-                        a->str, h->context_id, match_.refusal(q));
+                        ofi_addr(src)->str, h->context_id, l.match.refusal(q));
         return;
     }
     Errc st = copy_message(payload.data(), payload.size(), op->buf, op->cap);
-    complete_recv(op, src, h->context_id, h->tag, payload.size(), st);
+    complete_recv(l, op, src, h->context_id, h->tag, payload.size(), st);
 }
 
-void OfiTransport::on_rx(RxBuf* rb, const fi_cq_tagged_entry& e) {
+void OfiTransport::on_rx(OfiLane& l, RxBuf* rb, const fi_cq_tagged_entry& e) {
     if (e.len > 0) {
         const auto* p = prov_.multi_recv ? static_cast<const std::byte*>(e.buf) : rb->data;
-        on_message(std::span<const std::byte>(p, e.len));
+        on_message(l, std::span<const std::byte>(p, e.len));
     }
     // A multi-recv buffer is ours again once the provider says so; a plain one at once.
-    if (!prov_.multi_recv || (e.flags & FI_MULTI_RECV)) repost_rx(rb);
+    if (!prov_.multi_recv || (e.flags & FI_MULTI_RECV)) repost_rx(l, rb);
 }
 
-// --- completions --------------------------------------------------------------------------------
+// --- completions ---------------------------------------------------------------------------------
 
-void OfiTransport::on_completion(const fi_cq_tagged_entry& e) {
+void OfiTransport::on_completion(OfiLane& l, const fi_cq_tagged_entry& e) {
     auto* c = static_cast<FiCtx*>(e.op_context);
     if (!c) return;
     switch (c->fi_kind) {
         case FiCtx::Kind::rx:
-            on_rx(static_cast<RxBuf*>(c), e);
+            on_rx(l, static_cast<RxBuf*>(c), e);
             break;
-        case FiCtx::Kind::probe: {
-            auto* p = static_cast<Probe*>(c);
-            auto* a = p->peer.as<OfiAddr>();
-            a->probing = false;
-            a->connected = true;
-            a->heard = Clock::now();
-            p->peer.reset();
-            p->in_use = false;
+        case FiCtx::Kind::ctl: {
+            auto* m = static_cast<Ctl*>(c);
+            if (m->probe) {
+                m->rem->probing = false;
+                m->rem->connected = true;
+                m->rem->heard = Clock::now();
+                m->rem = nullptr;
+                m->peer.reset();
+                m->probe = false;
+            }
+            m->in_use = false;
             break;
         }
         case FiCtx::Kind::op: {
             auto* op = static_cast<OfiOp*>(c);
             if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
                 if (--op->fragments == 0 && op->state != OpState::deferred)
-                    op_finished(op, op->first_error);
-            } else if (op->completion.type == OpType::recv_expected) {
-                // A tagged receive: the message is in the user's buffer (or our bounce slot).
-                Addr src = op->peer;
-                std::size_t n = std::min<std::size_t>(e.len, op->cap);
-                if (op->bounce && n) std::memcpy(op->buf, op->bounce, n);
-                auto* a = src.as<OfiAddr>();
-                if (a->pending) a->heard = Clock::now();
-                complete_recv(op, src, uint8_t(e.tag >> 32), Tag(e.tag & 0xffffffffu), n, Errc::ok);
+                    op_finished(l, op, op->first_error);
             } else {
-                op->peer.as<OfiAddr>()->connected = true;
-                op_finished(op, Errc::ok);
+                op->rem->connected = true;
+                op_finished(l, op, Errc::ok);
             }
             break;
         }
     }
 }
 
-void OfiTransport::on_error(const fi_cq_err_entry& e) {
+void OfiTransport::on_error(OfiLane& l, const fi_cq_err_entry& e) {
     auto* c = static_cast<FiCtx*>(e.op_context);
     char buf[256] = {};
-    const char* perr = fi_cq_strerror(cq_, e.prov_errno, e.err_data, buf, sizeof buf);
+    const char* perr = fi_cq_strerror(l.cq, e.prov_errno, e.err_data, buf, sizeof buf);
     std::string why =
         fmt::format("{} (provider {}: {})", fi_strerror(e.err), prov_.prov_name, perr ? perr : "");
     if (!c) {
@@ -720,16 +1082,21 @@ void OfiTransport::on_error(const fi_cq_err_entry& e) {
                 return;
             }
             TALARIA_LOG(ofi, warn, "{}: receive error: {}", scheme_, why);
-            if (!prov_.multi_recv || (e.flags & FI_MULTI_RECV)) repost_rx(rb);
+            if (!prov_.multi_recv || (e.flags & FI_MULTI_RECV)) repost_rx(l, rb);
             break;
         }
-        case FiCtx::Kind::probe: {
-            auto* p = static_cast<Probe*>(c);
-            Addr peer = std::move(p->peer);
-            p->in_use = false;
-            auto* a = peer.as<OfiAddr>();
-            a->probing = false;
-            peer_failed_locked(a, Errc::disconnected, "probe failed: " + why);
+        case FiCtx::Kind::ctl: {
+            auto* m = static_cast<Ctl*>(c);
+            m->in_use = false;
+            if (!m->probe) {
+                TALARIA_LOG(ofi, debug, "{}: a locate or its answer failed: {}", scheme_, why);
+                break;
+            }
+            Addr peer = std::move(m->peer);
+            m->rem->probing = false;
+            m->rem = nullptr;
+            m->probe = false;
+            peer_failed_locked(l, ofi_addr(peer), Errc::disconnected, "probe failed: " + why);
             break;
         }
         case FiCtx::Kind::op: {
@@ -737,42 +1104,41 @@ void OfiTransport::on_error(const fi_cq_err_entry& e) {
             TALARIA_LOG(ofi, debug, "{} failed: {}", op_type_name(op->completion.type), why);
             // rxm fails the operations of a connection that broke with FI_ECANCELED: that is
             // a lost peer unless we asked for the cancel.
-            // A tagged receive we withdrew because its peer died carries that status.
             if (st == Errc::canceled && !op->cancel_asked)
                 st = op->first_error != Errc::ok ? op->first_error : Errc::disconnected;
             Addr peer = op->peer;
             if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
                 if (op->first_error == Errc::ok) op->first_error = st;
                 if (--op->fragments == 0 && op->state != OpState::deferred)
-                    op_finished(op, op->first_error);
-            } else if (op->completion.type == OpType::recv_expected) {
-                // FI_ETRUNC: olen bytes did not fit (message_too_large); the rest: no data.
-                std::size_t n = st == Errc::message_too_large ? std::min(e.len, op->cap) : 0;
-                if (op->bounce && n) std::memcpy(op->buf, op->bounce, n);
-                complete_recv(op, peer, uint8_t(e.tag >> 32), op->match_tag, n, st);
+                    op_finished(l, op, op->first_error);
             } else {
-                op_finished(op, st);
+                op_finished(l, op, st);
             }
-            if (peer && peer_lost(st)) peer_failed_locked(peer.as<OfiAddr>(), st, why);
+            if (peer && peer_lost(st)) peer_failed_locked(l, ofi_addr(peer), st, why);
             break;
         }
     }
 }
 
-void OfiTransport::poll_cq_locked() {
-    if (!cq_) return;
+void OfiTransport::poll_cq_locked(OfiLane& l) {
+    if (!l.cq || l.polling) return;
+    l.polling = true;
+    struct Done {
+        bool& f;
+        ~Done() { f = false; }
+    } done{l.polling};
     fi_cq_tagged_entry entries[kCqBatch];
     for (int round = 0; round < 4; ++round) {
-        ssize_t n = fi_cq_read(cq_, entries, kCqBatch);
+        ssize_t n = fi_cq_read(l.cq, entries, kCqBatch);
         if (n > 0) {
             for (ssize_t i = 0; i < n; ++i)
-                on_completion(entries[i]);
+                on_completion(l, entries[i]);
             if (n < kCqBatch) break;
             continue;
         }
         if (n == -FI_EAVAIL) {
             fi_cq_err_entry err{};
-            if (fi_cq_readerr(cq_, &err, 0) > 0) on_error(err);
+            if (fi_cq_readerr(l.cq, &err, 0) > 0) on_error(l, err);
             continue;
         }
         if (n != -FI_EAGAIN)
@@ -782,99 +1148,162 @@ void OfiTransport::poll_cq_locked() {
     }
 }
 
-// --- peer death ---------------------------------------------------------------------------------
+// --- peer death ----------------------------------------------------------------------------------
 
-void OfiTransport::peer_failed_locked(OfiAddr* a, Errc status, const std::string& why) {
-    if (a->dead) return;
-    a->dead = true;
-    TALARIA_LOG(ofi, debug, "{}: peer {} is dead: {}", scheme_, a->str, why);
-    // The next lookup of that name makes a new address (a restarted peer).
-    addrs_.unlink(a->str, a);
-    for (const std::string& s : a->aliases)
-        addrs_.unlink(s, a);
-    if (a->raw_alias) addrs_.unlink("\x01" + a->raw, a);
+void OfiTransport::peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const std::string& why) {
     Addr hold(a);  // failing the last op on it must not free it under us
-    deferred_.for_each_safe([&](OfiOp& op) {
-        if (op.peer != hold) return;
-        deferred_.erase(op);
-        --a->deferred;
-        op.first_error = status;
-        if (op.fragments == 0)
-            op_finished(&op, status);
-        else
-            to_provider_locked(&op);
-    });
-    match_.take_expected_from(
-        hold, [&](OfiOp* op) { complete_recv(op, hold, 0, op->match_tag, 0, status); });
-    // Tagged receives from it sit in the provider, which never fails them: withdraw them. The
-    // FI_ECANCELED completion finishes each once, with this status (see on_error); one the
-    // provider could no longer withdraw completes as it would have.
-    inflight_.for_each_safe([&](OfiOp& op) {
-        if (op.completion.type != OpType::recv_expected || op.peer != hold || op.cancel_asked ||
-            op.first_error != Errc::ok)
-            return;
-        op.first_error = status;
-        int rc = fi_cancel(&ep_->fid, static_cast<FiCtx*>(&op));
-        if (rc != 0 && rc != -FI_ENOENT)
-            TALARIA_LOG(ofi, warn, "{}: fi_cancel of a receive from dead peer {} on {}: {}",
-                        scheme_, a->str, prov_.prov_name, fi_strerror(-rc));
-    });
-    if (a->pid > 0 && prov_.prov_name == "shm" && ::kill(a->pid, 0) != 0 && errno == ESRCH) {
-        // A killed shm peer cannot remove its region: do it for it (its name carries its pid,
-        // which no longer exists, so nobody uses the region any more).
-        std::string name = a->raw.substr(a->raw.find("://") + 3);
-        if (::shm_unlink(name.c_str()) == 0)
-            TALARIA_LOG(ofi, debug, "removed the shm region of dead peer {}", a->str);
+    if (!a->dead.exchange(true)) {
+        TALARIA_LOG(ofi, debug, "{}: peer {} is dead: {}", scheme_, a->str, why);
+        {
+            // The next lookup of that name makes a new address (a restarted peer).
+            std::lock_guard g(intern_mu_);
+            addrs_.unlink(a->str, a);
+            for (const std::string& s : a->aliases)
+                addrs_.unlink(s, a);
+            if (a->raw_alias) addrs_.unlink("\x01" + a->raw, a);
+        }
+        deaths_.fetch_add(1, std::memory_order_release);
+        if (a->pid > 0 && prov_.prov_name == "shm" && ::kill(a->pid, 0) != 0 && errno == ESRCH) {
+            // A killed shm peer cannot remove its regions: do it for it (their names carry its
+            // pid, which no longer exists, so nobody uses them any more).
+            for (const auto& [raw, r] : l.remotes) {
+                if (ofi_addr(r->peer) != a) continue;
+                std::string name = raw.substr(raw.find("://") + 3);
+                if (::shm_unlink(name.c_str()) == 0)
+                    TALARIA_LOG(ofi, debug, "removed the shm region {} of dead peer {}", name,
+                                a->str);
+            }
+        }
+    }
+    fail_peer_ops_locked(l, a, status);
+}
+
+void OfiTransport::defer_death_locked(OfiLane& l, OfiAddr* a, Errc status, std::string why) {
+    l.deaths.push_back(PendingDeath{Addr(a), status, std::move(why)});
+}
+
+void OfiTransport::flush_deaths_locked(OfiLane& l) {
+    while (!l.deaths.empty()) {
+        PendingDeath d = std::move(l.deaths.back());
+        l.deaths.pop_back();
+        peer_failed_locked(l, ofi_addr(d.peer), d.status, d.why);
     }
 }
 
-void OfiTransport::send_probe_locked(OfiAddr* a, TimePoint now) {
-    if (!shm_local_peer_ok_locked(a)) return;
-    if (auto r = av_insert_locked(a); !r) {
-        peer_failed_locked(a, Errc::unreachable, r.error().message());
+void OfiTransport::retry_ctls_locked(OfiLane& l) {
+    for (std::size_t i = 0; i < l.ctl_retry.size();) {
+        CtlRetry& c = l.ctl_retry[i];
+        ssize_t rc = ctl_send_locked(l, c.ctl, c.total, c.to);
+        if (rc == -FI_EAGAIN) {
+            ++i;
+            continue;
+        }
+        if (rc != 0) {
+            c.ctl->in_use = false;
+            TALARIA_LOG(ofi, debug, "{}: answering a locate failed: {} (it asks again)", scheme_,
+                        fi_strerror(int(-rc)));
+        }
+        l.ctl_retry[i] = l.ctl_retry.back();
+        l.ctl_retry.pop_back();
+    }
+}
+
+void OfiTransport::fail_peer_ops_locked(OfiLane& l, OfiAddr* a, Errc status) {
+    Addr hold(a);
+    l.deferred.for_each_safe([&](OfiOp& op) {
+        if (ofi_addr(op.peer) != a) return;
+        l.deferred.erase(op);
+        --op.rem->deferred;
+        op.first_error = status;
+        if (op.fragments == 0)
+            op_finished(l, &op, status);
+        else
+            to_provider_locked(l, &op);
+    });
+    l.match.take_expected_from(hold, [&](OfiOp* op) {
+        complete_recv(l, op, hold, op->ctx->id(), op->match_tag, 0, status);
+    });
+    for (auto it = l.routes.begin(); it != l.routes.end();) {
+        if (ofi_addr(it->second.peer) != a) {
+            ++it;
+            continue;
+        }
+        route_failed_locked(l, it->second, status, "the peer was declared dead");
+        if (l.last_route == &it->second) l.last_route = nullptr;
+        it = l.routes.erase(it);
+    }
+    // Its sources stay (the message being handled may be its): source_locked() replaces an
+    // entry whose process is dead when that address speaks again.
+}
+
+void OfiTransport::sweep_dead_locked(OfiLane& l) {
+    l.deaths_seen = deaths_.load(std::memory_order_acquire);
+    std::vector<Addr> dead;
+    auto note = [&](const Addr& p) {
+        if (p && ofi_addr(p)->dead.load(std::memory_order_relaxed) &&
+            std::find(dead.begin(), dead.end(), p) == dead.end())
+            dead.push_back(Addr(ofi_addr(p)));
+    };
+    for (auto& [k, r] : l.routes)
+        note(r.peer);
+    for (Remote& r : l.watched)
+        note(r.peer);
+    for (const Addr& p : dead)
+        fail_peer_ops_locked(l, ofi_addr(p), Errc::disconnected);
+}
+
+void OfiTransport::send_probe_locked(OfiLane& l, Remote* r, TimePoint now) {
+    OfiAddr* a = ofi_addr(r->peer);
+    if (!shm_local_peer_ok_locked(l, r)) return;
+    if (auto ins = av_insert_locked(l, r); !ins) {
+        defer_death_locked(l, a, Errc::unreachable, ins.error().message());
         return;
     }
-    Probe* p = nullptr;
-    for (auto& q : probes_)
-        if (!q->in_use) p = q.get();
-    if (!p) {
-        probes_.push_back(std::make_unique<Probe>());
-        p = probes_.back().get();
-        p->fi_kind = FiCtx::Kind::probe;
-    }
-    ssize_t rc = fi_send(ep_, probe_mem_.get(), self_header_size_, probe_desc_, a->fi,
-                         static_cast<FiCtx*>(p));
+    Ctl* c = ctl_alloc_locked(l);
+    if (!c) return;
+    struct Unreserve {
+        Ctl* c;
+        ~Unreserve() {
+            if (c) c->in_use = false;
+        }
+    } unreserve{c};
+    std::byte* start = c->buf.data() - l.header_size;
+    std::memcpy(start, l.header, l.header_size);
+    start[1] = std::byte(uint8_t(MsgKind::probe));
+    ssize_t rc = ctl_send_locked(l, c, l.header_size, r);
     if (rc == -FI_EAGAIN) {
         // rxm answers -FI_EAGAIN while it (re)connects, forever if the peer is gone. A peer
         // whose address now refuses TCP connections is gone at once.
-        if (listener_gone_locked(a, now)) {
-            peer_failed_locked(a, Errc::disconnected,
+        if (listener_gone_locked(r, now)) {
+            defer_death_locked(l, a, Errc::disconnected,
                                "nothing listens on its port any more (and the provider cannot "
                                "reach it): its process is gone");
             return;
         }
-        if (a->refused_since == TimePoint{}) {
-            a->refused_since = now;
-        } else if (now - a->refused_since > kProbeTimeout) {
-            peer_failed_locked(a, Errc::disconnected,
+        if (r->refused_since == TimePoint{}) {
+            r->refused_since = now;
+        } else if (now - r->refused_since > kProbeTimeout) {
+            defer_death_locked(l, a, Errc::disconnected,
                                fmt::format("the provider refused to send to it (-FI_EAGAIN, "
                                            "connecting) for {} ms",
                                            std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               now - a->refused_since)
+                                               now - r->refused_since)
                                                .count()));
         }
         return;
     }
-    a->refused_since = TimePoint{};
+    r->refused_since = TimePoint{};
     if (rc != 0) {
-        peer_failed_locked(a, Errc::disconnected,
+        defer_death_locked(l, a, Errc::disconnected,
                            fmt::format("probe send failed: {}", fi_strerror(int(-rc))));
         return;
     }
-    p->in_use = true;
-    p->peer = Addr(a);
-    a->probing = true;
-    a->probe_sent = now;
+    unreserve.c = nullptr;
+    c->probe = true;
+    c->peer = r->peer;
+    c->rem = r;
+    r->probing = true;
+    r->probe_sent = now;
 }
 
 namespace {
@@ -917,74 +1346,98 @@ std::optional<bool> tcp_port_listened(uint16_t port) {
 
 }  // namespace
 
-bool OfiTransport::listener_gone_locked(OfiAddr* a, TimePoint now) {
-    if (!prov_.tcp_listener || now - a->listen_checked_at < kProbeAfterSilence) return false;
-    a->listen_checked_at = now;
-    auto sa = sock_addr_of(std::as_bytes(std::span(a->raw)));
+bool OfiTransport::listener_gone_locked(Remote* r, TimePoint now) {
+    if (!prov_.tcp_listener || now - r->listen_checked_at < kProbeAfterSilence) return false;
+    r->listen_checked_at = now;
+    auto sa = sock_addr_of(std::as_bytes(std::span(r->raw)));
     if (!sa || !is_loopback(*sa)) return false;
     auto listened = tcp_port_listened(sa->port());
     return listened && !*listened;
 }
 
-void OfiTransport::check_peers_locked(TimePoint now) {
-    if (watched_.empty() || now < next_check_) return;
-    next_check_ = now + kProbeCheckEvery;
-    watched_.for_each_safe([&](OfiAddr& a) {
-        if (a.dead || &a == self_.impl()) return;
-        if (a.pid > 0 && ::kill(a.pid, 0) != 0 && errno == ESRCH) {
-            peer_failed_locked(&a, Errc::disconnected,
-                               fmt::format("its process {} is gone", a.pid));
+void OfiTransport::check_peers_locked(OfiLane& l, TimePoint now) {
+    if (l.watched.empty() || now < l.next_check) return;
+    l.next_check = now + kProbeCheckEvery;
+    l.watched.for_each_safe([&](Remote& r) {
+        OfiAddr* a = ofi_addr(r.peer);
+        if (a->dead.load(std::memory_order_relaxed) || a == self_.impl()) return;
+        if (r.pid > 0 && ::kill(r.pid, 0) != 0 && errno == ESRCH) {
+            defer_death_locked(l, a, Errc::disconnected,
+                               fmt::format("its process {} is gone", r.pid));
             return;
         }
-        if (a.probing) {
-            if (now - a.probe_sent > kProbeTimeout)
-                peer_failed_locked(&a, Errc::disconnected, "a probe got no completion in time");
-            else if (now - a.probe_sent > kProbeAfterSilence && listener_gone_locked(&a, now))
-                peer_failed_locked(&a, Errc::disconnected,
+        // A message from any of its endpoints proves it alive.
+        if (auto s = l.sources.find(std::string_view(a->raw)); s != l.sources.end())
+            r.heard = std::max(r.heard, s->second.heard);
+        if (r.probing) {
+            if (now - r.probe_sent > kProbeTimeout)
+                defer_death_locked(l, a, Errc::disconnected, "a probe got no completion in time");
+            else if (now - r.probe_sent > kProbeAfterSilence && listener_gone_locked(&r, now))
+                defer_death_locked(l, a, Errc::disconnected,
                                    "a probe is unanswered and nothing listens on its port any "
                                    "more: its process is gone");
             return;
         }
-        if (now - a.heard >= kProbeAfterSilence) send_probe_locked(&a, now);
+        if (now - r.heard >= kProbeAfterSilence) send_probe_locked(l, &r, now);
     });
+    flush_deaths_locked(l);
 }
 
 std::size_t OfiTransport::watched_peers() {
-    std::lock_guard g(mu_);
     std::size_t n = 0;
-    for (OfiAddr& a : watched_) {
-        (void)a;
-        ++n;
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
+        OfiLane* l = lane_at(uint8_t(i));
+        if (!l) continue;
+        std::lock_guard g(l->mu);
+        for (Remote& r : l->watched) {
+            (void)r;
+            ++n;
+        }
     }
     return n;
 }
 
 uint64_t OfiTransport::rx_buffer_messages() {
-    std::lock_guard g(mu_);
-    return rx_buffer_messages_;
+    uint64_t n = 0;
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
+        OfiLane* l = lane_at(uint8_t(i));
+        if (!l) continue;
+        std::lock_guard g(l->mu);
+        n += l->rx_buffer_messages;
+    }
+    return n;
 }
 
-// --- progress -----------------------------------------------------------------------------------
+// --- progress ------------------------------------------------------------------------------------
 
 Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
     auto& oc = static_cast<OfiContext&>(ctx);
+    OfiLane& l = oc.lane();
     for (;;) {
         bool block_ok;
         bool watching;
         {
-            std::lock_guard g(mu_);
-            poll_cq_locked();
-            if (!deferred_.empty()) retry_deferred_locked();
-            if (!watched_.empty()) check_peers_locked(Clock::now());
+            std::lock_guard g(l.mu);
+            poll_cq_locked(l);
+            if (!l.deferred.empty()) retry_deferred_locked(l);
+            if (!l.ctl_retry.empty()) retry_ctls_locked(l);
+            flush_deaths_locked(l);
+            if (l.deaths_seen != deaths_.load(std::memory_order_relaxed)) sweep_dead_locked(l);
+            if (!l.watched.empty() || l.locating > 0) {
+                TimePoint now = Clock::now();
+                if (l.locating > 0) check_locates_locked(l, now);
+                check_peers_locked(l, now);
+            }
             if (ctx.has_completions()) return ok();
             if (deadline_passed(deadline)) return Errc::timeout;
             // Block only when the provider says nothing is pending (fi_trywait), else poll.
             block_ok = true;
             if (prov_.wait_fd) {
-                fid* f = &cq_->fid;
+                fid* f = &l.cq->fid;
                 block_ok = fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
             }
-            watching = !watched_.empty();
+            watching =
+                !l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty();
         }
         if (!block_ok) continue;
         if (!ctx.prepare_block()) return ok();
@@ -1001,28 +1454,29 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
         ctx.end_block();
         ctx.drain_event_fd();
         uint64_t ticks;
-        while (::read(timer_fd_, &ticks, sizeof ticks) > 0) {
+        while (::read(l.timer_fd, &ticks, sizeof ticks) > 0) {
         }
     }
 }
 
-bool OfiTransport::try_wait() {
-    std::lock_guard g(mu_);
+bool OfiTransport::try_wait_for(Context& ctx) {
+    OfiLane& l = lane_of(ctx);
+    std::lock_guard g(l.mu);
     if (prov_.wait_fd) {
-        fid* f = &cq_->fid;
+        fid* f = &l.cq->fid;
         if (fi_trywait(fabric_, &f, 1) != FI_SUCCESS) return false;
     }
-    // The timer makes progress_fd() readable for what no fd announces: the poll-sleep without
-    // a wait fd, and the probing of watched peers.
+    // The timer makes the lane's fd readable for what no fd announces: the poll-sleep without
+    // a wait fd, the probing of watched peers, locates and deferred posts to retry.
     uint64_t ticks;
-    while (::read(timer_fd_, &ticks, sizeof ticks) > 0) {
+    while (::read(l.timer_fd, &ticks, sizeof ticks) > 0) {
     }
     itimerspec its{};
     if (!prov_.wait_fd)
         its.it_value.tv_nsec = long(std::chrono::nanoseconds(kPollSleep).count());
-    else if (!watched_.empty())
+    else if (!l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty())
         its.it_value.tv_nsec = long(std::chrono::nanoseconds(kProbeCheckEvery).count());
-    ::timerfd_settime(timer_fd_, 0, &its, nullptr);
+    ::timerfd_settime(l.timer_fd, 0, &its, nullptr);
     return true;
 }
 

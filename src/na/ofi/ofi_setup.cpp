@@ -7,6 +7,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/timerfd.h>
@@ -44,8 +45,9 @@ namespace {
 
 /// The shm endpoints open in this process, by name (see shm_local_peer_ok_locked).
 std::mutex g_shm_mu;
-std::unordered_set<std::string>& shm_live() {
-    static auto* s = new std::unordered_set<std::string>;
+using NameSet = std::unordered_set<std::string, RawHash, std::equal_to<>>;
+NameSet& shm_live() {
+    static auto* s = new NameSet;
     return *s;
 }
 
@@ -73,8 +75,8 @@ constexpr Cap kNeededCaps[] = {
 constexpr uint64_t kCaps =
     FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
 /// The MR mode bits this transport honours.
-constexpr uint64_t kMrModes =
-    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+/// Not FI_MR_ENDPOINT: a registration bound to one endpoint would serve one lane only.
+constexpr uint64_t kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 
 uint64_t random_u64() {
     uint64_t v = 0;
@@ -125,17 +127,38 @@ bool is_ip_literal(std::string_view host) {
 
 }  // namespace
 
-// --- contexts -----------------------------------------------------------------------------------
+int shm_pid_of(std::string_view raw) noexcept {
+    // "[fi_shm://]<prefix>-<pid>-<instance>[.<lane>]": the pid of a peer we can watch with
+    // kill(pid, 0).
+    if (auto sep = raw.find("://"); sep != std::string_view::npos) raw.remove_prefix(sep + 3);
+    auto last = raw.rfind('-');
+    if (last == std::string_view::npos || last == 0) return 0;
+    auto prev = raw.rfind('-', last - 1);
+    if (prev == std::string_view::npos || last - prev - 1 == 0 || last - prev - 1 > 9) return 0;
+    int pid = 0;
+    for (std::size_t i = prev + 1; i < last; ++i) {
+        if (raw[i] < '0' || raw[i] > '9') return 0;
+        pid = pid * 10 + (raw[i] - '0');
+    }
+    return pid;
+}
 
-OfiContext::OfiContext(OfiTransport* t, uint8_t id, bool thread_safe)
-    : Context(t, id, thread_safe), ot_(t) {
-    block_epfd_ = epoll_set_of({t->progress_fd(), event_fd()});
+// --- contexts and lanes -------------------------------------------------------------------------
+
+OfiLane::OfiLane(OfiTransport* tr, uint8_t i, const Options& o)
+    : t(tr), id(i), mu(o.thread_safe), ops(o.max_ops, o.thread_safe), match(o.max_contexts) {
+    token_salt = random_u64();
+}
+
+OfiContext::OfiContext(OfiTransport* t, uint8_t id, bool thread_safe, OfiLane* lane)
+    : Context(t, id, thread_safe), ot_(t), lane_(lane) {
+    block_epfd_ = epoll_set_of({lane->pfd, event_fd()});
     if (block_epfd_ < 0)
         TALARIA_LOG(ofi, error, "context {}: its epoll set: {}", id, std::strerror(errno));
 }
 
 OfiContext::~OfiContext() {
-    ot_->context_destroyed(id());
+    if (attached) ot_->context_destroyed(this);
     if (block_epfd_ >= 0) ::close(block_epfd_);
 }
 
@@ -146,29 +169,201 @@ Result<std::unique_ptr<Context>> OfiTransport::context_create(uint8_t id,
                      fmt::format("context id {} out of range: this {} transport has "
                                  "Options::max_contexts = {}",
                                  id, scheme_, opts_.max_contexts));
-    std::lock_guard g(mu_);
-    if (match_.context(id))
-        return Error(
-            Errc::already_exists,
-            fmt::format("context {} already exists: destroy it first or use another id", id));
-    auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe);
+    std::lock_guard g(setup_mu_);
+    TALARIA_TRY(l, lane_create_locked(id));
+    {
+        std::lock_guard lg(l->mu);
+        if (l->ctx)
+            return Error(Errc::already_exists,
+                         fmt::format("context {} already exists: destroy it first or use "
+                                     "another id",
+                                     id));
+    }
+    auto ctx = std::make_unique<OfiContext>(this, id, opts_.thread_safe, l);
     ctx->set_takes_unexpected(opts.unexpected);
-    if (ctx->block_fd() < 0)
+    if (ctx->block_fd() < 0 || !ctx->watch_fd(l->pfd))
         return Error(Errc::io_error, fmt::format("context {}: {}", id, kEpollSetRemedy));
-    match_.attach(ctx.get());
+    std::lock_guard lg(l->mu);
+    l->match.attach(ctx.get());
+    l->ctx = ctx.get();
+    l->serves.store(opts.unexpected, std::memory_order_release);
+    l->attached.store(true, std::memory_order_release);
+    ctx->attached = true;
     return std::unique_ptr<Context>(std::move(ctx));
 }
 
-void OfiTransport::context_destroyed(uint8_t id) noexcept {
-    std::lock_guard g(mu_);
+void OfiTransport::context_destroyed(OfiContext* c) noexcept {
+    OfiLane& l = c->lane();
+    std::lock_guard g(l.mu);
+    l.attached.store(false, std::memory_order_release);
+    l.serves.store(false, std::memory_order_release);
+    l.ctx = nullptr;
     // The caller should have canceled and drained; release receives still posted on it.
-    match_.detach(id, [&](OfiOp* op) {
-        if (op->counted) watch_dec(op->peer.as<OfiAddr>());
+    // The caller should have canceled and drained: release receives still posted on it, sends
+    // still waiting for a route and posts deferred, and orphan operations the provider holds
+    // (their completion then only frees them: op_finished).
+    auto release = [&](OfiOp* op) {
+        if (op->counted) watch_dec(l, op->rem);
+        if (op->bounce) bounce_free(op->bounce);
+        op->bounce = nullptr;
         op->counted = false;
+        op->rem = nullptr;
+        op->route = nullptr;
         op->peer.reset();
         op->state = OpState::idle;
         op->releaser->release(op);
+    };
+    l.match.detach(l.id, release);
+    for (auto& [key, r] : l.routes)
+        r.waiting.for_each_safe([&](OfiOp& op) {
+            if (op.ctx != c) return;
+            r.waiting.erase(op);
+            release(&op);
+        });
+    l.deferred.for_each_safe([&](OfiOp& op) {
+        if (op.ctx != c) return;
+        if (op.fragments > 0) {
+            op.ctx = nullptr;  // its fragments in the provider finish (and free) it
+            return;
+        }
+        l.deferred.erase(op);
+        --op.rem->deferred;
+        release(&op);
     });
+    for (OfiOp& op : l.inflight)
+        if (op.ctx == c) op.ctx = nullptr;
+}
+
+Result<OfiLane*> OfiTransport::lane_create_locked(uint8_t id) {
+    if (OfiLane* l = lane_at(id)) return l;
+    auto l = std::make_unique<OfiLane>(this, id, opts_);
+    if (auto r = lane_open(*l); !r) {
+        lane_close(*l);
+        return std::move(r).error();
+    }
+    OfiLane* p = l.get();
+    lanes_.push_back(std::move(l));
+    lane_ptr_[id].store(p, std::memory_order_release);
+    return p;
+}
+
+Result<void> OfiTransport::lane_open(OfiLane& l) {
+    const std::string& sub = prov_.prov_name;
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.size = 0;
+    cq_attr.wait_obj = prov_.wait_fd ? FI_WAIT_FD : FI_WAIT_NONE;
+    int rc = fi_cq_open(domain_, &cq_attr, &l.cq, nullptr);
+    if (rc != 0 && l.id == 0 && prov_.wait_fd) {
+        // shm has no wait objects: poll-sleep instead (see progress()).
+        prov_.wait_fd = false;
+        cq_attr.wait_obj = FI_WAIT_NONE;
+        rc = fi_cq_open(domain_, &cq_attr, &l.cq, nullptr);
+    }
+    if (rc != 0)
+        return Error(Errc::io_error,
+                     fmt::format("{}: {} for context {}", sub, fi_err("fi_cq_open", rc), l.id));
+    if (prov_.wait_fd && (rc = fi_control(&l.cq->fid, FI_GETWAIT, &l.cq_fd)) != 0) {
+        if (l.id != 0)
+            return Error(Errc::io_error, fmt::format("{}: {} for context {}", sub,
+                                                     fi_err("fi_control(FI_GETWAIT)", rc), l.id));
+        TALARIA_LOG(ofi, info, "{}: completion queue wait fd unavailable ({}); polling",
+                    prov_.prov_name, fi_strerror(-rc));
+        prov_.wait_fd = false;
+        l.cq_fd = -1;
+    }
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    if ((rc = fi_av_open(domain_, &av_attr, &l.av, nullptr)) != 0)
+        return Error(Errc::io_error,
+                     fmt::format("{}: {} for context {}", sub, fi_err("fi_av_open", rc), l.id));
+    // Lane 0 listens where the address asked (its endpoint is the transport's address); the
+    // others on the same interface, at a port of the system's choosing.
+    fi_info* info = info_;
+    struct FreeInfo {
+        fi_info* i = nullptr;
+        ~FreeInfo() {
+            if (i) fi_freeinfo(i);
+        }
+    } own;
+    if (l.id != 0 && info_->src_addr &&
+        (prov_.addr_format == FI_SOCKADDR_IN || prov_.addr_format == FI_SOCKADDR_IN6)) {
+        own.i = fi_dupinfo(info_);
+        if (!own.i) return Error(Errc::no_memory, "ofi: fi_dupinfo failed");
+        info = own.i;
+        if (prov_.addr_format == FI_SOCKADDR_IN)
+            static_cast<sockaddr_in*>(info->src_addr)->sin_port = 0;
+        else
+            static_cast<sockaddr_in6*>(info->src_addr)->sin6_port = 0;
+    }
+    if ((rc = fi_endpoint(domain_, info, &l.ep, nullptr)) != 0)
+        return Error(Errc::io_error,
+                     fmt::format("{}: {} for context {}", sub, fi_err("fi_endpoint", rc), l.id));
+    if ((rc = fi_ep_bind(l.ep, &l.cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+        (rc = fi_ep_bind(l.ep, &l.av->fid, 0)) != 0)
+        return Error(Errc::io_error,
+                     fmt::format("{}: {} for context {}", sub, fi_err("fi_ep_bind", rc), l.id));
+    if (!shm_base_.empty()) {
+        l.shm_name = l.id == 0 ? shm_base_ : fmt::format("{}.{}", shm_base_, l.id);
+        std::string n = "fi_shm://" + l.shm_name;
+        if ((rc = fi_setname(&l.ep->fid, n.data(), n.size() + 1)) != 0)
+            return Error(Errc::io_error,
+                         fmt::format("ofi+shm: {} for '{}'", fi_err("fi_setname", rc), n));
+    }
+    if ((rc = fi_enable(l.ep)) != 0)
+        return Error(Errc::io_error,
+                     fmt::format("{}: {} for context {}", sub, fi_err("fi_enable", rc), l.id));
+    // After fi_enable: shm (1.17) dereferences its receive queue in fi_setopt, which exists
+    // only once the endpoint is enabled.
+    if (prov_.multi_recv) {
+        std::size_t min = kHeaderRoom + kMaxMessageSize;
+        rc = fi_setopt(&l.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min);
+        if (rc != 0) {
+            if (l.id != 0)
+                return Error(Errc::io_error,
+                             fmt::format("{}: {} for context {}", sub,
+                                         fi_err("FI_OPT_MIN_MULTI_RECV", rc), l.id));
+            TALARIA_LOG(ofi, info, "{}: FI_OPT_MIN_MULTI_RECV not settable ({}): posted buffers",
+                        prov_.prov_name, fi_strerror(-rc));
+            prov_.multi_recv = false;
+        }
+    }
+    char name[256];
+    std::size_t len = sizeof name;
+    rc = fi_getname(&l.ep->fid, name, &len);
+    if (rc != 0) return Error(Errc::io_error, fi_err("ofi: fi_getname", rc));
+    if (prov_.addr_format == FI_ADDR_STR) len = ::strnlen(name, len);
+    if (len == 0 || len > kMaxRawAddr)
+        return Error(Errc::not_supported,
+                     fmt::format("{}: provider {} has a {}-byte endpoint address; this "
+                                 "transport carries at most {}",
+                                 scheme_, prov_.prov_name, len, kMaxRawAddr));
+    l.raw.assign(name, len);
+    if (l.id == 0 && prov_.addr_format == FI_ADDR_STR && l.raw.find("://") != std::string::npos)
+        raw_prefix_ = l.raw.substr(0, l.raw.find("://") + 3);
+
+    l.timer_fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (l.timer_fd < 0) return errno_error("ofi: timerfd_create", errno);
+    l.pfd = l.cq_fd >= 0 ? epoll_set_of({l.timer_fd, l.cq_fd}) : epoll_set_of({l.timer_fd});
+    if (l.pfd < 0)
+        return Error(Errc::io_error, fmt::format("ofi: context {}: {}", l.id, kEpollSetRemedy));
+
+    // The header template: our transport address (lane 0's), and this lane's when it differs.
+    const std::string& self_raw = l.id == 0 ? l.raw : lane_at(0)->raw;
+    MsgHeader h;
+    h.kind = MsgKind::probe;
+    h.instance = instance_;
+    h.source_ctx = l.id;
+    h.raw_addr = std::as_bytes(std::span(self_raw));
+    if (l.id != 0) h.lane_addr = std::as_bytes(std::span(l.raw));
+    l.header_size = encode_msg_header(h, l.header);
+
+    TALARIA_CHECK(post_rx_buffers(l));
+    if (!l.shm_name.empty()) {
+        std::lock_guard g(g_shm_mu);
+        shm_live().insert(l.shm_name);
+    }
+    return ok();
 }
 
 // --- transport lifetime -------------------------------------------------------------------------
@@ -177,10 +372,15 @@ OfiTransport::OfiTransport(const Options& o, std::string scheme)
     : addrs_(o.thread_safe),
       opts_(o),
       scheme_(std::move(scheme)),
-      mu_(o.thread_safe),
-      ops_(o.max_ops, o.thread_safe),
-      buf_mu_(o.thread_safe),
-      match_(o.max_contexts) {}
+      setup_mu_(o.thread_safe),
+      intern_mu_(o.thread_safe),
+      reg_mu_(o.thread_safe),
+      lane_ptr_(new std::atomic<OfiLane*>[o.max_contexts]),
+      buf_mu_(o.thread_safe) {
+    for (std::size_t i = 0; i < o.max_contexts; ++i)
+        lane_ptr_[i].store(nullptr, std::memory_order_relaxed);
+    heap_slab_.owner = this;
+}
 
 OfiTransport::~OfiTransport() {
     close_all();
@@ -195,65 +395,73 @@ void close_fid(fid* f, const char* what, const std::string& prov) {
 }
 }  // namespace
 
-void OfiTransport::close_all() noexcept {
-    // shm peers killed without a chance to remove their region: remove it for them (their
+void OfiTransport::lane_close(OfiLane& l) noexcept {
+    if (!l.shm_name.empty()) {
+        std::lock_guard g(g_shm_mu);
+        shm_live().erase(l.shm_name);
+    }
+    // shm peers killed without a chance to remove their regions: remove them for them (their
     // names carry their pids; a region whose pid is gone is used by nobody).
     if (prov_.prov_name == "shm") {
-        for (const auto& [raw, fa] : av_cache_) {
-            (void)fa;
-            std::string_view name(raw);
-            name.remove_prefix(std::min(name.size(), name.find("://") + 3));
-            auto last = name.rfind('-');
-            auto prev = last == std::string_view::npos || last == 0 ? std::string_view::npos
-                                                                    : name.rfind('-', last - 1);
-            if (prev == std::string_view::npos) continue;
-            int pid = 0;
-            for (std::size_t i = prev + 1; i < last && pid >= 0; ++i)
-                pid = (name[i] >= '0' && name[i] <= '9' && pid < 100000000)
-                          ? pid * 10 + (name[i] - '0')
-                          : -1;
+        for (const auto& [raw, r] : l.remotes) {
+            int pid = shm_pid_of(raw);
             if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
-                ::shm_unlink(std::string(name).c_str());
+                ::shm_unlink(raw.substr(raw.find("://") + 3).c_str());
         }
     }
-    if (!shm_name_.empty()) {
-        std::lock_guard g(g_shm_mu);
-        shm_live().erase(shm_name_);
-    }
     // The endpoint first: it stops using every buffer posted to it and every peer.
-    close_fid(ep_ ? &ep_->fid : nullptr, "endpoint", prov_.prov_name);
-    ep_ = nullptr;
-    // Ops still posted, held by the provider or deferred never complete (destroying a transport
-    // completes nothing): what they point to goes now, and each goes back to the pool.
+    close_fid(l.ep ? &l.ep->fid : nullptr, "endpoint", prov_.prov_name);
+    l.ep = nullptr;
+    // Ops still posted, held by the provider, routing or deferred never complete (destroying
+    // a transport completes nothing): what they point to goes now, and each goes back to the
+    // pool.
     auto drop = [this](OfiOp* op) {
         if (op->bounce) bounce_free(op->bounce);
         op->bounce = nullptr;
         op->peer.reset();
+        op->rem = nullptr;
+        op->route = nullptr;
         op->counted = false;
         op->state = OpState::idle;
         op->releaser->release(op);
     };
-    for (uint8_t id = 0; id < opts_.max_contexts; ++id)
-        match_.detach(id, drop);
-    watched_.clear();  // before the addresses on it may go
-    for (auto* list : {&inflight_, &deferred_})
+    l.match.detach(l.id, drop);
+    l.watched.clear();
+    for (auto* list : {&l.inflight, &l.deferred})
         while (OfiOp* op = list->pop_front())
             drop(op);
-    match_.clear();
-    probes_.clear();
+    for (auto& [k, r] : l.routes)
+        while (OfiOp* op = r.waiting.pop_front())
+            drop(op);
+    l.match.clear();
+    l.routes.clear();
+    l.sources.clear();
+    l.last_route = nullptr;
+    l.last_source = nullptr;
+    l.remotes.clear();
+    l.ctls.clear();
+    close_fid(l.rx_mr ? &l.rx_mr->fid : nullptr, "receive buffers' mr", prov_.prov_name);
+    l.rx_mr = nullptr;
+    close_fid(l.av ? &l.av->fid : nullptr, "address vector", prov_.prov_name);
+    l.av = nullptr;
+    close_fid(l.cq ? &l.cq->fid : nullptr, "completion queue", prov_.prov_name);
+    l.cq = nullptr;
+    if (l.pfd >= 0) ::close(l.pfd);
+    if (l.timer_fd >= 0) ::close(l.timer_fd);
+    l.pfd = l.timer_fd = -1;
+}
+
+void OfiTransport::close_all() noexcept {
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i)
+        lane_ptr_[i].store(nullptr, std::memory_order_relaxed);
+    for (auto& l : lanes_)
+        lane_close(*l);
     self_.reset();
-    close_fid(rx_mr_ ? &rx_mr_->fid : nullptr, "receive buffers' mr", prov_.prov_name);
-    rx_mr_ = nullptr;
-    close_fid(probe_mr_ ? &probe_mr_->fid : nullptr, "probe mr", prov_.prov_name);
-    probe_mr_ = nullptr;
+    lanes_.clear();
     for (auto& s : slabs_) {
         close_fid(s->mr ? &s->mr->fid : nullptr, "message buffers' mr", prov_.prov_name);
         s->mr = nullptr;
     }
-    close_fid(av_ ? &av_->fid : nullptr, "address vector", prov_.prov_name);
-    av_ = nullptr;
-    close_fid(cq_ ? &cq_->fid : nullptr, "completion queue", prov_.prov_name);
-    cq_ = nullptr;
     close_fid(domain_ ? &domain_->fid : nullptr, "domain", prov_.prov_name);
     domain_ = nullptr;
     close_fid(fabric_ ? &fabric_->fid : nullptr, "fabric", prov_.prov_name);
@@ -261,8 +469,7 @@ void OfiTransport::close_all() noexcept {
     if (info_) fi_freeinfo(info_);
     info_ = nullptr;
     if (pfd_ >= 0) ::close(pfd_);
-    if (timer_fd_ >= 0) ::close(timer_fd_);
-    pfd_ = timer_fd_ = -1;
+    pfd_ = -1;
 }
 
 Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
@@ -273,74 +480,29 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
                                  sub));
     instance_ = random_u64();
     TALARIA_CHECK(open_provider(sub, rest));
+    pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (pfd_ < 0) return errno_error("ofi: eventfd", errno);
 
-    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (timer_fd_ < 0) return errno_error("ofi: timerfd_create", errno);
-    pfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (pfd_ < 0) return errno_error("ofi: epoll_create1", errno);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = timer_fd_;
-    if (::epoll_ctl(pfd_, EPOLL_CTL_ADD, timer_fd_, &ev) < 0)
-        return errno_error("ofi: epoll_ctl(timerfd)", errno);
-    if (cq_fd_ >= 0) {
-        ev.data.fd = cq_fd_;
-        if (::epoll_ctl(pfd_, EPOLL_CTL_ADD, cq_fd_, &ev) < 0)
-            return errno_error("ofi: epoll_ctl(completion queue wait fd)", errno);
+    OfiLane* l0;
+    {
+        std::lock_guard g(setup_mu_);
+        auto l = lane_create_locked(0);
+        if (!l) return Error(l.error().code(), fmt::format("ofi+{}: {}", sub, l.error().message()));
+        l0 = *l;
     }
-
-    // Our own address, and the header template every message starts with.
-    char name[256];
-    std::size_t len = sizeof name;
-    int rc = fi_getname(&ep_->fid, name, &len);
-    if (rc != 0) return Error(Errc::io_error, fi_err("ofi: fi_getname", rc));
-    if (prov_.addr_format == FI_ADDR_STR) len = ::strnlen(name, len);
-    if (len == 0 || len > kMaxRawAddr)
-        return Error(Errc::not_supported,
-                     fmt::format("ofi+{}: provider {} has a {}-byte endpoint address; this "
-                                 "transport carries at most {}",
-                                 sub, prov_.prov_name, len, kMaxRawAddr));
-    self_raw_.assign(name, len);
-    std::string canonical = canonical_of(std::as_bytes(std::span(self_raw_)));
+    std::string canonical = canonical_of(std::as_bytes(std::span(l0->raw)));
     if (canonical.empty())
         return Error(Errc::not_supported,
                      fmt::format("ofi+{}: cannot name provider {}'s address (format {})", sub,
                                  prov_.prov_name, prov_.addr_format));
     {
-        std::lock_guard g(mu_);
-        self_ = intern_locked(canonical, self_raw_);
-        TALARIA_CHECK(av_insert_locked(self_.as<OfiAddr>()));
-    }
-    MsgHeader h;
-    h.kind = MsgKind::probe;
-    h.instance = instance_;
-    h.raw_addr = std::as_bytes(std::span(self_raw_));
-    self_header_size_ = encode_msg_header(h, self_header_);
-
-    // The probe message: a header alone, registered once.
-    probe_mem_ = std::make_unique<std::byte[]>(kHeaderRoom);
-    std::memcpy(probe_mem_.get(), self_header_, self_header_size_);
-    {
-        std::lock_guard g(mu_);
-        uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
-        rc = fi_mr_reg(domain_, probe_mem_.get(), kHeaderRoom, FI_SEND, 0, key, 0, &probe_mr_,
-                       nullptr);
-        if (rc != 0) return Error(Errc::io_error, fi_err("ofi: fi_mr_reg(probe)", rc));
-        if (prov_.mr_mode & FI_MR_ENDPOINT) {
-            if ((rc = fi_mr_bind(probe_mr_, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(probe_mr_)))
-                return Error(Errc::io_error, fi_err("ofi: fi_mr_bind/enable(probe)", rc));
-        }
-        probe_desc_ = fi_mr_desc(probe_mr_);
-    }
-    TALARIA_CHECK(post_rx_buffers());
-    if (!shm_name_.empty()) {
-        std::lock_guard g(g_shm_mu);
-        shm_live().insert(shm_name_);
+        std::lock_guard g(intern_mu_);
+        self_ = intern_locked(canonical, l0->raw);
+        ofi_addr(self_)->instance.store(instance_, std::memory_order_relaxed);
     }
     TALARIA_LOG(ofi, debug, "{} open on {} (fabric {}, domain {}, mr_mode 0x{:x}, inject {}, {})",
-                self_.as<OfiAddr>()->str, prov_.prov_name, prov_.fabric, prov_.domain,
-                prov_.mr_mode, prov_.inject_size,
-                prov_.multi_recv ? "multi-recv" : "posted receive buffers");
+                ofi_addr(self_)->str, prov_.prov_name, prov_.fabric, prov_.domain, prov_.mr_mode,
+                prov_.inject_size, prov_.multi_recv ? "multi-recv" : "posted receive buffers");
     return ok();
 }
 
@@ -384,7 +546,9 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
     hints->caps = kCaps;
     hints->mode = 0;  // no FI_CONTEXT/FI_CONTEXT2/FI_MSG_PREFIX: we pass plain op pointers
     hints->domain_attr->mr_mode = int(kMrModes);
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;  // we serialize every call ourselves
+    // Each lane serializes its endpoint, CQ and AV under its own lock; the provider serializes
+    // what the lanes share (the domain's registrations).
+    hints->domain_attr->threading = FI_THREAD_COMPLETION;
     hints->fabric_attr->prov_name = ::strdup(prov.c_str());
     hints->tx_attr->op_flags = 0;
 
@@ -400,7 +564,7 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
                          fmt::format("'ofi+shm://{}': an shm name prefix is 1..24 characters of "
                                      "[A-Za-z0-9._-]",
                                      rest));
-        shm_name_ = fmt::format("{}-{}-{:08x}", rest.empty() ? "talaria" : rest, ::getpid(),
+        shm_base_ = fmt::format("{}-{}-{:08x}", rest.empty() ? "talaria" : rest, ::getpid(),
                                 uint32_t(instance_));
     } else if (!rest.empty()) {
         // "host[:port]" (an IP literal or, with a port, a host name) selects the interface we
@@ -437,13 +601,9 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
         return fi_getinfo(FI_VERSION(1, 17), node.empty() ? nullptr : node.c_str(),
                           service.empty() ? nullptr : service.c_str(), flags, h, out);
     };
-    // Tagged messages with directed receives (expected messages matched by the provider) and
-    // multi-recv (unexpected ones) where the provider has them; FI_DIRECTED_RECV is a secondary
-    // capability, reported only when asked for. Without them: software matching of expected
-    // messages, a pool of posted buffers.
-    constexpr uint64_t kTagged = FI_TAGGED | FI_DIRECTED_RECV;
-    const uint64_t tries[] = {kCaps | kTagged | FI_MULTI_RECV, kCaps | kTagged,
-                              kCaps | FI_MULTI_RECV, kCaps};
+    // Multi-recv (unexpected messages) where the provider has it; without it, a pool of
+    // posted buffers.
+    const uint64_t tries[] = {kCaps | FI_MULTI_RECV, kCaps};
     int rc = -FI_ENODATA;
     for (uint64_t caps : tries) {
         hints->caps = caps;
@@ -476,7 +636,8 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
                     "provider '{}' requires mode bits 0x{:x} or MR mode bits "
                     "0x{:x} this transport does not support (it supports no mode "
                     "bits and MR modes FI_MR_LOCAL, FI_MR_VIRT_ADDR, "
-                    "FI_MR_ALLOCATED, FI_MR_PROV_KEY, FI_MR_ENDPOINT)",
+                    "FI_MR_ALLOCATED, FI_MR_PROV_KEY; not FI_MR_ENDPOINT, as every context has an "
+                    "endpoint of its own)",
                     prov, any->mode, uint64_t(any->domain_attr->mr_mode));
             else
                 why = fmt::format("provider '{}' matches nothing for '{}' ({})", prov, rest,
@@ -496,8 +657,7 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
     prov_.inject_size = info->tx_attr->inject_size;
     prov_.max_msg_size = info->ep_attr->max_msg_size;
     prov_.multi_recv = (info->caps & FI_MULTI_RECV) != 0;
-    prov_.tagged = (info->caps & kTagged) == kTagged;
-    prov_.av_on_lookup = prov_.prov_name != "shm";
+    prov_.wait_fd = true;  // until lane 0's completion queue says otherwise (lane_open)
     if (prov_.max_msg_size < kHeaderRoom + kMaxMessageSize)
         return Error(
             Errc::not_supported,
@@ -510,86 +670,37 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
     if ((rc = fi_domain(fabric_, info, &domain_, nullptr)) != 0)
         return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
                                                  fi_err("fi_domain", rc), prov_.prov_name));
-    fi_cq_attr cq_attr{};
-    cq_attr.format = FI_CQ_FORMAT_TAGGED;
-    cq_attr.size = 0;
-    cq_attr.wait_obj = FI_WAIT_FD;
-    rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
-    if (rc == 0) {
-        rc = fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_);
-        if (rc != 0) {
-            TALARIA_LOG(ofi, info, "{}: completion queue wait fd unavailable ({}); polling",
-                        prov_.prov_name, fi_strerror(-rc));
-            cq_fd_ = -1;
-        }
-    } else {
-        // shm has no wait objects: poll-sleep instead (see progress()).
-        cq_attr.wait_obj = FI_WAIT_NONE;
-        rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
-        if (rc != 0)
-            return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
-                                                     fi_err("fi_cq_open", rc), prov_.prov_name));
-    }
-    prov_.wait_fd = cq_fd_ >= 0;
-    fi_av_attr av_attr{};
-    av_attr.type = FI_AV_TABLE;
-    if ((rc = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0)
-        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
-                                                 fi_err("fi_av_open", rc), prov_.prov_name));
-    if ((rc = fi_endpoint(domain_, info, &ep_, nullptr)) != 0)
-        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
-                                                 fi_err("fi_endpoint", rc), prov_.prov_name));
-    if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
-        (rc = fi_ep_bind(ep_, &av_->fid, 0)) != 0)
-        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
-                                                 fi_err("fi_ep_bind", rc), prov_.prov_name));
-    if (shm) {
-        std::string n = "fi_shm://" + shm_name_;
-        if ((rc = fi_setname(&ep_->fid, n.data(), n.size() + 1)) != 0)
-            return Error(Errc::io_error,
-                         fmt::format("ofi+shm: {} for '{}'", fi_err("fi_setname", rc), n));
-    }
-    if ((rc = fi_enable(ep_)) != 0)
-        return Error(Errc::io_error, fmt::format("ofi+{}: {} on provider {}", sub,
-                                                 fi_err("fi_enable", rc), prov_.prov_name));
-    // After fi_enable: shm (1.17) dereferences its receive queue in fi_setopt, which exists
-    // only once the endpoint is enabled.
-    if (prov_.multi_recv) {
-        std::size_t min = kHeaderRoom + kMaxMessageSize;
-        rc = fi_setopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min);
-        if (rc != 0) {
-            TALARIA_LOG(ofi, info, "{}: FI_OPT_MIN_MULTI_RECV not settable ({}): posted buffers",
-                        prov_.prov_name, fi_strerror(-rc));
-            prov_.multi_recv = false;
-        }
-    }
     return ok();
 }
 
-Result<void> OfiTransport::post_rx_buffers() {
-    std::lock_guard g(mu_);
+uint64_t OfiTransport::next_key_locked() noexcept {
+    return (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
+}
+
+Result<void> OfiTransport::post_rx_buffers(OfiLane& l) {
+    std::lock_guard g(l.mu);
     const std::size_t n = prov_.multi_recv ? kMultiRecvBuffers : kPlainRecvBuffers;
     const std::size_t size = prov_.multi_recv ? kMultiRecvSize : kPlainRecvSize;
-    rx_mem_.reset(new (std::nothrow) std::byte[n * size]);
-    if (!rx_mem_) return Error(Errc::no_memory, "ofi: receive buffers");
-    uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
-    int rc = fi_mr_reg(domain_, rx_mem_.get(), n * size, FI_RECV, 0, key, 0, &rx_mr_, nullptr);
+    l.rx_mem.reset(new (std::nothrow) std::byte[n * size]);
+    if (!l.rx_mem) return Error(Errc::no_memory, "ofi: receive buffers");
+    int rc;
+    {
+        std::lock_guard r(reg_mu_);
+        rc = fi_mr_reg(domain_, l.rx_mem.get(), n * size, FI_RECV, 0, next_key_locked(), 0,
+                       &l.rx_mr, nullptr);
+    }
     if (rc != 0)
         return Error(Errc::io_error, fmt::format("ofi: {} for the receive buffers on {}",
                                                  fi_err("fi_mr_reg", rc), prov_.prov_name));
-    if (prov_.mr_mode & FI_MR_ENDPOINT) {
-        if ((rc = fi_mr_bind(rx_mr_, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(rx_mr_)) != 0)
-            return Error(Errc::io_error, fi_err("ofi: fi_mr_bind/enable(receive buffers)", rc));
-    }
-    rx_desc_ = fi_mr_desc(rx_mr_);
+    l.rx_desc = fi_mr_desc(l.rx_mr);
     for (std::size_t i = 0; i < n; ++i) {
         auto rb = std::make_unique<RxBuf>();
         rb->fi_kind = FiCtx::Kind::rx;
-        rb->data = rx_mem_.get() + i * size;
+        rb->data = l.rx_mem.get() + i * size;
         rb->size = size;
-        rx_.push_back(std::move(rb));
-        repost_rx(rx_.back().get());
-        if (!rx_.back()->posted)
+        l.rx.push_back(std::move(rb));
+        repost_rx(l, l.rx.back().get());
+        if (!l.rx.back()->posted)
             return Error(Errc::io_error,
                          fmt::format("ofi: posting receive buffers on {} failed", prov_.prov_name));
     }
@@ -598,26 +709,28 @@ Result<void> OfiTransport::post_rx_buffers() {
 
 // --- addresses ----------------------------------------------------------------------------------
 
-bool OfiTransport::shm_local_peer_ok_locked(OfiAddr* a) {
+bool OfiTransport::shm_local_peer_ok_locked(OfiLane& l, Remote* r) {
+    OfiAddr* a = ofi_addr(r->peer);
+    const bool dead = a->dead.load(std::memory_order_relaxed);
     // (pid 0: not an shm peer; checked first, as getpid() is a system call on every send.)
-    if (a->pid == 0 || shm_name_.empty() || a->pid != ::getpid()) return !a->dead;
-    if (a->dead) return false;
-    std::string_view name(a->raw);
+    if (r->pid == 0 || shm_base_.empty() || r->pid != ::getpid()) return !dead;
+    if (dead) return false;
+    std::string_view name(r->raw);
     name.remove_prefix(std::min(name.size(), name.find("://") + 3));
     bool alive;
     {
         std::lock_guard g(g_shm_mu);
-        alive = shm_live().count(std::string(name)) != 0;
+        alive = shm_live().find(name) != shm_live().end();
     }
-    if (!alive) peer_failed_locked(a, Errc::disconnected, "its endpoint in this process closed");
+    if (!alive) defer_death_locked(l, a, Errc::disconnected, "its endpoint in this process closed");
     return alive;
 }
 
 OfiAddr::OfiAddr(OfiTransport* t, std::string s) : AddrImpl(t), str(std::move(s)), owner_(t) {}
 
 OfiAddr::~OfiAddr() {
-    // No transport lock here (we may be running under it): only the table's leaf lock. The AV
-    // entry stays (see OfiTransport::av_cache_).
+    // No transport lock here (we may be running under a lane's): only the table's leaf lock.
+    // The AV entries stay (see OfiLane::remotes).
     AddrTable& table = owner_->addrs_;
     for (const std::string& s : aliases)
         table.unlink(s, this);
@@ -628,46 +741,7 @@ OfiAddr::~OfiAddr() {
     table.remove(str, this);
 }
 
-Result<void> OfiTransport::av_insert_locked(OfiAddr* a) {
-    if (a->fi != FI_ADDR_NOTAVAIL) return ok();
-    if (auto it = av_cache_.find(a->raw); it != av_cache_.end()) {
-        a->fi = it->second;
-        return ok();
-    }
-    // shm 1.17 crashes (SIGSEGV in fi_av_insert) when the named region does not exist: it
-    // maps the entry into our endpoint without the peer's region. So never insert a peer that
-    // is gone (a small window remains if it closes between this check and the insertion).
-    if (prov_.prov_name == "shm" && shm_peer_gone_locked(a->raw))
-        return Error(Errc::unreachable,
-                     fmt::format("ofi: no shm endpoint {} (its region /dev/shm/{} does not "
-                                 "exist: closed, killed or never opened)",
-                                 a->str, a->raw.substr(a->raw.find("://") + 3)));
-    std::string raw = a->raw;
-    if (prov_.addr_format == FI_ADDR_STR) raw.push_back('\0');
-    fi_addr_t fa = FI_ADDR_NOTAVAIL;
-    int rc = fi_av_insert(av_, raw.data(), 1, &fa, 0, nullptr);
-    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
-        if (prov_.prov_name == "shm" && av_cache_.size() >= kShmMaxPeers)
-            return Error(
-                Errc::no_memory,
-                fmt::format("ofi: cannot add {} to the address vector on shm: it is full ({} "
-                            "peers in use; libfabric 1.17's shm AV holds at most {} "
-                            "(SMR_MAX_PEERS)) and entries are never removed (fi_av_remove "
-                            "of a peer in another process crashes shm 1.17); fi_av_insert "
-                            "returned {}",
-                            a->str, av_cache_.size(), kShmMaxPeers,
-                            rc < 0 ? fi_strerror(-rc) : "0 inserted"));
-        return Error(Errc::unreachable,
-                     fmt::format("ofi: fi_av_insert of {} on {} failed: {} ({} entries in the AV)",
-                                 a->str, prov_.prov_name,
-                                 rc < 0 ? fi_strerror(-rc) : "not inserted", av_cache_.size()));
-    }
-    a->fi = fa;
-    av_cache_.emplace(a->raw, fa);
-    return ok();
-}
-
-bool OfiTransport::shm_peer_gone_locked(std::string_view raw) const {
+bool OfiTransport::shm_peer_gone(std::string_view raw) const {
     std::string_view name(raw);
     auto sep = name.find("://");
     if (sep == std::string_view::npos) return false;
@@ -681,7 +755,7 @@ bool OfiTransport::shm_peer_gone_locked(std::string_view raw) const {
         if (shm_live().count(n) != 0) return false;
     }
     // The region file: shm removes it when the endpoint closes; we remove the file of a killed
-    // peer when we notice its death (peer_failed_locked, close_all).
+    // peer when we notice its death (peer_failed_locked, lane_close).
     std::string path = "/dev/shm/" + n;
     if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return true;
     return false;
@@ -713,9 +787,7 @@ std::string OfiTransport::canonical_of(std::span<const std::byte> raw) const {
             std::string_view name = s.substr(sep + 3);
             if (!std::all_of(name.begin(), name.end(), valid_name_char)) return {};
             // Other providers' strings (fi_ns://, another fi_shm spelling) are not ours.
-            if (!self_raw_.empty() && s.substr(0, sep + 3) != std::string_view(self_raw_).substr(
-                                                                  0, self_raw_.find("://") + 3))
-                return {};
+            if (!raw_prefix_.empty() && s.substr(0, sep + 3) != raw_prefix_) return {};
             return prefix + std::string(name);
         }
         default: {
@@ -755,7 +827,7 @@ Result<std::string> OfiTransport::raw_of(std::string_view rest, bool from_wire) 
             return std::string(reinterpret_cast<const char*>(sa->sa()), sa->len);
         }
         case FI_ADDR_STR: {
-            std::string prefix = self_raw_.substr(0, self_raw_.find("://") + 3);
+            const std::string& prefix = raw_prefix_;
             if (rest.empty() || prefix.size() + rest.size() > kMaxRawAddr)
                 return bad(fmt::format("a name of 1..{} characters", kMaxRawAddr - prefix.size()));
             if (!std::all_of(rest.begin(), rest.end(), valid_name_char))
@@ -787,22 +859,7 @@ Addr OfiTransport::intern_locked(const std::string& canonical, std::string raw) 
     auto* a = new OfiAddr(this, canonical);
     Addr out(a);
     a->raw = std::move(raw);
-    if (prov_.prov_name == "shm") {
-        // "<prefix>-<pid>-<instance>": the pid of a peer we can watch with kill(pid, 0).
-        std::string_view n(a->str);
-        n.remove_prefix(scheme_.size() + 3);
-        auto last = n.rfind('-');
-        auto prev = last == std::string_view::npos ? last : n.rfind('-', last - 1);
-        if (prev != std::string_view::npos) {
-            int pid = 0;
-            bool digits = last > prev + 1 && last - prev - 1 <= 9;
-            for (std::size_t i = prev + 1; digits && i < last; ++i) {
-                if (n[i] < '0' || n[i] > '9') digits = false;
-                pid = pid * 10 + (n[i] - '0');
-            }
-            if (digits && pid > 0) a->pid = pid;
-        }
-    }
+    if (prov_.prov_name == "shm") a->pid = shm_pid_of(a->raw);
     addrs_.add(canonical, a);
     std::string key = "\x01" + a->raw;
     addrs_.alias(key, a);
@@ -824,12 +881,10 @@ Result<Addr> OfiTransport::lookup_locked(std::string_view address, bool from_wir
         return Error(Errc::address_invalid,
                      fmt::format("'{}' does not name an {} endpoint", address, scheme_));
     Addr out = intern_locked(canonical, std::move(raw));
-    auto* a = out.as<OfiAddr>();
-    // Into the AV now (cached by raw address, so once per peer): the provider attributes its
-    // messages to it from the start and the first send or directed receive needs no insertion.
-    // Not on shm: its AV holds at most 256 peers (SMR_MAX_PEERS in 1.17) and entries cannot be
-    // removed (see av_cache_), so lookups alone must not fill it; there the first use inserts.
-    if (prov_.av_on_lookup) TALARIA_CHECK(av_insert_locked(a));
+    auto* a = ofi_addr(out);
+    // Nothing goes into an address vector here: each lane inserts a peer's endpoints on first
+    // use (shm's AV holds at most 256 peers and entries cannot be removed, so lookups alone
+    // must not fill it).
     if (address != canonical && a->aliases.size() < 4 &&
         std::find(a->aliases.begin(), a->aliases.end(), address) == a->aliases.end()) {
         addrs_.alias(address, a);
@@ -839,25 +894,30 @@ Result<Addr> OfiTransport::lookup_locked(std::string_view address, bool from_wir
 }
 
 Result<Addr> OfiTransport::addr_lookup(std::string_view address) {
-    std::lock_guard g(mu_);
+    std::lock_guard g(intern_mu_);
     return lookup_locked(address, false);
+}
+
+Addr OfiTransport::addr_alias(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return a;
+    return alias_of(this, a);
 }
 
 std::string OfiTransport::addr_to_string(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
-    return a.as<OfiAddr>()->str;
+    return ofi_addr(a)->str;
 }
 
 std::size_t OfiTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
-    return addr_blob_size(a.as<OfiAddr>()->str);
+    return addr_blob_size(ofi_addr(a)->str);
 }
 
 Result<std::size_t> OfiTransport::addr_serialize(const Addr& a, std::span<std::byte> out) {
     if (!a || a.impl()->transport() != this)
         return Error(Errc::invalid_argument,
                      fmt::format("addr_serialize: not an address of this {} transport", scheme_));
-    const std::string& s = a.as<OfiAddr>()->str;
+    const std::string& s = ofi_addr(a)->str;
     if (out.size() < addr_blob_size(s))
         return Error(Errc::invalid_argument,
                      fmt::format("addr_serialize: needs {} bytes, buffer has {}", addr_blob_size(s),
@@ -868,7 +928,7 @@ Result<std::size_t> OfiTransport::addr_serialize(const Addr& a, std::span<std::b
 
 Result<Addr> OfiTransport::addr_deserialize(std::span<const std::byte> in) {
     TALARIA_TRY(s, decode_addr_blob(in));
-    std::lock_guard g(mu_);
+    std::lock_guard g(intern_mu_);
     return lookup_locked(s, true);
 }
 
@@ -883,7 +943,7 @@ OfiMem::~OfiMem() {
 
 void OfiTransport::mem_unregister(OfiMem* m) noexcept {
     if (!m->mr) return;
-    std::lock_guard g(mu_);
+    std::lock_guard g(reg_mu_);
     int rc = fi_close(&m->mr->fid);
     if (rc != 0)
         TALARIA_LOG(ofi, error, "{}: fi_close(mr) failed: {}", prov_.prov_name, fi_strerror(-rc));
@@ -902,22 +962,15 @@ Result<MemHandle> OfiTransport::mem_register(void* buf, std::size_t len, Access 
     uint64_t acc = FI_READ | FI_WRITE;             // our own put (source) and get (destination)
     if (uint8_t(access) & uint8_t(Access::read_only)) acc |= FI_REMOTE_READ;
     if (uint8_t(access) & uint8_t(Access::write_only)) acc |= FI_REMOTE_WRITE;
-    std::lock_guard g(mu_);
-    uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
-    int rc = fi_mr_reg(domain_, buf, len, acc, 0, key, 0, &m->mr, nullptr);
+    int rc;
+    {
+        std::lock_guard g(reg_mu_);
+        rc = fi_mr_reg(domain_, buf, len, acc, 0, next_key_locked(), 0, &m->mr, nullptr);
+    }
     if (rc != 0)
         return Error(rc == -FI_ENOMEM ? Errc::no_memory : Errc::io_error,
                      fmt::format("mem_register of {} bytes: {} on {}", len, fi_err("fi_mr_reg", rc),
                                  prov_.prov_name));
-    if (prov_.mr_mode & FI_MR_ENDPOINT) {
-        if ((rc = fi_mr_bind(m->mr, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(m->mr)) != 0) {
-            fi_close(&m->mr->fid);
-            m->mr = nullptr;
-            return Error(Errc::io_error,
-                         fmt::format("mem_register: {} on {}", fi_err("fi_mr_bind/enable", rc),
-                                     prov_.prov_name));
-        }
-    }
     m->key = fi_mr_key(m->mr);
     m->desc = fi_mr_desc(m->mr);
     return MemHandle(std::move(m));
@@ -926,7 +979,7 @@ Result<MemHandle> OfiTransport::mem_register(void* buf, std::size_t len, Access 
 std::size_t OfiTransport::mem_serialize_size(const MemHandle& h) {
     if (!h || h->transport() != this) return 0;
     auto* m = h.as<OfiMem>();
-    return mem_blob_size(m->local() ? self_.as<OfiAddr>()->str : m->owner);
+    return mem_blob_size(m->local() ? ofi_addr(self_)->str : m->owner);
 }
 
 Result<std::size_t> OfiTransport::mem_serialize(const MemHandle& h, std::span<std::byte> out) {
@@ -940,7 +993,7 @@ Result<std::size_t> OfiTransport::mem_serialize(const MemHandle& h, std::span<st
     b.base = m->base();
     b.length = m->length();
     b.key = m->key;
-    b.owner = m->local() ? std::string_view(self_.as<OfiAddr>()->str) : m->owner;
+    b.owner = m->local() ? std::string_view(ofi_addr(self_)->str) : m->owner;
     std::size_t need = mem_blob_size(b.owner);
     if (out.size() < need)
         return Error(Errc::invalid_argument,
@@ -955,7 +1008,7 @@ Result<MemHandle> OfiTransport::mem_deserialize(std::span<const std::byte> in) {
     m->key = b.key;
     m->virt = (b.flags & kMemVirtAddr) != 0;
     m->owner = std::string(b.owner);
-    std::lock_guard g(mu_);
+    std::lock_guard g(intern_mu_);
     TALARIA_TRY(owner, lookup_locked(m->owner, true));
     m->owner_addr = owner;
     return MemHandle(std::move(m));
@@ -963,26 +1016,22 @@ Result<MemHandle> OfiTransport::mem_deserialize(std::span<const std::byte> in) {
 
 // --- message buffers ----------------------------------------------------------------------------
 
-Result<Slab*> OfiTransport::slab_grow_locked(uint8_t size_class) {
+Result<Slab*> OfiTransport::slab_grow(uint8_t size_class) {
     auto s = std::make_unique<Slab>();
     s->owner = this;
     s->size_class = size_class;
     const std::size_t slot = kHeaderRoom + kSizeClass[size_class];
     s->mem.reset(new (std::nothrow) std::byte[slot * kSlabSlots]);
     if (!s->mem) return Error(Errc::no_memory, "ofi: message buffer slab allocation failed");
-    uint64_t key = (prov_.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
-    int rc = fi_mr_reg(domain_, s->mem.get(), slot * kSlabSlots, FI_SEND | FI_RECV, 0, key, 0,
-                       &s->mr, nullptr);
+    int rc;
+    {
+        std::lock_guard g(reg_mu_);
+        rc = fi_mr_reg(domain_, s->mem.get(), slot * kSlabSlots, FI_SEND | FI_RECV, 0,
+                       next_key_locked(), 0, &s->mr, nullptr);
+    }
     if (rc != 0)
         return Error(Errc::io_error, fmt::format("ofi: {} for message buffers on {}",
                                                  fi_err("fi_mr_reg", rc), prov_.prov_name));
-    if (prov_.mr_mode & FI_MR_ENDPOINT) {
-        if ((rc = fi_mr_bind(s->mr, &ep_->fid, 0)) != 0 || (rc = fi_mr_enable(s->mr)) != 0) {
-            fi_close(&s->mr->fid);
-            s->mr = nullptr;
-            return Error(Errc::io_error, fi_err("ofi: fi_mr_bind/enable(message buffers)", rc));
-        }
-    }
     s->desc = fi_mr_desc(s->mr);
     Slab* p = s.get();
     {
@@ -1000,6 +1049,14 @@ Result<MsgBuffer> OfiTransport::msg_buf_alloc(std::size_t size) {
                      fmt::format("message buffer of {} bytes exceeds the {} transport's maximum "
                                  "of {} bytes",
                                  size, scheme_, kMaxMessageSize));
+    if (!(prov_.mr_mode & FI_MR_LOCAL)) {
+        // The provider needs no descriptor for local buffers (tcp;ofi_rxm, shm): the heap, with
+        // the header room in front, and no lock shared by the contexts' threads.
+        std::size_t cap = (kHeaderRoom + std::max<std::size_t>(size, 1) + 63) & ~std::size_t(63);
+        void* p = std::aligned_alloc(64, cap);
+        if (!p) return Error(Errc::no_memory, "ofi: message buffer allocation failed");
+        return MsgBuffer(this, static_cast<std::byte*>(p) + kHeaderRoom, size, &heap_slab_);
+    }
     const uint8_t cls = size <= kSizeClass[0] ? 0 : 1;
     for (;;) {
         {
@@ -1017,8 +1074,7 @@ Result<MsgBuffer> OfiTransport::msg_buf_alloc(std::size_t size) {
             }
         }
         // Registration happens here, when the pool grows: never on a post.
-        std::lock_guard g(mu_);
-        auto s = slab_grow_locked(cls);
+        auto s = slab_grow(cls);
         if (!s) return std::move(s).error();
     }
 }
@@ -1026,6 +1082,10 @@ Result<MsgBuffer> OfiTransport::msg_buf_alloc(std::size_t size) {
 void OfiTransport::msg_buf_free(MsgBuffer& buf) noexcept {
     auto* s = static_cast<Slab*>(buf.priv());
     if (!s) return;
+    if (s == &heap_slab_) {
+        std::free(buf.data() - kHeaderRoom);
+        return;
+    }
     std::lock_guard g(buf_mu_);
     free_slots_[s->size_class].push_back(buf.data() - kHeaderRoom);
 }
@@ -1044,7 +1104,7 @@ std::byte* OfiTransport::bounce_alloc(void** desc) noexcept {
                 return p;
             }
         }
-        if (!slab_grow_locked(1)) return nullptr;
+        if (!slab_grow(1)) return nullptr;
     }
     return nullptr;
 }

@@ -27,8 +27,15 @@ std::size_t encode_msg_header(const MsgHeader& h, std::byte* out) noexcept {
     out[3] = std::byte(uint8_t(h.raw_addr.size()));
     store_le(out + 4, h.tag, 4);
     store_le(out + 8, h.instance, 8);
-    if (!h.raw_addr.empty()) std::memcpy(out + kMsgFixedSize, h.raw_addr.data(), h.raw_addr.size());
-    return kMsgFixedSize + h.raw_addr.size();
+    out[16] = std::byte(h.source_ctx);
+    out[17] = std::byte(uint8_t(h.lane_addr.size()));
+    out[18] = std::byte(h.flags);
+    out[19] = std::byte(0);
+    std::size_t n = kMsgFixedSize;
+    if (!h.raw_addr.empty()) std::memcpy(out + n, h.raw_addr.data(), h.raw_addr.size());
+    n += h.raw_addr.size();
+    if (!h.lane_addr.empty()) std::memcpy(out + n, h.lane_addr.data(), h.lane_addr.size());
+    return n + h.lane_addr.size();
 }
 
 Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
@@ -38,33 +45,103 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
                                  in.size(), kMsgFixedSize));
     if (uint8_t(in[0]) != kMsgMagic)
         return Error(Errc::protocol_error,
-                     fmt::format("ofi message with bad magic 0x{:02x}", uint8_t(in[0])));
+                     fmt::format("ofi message with bad magic/version 0x{:02x} (expected 0x{:02x}: "
+                                 "both peers must run the same Talaria wire version)",
+                                 uint8_t(in[0]), kMsgMagic));
     MsgHeader h;
     uint8_t kind = uint8_t(in[1]);
-    if (kind < 1 || kind > 3)
+    if (kind < 1 || kind > 5)
         return Error(Errc::protocol_error, fmt::format("ofi message of unknown kind {}", kind));
     h.kind = MsgKind(kind);
     h.context_id = uint8_t(in[2]);
     std::size_t alen = uint8_t(in[3]);
     h.tag = uint32_t(load_le(in.data() + 4, 4));
     h.instance = load_le(in.data() + 8, 8);
+    h.source_ctx = uint8_t(in[16]);
+    std::size_t llen = uint8_t(in[17]);
+    h.flags = uint8_t(in[18]);
     if (h.instance == 0) return Error(Errc::protocol_error, "ofi message with instance id 0");
-    if (alen == 0 || alen > kMaxRawAddr)
-        return Error(Errc::protocol_error,
-                     fmt::format("ofi message with a {}-byte sender address (1..{} allowed)", alen,
-                                 kMaxRawAddr));
-    if (in.size() < kMsgFixedSize + alen)
+    if ((h.flags & ~kFlagServes) != 0 || uint8_t(in[19]) != 0)
         return Error(
             Errc::protocol_error,
-            fmt::format("ofi message of {} bytes truncated inside its sender address", in.size()));
+            fmt::format("ofi message with unknown flags 0x{:02x} or reserved byte 0x{:02x}",
+                        h.flags, uint8_t(in[19])));
+    if (alen == 0 || alen > kMaxRawAddr || llen > kMaxRawAddr)
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi message with a {}-byte sender address and a {}-byte lane "
+                                 "address (1..{} and 0..{} allowed)",
+                                 alen, llen, kMaxRawAddr, kMaxRawAddr));
+    if (in.size() < kMsgFixedSize + alen + llen)
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi message of {} bytes truncated inside its sender addresses",
+                                 in.size()));
     h.raw_addr = in.subspan(kMsgFixedSize, alen);
-    h.header_size = kMsgFixedSize + alen;
+    h.lane_addr = in.subspan(kMsgFixedSize + alen, llen);
+    h.header_size = kMsgFixedSize + alen + llen;
     if (h.kind == MsgKind::probe && in.size() != h.header_size)
         return Error(Errc::protocol_error, "ofi probe message with a payload");
     if (in.size() - h.header_size > kMaxMessageSize)
         return Error(Errc::protocol_error, fmt::format("ofi message payload of {} bytes exceeds {}",
                                                        in.size() - h.header_size, kMaxMessageSize));
     return h;
+}
+
+void encode_locate(const Locate& l, std::byte* out) noexcept {
+    out[0] = std::byte(l.ctx);
+    out[1] = std::byte(uint8_t(l.unexpected ? MsgKind::unexpected : MsgKind::expected));
+}
+
+Result<Locate> decode_locate(std::span<const std::byte> in) {
+    if (in.size() != kLocateSize)
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi locate of {} bytes ({} expected)", in.size(), kLocateSize));
+    uint8_t kind = uint8_t(in[1]);
+    if (kind != uint8_t(MsgKind::unexpected) && kind != uint8_t(MsgKind::expected))
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi locate for a message kind {} (1 or 2 allowed)", kind));
+    return Locate{uint8_t(in[0]), kind == uint8_t(MsgKind::unexpected)};
+}
+
+std::size_t encode_located(const Located& l, std::byte* out) noexcept {
+    out[0] = std::byte(l.ctx);
+    out[1] = std::byte(uint8_t(l.unexpected ? MsgKind::unexpected : MsgKind::expected));
+    out[2] = std::byte(l.found ? 1 : 0);
+    out[3] = std::byte(l.found ? l.lane : 0);
+    out[4] = std::byte(uint8_t(l.found ? l.raw.size() : 0));
+    if (l.found && !l.raw.empty()) std::memcpy(out + kLocatedFixedSize, l.raw.data(), l.raw.size());
+    return kLocatedFixedSize + (l.found ? l.raw.size() : 0);
+}
+
+Result<Located> decode_located(std::span<const std::byte> in) {
+    if (in.size() < kLocatedFixedSize)
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi located answer of {} bytes is shorter than {}", in.size(),
+                                 kLocatedFixedSize));
+    Located l;
+    l.ctx = uint8_t(in[0]);
+    uint8_t kind = uint8_t(in[1]);
+    uint8_t found = uint8_t(in[2]);
+    l.lane = uint8_t(in[3]);
+    std::size_t n = uint8_t(in[4]);
+    if (kind != uint8_t(MsgKind::unexpected) && kind != uint8_t(MsgKind::expected))
+        return Error(
+            Errc::protocol_error,
+            fmt::format("ofi located answer for a message kind {} (1 or 2 allowed)", kind));
+    l.unexpected = kind == uint8_t(MsgKind::unexpected);
+    if (found > 1) return Error(Errc::protocol_error, "ofi located answer with a bad status");
+    l.found = found == 1;
+    if (!l.found && (n != 0 || l.lane != 0))
+        return Error(Errc::protocol_error, "ofi located answer 'none' carrying an endpoint");
+    if (l.found && (n == 0 || n > kMaxRawAddr))
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi located answer with a {}-byte address (1..{} allowed)", n,
+                                 kMaxRawAddr));
+    if (in.size() != kLocatedFixedSize + n)
+        return Error(Errc::protocol_error,
+                     fmt::format("ofi located answer of {} bytes ({} expected)", in.size(),
+                                 kLocatedFixedSize + n));
+    l.raw = in.subspan(kLocatedFixedSize, n);
+    return l;
 }
 
 std::size_t addr_blob_size(std::string_view s) noexcept {

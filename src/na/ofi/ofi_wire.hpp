@@ -12,39 +12,67 @@
 
 namespace talaria::na::ofi {
 
-/// First byte of every message header (also the format version).
-inline constexpr uint8_t kMsgMagic = 0xa7;
-/// Fixed part of the header; the sender's raw provider address follows it.
-inline constexpr std::size_t kMsgFixedSize = 16;
+/// First byte of every message header (also the format version: 2, lanes).
+inline constexpr uint8_t kMsgMagic = 0xa8;
+/// Fixed part of the header; the sender's raw provider addresses follow it.
+inline constexpr std::size_t kMsgFixedSize = 20;
 /// Longest raw provider address carried in a header (sockaddr_in6 is 28 bytes, shm names are
 /// at most kMaxShmName characters).
 inline constexpr std::size_t kMaxRawAddr = 64;
-/// Room reserved in front of every message buffer for the header (fixed part + raw address,
-/// rounded up to a cache line so the payload stays aligned).
-inline constexpr std::size_t kHeaderRoom = 128;
-static_assert(kMsgFixedSize + kMaxRawAddr <= kHeaderRoom);
+/// Room reserved in front of every message buffer for the header (fixed part + the sender's
+/// two raw addresses, rounded up to a cache line so the payload stays aligned).
+inline constexpr std::size_t kHeaderRoom = 192;
+static_assert(kMsgFixedSize + 2 * kMaxRawAddr <= kHeaderRoom);
 /// Largest message payload (unexpected and expected).
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 /// Longest address string ("ofi+<provider>://...") in a serialized address or memory handle.
 inline constexpr std::size_t kMaxAddrString = 255;
 
-enum class MsgKind : uint8_t { unexpected = 1, expected = 2, probe = 3 };
+enum class MsgKind : uint8_t { unexpected = 1, expected = 2, probe = 3, locate = 4, located = 5 };
+/// MsgHeader::flags: the sending context takes unexpected messages.
+inline constexpr uint8_t kFlagServes = 1;
 
 struct MsgHeader {
     MsgKind kind = MsgKind::unexpected;
-    uint8_t context_id = 0;
-    uint32_t tag = 0;
-    uint64_t instance = 0;                ///< the sender's random endpoint instance (nonzero)
-    std::span<const std::byte> raw_addr;  ///< the sender's provider address (in the input)
-    std::size_t header_size = 0;          ///< kMsgFixedSize + raw_addr.size()
+    uint8_t context_id = 0;                ///< the destination context
+    uint8_t source_ctx = 0;                ///< the sender's context (the lane it sent from)
+    uint8_t flags = 0;                     ///< kFlagServes
+    uint32_t tag = 0;                      ///< na tag; locate/located: the token
+    uint64_t instance = 0;                 ///< the sender's random transport instance (nonzero)
+    std::span<const std::byte> raw_addr;   ///< the sender's transport address (its context 0)
+    std::span<const std::byte> lane_addr;  ///< the sending lane's address; empty: raw_addr
+    std::size_t header_size = 0;           ///< kMsgFixedSize + raw_addr.size() + lane_addr.size()
 };
 
-/// Encode into `out` (at least kMsgFixedSize + h.raw_addr.size() bytes); returns the size.
+/// Encode into `out` (at least header_size bytes); returns the size.
 std::size_t encode_msg_header(const MsgHeader& h, std::byte* out) noexcept;
 /// Decode a received message; the payload is in[header_size ..]. protocol_error on any
-/// violation (bad magic or kind, zero instance, address length 0 or above kMaxRawAddr,
-/// truncation).
+/// violation (bad magic, kind or flags, reserved byte set, zero instance, address length 0 or
+/// above kMaxRawAddr, lane address above kMaxRawAddr, truncation, a probe with a payload, a
+/// payload above kMaxMessageSize).
 Result<MsgHeader> decode_msg_header(std::span<const std::byte> in);
+
+/// A locate asks a peer which of its endpoints serves one kind of message for one context.
+struct Locate {
+    uint8_t ctx = 0;
+    bool unexpected = true;
+};
+inline constexpr std::size_t kLocateSize = 2;
+void encode_locate(const Locate& l, std::byte* out) noexcept;
+Result<Locate> decode_locate(std::span<const std::byte> in);
+
+/// Its answer: the endpoint (lane `lane`, address `raw`) that serves (ctx, kind), or
+/// found = false when no context there does.
+struct Located {
+    uint8_t ctx = 0;
+    bool unexpected = true;
+    bool found = false;
+    uint8_t lane = 0;
+    std::span<const std::byte> raw;  ///< 1..kMaxRawAddr bytes when found, else empty
+};
+inline constexpr std::size_t kLocatedFixedSize = 5;
+std::size_t encode_located(const Located& l, std::byte* out) noexcept;
+Result<Located> decode_located(std::span<const std::byte> in);
 
 /// Serialized address: u16 length, then that many bytes of the address string.
 std::size_t addr_blob_size(std::string_view s) noexcept;

@@ -1277,12 +1277,6 @@ TEST_P(Conformance, TwoProcessesPeerKilledFailsPendingOps) {
 // --- contexts as progress domains (issue 9)
 // -------------------------------------------------------
 
-/// Is this transport's context a progress domain (its own queues, pools and lock)?
-bool contexts_are_progress_domains(const TransportKind& k) {
-    return k.label == "sm" || k.label == "tcp" || k.label == "tcp_ipv6" || k.label == "inproc" ||
-           k.label.starts_with("ucx");
-}
-
 /// One server context driven by its own thread: echoes each unexpected message from the
 /// context it arrived on to the context its fifth byte names. With `record`, the thread's
 /// touch trace runs from its 20th message until it stops.
@@ -1462,9 +1456,6 @@ TEST_P(Conformance, ContextWithoutUnexpectedGetsItsExpectedMessages) {
 // control run, both client threads on context 0 one after the other, shows that the trace sees
 // sharing when there is some. (sm also has a two-process version in tests/na/sm.)
 TEST_P(Conformance, ThreadsOnTwoContextsShareNoLockOrPool) {
-    if (!contexts_are_progress_domains(GetParam()))
-        GTEST_SKIP() << GetParam().label
-                     << ": its contexts are not progress domains yet (issue 9: ofi)";
     if (!touch::kEnabled)
         GTEST_SKIP() << "touch tracing is compiled into the asan and tsan builds only "
                         "(TALARIA_TOUCH_TRACE)";

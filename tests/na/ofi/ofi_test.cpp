@@ -192,7 +192,7 @@ TEST_P(OfiProviders, KilledPeerFailsPendingReceiveAndLaterSends) {
     EXPECT_LT(Clock::now() - t0, 5s);
     EXPECT_EQ(rr.last.status, Errc::disconnected);
     EXPECT_EQ(a.ofi().watched_peers(), 0u);
-    // The tagged receive sat in the provider: withdrawn (fi_cancel) and completed exactly once.
+    // The receive waited in the lane's matcher: failed there, and exactly once.
     test::progress_for({a.ctx.get()}, 50ms);
     EXPECT_EQ(rr.count, 1);
     Recorder s2;
@@ -272,13 +272,31 @@ void client_round_trip(Peer& server, const std::string& server_name, int i, std:
     ASSERT_TRUE(to_s) << to_s.error().describe();
     MsgBuffer cb = alloc_buf(*c.t, 64), sb = alloc_buf(*server.t, 64);
     Recorder req, sent, rep;
-    ASSERT_TRUE(server.t->post_recv_unexpected(*server.ctx, record(req), sb));
+    auto req_r = server.t->post_recv_unexpected(*server.ctx, record(req), sb);
+    ASSERT_TRUE(req_r);
+    const OpId req_id = *req_r;
     auto rid = c.t->post_recv_expected(*c.ctx, record(rep), cb, *to_s, 9);
     ASSERT_TRUE(rid) << rid.error().describe();
     ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, record(sent), cb, 16, *to_s, 0, 1));
-    ASSERT_TRUE(
-        progress_until({c.ctx.get(), server.ctx.get()}, [&] { return req.done() && sent.done(); }))
+    ASSERT_TRUE(progress_until(
+        {c.ctx.get(), server.ctx.get()},
+        [&] {
+            return (req.done() && sent.done()) || (sent.done() && sent.last.status != Errc::ok);
+        },
+        10s))
         << "request " << i;
+    if (sent.last.status != Errc::ok) {
+        // The server could not even say where its context is: its AV has no room for us.
+        *reply_status = sent.last.status;
+        *reply_error = "the request failed";
+        auto cr = c.t->cancel(*rid);
+        ASSERT_TRUE(cr) << cr.error().describe();
+        ASSERT_TRUE(progress_until({c.ctx.get()}, [&] { return rep.done(); }));
+        auto sr = server.t->cancel(req_id);
+        ASSERT_TRUE(sr || req.done());
+        ASSERT_TRUE(progress_until({server.ctx.get()}, [&] { return req.done(); }));
+        return;
+    }
     ASSERT_EQ(req.last.status, Errc::ok) << "request " << i;
     Recorder out;
     auto e = server.t->post_send_expected(*server.ctx, record(out), sb, 8, req.last.source, 0, 9);
@@ -306,8 +324,8 @@ void client_round_trip(Peer& server, const std::string& server_name, int i, std:
 }
 
 TEST(OfiShm, FullAddressVectorFailsTheSendLoudly) {
-    // More distinct clients than shm 1.17's AV holds (256): once it is full, the reply fails at
-    // once with no_memory and a message naming the limit, never a silent loss.
+    // More distinct clients than shm 1.17's AV holds (256): once it is full, the call fails,
+    // never a silent loss.
     Peer server = make_peer("ofi+shm://");
     ASSERT_TRUE(server.ctx);
     const std::string name = server.self();
@@ -320,9 +338,16 @@ TEST(OfiShm, FullAddressVectorFailsTheSendLoudly) {
         if (HasFatalFailure()) return;
         if (st != Errc::ok) {
             failed_at = i;
-            EXPECT_EQ(st, Errc::no_memory) << why;
-            EXPECT_NE(why.find("256"), std::string::npos) << why;
-            EXPECT_NE(why.find("address vector"), std::string::npos) << why;
+            // Either the reply fails at once, naming the limit, or (a client the server's
+            // context 0 cannot answer: it must insert the client to answer where its context
+            // is) the request fails after its locates went unanswered (the server logs a
+            // warning naming the limit).
+            if (st == Errc::no_memory) {
+                EXPECT_NE(why.find("256"), std::string::npos) << why;
+                EXPECT_NE(why.find("address vector"), std::string::npos) << why;
+            } else {
+                EXPECT_EQ(st, Errc::unreachable) << why;
+            }
         }
     }
     EXPECT_GE(failed_at, 200) << "the AV should hold a few hundred peers";
@@ -332,22 +357,79 @@ TEST(OfiShm, FullAddressVectorFailsTheSendLoudly) {
     Errc st = Errc::internal;
     std::string why;
     client_round_trip(server, name, 1000, nullptr, &st, &why);
-    EXPECT_EQ(st, Errc::no_memory) << why;
+    EXPECT_TRUE(st == Errc::no_memory || st == Errc::unreachable) << why;
 }
 
-// --- expected messages as tagged messages (FI_TAGGED | FI_DIRECTED_RECV) ---------------------
+// --- contexts as lanes: an endpoint each; expected messages matched by the receiving lane --------
 
-TEST_P(OfiProviders, BothProvidersOfferTaggedDirectedReceives) {
-    Peer a = make_peer(GetParam());
-    ASSERT_TRUE(a.ctx);
-    // FI_DIRECTED_RECV is a secondary capability: asked for, tcp;ofi_rxm and shm both have it.
-    EXPECT_TRUE(a.ofi().provider().tagged) << a.ofi().provider().prov_name;
-}
-
-TEST_P(OfiProviders, ExpectedMessageLandsInTheUsersBufferWithoutACopy) {
+TEST_P(OfiProviders, EveryContextHasAnEndpointOfItsOwnAndPeersFindIt) {
     Peer a = make_peer(GetParam()), b = make_peer(GetParam());
     ASSERT_TRUE(a.ctx && b.ctx);
-    ASSERT_TRUE(b.ofi().provider().tagged);
+    auto a1 = a.t->context_create(1);
+    auto b1 = b.t->context_create(1);
+    auto b2 = b.t->context_create(2, ContextOptions{.unexpected = false});
+    ASSERT_TRUE(a1 && b1 && b2);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer sb = alloc_buf(*a.t, 64), rb = alloc_buf(*b.t, 64), rb0 = alloc_buf(*b.t, 64);
+    MsgBuffer rb2 = alloc_buf(*b.t, 64), ra = alloc_buf(*a.t, 64), sr = alloc_buf(*b.t, 64);
+    MsgBuffer sb2 = alloc_buf(*a.t, 64);  // a buffer carries one send at a time (its header)
+    // a's context 1 -> b's context 1: delivered there (a locate asked b's context 0 where).
+    test::fill_pattern(sb.span(), 31);
+    Recorder r1, s1;
+    ASSERT_TRUE(b.t->post_recv_unexpected(**b1, record(r1), rb));
+    ASSERT_TRUE(a.t->post_send_unexpected(**a1, record(s1), sb, 64, *to_b, 1, 5));
+    ASSERT_TRUE(progress_until({a.ctx.get(), a1->get(), b.ctx.get(), b1->get(), b2->get()},
+                               [&] { return r1.done() && s1.done(); }));
+    ASSERT_EQ(r1.last.status, Errc::ok);
+    EXPECT_EQ(r1.last.context_id, 1);
+    EXPECT_FALSE(test::pattern_mismatch(rb.span(), 31));
+    // The reply goes back to the endpoint it came from (a's context 1), learned from the
+    // header: no locate.
+    Recorder rr, ss;
+    ASSERT_TRUE(a.t->post_recv_expected(**a1, record(rr), ra, *to_b, 6));
+    ASSERT_TRUE(b.t->post_send_expected(**b1, record(ss), sr, 8, r1.last.source, 1, 6));
+    ASSERT_TRUE(progress_until({a.ctx.get(), a1->get(), b.ctx.get(), b1->get(), b2->get()},
+                               [&] { return rr.done() && ss.done(); }));
+    EXPECT_EQ(rr.last.status, Errc::ok);
+    EXPECT_EQ(rr.last.context_id, 1);
+    // An unexpected message for context 2, which takes none, goes to b's context 0, still
+    // naming context 2; an expected one goes to context 2 itself.
+    Recorder r0, s0, re, se;
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(r0), rb0));
+    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(s0), sb, 16, *to_b, 2, 7));
+    auto a_at_b = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(a_at_b);
+    ASSERT_TRUE(b.t->post_recv_expected(**b2, record(re), rb2, *a_at_b, 8));
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(se), sb2, 16, *to_b, 2, 8));
+    ASSERT_TRUE(progress_until({a.ctx.get(), a1->get(), b.ctx.get(), b1->get(), b2->get()},
+                               [&] { return r0.done() && s0.done() && re.done() && se.done(); }));
+    EXPECT_EQ(r0.last.status, Errc::ok);
+    EXPECT_EQ(r0.last.context_id, 2);
+    EXPECT_EQ(re.last.status, Errc::ok);
+    EXPECT_EQ(re.last.context_id, 2);
+    r1.last.source.reset();
+    r0.last.source.reset();
+}
+
+TEST_P(OfiProviders, ExpectedMessageToAContextThePeerDoesNotHaveFailsWithNotFound) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer sb = alloc_buf(*a.t, 16);
+    Recorder s;
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s), sb, 16, *to_b, 9, 1));
+    ASSERT_TRUE(progress_until(
+        {a.ctx.get(), b.ctx.get()}, [&] { return s.done(); }, 5s));
+    EXPECT_EQ(s.last.status, Errc::not_found);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+TEST_P(OfiProviders, ExpectedMessageLandsInTheUsersBuffer) {
+    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+    ASSERT_TRUE(a.ctx && b.ctx);
     auto to_b = a.t->addr_lookup(b.self());
     auto to_a = b.t->addr_lookup(a.self());
     ASSERT_TRUE(to_b && to_a);
@@ -372,8 +454,8 @@ TEST_P(OfiProviders, ExpectedMessageLandsInTheUsersBufferWithoutACopy) {
         EXPECT_TRUE(rr.last.source == *to_a);
         EXPECT_FALSE(test::pattern_mismatch(std::span(dst->data(), 3000), 21));
         EXPECT_EQ(dst->data()[3000], std::byte{0xee}) << "wrote past the message";
-        EXPECT_EQ(b.ofi().rx_buffer_messages(), before)
-            << "the expected message went through the transport's receive buffers";
+        EXPECT_EQ(b.ofi().rx_buffer_messages(), before + 1)
+            << "the expected message was not matched from the lane's receive buffers";
     }
 }
 
@@ -402,7 +484,7 @@ TEST_P(OfiProviders, ExpectedMessageTooLargeIsReportedAndTheNextOneArrives) {
     EXPECT_FALSE(test::pattern_mismatch(big.span().first(64), 4));
 }
 
-TEST_P(OfiProviders, CanceledTaggedReceiveCompletesOnceAndTakesNothing) {
+TEST_P(OfiProviders, CanceledExpectedReceiveCompletesOnceAndTakesNothing) {
     Peer a = make_peer(GetParam()), b = make_peer(GetParam());
     ASSERT_TRUE(a.ctx && b.ctx);
     auto to_b = a.t->addr_lookup(b.self());
@@ -416,7 +498,7 @@ TEST_P(OfiProviders, CanceledTaggedReceiveCompletesOnceAndTakesNothing) {
     ASSERT_TRUE(progress_until({b.ctx.get()}, [&] { return rr.done(); }));
     EXPECT_EQ(rr.last.status, Errc::canceled);
     EXPECT_EQ(b.ofi().watched_peers(), 0u);
-    // The provider no longer holds it: the next message with that tag goes to a new receive.
+    // The matcher no longer holds it: the next message with that tag goes to a new receive.
     test::fill_pattern(sb.span(), 8);
     Recorder r2, s2;
     ASSERT_TRUE(b.t->post_recv_expected(*b.ctx, record(r2), rb2, *to_a, 3));
@@ -430,9 +512,9 @@ TEST_P(OfiProviders, CanceledTaggedReceiveCompletesOnceAndTakesNothing) {
 }
 
 TEST_P(OfiProviders, ExpectedMessagesBeforeAndAfterTheReceiveFromAPeerThatCalledFirst) {
-    // A calls B (unexpected) before B ever heard of A: B inserts A into its AV on that first
-    // message. Then B posts an expected receive from A before A sends, A sends one more before
-    // B posts its receive (the provider must queue it), and B replies expected.
+    // A calls B (unexpected) before B ever heard of A. Then B posts an expected receive from A
+    // before A sends, A sends one more before B posts its receive (B's lane must queue it), and
+    // B replies expected.
     Peer a = make_peer(GetParam()), b = make_peer(GetParam());
     ASSERT_TRUE(a.ctx && b.ctx);
     auto to_b = a.t->addr_lookup(b.self());
@@ -453,7 +535,7 @@ TEST_P(OfiProviders, ExpectedMessagesBeforeAndAfterTheReceiveFromAPeerThatCalled
     ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] { return r1.done() && s1.done(); }));
     ASSERT_EQ(r1.last.status, Errc::ok);
     EXPECT_FALSE(test::pattern_mismatch(rb.span(), 1));
-    // Message first: it arrives and waits in the provider until the receive is posted.
+    // Message first: it arrives and waits in the lane's matcher until the receive is posted.
     Recorder s2;
     test::fill_pattern(sa.span(), 2);
     ASSERT_TRUE(a.t->post_send_expected(*a.ctx, record(s2), sa, 64, *to_b, 0, 101));
@@ -474,8 +556,8 @@ TEST_P(OfiProviders, ExpectedMessagesBeforeAndAfterTheReceiveFromAPeerThatCalled
 }
 
 TEST_P(OfiProviders, ExpectedMessageFromAPeerLookedUpOnlyAfterItArrived) {
-    // A sends an expected message to B, which has never heard of A; B looks A up (and inserts
-    // it into its AV) only after the message arrived, then posts the receive.
+    // A sends an expected message to B, which has never heard of A; B looks A up only after
+    // the message arrived, then posts the receive.
     Peer a = make_peer(GetParam()), b = make_peer(GetParam());
     ASSERT_TRUE(a.ctx && b.ctx);
     auto to_b = a.t->addr_lookup(b.self());

@@ -48,9 +48,13 @@ TEST(OfiWire, HeaderRejections) {
         b[at] = std::byte(v);
         return decode_msg_header(b);
     };
-    EXPECT_FALSE(bad(0, 0xa6)) << "magic";
+    EXPECT_FALSE(bad(0, 0xa7)) << "magic of version 1";
     EXPECT_FALSE(bad(1, 0)) << "kind 0";
-    EXPECT_FALSE(bad(1, 4)) << "kind 4";
+    EXPECT_FALSE(bad(1, 6)) << "kind 6";
+    EXPECT_FALSE(bad(17, 65)) << "lane address length above the maximum";
+    EXPECT_FALSE(bad(17, 1)) << "lane address longer than the message";
+    EXPECT_FALSE(bad(18, 2)) << "unknown flag";
+    EXPECT_FALSE(bad(19, 1)) << "reserved byte";
     EXPECT_FALSE(bad(3, 0)) << "address length 0";
     EXPECT_FALSE(bad(3, 65)) << "address length above the maximum";
     EXPECT_FALSE(bad(3, 5)) << "address longer than the message";
@@ -69,6 +73,74 @@ TEST(OfiWire, HeaderRejections) {
     n = encode_msg_header(h, big.data());
     EXPECT_TRUE(decode_msg_header(std::span(big.data(), big.size() - 1)));
     EXPECT_FALSE(decode_msg_header(big));
+}
+
+TEST(OfiWire, HeaderWithALaneAddress) {
+    std::byte raw[16], lane[28];
+    for (int i = 0; i < 16; ++i)
+        raw[i] = std::byte(i + 1);
+    for (int i = 0; i < 28; ++i)
+        lane[i] = std::byte(0x40 + i);
+    MsgHeader h;
+    h.kind = MsgKind::unexpected;
+    h.context_id = 3;
+    h.source_ctx = 5;
+    h.flags = kFlagServes;
+    h.tag = 77;
+    h.instance = 1;
+    h.raw_addr = raw;
+    h.lane_addr = lane;
+    std::vector<std::byte> buf(kHeaderRoom + 4);
+    std::size_t n = encode_msg_header(h, buf.data());
+    EXPECT_EQ(n, kMsgFixedSize + 16 + 28);
+    auto d = decode_msg_header(std::span(buf.data(), n + 4));
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->source_ctx, 5);
+    EXPECT_EQ(d->flags, kFlagServes);
+    EXPECT_EQ(d->header_size, n);
+    ASSERT_EQ(d->lane_addr.size(), 28u);
+    EXPECT_EQ(std::memcmp(d->lane_addr.data(), lane, 28), 0);
+    EXPECT_EQ(std::memcmp(d->raw_addr.data(), raw, 16), 0);
+}
+
+TEST(OfiWire, LocateAndLocated) {
+    std::byte b[kLocatedFixedSize + kMaxRawAddr];
+    encode_locate(Locate{7, false}, b);
+    auto q = decode_locate(std::span(b, kLocateSize));
+    ASSERT_TRUE(q) << q.error().describe();
+    EXPECT_EQ(q->ctx, 7);
+    EXPECT_FALSE(q->unexpected);
+    EXPECT_FALSE(decode_locate(std::span(b, 1)));
+    b[1] = std::byte{3};
+    EXPECT_FALSE(decode_locate(std::span(b, kLocateSize))) << "kind 3";
+
+    std::byte raw[16];
+    std::memset(raw, 0x5a, sizeof raw);
+    Located ans;
+    ans.ctx = 4;
+    ans.unexpected = true;
+    ans.found = true;
+    ans.lane = 0;
+    ans.raw = raw;
+    std::size_t n = encode_located(ans, b);
+    EXPECT_EQ(n, kLocatedFixedSize + 16);
+    auto d = decode_located(std::span(b, n));
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_TRUE(d->found);
+    EXPECT_EQ(d->ctx, 4);
+    EXPECT_EQ(d->raw.size(), 16u);
+    for (std::size_t cut = 0; cut < n; ++cut)
+        EXPECT_FALSE(decode_located(std::span(b, cut))) << cut;
+    b[4] = std::byte{0};
+    EXPECT_FALSE(decode_located(std::span(b, kLocatedFixedSize))) << "found, empty address";
+    Located none;
+    none.ctx = 9;
+    n = encode_located(none, b);
+    d = decode_located(std::span(b, n));
+    ASSERT_TRUE(d);
+    EXPECT_FALSE(d->found);
+    b[3] = std::byte{1};
+    EXPECT_FALSE(decode_located(std::span(b, n))) << "none naming a lane";
 }
 
 TEST(OfiWire, AddrBlob) {
