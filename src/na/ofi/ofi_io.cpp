@@ -1131,6 +1131,10 @@ void OfiTransport::poll_cq_locked(OfiLane& l) {
     for (int round = 0; round < 4; ++round) {
         ssize_t n = fi_cq_read(l.cq, entries, kCqBatch);
         if (n > 0) {
+            if (!prov_.wait_fd) {
+                l.last_completion = Clock::now();
+                l.poll_slice = kPollSliceMin;
+            }
             for (ssize_t i = 0; i < n; ++i)
                 on_completion(l, entries[i]);
             if (n < kCqBatch) break;
@@ -1435,6 +1439,10 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
             if (prov_.wait_fd) {
                 fid* f = &l.cq->fid;
                 block_ok = fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
+            } else {
+                // Without a wait fd (shm): poll on while the lane was active a moment ago,
+                // else sleep one slice (the timer wakes us; see kPollSpin).
+                block_ok = poll_sleep_armed(l);
             }
             watching =
                 !l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty();
@@ -1442,8 +1450,6 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
         if (!block_ok) continue;
         if (!ctx.prepare_block()) return ok();
         int ms = ms_until(deadline);
-        // Without a wait fd (shm): a bounded poll-sleep. With watched peers: wake to probe.
-        if (!prov_.wait_fd) ms = (ms < 0 || ms > 1) ? 1 : ms;
         if (watching) {
             int cap = int(
                 std::chrono::duration_cast<std::chrono::milliseconds>(kProbeCheckEvery).count());
@@ -1468,15 +1474,29 @@ bool OfiTransport::try_wait_for(Context& ctx) {
     }
     // The timer makes the lane's fd readable for what no fd announces: the poll-sleep without
     // a wait fd, the probing of watched peers, locates and deferred posts to retry.
+    if (!prov_.wait_fd) return poll_sleep_armed(l);
     uint64_t ticks;
     while (::read(l.timer_fd, &ticks, sizeof ticks) > 0) {
     }
     itimerspec its{};
-    if (!prov_.wait_fd)
-        its.it_value.tv_nsec = long(std::chrono::nanoseconds(kPollSleep).count());
-    else if (!l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty())
+    if (!l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty())
         its.it_value.tv_nsec = long(std::chrono::nanoseconds(kProbeCheckEvery).count());
     ::timerfd_settime(l.timer_fd, 0, &its, nullptr);
+    return true;
+}
+
+bool OfiTransport::poll_sleep_armed(OfiLane& l) {
+    TimePoint now = Clock::now();
+    if (now - l.last_completion < kPollSpin) return false;
+    uint64_t ticks;
+    while (::read(l.timer_fd, &ticks, sizeof ticks) > 0) {
+    }
+    // One slice, then the next one twice as long (reset by the next completion). Watched
+    // peers are looked at every kProbeCheckEvery anyway, longer than any slice.
+    itimerspec its{};
+    its.it_value.tv_nsec = long(std::chrono::nanoseconds(l.poll_slice).count());
+    ::timerfd_settime(l.timer_fd, 0, &its, nullptr);
+    l.poll_slice = std::min<Duration>(l.poll_slice * 2, kPollSleep);
     return true;
 }
 

@@ -260,6 +260,50 @@ TEST(OfiShm, SendToAClosedEndpointOfThisProcessFails) {
     EXPECT_EQ(s2.last.status, Errc::disconnected);
 }
 
+// shm has no wait fd: a blocked progress polls for a moment after a completion, then sleeps
+// in growing slices. Idle, it must sleep, not spin; a message from another thread still wakes it.
+TEST(OfiShm, BlockedProgressWithoutAWaitFdSleepsWhenIdle) {
+    Peer a = make_peer("ofi+shm://"), b = make_peer("ofi+shm://");
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto thread_cpu = [] {
+        timespec ts{};
+        ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+    };
+    auto c0 = thread_cpu();
+    auto t0 = Clock::now();
+    EXPECT_EQ(a.ctx->progress(500ms).code(), Errc::timeout);
+    auto wall = Clock::now() - t0;
+    auto cpu = thread_cpu() - c0;
+    EXPECT_GE(wall, 500ms);
+    EXPECT_LT(cpu, 150ms) << "an idle blocked progress must sleep, not poll ("
+                          << std::chrono::duration_cast<std::chrono::microseconds>(cpu).count()
+                          << " us CPU in 500 ms)";
+
+    auto to_a = b.t->addr_lookup(a.self());
+    ASSERT_TRUE(to_a);
+    MsgBuffer rb = alloc_buf(*a.t, 16), sb = alloc_buf(*b.t, 16);
+    Recorder r, s;
+    ASSERT_TRUE(a.t->post_recv_unexpected(*a.ctx, record(r), rb));
+    std::thread sender([&] {
+        std::this_thread::sleep_for(100ms);
+        ASSERT_TRUE(b.t->post_send_unexpected(*b.ctx, record(s), sb, 16, *to_a, 0, 7));
+        ASSERT_TRUE(progress_until({b.ctx.get()}, [&] { return s.done(); }));
+    });
+    // One blocking progress per try: it returns when the message lands, not after 5 s.
+    auto t1 = Clock::now();
+    for (int i = 0; i < 50 && !r.done(); ++i) {
+        (void)a.ctx->progress(5s);
+        a.ctx->trigger();
+    }
+    auto waited = Clock::now() - t1;
+    sender.join();
+    ASSERT_TRUE(r.done());
+    EXPECT_LT(waited, 3s);
+    EXPECT_EQ(r.last.status, Errc::ok);
+    EXPECT_EQ(r.last.tag, 7u);
+}
+
 // --- shm address vector: 256 peers in libfabric 1.17 ----------------------------------------
 
 // One round trip from a fresh client: an unexpected request, the server's expected reply to the
