@@ -89,11 +89,13 @@ void Context::Impl::release_buf(SendBuf* sb) noexcept {
 }
 
 Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
-                                         std::span<const std::byte> payload, SendInfo info) {
-    SendBuf* sb = acquire_buf();
+                                         std::span<const std::byte> payload, SendInfo info,
+                                         SendBuf* filled) {
+    SendBuf* sb = filled ? filled : acquire_buf();
     if (!sb) return Error{Errc::no_memory, fmt::format("context {}: no message buffer", id)};
     std::byte* p = sb->buf.data();
-    if (!payload.empty()) std::memcpy(p + wire::kHeaderSize, payload.data(), payload.size());
+    if (!filled && !payload.empty())
+        std::memcpy(p + wire::kHeaderSize, payload.data(), payload.size());
     h.payload_len = static_cast<uint32_t>(payload.size());
     if (checksum) h.flags |= wire::kChecksum;
     wire::encode_header(h, p, {p + wire::kHeaderSize, payload.size()});
@@ -106,6 +108,23 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
         return std::move(r).error();
     }
     return ok();
+}
+
+Result<Context::Impl::Written> Context::Impl::write_payload(PayloadWriter write) {
+    SendBuf* sb = acquire_buf();
+    if (!sb) return Error{Errc::no_memory, fmt::format("context {}: no message buffer", id)};
+    BufGuard guard{this, sb};
+    std::span<std::byte> room{sb->buf.data() + wire::kHeaderSize, eng->eager};
+    TALARIA_TRY(bytes, write(room));
+    if (bytes.data() == room.data() && bytes.size() <= room.size())
+        return Written{guard.take(), bytes};
+    if (bytes.empty()) return Written{guard.take(), room.first(0)};
+    const std::byte* b = bytes.data();
+    if (b >= sb->buf.data() && b < sb->buf.data() + sb->buf.size())
+        return Error{Errc::invalid_argument,
+                     "PayloadWriter: the bytes returned lie in the send buffer but are not a "
+                     "prefix of the room it was given"};
+    return Written{nullptr, bytes};  // spilled: the guard gives the buffer back
 }
 
 void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
@@ -270,7 +289,8 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
 
 Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
                                       std::span<const std::byte> args, const CallOptions& opts,
-                                      ResponseFn done) {
+                                      ResponseFn done, SendBuf* filled) {
+    BufGuard guard{this, filled};
     if (!dest || dest.impl()->transport() != t)
         return Error{Errc::invalid_argument,
                      "forward: the destination address is empty or belongs to another transport"};
@@ -330,7 +350,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.target_ctx = opts.target_context;
     h.reply_ctx = id;
     auto r = send_message(dest, h, large ? std::span<const std::byte>(desc) : args,
-                          SendInfo{seq, opts.one_way, SendInfo::call});
+                          SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
     if (!r) {
         // Undo, unless a deadline or cancel on another thread already completed it.
         std::unique_ptr<LargeOut> garbage;
@@ -612,6 +632,12 @@ na::Context& Context::na_context() const noexcept {
 Result<CallId> Context::forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
                                 const CallOptions& opts, ResponseFn done) {
     return impl_->forward(dest, id, args, opts, std::move(done));
+}
+
+Result<CallId> Context::forward_in_place(const na::Addr& dest, RpcId id, PayloadWriter write,
+                                         const CallOptions& opts, ResponseFn done) {
+    TALARIA_TRY(w, impl_->write_payload(write));
+    return impl_->forward(dest, id, w.bytes, opts, std::move(done), w.buf);
 }
 
 Result<void> Context::cancel(CallId call) {

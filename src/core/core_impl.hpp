@@ -209,8 +209,10 @@ struct Context::Impl {
     [[nodiscard]] bool drained() const;
 
     // --- calls (context.cpp) -----------------------------------------------------------------
+    /// `filled`: a send buffer `args` was written into, in place (it then fits the eager
+    /// size); forward() owns it (sends it or gives it back).
     Result<CallId> forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
-                           const CallOptions& opts, ResponseFn done);
+                           const CallOptions& opts, ResponseFn done, SendBuf* filled = nullptr);
     Result<void> cancel(CallId call);
     void on_call_sent(uint32_t seq, bool one_way, Errc status);
     void on_response(const wire::Header& h, std::span<const std::byte> payload,
@@ -243,10 +245,28 @@ struct Context::Impl {
     void handle_message(std::span<const std::byte> msg, const na::Addr& source, uint8_t named_ctx);
     void dispatch(const wire::Header& h, std::span<const std::byte> input, const na::Addr& source);
     Result<void> send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc_id, uint8_t dest_ctx,
-                            Errc status, std::span<const std::byte> out);
-    /// Send header + payload from a pooled buffer (payload fits the eager size).
+                            Errc status, std::span<const std::byte> out, SendBuf* filled = nullptr);
+    /// Send header + payload from a pooled buffer (payload fits the eager size). `filled`: the
+    /// payload was written in place into that buffer (behind the header room); it is taken.
     Result<void> send_message(const na::Addr& dest, wire::Header h,
-                              std::span<const std::byte> payload, SendInfo info = {});
+                              std::span<const std::byte> payload, SendInfo info = {},
+                              SendBuf* filled = nullptr);
+    /// Call `write` on a pooled send buffer's payload room. In place: the buffer (to pass as
+    /// `filled`) and the bytes. Spilled: no buffer, and the writer's own bytes.
+    struct Written {
+        SendBuf* buf = nullptr;
+        std::span<const std::byte> bytes;
+    };
+    Result<Written> write_payload(PayloadWriter write);
+    /// Gives a `filled` buffer back if nobody took it.
+    struct BufGuard {
+        Impl* im;
+        SendBuf* sb;
+        ~BufGuard() {
+            if (sb) im->release_buf(sb);
+        }
+        SendBuf* take() noexcept { return std::exchange(sb, nullptr); }
+    };
     void send_ack(const na::Addr& dest, const wire::Header& of, bool one_way_ack,
                   Errc status = Errc::ok);
     void on_ack(const wire::Header& h, const na::Addr& source);

@@ -137,7 +137,8 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
 
 Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc,
                                        uint8_t dest_ctx, Errc status,
-                                       std::span<const std::byte> out) {
+                                       std::span<const std::byte> out, SendBuf* filled) {
+    BufGuard guard{this, filled};
     wire::Header h;
     h.flags = wire::kResponse;
     h.rpc_id = rpc;
@@ -148,7 +149,7 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
     if (status != Errc::ok && out.size() > eng->eager) out = out.first(eng->eager);
     const uint64_t counted = status == Errc::ok ? out.size() : 0;
     if (out.size() <= eng->eager) {
-        auto r = send_message(dest, h, out, SendInfo{0, false, SendInfo::response});
+        auto r = send_message(dest, h, out, SendInfo{0, false, SendInfo::response}, guard.take());
         if (!r) return r;
     } else {
         if (out.size() > eng->opts.max_payload)
@@ -411,11 +412,24 @@ Result<void> Request::respond_error(Errc code, std::string_view message) {
                          {reinterpret_cast<const std::byte*>(message.data()), message.size()});
 }
 
-Result<void> Request::send_response(Errc status, std::span<const std::byte> output) {
+Result<void> Request::check_respond() const {
     if (!ctx_) return Error{Errc::invalid_argument, "respond: this request is empty (moved from)"};
     if (one_way_) return Error{Errc::not_supported, "respond: a one-way call takes no response"};
     if (responded_) return Error{Errc::invalid_argument, "respond: already responded"};
+    return ok();
+}
+
+Result<void> Request::send_response(Errc status, std::span<const std::byte> output) {
+    TALARIA_CHECK(check_respond());
     auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output);
+    if (r || r.code() != Errc::again) responded_ = true;
+    return r;
+}
+
+Result<void> Request::respond_in_place(PayloadWriter write) {
+    TALARIA_CHECK(check_respond());
+    TALARIA_TRY(w, ctx_->impl_->write_payload(write));
+    auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf);
     if (r || r.code() != Errc::again) responded_ = true;
     return r;
 }

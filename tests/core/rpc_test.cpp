@@ -172,6 +172,7 @@ const RpcId kNote = rpc_id("note");
 const RpcId kSquare = rpc_id("square");
 const RpcId kLater = rpc_id("later");
 const RpcId kWhere = rpc_id("where");
+const RpcId kXformInPlace = rpc_id("xform-in-place");
 
 class Rpc : public ::testing::TestWithParam<TransportKind> {
   protected:
@@ -230,6 +231,21 @@ class Rpc : public ::testing::TestWithParam<TransportKind> {
         rs.push_back(reg(kEcho, "echo", [](Request& req) { (void)req.respond(req.input()); }));
         rs.push_back(
             reg(kXform, "xform", [](Request& req) { (void)req.respond(xform(req.input())); }));
+        // xform, its result written into the send buffer (or, too large for it, its own).
+        // Arguments "fail-write" make the writer fail: the handler then answers with an error.
+        rs.push_back(reg(kXformInPlace, "xform-in-place", [](Request& req) {
+            Bytes out = xform(req.input());
+            bool fail = Bytes(req.input().begin(), req.input().end()) == bytes_of("fail-write");
+            auto write = [&](std::span<std::byte> room) -> Result<std::span<const std::byte>> {
+                if (fail) return Error(Errc::invalid_argument, "the writer refused");
+                if (out.size() > room.size()) return std::span<const std::byte>(out);
+                if (!out.empty()) std::memcpy(room.data(), out.data(), out.size());
+                return std::span<const std::byte>(room.first(out.size()));
+            };
+            auto r = req.respond_in_place(write);
+            if (!r && !req.responded())
+                (void)req.respond_error(r.code(), "respond_in_place: " + r.error().message());
+        }));
         rs.push_back(reg(kGen, "gen", [this](Request& req) {
             auto in = req.input();
             if (in.size() < kGenHeader) {
@@ -448,6 +464,65 @@ TEST_P(Rpc, SmallCall) {
             EXPECT_EQ(j[name].get<uint64_t>(), v) << name << " in " << js;
         }
     }
+}
+
+TEST_P(Rpc, ArgumentsAndResultsWrittenInPlace) {
+    // forward_in_place / respond_in_place: bytes written into the send buffer's room travel as
+    // if passed as a span; bytes that outgrow it come from the writer's own buffer (large).
+    ASSERT_TRUE(start());
+    std::size_t eager = client_->eager_size();
+    uint32_t seed = 40;
+    for (std::size_t n :
+         {std::size_t(0), std::size_t(1), std::size_t(100), eager, eager + 1, 3 * eager}) {
+        SCOPED_TRACE(fmt::format("{} bytes", n));
+        Bytes args = pattern(n, seed++);
+        std::size_t room_seen = 0;
+        auto write = [&](std::span<std::byte> room) -> Result<std::span<const std::byte>> {
+            room_seen = room.size();
+            if (args.size() > room.size()) return std::span<const std::byte>(args);
+            if (!args.empty()) std::memcpy(room.data(), args.data(), args.size());
+            return std::span<const std::byte>(room.first(args.size()));
+        };
+        auto out = std::make_shared<Outcome>();
+        auto r = client_->context(0).forward_in_place(server_addr_, kXformInPlace, write, {},
+                                                      capture(out));
+        ASSERT_TRUE(r) << r.error().describe();
+        EXPECT_EQ(room_seen, eager) << "the writer's room is the eager size";
+        ASSERT_TRUE(drive(
+            {client_.get(), server_.get()}, [&] { return out->done(); }, 20s));
+        ASSERT_EQ(out->code, Errc::ok) << out->message;
+        EXPECT_EQ(out->data, xform(args));
+    }
+
+    // A writer's error fails the call before anything is sent; `done` never runs.
+    uint64_t sent = client_->counters().rpcs_sent;
+    auto out = std::make_shared<Outcome>();
+    auto refuse = [](std::span<std::byte>) -> Result<std::span<const std::byte>> {
+        return Error(Errc::message_too_large, "the writer refused");
+    };
+    auto r =
+        client_->context(0).forward_in_place(server_addr_, kXformInPlace, refuse, {}, capture(out));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::message_too_large);
+    EXPECT_NE(r.error().message().find("the writer refused"), std::string::npos);
+    // Bytes inside the room but not at its start cannot be sent in place nor copied safely.
+    auto shifted = [](std::span<std::byte> room) -> Result<std::span<const std::byte>> {
+        return std::span<const std::byte>(room.subspan(1, 4));
+    };
+    r = client_->context(0).forward_in_place(server_addr_, kXformInPlace, shifted, {},
+                                             capture(out));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::invalid_argument);
+    drive_for({client_.get(), server_.get()}, 50ms);
+    EXPECT_EQ(out->count.load(), 0) << "done ran for a call that was never sent";
+    EXPECT_EQ(client_->counters().rpcs_sent, sent);
+    EXPECT_EQ(client_->context(0).in_flight(), 0u);
+
+    // A handler whose writer fails has not answered yet: it can still answer with an error.
+    auto failed = call_wait(kXformInPlace, bytes_of("fail-write"));
+    ASSERT_TRUE(failed);
+    EXPECT_EQ(failed->code, Errc::invalid_argument);
+    EXPECT_NE(failed->message.find("the writer refused"), std::string::npos) << failed->message;
 }
 
 TEST_P(Rpc, ManySmallCallsInOrderOfIssue) {

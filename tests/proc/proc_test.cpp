@@ -769,4 +769,69 @@ TEST(proc, RepeatedAppendsGrowGeometrically) {
     EXPECT_LT(count.calls(), 40u);
 }
 
+// ---- encoding in place (into a send buffer's room) ------------------------------------------
+
+/// Appends to the encoder's vector directly (as a bulk handle does): in room mode, what was
+/// written so far moves to the vector first.
+struct AppendsDirectly {
+    uint8_t tag = 0;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        if constexpr (Archive::encoding) {
+            ar.buffer().push_back(std::byte{tag});
+        } else {
+            ar(tag);
+        }
+    }
+};
+
+TEST(proc, EncodeIntoWritesInTheRoomWhenItFits) {
+    std::array<std::byte, 64> room{};
+    Bytes spill = bytes({1, 2, 3});
+    std::string s = "in place";
+    std::vector<int32_t> v{1, 2, 3};
+    AllocCount count;
+    auto r = proc::encode_into(room, spill, int32_t{7}, s, v);
+    EXPECT_EQ(count.calls(), 0u) << "encoding into a room that fits allocated";
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->data(), room.data()) << "not written in place";
+    EXPECT_EQ(Bytes(r->begin(), r->end()), enc(int32_t{7}, s, v));
+    EXPECT_TRUE(spill.empty()) << "the spill buffer is cleared";
+    // All fixed-size values: the same, through the stack-free path.
+    auto f = proc::encode_into(room, spill, int64_t{-1}, 2.5, Point{3, 4});
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->data(), room.data());
+    EXPECT_EQ(Bytes(f->begin(), f->end()), enc(int64_t{-1}, 2.5, Point{3, 4}));
+    auto none = proc::encode_into(room, spill);
+    ASSERT_TRUE(none);
+    EXPECT_TRUE(none->empty());
+}
+
+TEST(proc, EncodeIntoSpillsWhatOutgrowsTheRoom) {
+    std::array<std::byte, 16> room{};
+    Bytes spill;
+    std::string big(40, 'x');
+    auto r = proc::encode_into(room, spill, int32_t{1}, big, int32_t{2});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->data(), spill.data()) << "bytes that outgrow the room come from the spill";
+    EXPECT_EQ(Bytes(r->begin(), r->end()), enc(int32_t{1}, big, int32_t{2}));
+    auto f = proc::encode_into(std::span<std::byte>(room).first(4), spill, int64_t{5});
+    ASSERT_TRUE(f);
+    EXPECT_EQ(Bytes(f->begin(), f->end()), enc(int64_t{5}));
+    // A type that appends to the vector itself: the encoding continues there, in order.
+    auto d = proc::encode_into(room, spill, int32_t{9}, AppendsDirectly{0x5a}, int32_t{10});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->data(), spill.data());
+    EXPECT_EQ(Bytes(d->begin(), d->end()), enc(int32_t{9}, AppendsDirectly{0x5a}, int32_t{10}));
+}
+
+TEST(proc, EncodeIntoReportsEncodeErrors) {
+    std::array<std::byte, 64> room{};
+    Bytes spill;
+    Node deep = chain(proc::kMaxDepth + 1);
+    auto r = proc::encode_into(room, spill, deep);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), talaria::Errc::invalid_argument);
+}
+
 }  // namespace

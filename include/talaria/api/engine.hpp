@@ -165,10 +165,11 @@ class Request {
         static_assert(detail::serializable_v<T>,
                       "talaria: a response type must be serializable with proc (see "
                       "docs/fragments/proc.md)");
-        auto& buf = detail::scratch_buffer();
-        buf.clear();
-        TALARIA_CHECK(proc::encode(buf, v));
-        return req_.respond(buf);
+        // Encoded once, straight into the send buffer (see Procedure::operator()).
+        auto write = [&](std::span<std::byte> room) {
+            return proc::encode_into(room, detail::scratch_buffer(), v);
+        };
+        return req_.respond_in_place(write);
     }
     Result<void> try_respond() { return req_.respond({}); }
     /// Fail the call with `code`; the caller gets an Exception with it and `message`.

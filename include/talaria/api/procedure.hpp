@@ -133,11 +133,6 @@ class Procedure<R(Args...)> {
                 Error(Errc::invalid_argument, "call of '" + info_->name + "' from context " +
                                                   std::to_string(from_) + " of " +
                                                   std::to_string(cengine.context_count())));
-        auto& buf = detail::scratch_buffer();
-        buf.clear();
-        if (auto r = proc::encode(buf, args...); !r)
-            return Future<Ret>::ready_with(Error(
-                r.error().code(), "rpc '" + info_->name + "': arguments: " + r.error().message()));
 
         // From the calling thread's block cache: no malloc per call once warm.
         auto st = std::allocate_shared<detail::CallState<Ret>>(
@@ -149,11 +144,22 @@ class Procedure<R(Args...)> {
         opts.one_way = one_way_;
         opts.keep_peer = &st->peer_;
         Future<Ret> fut(st);
-        auto sent = cengine.context(from_).forward(
-            peer_.addr(), info_->id, buf, opts,
+        // Encoded once, straight into the send buffer (into the thread's scratch buffer only
+        // when they outgrow the eager size: then they travel as large arguments).
+        bool encode_failed = false;
+        auto write = [&](std::span<std::byte> room) {
+            auto r = proc::encode_into(room, detail::scratch_buffer(), args...);
+            encode_failed = !r;
+            return r;
+        };
+        auto sent = cengine.context(from_).forward_in_place(
+            peer_.addr(), info_->id, write, opts,
             [s = std::move(st)](Result<std::span<const std::byte>>&& r) mutable {
                 s->complete(std::move(r));
             });
+        if (!sent && encode_failed)
+            return Future<Ret>::ready_with(Error(
+                sent.code(), "rpc '" + info_->name + "': arguments: " + sent.error().message()));
         if (!sent)
             return Future<Ret>::ready_with(
                 detail::call_error(info_->name, info_->id, peer_.addr(), std::move(sent).error()));

@@ -20,6 +20,7 @@
 // Callbacks (ResponseFn, handlers) run from Context::trigger() on the thread that triggers.
 // Ownership: forward() copies the argument bytes (into the send buffer, or into a buffer the
 // core owns until the peer has pulled them); respond() copies the result bytes the same way.
+// forward_in_place() and respond_in_place() let the caller write them into the send buffer.
 #pragma once
 
 #include <atomic>
@@ -31,6 +32,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "talaria/na/na.hpp"
 #include "talaria/util/clock.hpp"
@@ -108,6 +110,35 @@ struct CallOptions {
 /// handler's error, shutdown, ...
 using ResponseFn = InplaceFunction<void(Result<std::span<const std::byte>>&&), 48>;
 
+/// Writes a payload (arguments or a result) straight into the send buffer, so that it is
+/// encoded once, in place, instead of into a scratch buffer first and then copied. It is called
+/// once, with the room behind the header (the eager size), and returns:
+///  - the bytes it wrote: a prefix of `room` (sent from there, no copy);
+///  - or, when they did not fit, all of them in a buffer of its own that stays valid until the
+///    call that took the writer returns (they then travel as if passed as a span: copied, or as
+///    large data the peer pulls);
+///  - or an error: nothing is sent, and the call fails with it.
+/// A reference to a callable, which must outlive the call that takes it.
+class PayloadWriter {
+  public:
+    using Out = Result<std::span<const std::byte>>;
+    template <class F>
+    static constexpr bool kWrites = std::is_invocable_r_v<Out, F&, std::span<std::byte>>;
+
+    /// Implicit, like a span: pass the callable itself.
+    template <class F, std::enable_if_t<kWrites<F>, int> = 0>
+    PayloadWriter(F& f) noexcept  // NOLINT(google-explicit-constructor)
+        : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+          fn_([](void* o, std::span<std::byte> room) -> Out {
+              return (*static_cast<F*>(o))(room);
+          }) {}
+    Out operator()(std::span<std::byte> room) const { return fn_(obj_, room); }
+
+  private:
+    void* obj_;
+    Out (*fn_)(void*, std::span<std::byte>);
+};
+
 /// Names an outgoing call, for cancel().
 struct CallId {
     uint32_t seq = 0;
@@ -143,6 +174,9 @@ class Request {
 
     /// Send the result (copied). Once; from any thread. One-way requests: not_supported.
     Result<void> respond(std::span<const std::byte> output);
+    /// The same, the result written by `write` straight into the send buffer. If `write` fails,
+    /// its error is returned and the request is not answered yet.
+    Result<void> respond_in_place(PayloadWriter write);
     /// Send an error with a message for the caller.
     Result<void> respond_error(Errc code, std::string_view message);
     [[nodiscard]] bool responded() const noexcept { return responded_; }
@@ -150,6 +184,7 @@ class Request {
   private:
     friend class Context;
     Result<void> send_response(Errc status, std::span<const std::byte> output);
+    Result<void> check_respond() const;
 
     Context* ctx_ = nullptr;
     // While the handler runs, the source is lent by the receive (no reference count taken);
@@ -180,6 +215,10 @@ class Context {
     /// Any thread may call it.
     Result<CallId> forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,
                            const CallOptions& opts, ResponseFn done);
+    /// The same, the arguments written by `write` straight into the send buffer (no copy when
+    /// they fit the eager size). An error from `write` is returned; `done` never runs then.
+    Result<CallId> forward_in_place(const na::Addr& dest, RpcId id, PayloadWriter write,
+                                    const CallOptions& opts, ResponseFn done);
     /// Cancel a call: `done` then runs with canceled (from trigger()), unless it already
     /// completed (not_found). Any thread.
     Result<void> cancel(CallId call);

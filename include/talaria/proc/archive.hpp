@@ -65,19 +65,38 @@ inline void append_bytes(std::vector<std::byte>& out, const std::byte* p, std::s
 #endif
 }  // namespace detail
 
-/// Appends the encoding of values to a byte vector (which it does not clear).
+/// Appends the encoding of values to a byte vector (which it does not clear), or writes them
+/// into a fixed room (a send buffer) and moves to a vector only if they outgrow it.
 class Encoder {
   public:
     static constexpr bool encoding = true;
     static constexpr bool decoding = false;
 
     explicit Encoder(std::vector<std::byte>& out) noexcept : out_(&out) {}
+    /// Writes into `room` while the bytes fit; the first write that does not fit moves what
+    /// was written into `spill` (cleared here) and appends there from then on.
+    Encoder(std::span<std::byte> room, std::vector<std::byte>& spill) noexcept
+        : out_(&spill), begin_(room.data()), cur_(room.data()), end_(room.data() + room.size()) {
+        spill.clear();
+    }
 
-    /// Raw bytes, no length prefix. (`p` must not point into the output vector.)
+    /// Raw bytes, no length prefix. (`p` must not point into the output.)
     void write_bytes(const void* p, std::size_t n) {
         if (n == 0) return;  // p may be null then
+        if (cur_) {
+            if (n <= std::size_t(end_ - cur_)) {
+                std::memcpy(cur_, p, n);
+                cur_ += n;
+                return;
+            }
+            spill();
+        }
         detail::append_bytes(*out_, static_cast<const std::byte*>(p), n);
     }
+    /// Room mode: true while everything written is still in the room (its first
+    /// `in_place_size()` bytes); false once it spilled (everything is in the vector).
+    [[nodiscard]] bool in_place() const noexcept { return cur_ != nullptr; }
+    [[nodiscard]] std::size_t in_place_size() const noexcept { return std::size_t(cur_ - begin_); }
     template <class T>
     requires std::is_arithmetic_v<T>
     void write(T v) { write_bytes(&v, sizeof v); }
@@ -103,7 +122,12 @@ class Encoder {
     }
     [[nodiscard]] bool ok() const noexcept { return error_.code() == Errc::ok; }
     [[nodiscard]] const Error& error() const noexcept { return error_; }
-    [[nodiscard]] std::vector<std::byte>& buffer() noexcept { return *out_; }
+    /// The output vector, to append to directly (in room mode, what was written moves there
+    /// first: the encoding continues in the vector).
+    [[nodiscard]] std::vector<std::byte>& buffer() {
+        if (cur_) spill();
+        return *out_;
+    }
 
     /// Enter one more level of user-type nesting: false (and the encoding fails,
     /// invalid_argument) beyond kMaxDepth. Every true is paired with leave_nested().
@@ -120,7 +144,15 @@ class Encoder {
     void leave_nested() noexcept { --depth_; }
 
   private:
+    void spill() {
+        out_->assign(begin_, cur_);
+        cur_ = nullptr;
+    }
+
     std::vector<std::byte>* out_;
+    std::byte* begin_ = nullptr;  ///< room mode: the room, and the write position in it
+    std::byte* cur_ = nullptr;    ///< (null: vector mode, or spilled)
+    std::byte* end_ = nullptr;
     Error error_{Errc::ok};
     uint32_t depth_ = 0;
 };

@@ -623,6 +623,35 @@ inline Result<void> encode(std::vector<std::byte>& out, const T&... v) {
     }
 }
 
+/// Encode `v...` straight into `room` (a send buffer) when they fit: returns the prefix of
+/// `room` written. When they do not fit, into `spill` (cleared first): returns all of `spill`.
+/// Nothing is allocated when they fit. The errors are encode()'s.
+template <class... T>
+inline Result<std::span<const std::byte>> encode_into(std::span<std::byte> room,
+                                                      std::vector<std::byte>& spill,
+                                                      const T&... v) {
+    if constexpr (sizeof...(T) == 0) {
+        return std::span<const std::byte>(room.data(), 0);
+    } else if constexpr (detail::kAllFixed<T...>) {
+        constexpr std::size_t kSize = detail::kSumFixedSize<T...>;
+        if (room.size() >= kSize) [[likely]] {
+            std::byte* p = room.data();
+            (detail::put_fixed(p, v), ...);
+            return std::span<const std::byte>(room.data(), kSize);
+        }
+        spill.clear();
+        TALARIA_CHECK(encode(spill, v...));
+        return std::span<const std::byte>(spill);
+    } else {
+        Encoder e(room, spill);
+        e(v...);
+        if (!e.ok()) [[unlikely]]
+            return e.error();
+        if (e.in_place()) return std::span<const std::byte>(room.data(), e.in_place_size());
+        return std::span<const std::byte>(spill);
+    }
+}
+
 /// Decode `v...` from `in`, which must hold exactly their encodings: trailing bytes are a
 /// protocol_error. On error the values are in a valid but unspecified state.
 template <class... T>
