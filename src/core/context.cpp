@@ -287,15 +287,20 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
     return fn;
 }
 
-Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
-                                      std::span<const std::byte> args, const CallOptions& opts,
-                                      ResponseFn done, SendBuf* filled) {
-    BufGuard guard{this, filled};
+Result<void> Context::Impl::check_forward(const na::Addr& dest) const {
     if (!dest || dest.impl()->transport() != t)
         return Error{Errc::invalid_argument,
                      "forward: the destination address is empty or belongs to another transport"};
     if (closing.load(std::memory_order_relaxed))
         return Error{Errc::shutdown, "forward: the engine is shutting down"};
+    return ok();
+}
+
+Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
+                                      std::span<const std::byte> args, const CallOptions& opts,
+                                      ResponseFn done, SendBuf* filled) {
+    BufGuard guard{this, filled};
+    TALARIA_CHECK(check_forward(dest));
     const bool large = args.size() > eng->eager;
     if (large && args.size() > eng->opts.max_payload)
         return Error{Errc::message_too_large,
@@ -612,6 +617,7 @@ bool Context::Impl::drained() const {
     for (auto& [key, p] : peers)
         if (p->watch_posted || p->watch_posting) return false;
     if (pulls.load() != 0) return false;
+    std::lock_guard g(pool_mu);  // a responder on another thread may hold a buffer
     return free_bufs.size() == all_bufs.size();
 }
 
@@ -636,6 +642,7 @@ Result<CallId> Context::forward(const na::Addr& dest, RpcId id, std::span<const 
 
 Result<CallId> Context::forward_in_place(const na::Addr& dest, RpcId id, PayloadWriter write,
                                          const CallOptions& opts, ResponseFn done) {
+    TALARIA_CHECK(impl_->check_forward(dest));  // before a buffer is taken and filled
     TALARIA_TRY(w, impl_->write_payload(write));
     return impl_->forward(dest, id, w.bytes, opts, std::move(done), w.buf);
 }

@@ -184,7 +184,7 @@ struct Context::Impl {
     std::atomic<bool> has_deferred{false};
 
     // --- buffers ----------------------------------------------------------------------------
-    MaybeSpinLock pool_mu;
+    mutable MaybeSpinLock pool_mu;
     std::vector<SendBuf*> free_bufs;
     std::vector<std::unique_ptr<SendBuf>> all_bufs;
     std::vector<std::unique_ptr<RecvSlot>> recvs;
@@ -209,6 +209,8 @@ struct Context::Impl {
     [[nodiscard]] bool drained() const;
 
     // --- calls (context.cpp) -----------------------------------------------------------------
+    /// The destination is of this transport and the engine is not shutting down.
+    Result<void> check_forward(const na::Addr& dest) const;
     /// `filled`: a send buffer `args` was written into, in place (it then fits the eager
     /// size); forward() owns it (sends it or gives it back).
     Result<CallId> forward(const na::Addr& dest, RpcId id, std::span<const std::byte> args,

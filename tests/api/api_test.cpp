@@ -186,6 +186,48 @@ TEST_P(Api, ArgumentMismatchIsProtocolError) {
     EXPECT_EQ(r3.code(), Errc::protocol_error);
 }
 
+/// A tree as deep as asked: beyond proc::kMaxDepth it cannot be encoded.
+struct Tree {
+    std::vector<Tree> kids;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(kids);
+    }
+};
+Tree tree_of_depth(uint32_t depth) {
+    Tree root;
+    Tree* t = &root;
+    for (uint32_t i = 1; i < depth; ++i) {
+        t->kids.emplace_back();
+        t = &t->kids.back();
+    }
+    return root;
+}
+
+TEST_P(Api, EncodingErrorsNameTheirSide) {
+    // Arguments and results are encoded straight into the send buffer: an encoding that fails
+    // sends nothing, and the error says whether the arguments or the result failed.
+    open();
+    server->define("depth", [](const Tree&) { return 1; });
+    server->define("grow", [](int depth) { return tree_of_depth(uint32_t(depth)); });
+    auto r = result_within(
+        client->remote<int(Tree)>("depth").on(ep)(tree_of_depth(proc::kMaxDepth + 2)));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::invalid_argument);
+    EXPECT_NE(r.error().message().find("'depth': arguments"), std::string::npos)
+        << r.error().message();
+    auto g = result_within(client->remote<Tree(int)>("grow").on(ep)(int(proc::kMaxDepth) + 2));
+    ASSERT_FALSE(g);
+    EXPECT_EQ(g.code(), Errc::invalid_argument);
+    EXPECT_NE(g.error().message().find("encoding the result"), std::string::npos)
+        << g.error().message();
+    // Both sides go on: a tree that fits, both ways.
+    EXPECT_EQ(value_within(client->remote<int(Tree)>("depth").on(ep)(tree_of_depth(8))), 1);
+    auto ok = result_within(client->remote<Tree(int)>("grow").on(ep)(8));
+    ASSERT_TRUE(ok) << ok.error().describe();
+    EXPECT_EQ(ok->kids.size(), 1u);
+}
+
 TEST_P(Api, TimeoutThrows) {
     open();
     std::mutex mu;

@@ -114,8 +114,7 @@ struct Binder {
                 if (!req.one_way() && !req.responded()) {
                     if (auto r = req.try_respond(out); !r && !req.responded())
                         (void)req.try_respond_error(
-                            r.error().code(), "rpc '" + info->name +
-                                                  "': encoding the result: " + r.error().message());
+                            r.error().code(), "rpc '" + info->name + "': " + r.error().message());
                 }
             }
         } catch (...) {

@@ -102,8 +102,26 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
                             std::size_t local_off, std::size_t len);
 /// The error a caller sees for a failed call of `name` to `peer`: not_found names the RPC.
 Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e);
-/// A per-thread buffer for encoding arguments and results (the core copies them).
+/// A per-thread buffer for arguments and results that outgrow the send buffer (they then
+/// travel as large data, copied by the core).
 std::vector<std::byte>& scratch_buffer() noexcept;
+/// The thread's scratch buffer, taken for one encoding and given back after: an encoding
+/// nested in another on the same thread (a serialize function that calls or responds) gets a
+/// vector of its own instead of clearing the outer one's bytes.
+class ScratchLease {
+  public:
+    ScratchLease() noexcept : buf_(std::move(scratch_buffer())) {}
+    ~ScratchLease() {
+        auto& home = scratch_buffer();
+        if (home.capacity() < buf_.capacity()) home = std::move(buf_);
+    }
+    ScratchLease(const ScratchLease&) = delete;
+    ScratchLease& operator=(const ScratchLease&) = delete;
+    std::vector<std::byte>& get() noexcept { return buf_; }
+
+  private:
+    std::vector<std::byte> buf_;
+};
 
 /// The readable name of T, e.g. "int" or "std::vector<int>".
 template <class T>
@@ -166,10 +184,17 @@ class Request {
                       "talaria: a response type must be serializable with proc (see "
                       "docs/fragments/proc.md)");
         // Encoded once, straight into the send buffer (see Procedure::operator()).
+        detail::ScratchLease spill;
+        bool encode_failed = false;
         auto write = [&](std::span<std::byte> room) {
-            return proc::encode_into(room, detail::scratch_buffer(), v);
+            auto r = proc::encode_into(room, spill.get(), v);
+            encode_failed = !r;
+            return r;
         };
-        return req_.respond_in_place(write);
+        auto r = req_.respond_in_place(write);
+        if (!r && encode_failed)
+            return Error(r.code(), "encoding the result: " + r.error().message());
+        return r;
     }
     Result<void> try_respond() { return req_.respond({}); }
     /// Fail the call with `code`; the caller gets an Exception with it and `message`.

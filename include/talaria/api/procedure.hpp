@@ -146,9 +146,10 @@ class Procedure<R(Args...)> {
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
         // when they outgrow the eager size: then they travel as large arguments).
+        detail::ScratchLease spill;
         bool encode_failed = false;
         auto write = [&](std::span<std::byte> room) {
-            auto r = proc::encode_into(room, detail::scratch_buffer(), args...);
+            auto r = proc::encode_into(room, spill.get(), args...);
             encode_failed = !r;
             return r;
         };

@@ -123,7 +123,8 @@ class PayloadWriter {
   public:
     using Out = Result<std::span<const std::byte>>;
     template <class F>
-    static constexpr bool kWrites = std::is_invocable_r_v<Out, F&, std::span<std::byte>>;
+    static constexpr bool kWrites = std::is_invocable_r_v<Out, F&, std::span<std::byte>> &&
+                                    !std::is_same_v<std::remove_cvref_t<F>, PayloadWriter>;
 
     /// Implicit, like a span: pass the callable itself.
     template <class F, std::enable_if_t<kWrites<F>, int> = 0>

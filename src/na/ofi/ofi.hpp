@@ -287,7 +287,8 @@ class OfiLane {
     std::vector<CtlRetry> ctl_retry;   ///< answers refused with -FI_EAGAIN, sent again
     std::vector<PendingDeath> deaths;  ///< peers to fail at the next safe point
     bool polling = false;              ///< inside poll_cq_locked (no nested poll)
-    /// Without a wait fd: when the CQ last gave a completion, and the next poll-sleep slice.
+    /// Without a wait fd: when the CQ last gave a completion (or an op was posted), and the
+    /// next poll-sleep slice.
     TimePoint last_completion{};
     Duration poll_slice = kPollSliceMin;
 

@@ -579,6 +579,12 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
 ssize_t OfiTransport::try_post_locked(OfiLane& l, OfiOp* op) {
     Remote* rem = op->rem;
     if (!shm_local_peer_ok_locked(l, rem)) return -FI_ENOTCONN;
+    if (!prov_.wait_fd) {
+        // Without a wait fd: an answer to what we post is usually microseconds away, so the
+        // next blocked progress polls first instead of sleeping a slice grown while idle.
+        l.last_completion = Clock::now();
+        l.poll_slice = kPollSliceMin;
+    }
     const OpType t = op->completion.type;
     if (t == OpType::send_unexpected || t == OpType::send_expected)
         return fi_send(l.ep, op->buf, op->cap, op->desc, rem->fi, static_cast<FiCtx*>(op));
