@@ -1,0 +1,85 @@
+// talaria-perf's driver: calibration and repetition against a runner whose "time" is scripted,
+// so the checks are exact and take no real time. Discovered as perf.<name>.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "driver.hpp"
+
+namespace talaria::perf {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Every run of n operations takes n x `per_op`, except those `stall` picks (by run index,
+/// counting from 0), which take `stall_time` more.
+class ScriptedRunner final : public Runner {
+  public:
+    ScriptedRunner(Duration per_op, std::function<bool(int)> stall, Duration stall_time)
+        : per_op_(per_op), stall_(std::move(stall)), stall_time_(stall_time) {}
+    [[nodiscard]] std::string describe(const Spec&) const override { return "scripted"; }
+    Result<void> prepare(const Spec&) override { return ok(); }
+    Result<Duration> run(const Spec&, uint64_t iters) override {
+        int i = runs_++;
+        counts.push_back(iters);
+        return per_op_ * int64_t(iters) + (stall_(i) ? stall_time_ : Duration::zero());
+    }
+    Result<void> finish(const Spec&) override { return ok(); }
+    std::vector<uint64_t> counts;
+
+  private:
+    Duration per_op_;
+    std::function<bool(int)> stall_;
+    Duration stall_time_;
+    int runs_ = 0;
+};
+
+RepeatOptions options() {
+    RepeatOptions o;
+    o.reps = 5;
+    o.rep_time = 40ms;
+    return o;
+}
+
+TEST(perf, CalibrationReachesTheTargetTime) {
+    ScriptedRunner r(1us, [](int) { return false; }, {});
+    Spec s;
+    auto st = measure(r, s, options());
+    ASSERT_TRUE(st) << st.error().describe();
+    EXPECT_NEAR(double(st->iters), 40000.0, 400.0);
+    EXPECT_NEAR(st->median, 1.0, 0.01);  // µs per round trip
+}
+
+TEST(perf, OneStalledCalibrationRunDoesNotSetTheCount) {
+    // Run 0 is the discarded first call; run 1 (one call) stalls for 10 ms: taken alone it
+    // would make 4 calls per repetition.
+    ScriptedRunner r(
+        1us, [](int i) { return i == 1; }, 10ms);
+    Spec s;
+    auto st = measure(r, s, options());
+    ASSERT_TRUE(st) << st.error().describe();
+    EXPECT_GT(st->iters, 20000u) << "a stall during calibration made the count tiny";
+    EXPECT_NEAR(st->median, 1.0, 0.01);
+    // A stall on the run that would have closed the calibration is caught the same way.
+    for (int at = 2; at < 8; ++at) {
+        ScriptedRunner late(
+            1us, [at](int i) { return i == at; }, 10ms);
+        auto lt = measure(late, s, options());
+        ASSERT_TRUE(lt);
+        EXPECT_GT(lt->iters, 20000u) << "stall at run " << at;
+    }
+}
+
+TEST(perf, SlowOperationsStillCalibrateToFewCalls) {
+    // Every call takes 10 ms: the target is 4 of them, not a count grown forever.
+    ScriptedRunner r(10ms, [](int) { return false; }, {});
+    Spec s;
+    auto st = measure(r, s, options());
+    ASSERT_TRUE(st) << st.error().describe();
+    EXPECT_EQ(st->iters, 4u);
+    EXPECT_LE(r.counts.size(), 10u) << "calibration ran too many times";
+}
+
+}  // namespace
+}  // namespace talaria::perf
