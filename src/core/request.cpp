@@ -421,15 +421,18 @@ Result<void> Request::check_respond() const {
 
 Result<void> Request::send_response(Errc status, std::span<const std::byte> output) {
     TALARIA_CHECK(check_respond());
-    auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output);
-    if (r || r.code() != Errc::again) responded_ = true;
-    return r;
+    return answered(ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output));
 }
 
 Result<void> Request::respond_in_place(PayloadWriter write) {
-    TALARIA_CHECK(check_respond());
+    TALARIA_CHECK(check_respond());  // before the writer runs
     TALARIA_TRY(w, ctx_->impl_->write_payload(write));
-    auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf);
+    return answered(
+        ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf));
+}
+
+Result<void> Request::answered(Result<void> r) {
+    // Answered unless the transport said "again" (the caller may retry).
     if (r || r.code() != Errc::again) responded_ = true;
     return r;
 }

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -122,6 +123,22 @@ class ScratchLease {
   private:
     std::vector<std::byte> buf_;
 };
+/// A core::PayloadWriter that encodes `v...` into the send buffer's room (proc::encode_into),
+/// spilling into the thread's scratch buffer, and remembers whether the encoding failed (so
+/// the caller can say "arguments" or "the result" instead of a transport error).
+template <class... T>
+struct EncodeInPlace {
+    std::tuple<const T&...> v;
+    ScratchLease spill;
+    bool failed = false;
+    explicit EncodeInPlace(const T&... values) noexcept : v(values...) {}
+    Result<std::span<const std::byte>> operator()(std::span<std::byte> room) {
+        auto r = std::apply(
+            [&](const T&... a) { return proc::encode_into(room, spill.get(), a...); }, v);
+        failed = !r;
+        return r;
+    }
+};
 
 /// The readable name of T, e.g. "int" or "std::vector<int>".
 template <class T>
@@ -184,15 +201,9 @@ class Request {
                       "talaria: a response type must be serializable with proc (see "
                       "docs/fragments/proc.md)");
         // Encoded once, straight into the send buffer (see Procedure::operator()).
-        detail::ScratchLease spill;
-        bool encode_failed = false;
-        auto write = [&](std::span<std::byte> room) {
-            auto r = proc::encode_into(room, spill.get(), v);
-            encode_failed = !r;
-            return r;
-        };
+        detail::EncodeInPlace<T> write(v);
         auto r = req_.respond_in_place(write);
-        if (!r && encode_failed)
+        if (!r && write.failed)
             return Error(r.code(), "encoding the result: " + r.error().message());
         return r;
     }

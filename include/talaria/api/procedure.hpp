@@ -146,19 +146,13 @@ class Procedure<R(Args...)> {
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
         // when they outgrow the eager size: then they travel as large arguments).
-        detail::ScratchLease spill;
-        bool encode_failed = false;
-        auto write = [&](std::span<std::byte> room) {
-            auto r = proc::encode_into(room, spill.get(), args...);
-            encode_failed = !r;
-            return r;
-        };
+        detail::EncodeInPlace<Args...> write(args...);
         auto sent = cengine.context(from_).forward_in_place(
             peer_.addr(), info_->id, write, opts,
             [s = std::move(st)](Result<std::span<const std::byte>>&& r) mutable {
                 s->complete(std::move(r));
             });
-        if (!sent && encode_failed)
+        if (!sent && write.failed)
             return Future<Ret>::ready_with(Error(
                 sent.code(), "rpc '" + info_->name + "': arguments: " + sent.error().message()));
         if (!sent)

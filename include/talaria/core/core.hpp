@@ -186,6 +186,7 @@ class Request {
     friend class Context;
     Result<void> send_response(Errc status, std::span<const std::byte> output);
     Result<void> check_respond() const;
+    Result<void> answered(Result<void> r);
 
     Context* ctx_ = nullptr;
     // While the handler runs, the source is lent by the receive (no reference count taken);
