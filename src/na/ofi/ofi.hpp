@@ -20,6 +20,8 @@
 // it while it takes a lane lock); `buf_mu_` the message-buffer free lists (leaf).
 #pragma once
 
+#include <unistd.h>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
@@ -69,6 +71,10 @@ inline constexpr Duration kPollSleep = std::chrono::milliseconds(1);
 /// it fail (unreachable).
 inline constexpr Duration kLocateRetry = std::chrono::seconds(1);
 inline constexpr int kLocateTries = 3;
+/// Locate answers the provider refused (-FI_EAGAIN) kept to send again, per lane: beyond it an
+/// answer is dropped (the asker asks again), so a peer naming an unreachable lane address in
+/// its locates cannot grow the queue and the buffers behind it without bound.
+inline constexpr std::size_t kMaxCtlRetry = 64;
 
 /// What a libfabric operation context points at (the first member of each kind).
 struct FiCtx {
@@ -539,7 +545,8 @@ class OfiTransport final : public Transport {
 
     uint64_t instance_ = 0;
     Addr self_;
-    std::string shm_base_;    ///< shm: our region names' stem (lane k adds ".k" for k > 0)
+    std::string shm_base_;  ///< shm: our region names' stem (lane k adds ".k" for k > 0)
+    const pid_t self_pid_ = ::getpid();  ///< read once: getpid() is a system call per send
     std::string raw_prefix_;  ///< FI_ADDR_STR providers: "fi_shm://" (from lane 0's address)
     uint64_t next_key_ = 1;   ///< requested keys, without FI_MR_PROV_KEY (under setup_mu_)
     std::atomic<uint64_t> deaths_{0};  ///< peers declared dead so far (lanes sweep on change)

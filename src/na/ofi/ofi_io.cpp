@@ -317,8 +317,9 @@ void OfiTransport::route_failed_locked(OfiLane& l, Route& r, Errc status, const 
     r.locating = false;
     r.tries = 0;
     r.token = 0;
+    // Warn: the failed operations carry only the code; this says why and what to do.
     if (!r.waiting.empty())
-        TALARIA_LOG(ofi, debug, "{}: {} sends to context {} of {} fail with {}: {}", scheme_,
+        TALARIA_LOG(ofi, warn, "{}: {} sends to context {} of {} fail with {}: {}", scheme_,
                     r.waiting.size(), r.ctx, ofi_addr(r.peer)->str, errc_name(status), why);
     while (OfiOp* op = r.waiting.pop_front()) {
         op->route = nullptr;
@@ -400,7 +401,7 @@ void OfiTransport::answer_locate_locked(OfiLane& l, Remote* to, uint32_t token,
     detail::store_le(start + 4, token, 4);
     std::size_t n = encode_located(ans, c->buf.data());
     ssize_t rc = ctl_send_locked(l, c, l.header_size + n, to);
-    if (rc == -FI_EAGAIN) {
+    if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
         // rxm connecting back to the asking lane: sent again from progress.
         l.ctl_retry.push_back(CtlRetry{c, to, l.header_size + n});
         return;

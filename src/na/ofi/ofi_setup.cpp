@@ -712,8 +712,8 @@ Result<void> OfiTransport::post_rx_buffers(OfiLane& l) {
 bool OfiTransport::shm_local_peer_ok_locked(OfiLane& l, Remote* r) {
     OfiAddr* a = ofi_addr(r->peer);
     const bool dead = a->dead.load(std::memory_order_relaxed);
-    // (pid 0: not an shm peer; checked first, as getpid() is a system call on every send.)
-    if (r->pid == 0 || shm_base_.empty() || r->pid != ::getpid()) return !dead;
+    // (pid 0: not an shm peer.)
+    if (r->pid == 0 || shm_base_.empty() || r->pid != self_pid_) return !dead;
     if (dead) return false;
     std::string_view name(r->raw);
     name.remove_prefix(std::min(name.size(), name.find("://") + 3));
