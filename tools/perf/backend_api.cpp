@@ -41,6 +41,37 @@ namespace {
 
 using Echo = uint64_t(uint64_t);
 
+/// A thread's chains or coroutines (then, coawait): how many are still going, and when the
+/// last one ended. The end is read from the completions, not from the waiting thread's clock:
+/// where busy progress threads hold every core, the waiting thread may run only milliseconds
+/// after its wake-up (up to the threads' busy window), and a run timed by it measured that
+/// delay (it made calibrated counts tiny and whole rows ~20x slow). Outlives the run: the last
+/// one notifies it from the progress thread, possibly after the waiter saw it reach 0.
+struct Track {
+    std::atomic<unsigned> running{0};
+    std::atomic<int64_t> ended_ns{0};  ///< Clock ticks of the latest end so far
+
+    void start(unsigned n) noexcept {
+        ended_ns.store(0, std::memory_order_relaxed);
+        running.store(n, std::memory_order_release);
+    }
+    /// One chain or coroutine is done (its time counts before the count drops).
+    void end_one() noexcept {
+        const int64_t now = Clock::now().time_since_epoch().count();
+        int64_t seen = ended_ns.load(std::memory_order_relaxed);
+        while (seen < now &&
+               !ended_ns.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+        }
+        if (running.fetch_sub(1, std::memory_order_acq_rel) == 1) running.notify_all();
+    }
+    /// Wait for the last one; when it ended.
+    TimePoint wait() noexcept {
+        for (unsigned r = running.load(); r != 0; r = running.load())
+            running.wait(r);
+        return TimePoint(Clock::duration(ended_ns.load(std::memory_order_relaxed)));
+    }
+};
+
 /// A coroutine that starts at once and frees itself at its end (what a user writes to keep
 /// calls in flight from coroutines on a background engine).
 struct Detached {
@@ -53,14 +84,13 @@ struct Detached {
     };
 };
 
-/// Makes `n` calls one after another with co_await, then counts itself out of `running`.
-Detached call_loop(Procedure<Echo> p, uint64_t n, std::atomic<uint64_t>& errors,
-                   std::atomic<unsigned>& running) {
+/// Makes `n` calls one after another with co_await, then counts itself out of `track`.
+Detached call_loop(Procedure<Echo> p, uint64_t n, std::atomic<uint64_t>& errors, Track& track) {
     for (uint64_t i = 0; i < n; ++i) {
         auto r = co_await p(i).as_result();
         if (!r || *r != i) errors.fetch_add(1, std::memory_order_relaxed);
     }
-    if (running.fetch_sub(1, std::memory_order_acq_rel) == 1) running.notify_all();
+    track.end_one();
 }
 
 /// One `then` chain: each completion issues the next call until `left` reaches 0.
@@ -68,7 +98,7 @@ struct Chain {
     Procedure<Echo> p;
     uint64_t left = 0;
     std::atomic<uint64_t>* errors = nullptr;
-    std::atomic<unsigned>* running = nullptr;
+    Track* track = nullptr;
 
     void issue() {
         uint64_t v = left;
@@ -79,18 +109,18 @@ struct Chain {
                 return;
             }
             // Once the count reaches 0 the waiting thread may free this Chain: keep the
-            // counter's address, not `this`.
-            std::atomic<unsigned>* run = running;
-            if (run->fetch_sub(1, std::memory_order_acq_rel) == 1) run->notify_all();
+            // tracker's address, not `this`.
+            Track* t = track;
+            t->end_one();
         });
     }
 };
 
-/// `running` counts the chains or coroutines still going; it outlives the run (the last
-/// one notifies it from the progress thread, possibly after this thread saw it reach 0).
-void work(Consume how, const Procedure<Echo>& p, uint64_t n, unsigned inflight,
-          std::atomic<uint64_t>& errors, std::atomic<unsigned>& running) {
-    if (n == 0) return;
+/// `n` calls consumed `how`; when the last completed (get: when this thread had its result;
+/// then, coawait: when the last chain or coroutine ended, see Track).
+TimePoint work(Consume how, const Procedure<Echo>& p, uint64_t n, unsigned inflight,
+               std::atomic<uint64_t>& errors, Track& track) {
+    if (n == 0) return Clock::now();
     inflight = static_cast<unsigned>(std::min<uint64_t>(inflight, n));
     switch (how) {
         case Consume::none:
@@ -112,30 +142,27 @@ void work(Consume how, const Procedure<Echo>& p, uint64_t n, unsigned inflight,
                     ++issued;
                 }
             }
-            return;
+            return Clock::now();
         }
         case Consume::then: {
-            running.store(inflight);
+            track.start(inflight);
             std::vector<Chain> chains(inflight);
             for (unsigned c = 0; c < inflight; ++c)
-                chains[c] = Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors, &running};
+                chains[c] = Chain{p, n / inflight + (c < n % inflight ? 1 : 0), &errors, &track};
             for (auto& c : chains)
                 c.issue();
-            for (unsigned r = running.load(); r != 0; r = running.load())
-                running.wait(r);
-            return;
+            return track.wait();
         }
         case Consume::coawait: {
             // `inflight` coroutines, each a loop of co_await calls, resumed on the client's
             // progress thread; this thread waits for the last to end.
-            running.store(inflight);
+            track.start(inflight);
             for (unsigned c = 0; c < inflight; ++c)
-                call_loop(p, n / inflight + (c < n % inflight ? 1 : 0), errors, running);
-            for (unsigned r = running.load(); r != 0; r = running.load())
-                running.wait(r);
-            return;
+                call_loop(p, n / inflight + (c < n % inflight ? 1 : 0), errors, track);
+            return track.wait();
         }
     }
+    return Clock::now();
 }
 
 /// Calls per thread: pingpong, `iters` each (the unit is one thread's round trip); rate,
@@ -150,13 +177,13 @@ std::vector<uint64_t> split_calls(Pattern pattern, uint64_t iters, unsigned k) {
 /// first + i. The elapsed time; errors counts calls that failed or returned a wrong value.
 Duration run_threads(const Procedure<Echo>& proc, unsigned first, Consume consume,
                      unsigned inflight, const std::vector<uint64_t>& per,
-                     std::array<std::atomic<unsigned>, 64>& running,
-                     std::atomic<uint64_t>& errors) {
+                     std::array<Track, 64>& track, std::atomic<uint64_t>& errors) {
     const auto k = static_cast<unsigned>(per.size());
     std::barrier sync(static_cast<std::ptrdiff_t>(k));
-    // Each thread reads the clock itself, right after the start barrier and right after its
-    // last call: a thread that only watched the barriers could be scheduled out meanwhile (on
-    // a machine with fewer cores than busy threads) and time a run shorter than it was.
+    // Each thread reads the clock itself right after the start barrier, and work() says when
+    // its last call completed: a thread that only watched the barriers could be scheduled out
+    // meanwhile (on a machine with fewer cores than busy threads) and time a run shorter than
+    // it was.
     std::vector<TimePoint> start(k), end(k);
     std::vector<std::thread> threads;
     threads.reserve(k);
@@ -166,8 +193,7 @@ Duration run_threads(const Procedure<Echo>& proc, unsigned first, Consume consum
         threads.emplace_back([&, p, i] {
             sync.arrive_and_wait();
             start[i] = Clock::now();
-            work(consume, p, per[i], inflight, errors, running[i]);
-            end[i] = Clock::now();
+            end[i] = work(consume, p, per[i], inflight, errors, track[i]);
         });
     }
     for (auto& t : threads)
@@ -273,7 +299,7 @@ class ApiClient final : public Runner {
         const uint64_t mine = s.pattern == Pattern::pingpong ? iters : share + iters % procs;
         std::atomic<uint64_t> errors{0};
         Duration elapsed = run_threads(proc_, 0, s.consume, inflight,
-                                       split_calls(s.pattern, mine, k), running_, errors);
+                                       split_calls(s.pattern, mine, k), track_, errors);
         for (auto& w : workers_) {
             TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(120)));
             unsigned long long ns = 0, errs = 0;
@@ -344,7 +370,7 @@ class ApiClient final : public Runner {
 
     std::unique_ptr<RpcSession> s_;
     std::string transport_;
-    std::array<std::atomic<unsigned>, 64> running_{};  ///< per thread; outlives engine_
+    std::array<Track, 64> track_{};  ///< per thread; outlives engine_
     std::unique_ptr<Engine> engine_;
     Endpoint server_;
     std::string server_address_;
@@ -362,7 +388,7 @@ int run_api_worker(const ApiWorkerOptions& o) {
         std::fflush(stdout);
         return 1;
     };
-    std::array<std::atomic<unsigned>, 64> running{};  // outlives the engine's last callback
+    std::array<Track, 64> track{};  // outlives the engine's last callback
     EngineOptions eo;
     eo.contexts = static_cast<uint8_t>(o.contexts);
     auto e = Engine::open(o.url, false, eo);
@@ -395,7 +421,7 @@ int run_api_worker(const ApiWorkerOptions& o) {
             if (!c || !p) return fail(fmt::format("bad command '{}'", cmd));
             std::atomic<uint64_t> errors{0};
             Duration d = run_threads(proc, o.first, *c, inflight,
-                                     split_calls(*p, calls, o.contexts), running, errors);
+                                     split_calls(*p, calls, o.contexts), track, errors);
             fmt::print("done {} {}\n",
                        std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(),
                        errors.load());
