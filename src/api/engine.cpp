@@ -36,18 +36,20 @@ class ManualDriver;
 /// progress thread or a thread waiting in Future::get() on a call of that context. One per
 /// context (the bulk context included), shared with the futures of its calls (weakly).
 ///
-/// A waiting thread announces itself (a count in `word_`); the progress thread, seeing the
-/// count, gives the seat up at the end of its iteration and parks on the word; the waiter takes
-/// the seat (kHeld) and drives the context until its result is there, so the result needs no
-/// hand-off between threads, and where threads outnumber cores the progress thread does not
-/// compete with the caller. A parked progress thread looks again every kParkCheck (busy) or
-/// kParkCheckBlock on its own and resumes after a whole check with no waiter and no arrival,
-/// so that a caller calling get() in a loop pays no wake-up system call per call.
+/// A waiting thread announces itself (a count in `word_`), taking the seat in the same step
+/// when it is free; the progress thread, which keeps the seat across its iterations, sees the
+/// count before its next one, gives the seat up and parks; the waiter takes the seat (kHeld)
+/// and drives the context until its result is there, so the result needs no hand-off between
+/// threads, and where threads outnumber cores the progress thread does not compete with the
+/// caller. A parked progress thread looks again after kParkCheck (busy) or kParkCheckBlock on
+/// its own, doubling while waiters keep coming (up to kParkCheckMax), and resumes after a
+/// whole check with no waiter and no arrival, so that a caller calling get() in a loop pays no
+/// wake-up system call per call.
 class Seat final : public Driver {
   public:
     static constexpr uint32_t kWaiters = 0xFFFF;    ///< the count of waiting threads
     static constexpr uint32_t kHeld = 1u << 16;     ///< someone drives the context now
-    static constexpr uint32_t kParked = 1u << 17;   ///< the progress thread sleeps on the word
+    static constexpr uint32_t kParked = 1u << 17;   ///< the progress thread is parked
     static constexpr uint32_t kStop = 1u << 18;     ///< the engine shuts down: nobody drives
     static constexpr uint32_t kNapping = 1u << 19;  ///< the holder sleeps in the transport
     /// A wrapping count of waiters' arrivals (bits 21..31): a parked thread resumes only after
@@ -58,6 +60,11 @@ class Seat final : public Driver {
     static constexpr Duration kParkCheck = std::chrono::microseconds(100);
     /// The same in block mode (fewer wake-ups of a parked thread while a get() waits long).
     static constexpr Duration kParkCheckBlock = std::chrono::microseconds(250);
+    /// While waiters keep coming, each look doubles the next, up to this: a loop of get()
+    /// calls then wakes the parked thread about a thousand times a second, not ten thousand
+    /// (each wake-up takes a core from a caller or a peer where every core is busy), and the
+    /// thread resumes within two of these after the last get().
+    static constexpr Duration kParkCheckMax = std::chrono::milliseconds(1);
     /// How long a waiter polls for the seat before it sleeps in slices: the progress thread
     /// gives it up at the end of its iteration (a microsecond or so).
     static constexpr Duration kHoldSpin = std::chrono::microseconds(20);
@@ -118,7 +125,7 @@ class Seat final : public Driver {
     /// Switch modes; a parked progress thread looks again at once (it parked for the old one).
     void set_mode(WaitMode m) noexcept {
         mode_.store(m, std::memory_order_relaxed);
-        futex_wake_all(word_);
+        wake_parked();
     }
     [[nodiscard]] WaitMode mode() const noexcept { return mode_.load(std::memory_order_relaxed); }
 
@@ -126,11 +133,15 @@ class Seat final : public Driver {
     /// Drive the context on the waiting thread (holding the seat) until `s` is ready, the
     /// deadline passes or the engine stops; true if ready.
     bool drive_until(StateBase& s, TimePoint deadline);
+    /// Wake the parked progress thread (it looks at word_ and the mode again).
+    void wake_parked() noexcept;
 
     core::Context* core_;
     na::Context* na_;  ///< the na context below core_, or the bulk context (core_ null)
     std::atomic<WaitMode> mode_;
     alignas(64) std::atomic<uint32_t> word_{0};
+    /// What the parked progress thread sleeps on: bumped (and woken) by stop and set_mode only.
+    std::atomic<uint32_t> park_gen_{0};
 };
 
 /// Everything an Engine owns. Lives behind a pointer so Endpoint / Procedure / Request can
@@ -194,33 +205,43 @@ namespace {
 /// While threads waiting in get() drive the context (Seat), the thread parks.
 void run_progress(Seat& seat, const std::atomic<bool>& stop) {
     Seat::tl_held.push(&seat);
-    TimePoint last_work = Clock::now();
+    // The seat is kept across iterations (no read-modify-write per step) and given up only
+    // to a waiter, and the clock is read only while idle (none per productive step).
+    bool held = false;
+    bool idle = false;  // nothing done since idle_since
+    TimePoint idle_since;
     while (!stop.load(std::memory_order_acquire)) {
         if (seat.waiters()) {
+            if (held) seat.release();
+            held = false;
             seat.park();
-            last_work = Clock::now();
+            idle = false;
             continue;
         }
-        if (!seat.try_hold()) {  // a waiter took it just now: it parks us next time round
-            cpu_relax();
-            continue;
+        if (!held) {
+            if (!seat.try_hold()) {  // a waiter took it just now: it parks us next time round
+                cpu_relax();
+                continue;
+            }
+            held = true;
         }
         if (seat.step(Duration(0))) {
-            seat.release();
-            last_work = Clock::now();
+            idle = false;
             continue;
         }
         cpu_relax();
-        Duration window = seat.mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
-        if (Clock::now() - last_work < window) {
-            seat.release();
-            continue;
+        const TimePoint now = Clock::now();
+        if (!idle) {
+            idle = true;
+            idle_since = now;
         }
+        Duration window = seat.mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
+        if (now - idle_since < window) continue;
         // Idle: sleep until woken. A sleep that ends with nothing to do goes straight back to
         // sleep (after one poll), rather than spinning through another window.
-        if (seat.nap(kSleepSlice)) last_work = Clock::now();
-        seat.release();
+        if (seat.nap(kSleepSlice)) idle = false;
     }
+    if (held) seat.release();
 }
 
 }  // namespace
@@ -228,31 +249,46 @@ void run_progress(Seat& seat, const std::atomic<bool>& stop) {
 void Seat::park() {
     // Look again every kParkCheck (busy) or kParkCheckBlock: no waiter makes a wake-up call
     // when it leaves, so a loop of get() calls pays no system call per call for the parked
-    // thread, and the thread resumes after a whole check with no waiter and no arrival.
+    // thread, and the thread resumes after a whole check with no waiter and no arrival. It
+    // sleeps on its own word (park_gen_), not on word_: word_ changes with every get(), and a
+    // futex wait on it would return at once and spin, taking a core from the callers.
     uint32_t w = word_.fetch_or(kParked) | kParked;
     uint32_t seen = w >> kArrivalShift;
+    WaitMode m = mode();
+    Duration check = m == WaitMode::busy ? kParkCheck : kParkCheckBlock;
     TimePoint quiet_since = Clock::now();
     while (!(w & kStop)) {
         // The mode is read again on every pass (set_mode wakes us to do so).
-        const Duration check = mode() == WaitMode::busy ? kParkCheck : kParkCheckBlock;
+        if (WaitMode now_mode = mode(); now_mode != m) {
+            m = now_mode;
+            check = m == WaitMode::busy ? kParkCheck : kParkCheckBlock;
+        }
         const TimePoint now = Clock::now();
         if ((w & kWaiters) || (w >> kArrivalShift) != seen) {
+            if (now - quiet_since >= check) check = std::min<Duration>(check * 2, kParkCheckMax);
             seen = w >> kArrivalShift;
             quiet_since = now;
         } else if (now - quiet_since >= check) {
             break;
         }
-        futex_wait(word_, w, now + check);
+        const uint32_t gen = park_gen_.load(std::memory_order_acquire);
+        if (word_.load() & kStop) break;  // begin_stop bumps park_gen_ after setting kStop
+        futex_wait(park_gen_, gen, now + check);
         w = word_.load();
     }
     word_.fetch_and(~kParked);
+}
+
+void Seat::wake_parked() noexcept {
+    park_gen_.fetch_add(1, std::memory_order_release);
+    futex_wake_all(park_gen_);
 }
 
 thread_local Seat::Held Seat::tl_held;
 
 void Seat::begin_stop() noexcept {
     word_.fetch_or(kStop);
-    futex_wake_all(word_);
+    wake_parked();
 }
 
 void Seat::wait_unheld() const noexcept {
@@ -265,23 +301,29 @@ void Seat::wait_unheld() const noexcept {
 }
 
 bool Seat::drive_until(StateBase& s, TimePoint deadline) {
-    TimePoint last_work = Clock::now();
+    // The clock is read only once a step finds nothing (none per completed call).
+    bool idle = false;
+    TimePoint idle_since;
     while (!s.ready()) {
         if (stopping()) return s.ready();
         // One step before the deadline is looked at: a short wait still drives the context.
         if (step(Duration(0))) {
-            last_work = Clock::now();
+            idle = false;
             continue;
         }
         if (deadline_passed(deadline)) return s.ready();
         cpu_relax();
-        TimePoint now = Clock::now();
+        const TimePoint now = Clock::now();
+        if (!idle) {
+            idle = true;
+            idle_since = now;
+        }
         Duration window = mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
-        if (now - last_work < window) continue;
+        if (now - idle_since < window) continue;
         // Nothing for a while: sleep in the transport (a completion ends the sleep).
         Duration d = kSleepSlice;
         if (deadline != TimePoint::max()) d = std::min<Duration>(d, deadline - now);
-        if (nap(std::max<Duration>(d, Duration(0)))) last_work = Clock::now();
+        if (nap(std::max<Duration>(d, Duration(0)))) idle = false;
     }
     return true;
 }
@@ -303,22 +345,33 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
     // A poll (wait_for(0)) must not announce itself: the progress thread would park for a
     // whole check with nobody driving.
     if (deadline_passed(deadline)) return s.ready();
-    uint32_t w = word_.fetch_add(1 + kArrival);
+    // Arrive, and take the seat in the same step where nobody holds it (one read-modify-write
+    // for both; the progress thread sees the count and parks).
+    uint32_t w = word_.load(std::memory_order_relaxed);
+    uint32_t add;
+    do {
+        add = 1 + kArrival + ((w & (kHeld | kStop)) ? 0 : kHeld);
+    } while (!word_.compare_exchange_weak(w, w + add, std::memory_order_acq_rel,
+                                          std::memory_order_relaxed));
+    bool held = (add & kHeld) != 0;
     bool done = false;
     bool woke_napper = false;
-    TimePoint spin_end = Clock::now() + kHoldSpin;
+    TimePoint spin_end{};  // read once the seat is found taken
     while (!(w & kStop)) {
         if (s.ready()) {
             done = true;
             break;
         }
         if (deadline_passed(deadline)) break;
-        if (try_hold()) {
+        if (held || try_hold()) {
+            held = true;
             tl_held.push(this);
             done = drive_until(s, deadline);
             tl_held.pop();
+            if (done) break;  // leave and release at once, below
             release();
-            if (done || stopping() || deadline_passed(deadline)) break;
+            held = false;
+            if (stopping() || deadline_passed(deadline)) break;
             continue;
         }
         // Another thread drives: the progress thread (it parks after its iteration; woken at
@@ -330,14 +383,16 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
             woke_napper = true;
             (void)na_->post([](const na::Completion&) {});
         }
-        if (Clock::now() < spin_end) {
+        const TimePoint now = Clock::now();
+        if (spin_end == TimePoint{}) spin_end = now + kHoldSpin;
+        if (now < spin_end) {
             cpu_relax();
             continue;
         }
-        TimePoint until = Clock::now() + std::chrono::microseconds(50);
+        TimePoint until = now + std::chrono::microseconds(50);
         s.sleep_once(deadline < until ? deadline : until);
     }
-    word_.fetch_sub(1);
+    word_.fetch_sub(held ? 1 + kHeld : 1, std::memory_order_release);
     if (done) return true;
     // Stopping (the engine fails its calls) or the deadline passed.
     return s.ready() || (stopping() && s.sleep_until(deadline));
