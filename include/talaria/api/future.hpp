@@ -16,9 +16,11 @@
 #include <atomic>
 #include <chrono>
 #include <coroutine>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -189,6 +191,33 @@ class StateBase {
         if (word_.fetch_or(kLinked, std::memory_order_acq_rel) & kReady) run_linked();
     }
 
+    /// then() callbacks up to this size (with what they capture) are kept in the state itself,
+    /// so a call consumed with then() allocates nothing for it; larger ones go to the heap.
+    static constexpr std::size_t kInlineContinuation = 48;
+    template <class Fn>
+    static constexpr bool inline_continuation_fits() noexcept {
+        return sizeof(Fn) <= kInlineContinuation && alignof(Fn) <= alignof(std::max_align_t) &&
+               std::is_nothrow_move_constructible_v<Fn>;
+    }
+    /// What runs (run = true: moves the callback out of `buf` and calls it with the result) or
+    /// only destroys (false: the state dies uncompleted) an inline continuation.
+    using InlineOp = void (*)(StateBase& self, void* buf, bool run);
+    /// Store `f` in the state, run by `op` on completion; at once (on this thread) if complete.
+    template <class Fn>
+    void set_inline_continuation(Fn&& f, InlineOp op) {
+        static_assert(inline_continuation_fits<std::decay_t<Fn>>());
+        ::new (static_cast<void*>(inline_buf_)) std::decay_t<Fn>(std::forward<Fn>(f));
+        inline_op_ = op;
+        if (word_.fetch_or(kLinked, std::memory_order_acq_rel) & kReady) run_linked();
+    }
+
+    StateBase() = default;
+    StateBase(const StateBase&) = delete;
+    StateBase& operator=(const StateBase&) = delete;
+    ~StateBase() {
+        if (inline_op_) inline_op_(*this, inline_buf_, false);
+    }
+
   protected:
     /// Publish the result (already stored by the derived class) and wake/resume the consumer.
     /// Called once, by the completing thread.
@@ -200,15 +229,19 @@ class StateBase {
 
   private:
     void run_linked() {
-        // Both out first: the continuation may hold the last reference to this state.
+        // All out first: the continuation may hold the last reference to this state (an
+        // inline one is moved out of the state before it runs).
         auto cont = std::move(cont_);
         auto h = std::exchange(waiter_, nullptr);
+        if (InlineOp op = std::exchange(inline_op_, nullptr)) op(*this, inline_buf_, true);
         if (cont) cont->run();
         if (h) h.resume();
     }
     std::atomic<uint32_t> word_{0};
     std::coroutine_handle<> waiter_;
     std::unique_ptr<Continuation> cont_;
+    InlineOp inline_op_ = nullptr;
+    alignas(std::max_align_t) std::byte inline_buf_[kInlineContinuation];
     enum class Mode : uint8_t { none, manual, seat };
     std::weak_ptr<Driver> driver_;
     uint8_t ctx_ = 0;
@@ -285,12 +318,29 @@ class [[nodiscard]] Future {
             std::shared_ptr<detail::State<T>> s;
             std::decay_t<F> f;
         };
+        using Fn = std::decay_t<F>;
         auto s = std::move(state_);
         if (!s) return;
         auto* raw = s.get();
-        // The continuation keeps the state alive only while it waits: it is moved out and run
-        // (and destroyed) by publish(), which breaks the cycle.
-        raw->set_continuation(std::make_unique<Cont>(std::move(s), std::forward<F>(f)));
+        if constexpr (detail::StateBase::inline_continuation_fits<Fn>()) {
+            // Kept in the state (no allocation): whoever completes the state holds it while
+            // the callback runs, and `s` holds it until the callback is linked.
+            raw->set_inline_continuation(std::forward<F>(f),
+                                         [](detail::StateBase& st, void* buf, bool run) {
+                                             Fn* p = std::launder(static_cast<Fn*>(buf));
+                                             if (!run) {
+                                                 p->~Fn();
+                                                 return;
+                                             }
+                                             Fn fn(std::move(*p));
+                                             p->~Fn();
+                                             fn(static_cast<detail::State<T>&>(st).take());
+                                         });
+        } else {
+            // The continuation keeps the state alive only while it waits: it is moved out and
+            // run (and destroyed) by publish(), which breaks the cycle.
+            raw->set_continuation(std::make_unique<Cont>(std::move(s), std::forward<F>(f)));
+        }
     }
 
     // --- co_await ------------------------------------------------------------------------------
