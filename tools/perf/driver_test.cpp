@@ -71,6 +71,19 @@ TEST(perf, OneStalledCalibrationRunDoesNotSetTheCount) {
     }
 }
 
+TEST(perf, StallsOnEveryEarlyRunDoNotSetTheCount) {
+    // The first runs (the discarded call, then n = 1 and its repeat) each stall 8 ms, as a
+    // server still setting up made them: both closing runs agree, but twice the calls take
+    // no longer, so the count keeps growing past the stall.
+    ScriptedRunner r(
+        1us, [](int i) { return i < 4; }, 8ms);
+    Spec s;
+    auto st = measure(r, s, options());
+    ASSERT_TRUE(st) << st.error().describe();
+    EXPECT_GT(st->iters, 20000u) << "stalls on the closing runs made the count tiny";
+    EXPECT_NEAR(st->median, 1.0, 0.01);
+}
+
 TEST(perf, SlowOperationsStillCalibrateToFewCalls) {
     // Every call takes 10 ms: the target is 4 of them, not a count grown forever.
     ScriptedRunner r(10ms, [](int) { return false; }, {});
