@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "core/core_impl.hpp"
 #include "talaria/util/log.hpp"
@@ -263,19 +264,22 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
     for (auto& fn : failed) {
         CtxCounters::add(counters.errors);
         if (fn)
-            fn(Error{code,
-                     fmt::format("the peer {} {}", who,
-                                 code == Errc::unreachable ? "cannot be reached"
-                                                           : "disconnected (closed or died)")});
+            run_response(fn, p_addr,
+                         Error{code, fmt::format("the peer {} {}", who,
+                                                 code == Errc::unreachable
+                                                     ? "cannot be reached"
+                                                     : "disconnected (closed or died)")});
     }
 }
 
-ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage) {
+ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage,
+                                              na::Addr* peer) {
     CallSlot& s = slots[idx];
     ResponseFn fn = std::move(s.done);
     s.done = nullptr;
     if (s.heap >= 0) heap_remove_locked(idx);
     if (s.peer) {
+        if (peer) *peer = s.peer->addr;
         --s.peer->inflight;
         s.peer = nullptr;
     }
@@ -337,7 +341,6 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.large = std::move(lo);
         s.peer = peer_for_locked(dest);
         ++s.peer->inflight;
-        if (opts.keep_peer) *opts.keep_peer = s.peer->addr;
         if (claim_watch_locked(s.peer)) watch = s.peer;
         if (opts.timeout > Duration::zero()) {
             s.deadline = Clock::now() + opts.timeout;
@@ -400,15 +403,16 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
     uint32_t idx = seq & 0xFFFF;
     ResponseFn fn;
     std::unique_ptr<LargeOut> garbage;
+    na::Addr kept;  // the peer, where no response names it (a one-way send, a local failure)
     {
         std::lock_guard g(mu);
         if (idx >= slots.size() || slots[idx].seq != seq) return false;
         if (source && !(slots[idx].peer && slots[idx].peer->addr == *source)) return false;
-        fn = release_slot_locked(idx, garbage);
+        fn = release_slot_locked(idx, garbage, source ? nullptr : &kept);
     }
     if (count_response) CtxCounters::bump(counters.responses_received);
     if (!r) CtxCounters::add(counters.errors);
-    if (fn) fn(std::move(r));
+    if (fn) run_response(fn, source ? *source : kept, std::move(r));
     return true;
 }
 
@@ -456,9 +460,11 @@ Result<void> Context::Impl::cancel(CallId call) {
         std::lock_guard g(mu);
         if (!call.valid() || idx >= slots.size() || slots[idx].seq != call.seq)
             return Error{Errc::not_found, "cancel: the call already completed"};
-        if (slots[idx].large) dest = slots[idx].peer->addr;
-        ResponseFn fn = release_slot_locked(idx, garbage);
-        defer_locked(std::move(fn), Error{Errc::canceled, "the call was canceled"});
+        na::Addr peer;
+        ResponseFn fn = release_slot_locked(idx, garbage, &peer);
+        if (garbage) dest = peer;
+        defer_locked(std::move(fn), std::move(peer),
+                     Error{Errc::canceled, "the call was canceled"});
     }
     if (garbage) hold_args(call.seq, std::move(dest), std::move(garbage));
     CtxCounters::add(counters.canceled);
@@ -467,21 +473,21 @@ Result<void> Context::Impl::cancel(CallId call) {
     return ok();
 }
 
-void Context::Impl::defer_locked(ResponseFn fn, Error e) {
-    deferred.emplace_back(std::move(fn), std::move(e));
+void Context::Impl::defer_locked(ResponseFn fn, na::Addr peer, Error e) {
+    deferred.push_back(Deferred{std::move(fn), std::move(peer), std::move(e)});
     has_deferred.store(true, std::memory_order_release);
 }
 
 unsigned Context::Impl::run_deferred() {
     if (!has_deferred.load(std::memory_order_acquire)) return 0;
-    std::vector<std::pair<ResponseFn, Error>> batch;
+    std::vector<Deferred> batch;
     {
         std::lock_guard g(mu);
         batch.swap(deferred);
         has_deferred.store(false, std::memory_order_relaxed);
     }
-    for (auto& [fn, e] : batch)
-        if (fn) fn(std::move(e));
+    for (auto& d : batch)
+        if (d.fn) run_response(d.fn, d.peer, std::move(d.error));
     return static_cast<unsigned>(batch.size());
 }
 
@@ -539,24 +545,27 @@ unsigned Context::Impl::expire_timers() {
     if (next_deadline_ns.load(std::memory_order_acquire) == INT64_MAX) return 0;
     auto now = Clock::now();
     if (to_ns(now) < next_deadline_ns.load(std::memory_order_acquire)) return 0;
-    std::vector<ResponseFn> expired;
+    std::vector<std::pair<ResponseFn, na::Addr>> expired;
     std::vector<std::tuple<uint32_t, na::Addr, std::unique_ptr<LargeOut>>> large;
     {
         std::lock_guard g(mu);
         while (!heap.empty() && slots[heap[0]].deadline <= now) {
-            CallSlot& s = slots[heap[0]];
-            uint32_t seq = s.seq;
-            na::Addr dest = s.large ? s.peer->addr : na::Addr();
+            uint32_t seq = slots[heap[0]].seq;
+            na::Addr peer;
             std::unique_ptr<LargeOut> args;
-            expired.push_back(release_slot_locked(heap[0], args));
-            if (args) large.emplace_back(seq, std::move(dest), std::move(args));
+            ResponseFn fn = release_slot_locked(heap[0], args, &peer);
+            if (args) large.emplace_back(seq, peer, std::move(args));
+            expired.emplace_back(std::move(fn), std::move(peer));
         }
     }
     for (auto& [seq, dest, args] : large)
         hold_args(seq, std::move(dest), std::move(args));
-    for (auto& fn : expired) {
+    for (auto& [fn, peer] : expired) {
         CtxCounters::bump(counters.timeouts);
-        if (fn) fn(Error{Errc::timeout, "the call's deadline passed before its response came"});
+        if (fn)
+            run_response(
+                fn, peer,
+                Error{Errc::timeout, "the call's deadline passed before its response came"});
     }
     return static_cast<unsigned>(expired.size());
 }
@@ -585,14 +594,16 @@ void Context::Impl::sweep(TimePoint now) {
 void Context::Impl::begin_shutdown() {
     closing.store(true, std::memory_order_relaxed);
     std::vector<na::OpId> watches;
-    std::vector<ResponseFn> failed;
+    std::vector<std::pair<ResponseFn, na::Addr>> failed;
     std::vector<std::unique_ptr<LargeOut>> garbage;
     {
         std::lock_guard g(mu);
         for (uint32_t i = 0; i < slots.size(); ++i) {
             if (slots[i].seq == 0) continue;
             garbage.emplace_back();
-            failed.push_back(release_slot_locked(i, garbage.back()));
+            na::Addr peer;
+            ResponseFn fn = release_slot_locked(i, garbage.back(), &peer);
+            failed.emplace_back(std::move(fn), std::move(peer));
         }
         for (auto& [key, p] : peers)
             if (p->watch_posted) watches.push_back(p->watch);
@@ -600,8 +611,10 @@ void Context::Impl::begin_shutdown() {
     for (na::OpId w : watches)  // without the lock (stale ids are refused safely)
         (void)t->cancel(w);
     run_deferred();
-    for (auto& fn : failed)
-        if (fn) fn(Error{Errc::shutdown, "the engine was destroyed with the call in flight"});
+    for (auto& [fn, peer] : failed)
+        if (fn)
+            run_response(fn, peer,
+                         Error{Errc::shutdown, "the engine was destroyed with the call in flight"});
     {
         std::lock_guard g(pend_mu);
         pending.clear();
@@ -649,6 +662,29 @@ Result<CallId> Context::forward_in_place(const na::Addr& dest, RpcId id, Payload
 
 Result<void> Context::cancel(CallId call) {
     return impl_->cancel(call);
+}
+
+namespace {
+/// The peer of the completion running on this thread (Context::response_peer()).
+thread_local const na::Addr* t_response_peer = nullptr;
+}  // namespace
+
+const na::Addr* Context::response_peer() noexcept {
+    return t_response_peer;
+}
+
+void Context::Impl::run_response(ResponseFn& fn, const na::Addr& peer,
+                                 Result<std::span<const std::byte>> r) {
+    // Nested completions (a callback that drives a context) restore the outer peer, also
+    // when a callback throws.
+    struct Scope {
+        const na::Addr* outer;
+        explicit Scope(const na::Addr* p) noexcept : outer(std::exchange(t_response_peer, p)) {}
+        ~Scope() { t_response_peer = outer; }
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+    } scope(peer.valid() ? &peer : nullptr);
+    fn(std::move(r));
 }
 
 Result<void> Context::progress(Duration timeout) {

@@ -180,7 +180,13 @@ struct Context::Impl {
     std::atomic<int64_t> next_deadline_ns{INT64_MAX};  ///< deadline of heap[0], ns since epoch
     std::unordered_map<na::AddrImpl*, std::unique_ptr<Peer>> peers;
     Peer* last_peer = nullptr;
-    std::vector<std::pair<ResponseFn, Error>> deferred;
+    /// A completion to run from progress (cancel), with the peer its call went to.
+    struct Deferred {
+        ResponseFn fn;
+        na::Addr peer;
+        Error error;
+    };
+    std::vector<Deferred> deferred;
     std::atomic<bool> has_deferred{false};
 
     // --- buffers ----------------------------------------------------------------------------
@@ -229,15 +235,20 @@ struct Context::Impl {
     void post_watch(Peer* p);
     void on_watch(Peer* p, const na::Completion& c);
     /// Take the completion out of a slot and free it (under mu). Large args are moved to
-    /// `garbage` so they are deregistered outside the lock.
-    ResponseFn release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage);
+    /// `garbage` so they are deregistered outside the lock; `peer`, if given, gets the address
+    /// the call went to.
+    ResponseFn release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage,
+                                   na::Addr* peer = nullptr);
+    /// Run a call's completion, `peer` being Context::response_peer() meanwhile.
+    static void run_response(ResponseFn& fn, const na::Addr& peer,
+                             Result<std::span<const std::byte>> r);
     void heap_push_locked(uint32_t idx);
     void heap_remove_locked(uint32_t idx);
     void heap_fix_locked(std::size_t i);
     void publish_deadline_locked();
     unsigned expire_timers();
     unsigned run_deferred();
-    void defer_locked(ResponseFn fn, Error e);
+    void defer_locked(ResponseFn fn, na::Addr peer, Error e);
     void sweep(TimePoint now);
     void maybe_sweep_idle();
 

@@ -808,6 +808,44 @@ TEST_P(Rpc, RespondTwiceSendsOnce) {
 
 // --- deadlines and cancel ------------------------------------------------------------------------
 
+TEST_P(Rpc, ResponsePeerNamesTheCalleeDuringDoneOnly) {
+    // Context::response_peer(): the peer a call went to, inside its `done` only, whatever
+    // completes it (a response, an error response, a deadline, a cancel).
+    ASSERT_TRUE(start());
+    EXPECT_EQ(Context::response_peer(), nullptr);
+    struct Seen {
+        std::atomic<int> count{0};
+        bool named = false;
+        Errc code = Errc::internal;
+    };
+    auto watch = [this](const std::shared_ptr<Seen>& s) -> ResponseFn {
+        return [this, s](Result<std::span<const std::byte>>&& r) {
+            const na::Addr* p = Context::response_peer();
+            s->named = p && *p == server_addr_;
+            s->code = r ? Errc::ok : r.code();
+            s->count.fetch_add(1);
+        };
+    };
+    auto run = [&](RpcId id, const CallOptions& opts, bool cancel) {
+        auto s = std::make_shared<Seen>();
+        auto r = client_->context(0).forward(server_addr_, id, bytes_of("x"), opts, watch(s));
+        EXPECT_TRUE(r) << r.error().describe();
+        if (cancel && r) {
+            EXPECT_TRUE(client_->context(0).cancel(*r));
+        }
+        EXPECT_TRUE(drive({client_.get(), server_.get()}, [&] { return s->count.load() > 0; }));
+        EXPECT_TRUE(s->named) << "done ran without the callee as its response peer";
+        EXPECT_EQ(Context::response_peer(), nullptr) << "the peer outlived the callback";
+        return s->code;
+    };
+    EXPECT_EQ(run(kEcho, {}, false), Errc::ok);
+    EXPECT_EQ(run(kFail, {}, false), Errc::invalid_argument);
+    CallOptions deadline;
+    deadline.timeout = 20ms;
+    EXPECT_EQ(run(kHold, deadline, false), Errc::timeout);
+    EXPECT_EQ(run(kHold, {}, true), Errc::canceled);
+}
+
 TEST_P(Rpc, DeadlineExpiresOnceAndLateResponseIsDropped) {
     ASSERT_TRUE(start());
     const Duration kTimeout = 300ms;

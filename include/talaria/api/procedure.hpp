@@ -24,23 +24,20 @@ class CallState final : public State<R> {
     explicit CallState(const ProcInfo* i) noexcept : info(i) {}
 
     /// The core's response (on the progress thread): decode the result, or name the error.
+    /// The peer is the core's for the length of the callback (core::Context::response_peer()):
+    /// no copy of it, and no reference count, per call.
     void complete(Result<std::span<const std::byte>>&& r) {
-        Result<R> out = decode(std::move(r));
-        // Let go of the peer before publishing: once the result is visible the caller may
-        // destroy the engine, and an address must not outlive its transport.
-        peer_.reset();
-        this->set(std::move(out));
+        this->set(decode(std::move(r), core::Context::response_peer()));
     }
 
     const ProcInfo* info;  ///< interned by the engine, which outlives the call
-    /// The peer called: the core's copy for the calling context (CallOptions::keep_peer), set
-    /// before the call can complete.
-    na::Addr peer_;
 
   private:
-    Result<R> decode(Result<std::span<const std::byte>>&& r) {
-        if (!r) return call_error(info->name, info->id, peer_, std::move(r).error());
-        proc::DecodeContext ctx{peer_.impl()->transport(), &peer_};
+    Result<R> decode(Result<std::span<const std::byte>>&& r, const na::Addr* peer) {
+        if (!r)
+            return call_error(info->name, info->id, peer ? *peer : na::Addr(),
+                              std::move(r).error());
+        proc::DecodeContext ctx{peer ? peer->impl()->transport() : nullptr, peer};
         if constexpr (std::is_void_v<R>) {
             if (auto d = proc::decode(*r, ctx); !d)
                 return Error(Errc::protocol_error,
@@ -142,7 +139,6 @@ class Procedure<R(Args...)> {
         opts.target_context = target_;
         opts.timeout = timeout_set_ ? timeout_ : detail::default_timeout(*engine_);
         opts.one_way = one_way_;
-        opts.keep_peer = &st->peer_;
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
         // when they outgrow the eager size: then they travel as large arguments).

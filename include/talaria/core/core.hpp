@@ -98,16 +98,11 @@ struct CallOptions {
     uint8_t target_context = 0;  ///< the remote context that runs the handler
     Duration timeout{0};         ///< 0: no deadline
     bool one_way = false;        ///< no response: completes once sent (or once pulled, if large)
-    /// When set, forward() stores here, before the call can complete, the context's own copy of
-    /// `dest` (equal to it; where the transport gives one, an alias whose reference count only
-    /// this context writes): a caller that keeps the peer with its call then shares no count
-    /// with the other contexts calling the same peer.
-    na::Addr* keep_peer = nullptr;
 };
 
 /// Completes a call, once: the result bytes (valid during the callback only), or the error:
 /// timeout, canceled, disconnected, unreachable, not_found (no such RPC at the target), the
-/// handler's error, shutdown, ...
+/// handler's error, shutdown, ... Context::response_peer() names the peer meanwhile.
 using ResponseFn = InplaceFunction<void(Result<std::span<const std::byte>>&&), 48>;
 
 /// Writes a payload (arguments or a result) straight into the send buffer, so that it is
@@ -224,6 +219,11 @@ class Context {
     /// Cancel a call: `done` then runs with canceled (from trigger()), unless it already
     /// completed (not_found). Any thread.
     Result<void> cancel(CallId call);
+    /// Inside a call's `done` (on the thread running it): the peer the call went to (the
+    /// response's source, with no reference count taken); null anywhere else. A caller that
+    /// needs the peer when its call completes (to decode handles, to name it in an error)
+    /// reads it here instead of keeping a copy per call.
+    [[nodiscard]] static const na::Addr* response_peer() noexcept;
 
     /// Make progress until something is ready for trigger() or `timeout` passes (timeout).
     /// 0 polls once; negative waits forever. Wakes early for deadlines of calls.
