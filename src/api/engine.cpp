@@ -66,7 +66,7 @@ class Seat final : public Driver {
     /// thread resumes within two of these after the last get().
     static constexpr Duration kParkCheckMax = std::chrono::milliseconds(1);
     /// How long a waiter polls for the seat before it sleeps in slices: the progress thread
-    /// gives it up at the end of its iteration (a microsecond or so).
+    /// gives it up before its next iteration (a microsecond or so).
     static constexpr Duration kHoldSpin = std::chrono::microseconds(20);
 
     Seat(core::Context* c, na::Context* n, WaitMode mode) noexcept
