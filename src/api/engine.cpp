@@ -444,10 +444,6 @@ void EngineState::shutdown() noexcept {
     core.reset();
 }
 
-core::Engine& core_engine(EngineState& e) noexcept {
-    return *e.core;
-}
-
 void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept {
     if (e.driver) {
         st.set_driver(std::weak_ptr<Driver>(std::static_pointer_cast<Driver>(e.driver)), ctx);
@@ -482,6 +478,16 @@ const ProcInfo* proc_info(EngineState& e, std::string_view name) {
 
 Duration default_timeout(EngineState& e) noexcept {
     return e.opts.default_timeout;
+}
+
+CallSite call_site(EngineState& e, uint8_t from, StateBase& st) noexcept {
+    CallSite site;
+    site.count = e.core->context_count();
+    if (from >= site.count) return site;
+    site.ctx = &e.core->context(from);
+    site.default_timeout = e.opts.default_timeout;
+    attach_driver(e, st, from);
+    return site;
 }
 
 std::vector<std::byte>& scratch_buffer() noexcept {

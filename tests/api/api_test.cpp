@@ -115,6 +115,23 @@ TEST_P(Api, LargeArgumentsAndResults) {
     ASSERT_EQ(out.size(), big.size());
     std::reverse(out.begin(), out.end());
     EXPECT_TRUE(out == big);
+
+    // Fixed-size values larger than the send buffer's room spill too (the fixed fast path
+    // writes only what fits), both ways, with small fixed values beside them in place.
+    using Block = std::array<uint64_t, 4096>;  // 32 KiB
+    server->define("scale", [](Block b, uint64_t k) {
+        for (auto& x : b)
+            x *= k;
+        return b;
+    });
+    Block in{};
+    for (std::size_t i = 0; i < in.size(); ++i)
+        in[i] = i + 1;
+    auto scaled = value_within(client->remote<Block(Block, uint64_t)>("scale").on(ep)(in, 3));
+    for (std::size_t i = 0; i < in.size(); ++i)
+        ASSERT_EQ(scaled[i], 3 * (i + 1)) << "at " << i;
+    server->define("add1", [](uint64_t x) { return x + 1; });
+    EXPECT_EQ(value_within(client->remote<uint64_t(uint64_t)>("add1").on(ep)(41)), 42u);
 }
 
 TEST_P(Api, AsyncRespondFromThread) {

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -91,12 +92,20 @@ struct ProcInfo {
 const ProcInfo* proc_info(EngineState& e, std::string_view name);
 
 /// Non-template services of the engine used by the templates of this layer (src/api).
-core::Engine& core_engine(EngineState& e) noexcept;
 /// Record in `st` who completes it: a manual engine's driver (get() drives context `ctx`), or
 /// the seat of context `ctx` of a background engine (get() takes that context over from its
 /// progress thread while it waits). kBulkContext: the engine's bulk context.
 void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept;
 Duration default_timeout(EngineState& e) noexcept;
+/// What a call from context `from` needs of the engine, in one call per call: the context
+/// (null when `from` is out of range: `count` says how many there are), the default timeout,
+/// and `st`'s driver attached (attach_driver).
+struct CallSite {
+    core::Context* ctx = nullptr;
+    uint8_t count = 0;
+    Duration default_timeout{0};
+};
+CallSite call_site(EngineState& e, uint8_t from, StateBase& st) noexcept;
 /// Start a transfer on the engine's bulk context; the Future completes from its trigger().
 Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr& peer,
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
@@ -129,12 +138,20 @@ class ScratchLease {
 template <class... T>
 struct EncodeInPlace {
     std::tuple<const T&...> v;
-    ScratchLease spill;
+    std::optional<ScratchLease> lease;  ///< taken only where the values may spill
     bool failed = false;
     explicit EncodeInPlace(const T&... values) noexcept : v(values...) {}
     Result<std::span<const std::byte>> operator()(std::span<std::byte> room) {
-        auto r = std::apply(
-            [&](const T&... a) { return proc::encode_into(room, spill.get(), a...); }, v);
+        if constexpr (proc::detail::kAllFixed<T...>) {
+            // Fixed-size values that fit the room never spill: no lease of the scratch buffer.
+            if (room.size() >= proc::detail::kSumFixedSize<T...>) {
+                std::vector<std::byte> unused;
+                return std::apply(
+                    [&](const T&... a) { return proc::encode_into(room, unused, a...); }, v);
+            }
+        }
+        std::vector<std::byte>& spill = lease.emplace().get();
+        auto r = std::apply([&](const T&... a) { return proc::encode_into(room, spill, a...); }, v);
         failed = !r;
         return r;
     }

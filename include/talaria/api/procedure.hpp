@@ -124,26 +124,24 @@ class Procedure<R(Args...)> {
         if (!peer_.valid())
             return Future<Ret>::ready_with(Error(
                 Errc::invalid_argument, "call of '" + info_->name + "' without .on(endpoint)"));
-        auto& cengine = detail::core_engine(*engine_);
-        if (from_ >= cengine.context_count())
-            return Future<Ret>::ready_with(
-                Error(Errc::invalid_argument, "call of '" + info_->name + "' from context " +
-                                                  std::to_string(from_) + " of " +
-                                                  std::to_string(cengine.context_count())));
-
         // From the calling thread's block cache: no malloc per call once warm.
         auto st = std::allocate_shared<detail::CallState<Ret>>(
             ThreadCacheAllocator<detail::CallState<Ret>>{}, info_);
-        detail::attach_driver(*engine_, *st, from_);
+        const detail::CallSite site = detail::call_site(*engine_, from_, *st);
+        if (!site.ctx)
+            return Future<Ret>::ready_with(
+                Error(Errc::invalid_argument, "call of '" + info_->name + "' from context " +
+                                                  std::to_string(from_) + " of " +
+                                                  std::to_string(site.count)));
         core::CallOptions opts;
         opts.target_context = target_;
-        opts.timeout = timeout_set_ ? timeout_ : detail::default_timeout(*engine_);
+        opts.timeout = timeout_set_ ? timeout_ : site.default_timeout;
         opts.one_way = one_way_;
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
         // when they outgrow the eager size: then they travel as large arguments).
         detail::EncodeInPlace<Args...> write(args...);
-        auto sent = cengine.context(from_).forward_in_place(
+        auto sent = site.ctx->forward_in_place(
             peer_.addr(), info_->id, write, opts,
             [s = std::move(st)](Result<std::span<const std::byte>>&& r) mutable {
                 s->complete(std::move(r));
