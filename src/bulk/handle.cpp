@@ -30,21 +30,21 @@ const na::Addr& no_addr() noexcept {
 /// Append a u32 length followed by the bytes `write(span) -> Result<size_t>` produces into at
 /// most `max` bytes (the serialize_size the transport announced).
 template <class WriteFn>
-Result<void> write_blob(std::vector<std::byte>& out, std::size_t max, WriteFn&& write,
-                        const char* what) {
+Result<void> write_blob(proc::Encoder& out, std::size_t max, WriteFn&& write, const char* what) {
     if (max == 0 || max > UINT32_MAX)
         return Error(Errc::internal,
                      fmt::format("bulk handle: {} size {} is implausible", what, max));
-    std::size_t at = out.size();
-    out.resize(at + 4 + max);
-    auto w = write(std::span<std::byte>(out.data() + at + 4, max));
+    // Written where the encoding is (a send buffer's room, or the vector): the length prefix,
+    // then at most `max` bytes, the unused ones given back.
+    std::span<std::byte> dst = out.take(4 + max);
+    auto w = write(dst.subspan(4));
     if (!w) return Error(w.code(), fmt::format("bulk handle: {}: {}", what, w.error().describe()));
     if (*w == 0 || *w > max)
         return Error(Errc::internal,
                      fmt::format("bulk handle: {} wrote {} bytes of {} allowed", what, *w, max));
     auto n = static_cast<uint32_t>(*w);
-    std::memcpy(out.data() + at, &n, 4);
-    out.resize(at + 4 + *w);
+    std::memcpy(dst.data(), &n, 4);
+    out.give_back(max - *w);
     return ok();
 }
 
@@ -134,6 +134,11 @@ bool Handle::is_inline() const noexcept {
 // --- encoding ------------------------------------------------------------------------------------
 
 Result<void> Handle::encode(std::vector<std::byte>& out) const {
+    proc::Encoder e(out);
+    return encode(e);
+}
+
+Result<void> Handle::encode(proc::Encoder& e) const {
     if (!impl_) return Error(Errc::invalid_argument, "bulk handle: encoding an empty handle");
     const Impl& im = *impl_;
     na::Transport& t = *im.transport;
@@ -147,13 +152,12 @@ Result<void> Handle::encode(std::vector<std::byte>& out) const {
         owner = im.owner;  // forwarding keeps the owner, so a third party can reach it
     }
 
-    std::size_t start = out.size();
-    auto fail = [&](Error e) -> Result<void> {
-        out.resize(start);  // leave nothing half-written
-        return e;
+    const std::size_t start = e.mark();
+    auto fail = [&](Error err) -> Result<void> {
+        e.rollback(start);  // leave nothing half-written
+        return err;
     };
     uint8_t flags = (inl ? kFlagInline : 0) | (owner ? kFlagHasOwner : 0);
-    proc::Encoder e(out);
     e.write<uint8_t>(static_cast<uint8_t>(kEncodingVersion << 4 | flags));
     e.write<uint8_t>(static_cast<uint8_t>(im.access));
     e.write<uint32_t>(static_cast<uint32_t>(im.segs.size()));
@@ -168,13 +172,13 @@ Result<void> Handle::encode(std::vector<std::byte>& out) const {
             continue;
         }
         auto r = write_blob(
-            out, t.mem_serialize_size(s.mem),
+            e, t.mem_serialize_size(s.mem),
             [&](std::span<std::byte> dst) { return t.mem_serialize(s.mem, dst); }, "memory handle");
         if (!r) return fail(Error(r.code(), fmt::format("segment {}: {}", i, r.error().message())));
     }
     if (owner) {
         auto r = write_blob(
-            out, t.addr_serialize_size(owner),
+            e, t.addr_serialize_size(owner),
             [&](std::span<std::byte> dst) { return t.addr_serialize(owner, dst); },
             "owner address");
         if (!r) return fail(r.error());

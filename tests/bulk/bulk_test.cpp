@@ -25,6 +25,7 @@
 #include "peer_process.hpp"
 #include "talaria/bulk/bulk.hpp"
 #include "talaria/proc/archive.hpp"
+#include "talaria/proc/proc.hpp"
 
 namespace talaria::bulk::test {
 namespace {
@@ -720,6 +721,46 @@ TEST_P(Bulk, EncodeDecodeRoundTrip) {
     std::vector<std::byte> out{std::byte{1}};
     EXPECT_EQ(Handle().encode(out).code(), Errc::invalid_argument);
     EXPECT_EQ(out.size(), 1u);
+}
+
+// Handles inside arguments encode in place: in a send buffer's room when it has space (the
+// same bytes as the vector encoding, nothing spilled), moving to the spill vector when it
+// does not, and leaving nothing half-written when the handle cannot be encoded.
+TEST_P(Bulk, HandlesEncodeInPlaceInARoom) {
+    Region rr{1000, 24};
+    Handle h = make(server_, rr, Access::read_write, true);
+    Region small{100};
+    small.fill(9);
+    Handle inl = make(server_, small, Access::read_only);
+    for (const Handle* hp : {&h, &inl}) {
+        std::vector<std::byte> ref;
+        ASSERT_TRUE(hp->encode(ref));
+        uint64_t before = 0x0123456789abcdefULL;
+        std::vector<std::byte> want;
+        ASSERT_TRUE(proc::encode(want, before, *hp, uint32_t(7)));
+        ASSERT_EQ(want.size(), 8 + ref.size() + 4);
+        // A room with space: written there.
+        std::vector<std::byte> room(want.size() + 64), spill;
+        auto r = proc::encode_into(room, spill, before, *hp, uint32_t(7));
+        ASSERT_TRUE(r) << r.error().describe();
+        EXPECT_EQ(r->data(), room.data()) << "the handle spilled out of a room with space";
+        EXPECT_TRUE(std::equal(r->begin(), r->end(), want.begin(), want.end()));
+        // A room too small for the handle: everything moves to the spill vector, intact.
+        std::vector<std::byte> tiny(12);
+        r = proc::encode_into(tiny, spill, before, *hp, uint32_t(7));
+        ASSERT_TRUE(r) << r.error().describe();
+        EXPECT_EQ(r->data(), spill.data());
+        EXPECT_TRUE(std::equal(r->begin(), r->end(), want.begin(), want.end()));
+    }
+    // An empty handle fails the encoding; an encoder keeps nothing of it.
+    std::vector<std::byte> room(256), spill;
+    proc::Encoder e(room, spill);
+    e.write<uint32_t>(5);
+    std::size_t m = e.mark();
+    EXPECT_EQ(Handle().encode(e).code(), Errc::invalid_argument);
+    EXPECT_EQ(e.mark(), m);
+    EXPECT_TRUE(e.in_place());
+    EXPECT_EQ(e.in_place_size(), 4u);
 }
 
 /// The bytes docs/fragments/bulk.md describes, field by field.

@@ -277,6 +277,44 @@ static_assert(proc::min_encoded_size<Point>() == 0);
 
 // ---- round trips ---------------------------------------------------------------------------
 
+// Encoder::take / give_back / mark / rollback: in the room while it fits, in the vector after
+// a spill (the room's bytes moved first), a rollback dropping what followed its mark either way.
+TEST(proc, EncoderTakeGiveBackAndRollback) {
+    std::vector<std::byte> room(16), spill;
+    proc::Encoder e(room, spill);
+    e.write<uint32_t>(0xa1a2a3a4);
+    auto m = e.mark();
+    EXPECT_EQ(m, 4u);
+    auto span = e.take(8);
+    ASSERT_EQ(span.size(), 8u);
+    EXPECT_EQ(span.data(), room.data() + 4) << "taken from the room";
+    std::memset(span.data(), 0x5a, 3);
+    e.give_back(5);
+    EXPECT_EQ(e.in_place_size(), 7u);
+    e.rollback(m);
+    EXPECT_EQ(e.in_place_size(), 4u);
+    // More than the room holds: the encoding moves to the vector, the room's bytes first.
+    span = e.take(20);
+    EXPECT_FALSE(e.in_place());
+    ASSERT_EQ(spill.size(), 24u);
+    EXPECT_EQ(span.data(), spill.data() + 4);
+    uint32_t first = 0;
+    std::memcpy(&first, spill.data(), 4);
+    EXPECT_EQ(first, 0xa1a2a3a4u);
+    e.give_back(16);
+    EXPECT_EQ(spill.size(), 8u);
+    e.rollback(m);  // a mark taken in the room still counts from the start
+    EXPECT_EQ(spill.size(), 4u);
+    // Vector mode appends after what the vector held.
+    std::vector<std::byte> out(3);
+    proc::Encoder v(out);
+    EXPECT_EQ(v.mark(), 3u);
+    auto s2 = v.take(5);
+    EXPECT_EQ(s2.data(), out.data() + 3);
+    v.rollback(3);
+    EXPECT_EQ(out.size(), 3u);
+}
+
 TEST(proc, ArithmeticRoundTrip) {
     EXPECT_EQ(round_trip(true), true);
     EXPECT_EQ(round_trip(false), false);

@@ -65,6 +65,10 @@ class Handle {
 
     /// Append the encoding (docs/protocol.md, "bulk handle").
     Result<void> encode(std::vector<std::byte>& out) const;
+    /// The same, through an encoder: in a send buffer's room while it fits (arguments carrying
+    /// handles are then encoded in place, not spilled to a vector and copied). On failure
+    /// nothing of the handle stays written.
+    Result<void> encode(proc::Encoder& e) const;
     /// Read an encoding (bounds-checked; needs d.context().transport).
     static Result<Handle> decode(proc::Decoder& d);
 
@@ -80,7 +84,7 @@ class Handle {
 template <class Archive>
 void serialize(Archive& ar, Handle& h) {
     if constexpr (Archive::encoding) {
-        if (auto r = h.encode(ar.buffer()); !r) ar.fail(r.error().code(), r.error().message());
+        if (auto r = h.encode(ar); !r) ar.fail(r.error().code(), r.error().message());
     } else {
         auto r = Handle::decode(ar);
         if (r)

@@ -93,6 +93,40 @@ class Encoder {
         }
         detail::append_bytes(*out_, static_cast<const std::byte*>(p), n);
     }
+    /// `n` writable bytes at the end of the output, in the room while they fit (else the
+    /// encoding moves to the vector first). Valid until the next write; give unused ones back
+    /// with give_back().
+    [[nodiscard]] std::span<std::byte> take(std::size_t n) {
+        if (cur_) {
+            if (n <= std::size_t(end_ - cur_)) {
+                std::byte* p = cur_;
+                cur_ += n;
+                return {p, n};
+            }
+            spill();
+        }
+        std::size_t at = out_->size();
+        out_->resize(at + n);
+        return {out_->data() + at, n};
+    }
+    /// Drop the last `n` bytes written (n at most what take() just gave).
+    void give_back(std::size_t n) noexcept {
+        if (cur_)
+            cur_ -= n;
+        else
+            out_->resize(out_->size() - n);
+    }
+    /// Where the output ends now, for rollback(): everything written after it is dropped
+    /// (also when the encoding moved to the vector meanwhile: the room's bytes go first there).
+    [[nodiscard]] std::size_t mark() const noexcept {
+        return cur_ ? std::size_t(cur_ - begin_) : out_->size();
+    }
+    void rollback(std::size_t m) noexcept {
+        if (cur_)
+            cur_ = begin_ + m;
+        else
+            out_->resize(m);
+    }
     /// Room mode: true while everything written is still in the room (its first
     /// `in_place_size()` bytes); false once it spilled (everything is in the vector).
     [[nodiscard]] bool in_place() const noexcept { return cur_ != nullptr; }
