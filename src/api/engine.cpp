@@ -28,6 +28,27 @@ constexpr Duration kSleepSlice = std::chrono::milliseconds(100);
 // leave the cores to the busy ones. Work keeps it polling.
 constexpr Duration kBusyIdle = std::chrono::milliseconds(2);
 
+/// Whether a driving loop (run_progress, Seat::drive_until) has found nothing for its mode's
+/// window, the clock read only once a step finds nothing (none per productive step).
+class IdleWindow {
+  public:
+    void worked() noexcept { idle_ = false; }
+    /// After a step that found nothing: true once nothing was done for the mode's window;
+    /// `now` gets the time read.
+    bool passed(WaitMode m, TimePoint& now) noexcept {
+        now = Clock::now();
+        if (!idle_) {
+            idle_ = true;
+            since_ = now;
+        }
+        return now - since_ >= (m == WaitMode::busy ? kBusyIdle : kSpinWindow);
+    }
+
+  private:
+    bool idle_ = false;
+    TimePoint since_{};
+};
+
 }  // namespace
 
 class ManualDriver;
@@ -208,14 +229,13 @@ void run_progress(Seat& seat, const std::atomic<bool>& stop) {
     // The seat is kept across iterations (no read-modify-write per step) and given up only
     // to a waiter, and the clock is read only while idle (none per productive step).
     bool held = false;
-    bool idle = false;  // nothing done since idle_since
-    TimePoint idle_since;
+    IdleWindow idle;
     while (!stop.load(std::memory_order_acquire)) {
         if (seat.waiters()) {
             if (held) seat.release();
             held = false;
             seat.park();
-            idle = false;
+            idle.worked();
             continue;
         }
         if (!held) {
@@ -226,20 +246,15 @@ void run_progress(Seat& seat, const std::atomic<bool>& stop) {
             held = true;
         }
         if (seat.step(Duration(0))) {
-            idle = false;
+            idle.worked();
             continue;
         }
         cpu_relax();
-        const TimePoint now = Clock::now();
-        if (!idle) {
-            idle = true;
-            idle_since = now;
-        }
-        Duration window = seat.mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
-        if (now - idle_since < window) continue;
+        TimePoint now;
+        if (!idle.passed(seat.mode(), now)) continue;
         // Idle: sleep until woken. A sleep that ends with nothing to do goes straight back to
         // sleep (after one poll), rather than spinning through another window.
-        if (seat.nap(kSleepSlice)) idle = false;
+        if (seat.nap(kSleepSlice)) idle.worked();
     }
     if (held) seat.release();
 }
@@ -301,29 +316,22 @@ void Seat::wait_unheld() const noexcept {
 }
 
 bool Seat::drive_until(StateBase& s, TimePoint deadline) {
-    // The clock is read only once a step finds nothing (none per completed call).
-    bool idle = false;
-    TimePoint idle_since;
+    IdleWindow idle;
     while (!s.ready()) {
         if (stopping()) return s.ready();
         // One step before the deadline is looked at: a short wait still drives the context.
         if (step(Duration(0))) {
-            idle = false;
+            idle.worked();
             continue;
         }
         if (deadline_passed(deadline)) return s.ready();
         cpu_relax();
-        const TimePoint now = Clock::now();
-        if (!idle) {
-            idle = true;
-            idle_since = now;
-        }
-        Duration window = mode() == WaitMode::busy ? kBusyIdle : kSpinWindow;
-        if (now - idle_since < window) continue;
+        TimePoint now;
+        if (!idle.passed(mode(), now)) continue;
         // Nothing for a while: sleep in the transport (a completion ends the sleep).
         Duration d = kSleepSlice;
         if (deadline != TimePoint::max()) d = std::min<Duration>(d, deadline - now);
-        if (nap(std::max<Duration>(d, Duration(0)))) idle = false;
+        if (nap(std::max<Duration>(d, Duration(0)))) idle.worked();
     }
     return true;
 }
@@ -444,6 +452,8 @@ void EngineState::shutdown() noexcept {
     core.reset();
 }
 
+namespace {
+/// Record in `st` who completes it (see CallSite); kBulkContext: the engine's bulk context.
 void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept {
     if (e.driver) {
         st.set_driver(std::weak_ptr<Driver>(std::static_pointer_cast<Driver>(e.driver)), ctx);
@@ -452,6 +462,7 @@ void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept {
     std::size_t i = ctx == kBulkContext ? e.seats.size() - 1 : ctx;
     if (i < e.seats.size()) st.set_seat(std::weak_ptr<Driver>(e.seats[i]));
 }
+}  // namespace
 
 const ProcInfo* proc_info(EngineState& e, std::string_view name) {
     constexpr std::size_t kProbes = 8;
@@ -474,10 +485,6 @@ const ProcInfo* proc_info(EngineState& e, std::string_view name) {
         }
     }
     return rec.get();
-}
-
-Duration default_timeout(EngineState& e) noexcept {
-    return e.opts.default_timeout;
 }
 
 CallSite call_site(EngineState& e, uint8_t from, StateBase& st) noexcept {

@@ -92,14 +92,11 @@ struct ProcInfo {
 const ProcInfo* proc_info(EngineState& e, std::string_view name);
 
 /// Non-template services of the engine used by the templates of this layer (src/api).
-/// Record in `st` who completes it: a manual engine's driver (get() drives context `ctx`), or
-/// the seat of context `ctx` of a background engine (get() takes that context over from its
-/// progress thread while it waits). kBulkContext: the engine's bulk context.
-void attach_driver(EngineState& e, StateBase& st, uint8_t ctx) noexcept;
-Duration default_timeout(EngineState& e) noexcept;
 /// What a call from context `from` needs of the engine, in one call per call: the context
 /// (null when `from` is out of range: `count` says how many there are), the default timeout,
-/// and `st`'s driver attached (attach_driver).
+/// and who completes `st` recorded in it: a manual engine's driver (get() drives the context),
+/// or the seat of the context of a background engine (get() takes it over from its progress
+/// thread while it waits).
 struct CallSite {
     core::Context* ctx = nullptr;
     uint8_t count = 0;
