@@ -322,11 +322,12 @@ struct Codec<std::tuple<E...>> {
     using T = std::tuple<E...>;
     static constexpr bool kSupported = (true && ... && Codec<E>::kSupported);
     static constexpr std::size_t kMinSize = kSumMinSize<E...>;
+    // [&]: an empty tuple's lambda uses neither (clang's -Wunused-lambda-capture).
     static void encode(Encoder& e, const T& v) {
-        std::apply([&e](const E&... x) { (Codec<E>::encode(e, x), ...); }, v);
+        std::apply([&](const E&... x) { (Codec<E>::encode(e, x), ...); }, v);
     }
     static void decode(Decoder& d, T& v) {
-        std::apply([&d](E&... x) { (Codec<E>::decode(d, x), ...); }, v);
+        std::apply([&](E&... x) { (Codec<E>::decode(d, x), ...); }, v);
     }
 };
 

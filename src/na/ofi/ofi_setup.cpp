@@ -214,12 +214,14 @@ void OfiTransport::context_destroyed(OfiContext* c) noexcept {
         op->releaser->release(op);
     };
     l.match.detach(l.id, release);
-    for (auto& [key, r] : l.routes)
-        r.waiting.for_each_safe([&](OfiOp& op) {
+    for (auto& entry : l.routes) {
+        auto& waiting = entry.second.waiting;  // clang 14 captures no structured binding
+        waiting.for_each_safe([&](OfiOp& op) {
             if (op.ctx != c) return;
-            r.waiting.erase(op);
+            waiting.erase(op);
             release(&op);
         });
+    }
     l.deferred.for_each_safe([&](OfiOp& op) {
         if (op.ctx != c) return;
         if (op.fragments > 0) {

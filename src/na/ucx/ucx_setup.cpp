@@ -331,12 +331,14 @@ void UcxTransport::context_destroyed(UcxContext* ctx) noexcept {
         op->releaser->release(op);
     };
     l.match.detach(ctx->id(), release);
-    for (auto& [key, r] : l.routes)
-        r.waiting.for_each_safe([&](UcxOp& op) {
+    for (auto& entry : l.routes) {
+        auto& waiting = entry.second.waiting;  // clang 14 captures no structured binding
+        waiting.for_each_safe([&](UcxOp& op) {
             if (op.ctx != ctx) return;
-            r.waiting.erase(op);
+            waiting.erase(op);
             release(&op);
         });
+    }
     for (UcxOp& op : l.inflight)
         if (op.ctx == ctx) op.ctx = nullptr;
     l.ctx = nullptr;
