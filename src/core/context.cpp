@@ -575,6 +575,7 @@ unsigned Context::Impl::expire_timers() {
 void Context::Impl::sweep(TimePoint now) {
     next_sweep = now + kSweepPeriod;
     expire_pending(now);
+    expire_pulls(now);
     std::vector<na::OpId> retire;  // canceled once the lock is released (stale ids are safe)
     {
         std::lock_guard g(mu);

@@ -135,14 +135,27 @@ struct PendingResult {
 };
 
 /// Pulling a kMore payload: request arguments (at the target) or a result (at the caller).
+/// Listed on its context's `pull_jobs` (under pend_mu) from before its get is posted until it
+/// completes, so the sweep can enforce Options::pull_timeout.
 struct PullJob {
+    ~PullJob();
     Context::Impl* impl = nullptr;
     wire::Header header;
     na::Addr source;
     uint32_t data_crc = 0;
-    std::vector<std::byte> data;
+    /// The payload's bytes: not zero-filled, so the pages are committed only as the peer's
+    /// bytes land in them.
+    std::unique_ptr<std::byte[]> data;
+    std::size_t size = 0;
     na::MemHandle local;
     na::MemHandle remote;
+    /// Bytes of Engine::Impl::large_held this job reserved (request arguments; 0 for results).
+    std::size_t budgeted = 0;
+    TimePoint deadline{};
+    na::OpId op;           ///< the get, once posted (under pend_mu)
+    bool posted = false;   ///< `op` is set (under pend_mu)
+    bool expired = false;  ///< pull_timeout passed; the sweep asked to cancel (under pend_mu)
+    [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return {data.get(), size}; }
 };
 
 struct Engine::Impl {
@@ -155,7 +168,12 @@ struct Engine::Impl {
     Registry registry;
     std::vector<std::unique_ptr<Context>> contexts;
     std::atomic<uint64_t> bulk_ops{0}, bulk_bytes{0}, bulk_errors{0};
+    /// Bytes of large request arguments being pulled or handled, over all contexts: at most
+    /// opts.large_budget (reserve_large / PullJob's destructor).
+    std::atomic<uint64_t> large_held{0};
     bool shut = false;  ///< Engine::shutdown() ran
+    /// Reserve `n` bytes of the large-argument budget; false when they do not fit.
+    bool reserve_large(std::size_t n) noexcept;
 };
 
 struct Context::Impl {
@@ -198,6 +216,7 @@ struct Context::Impl {
     std::atomic<int> pulls{0};  ///< PullJobs in flight
 
     std::mutex pend_mu;
+    std::vector<PullJob*> pull_jobs;  ///< pulls in flight, for pull_timeout (under pend_mu)
     std::vector<PendingResult> pending;
     /// Large arguments of calls that timed out or were canceled: the target may still be
     /// pulling them (over sm it reads this memory directly and cannot be refused), so they are
@@ -295,6 +314,11 @@ struct Context::Impl {
     SendBuf* acquire_buf();
     void release_buf(SendBuf* sb) noexcept;
     void expire_pending(TimePoint now);
+    /// Ask the transport to cancel the pulls whose pull_timeout passed.
+    void expire_pulls(TimePoint now);
+    /// Admission of a large request before anything is allocated for it: the procedure is
+    /// registered, the size within max_payload, and the budget has room (reserved on success).
+    Result<void> admit_large(const wire::Header& h, uint64_t total);
     void hold_args(uint32_t seq, na::Addr dest, std::unique_ptr<LargeOut> args);
     /// The target answered (or acked) call `seq`: arguments held for it can go.
     void release_held(uint32_t seq, const na::Addr& dest);

@@ -78,6 +78,14 @@ Result<std::unique_ptr<Engine>> Engine::open(std::string_view address, const Opt
             fmt::format("Options::max_inflight must be 1..32768, not {}", opts.max_inflight)};
     if (opts.recv_depth == 0)
         return Error{Errc::invalid_argument, "Options::recv_depth must be at least 1"};
+    if (opts.large_budget < opts.max_payload)
+        return Error{Errc::invalid_argument,
+                     fmt::format("Options::large_budget ({} bytes) must be at least "
+                                 "Options::max_payload ({} bytes): a call that large could never "
+                                 "be admitted",
+                                 opts.large_budget, opts.max_payload)};
+    if (opts.pull_timeout <= Duration::zero())
+        return Error{Errc::invalid_argument, "Options::pull_timeout must be positive"};
 
     std::unique_ptr<Engine> e(new Engine);
     e->impl_ = std::make_unique<Impl>();

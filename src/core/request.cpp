@@ -2,7 +2,9 @@
 // payloads (pull + ack), and core::Request.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "core/core_impl.hpp"
 #include "talaria/util/crc32c.hpp"
@@ -301,67 +303,159 @@ void Context::Impl::pull_failed(const wire::Header& h, const na::Addr& source, E
     }
 }
 
+bool Engine::Impl::reserve_large(std::size_t n) noexcept {
+    uint64_t cur = large_held.load(std::memory_order_relaxed);
+    do {
+        if (n > opts.large_budget || cur > opts.large_budget - n) return false;
+    } while (!large_held.compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+    return true;
+}
+
+PullJob::~PullJob() {
+    if (budgeted != 0) impl->eng->large_held.fetch_sub(budgeted, std::memory_order_relaxed);
+}
+
+Result<void> Context::Impl::admit_large(const wire::Header& h, uint64_t total) {
+    if (total > eng->opts.max_payload)
+        return Error{Errc::message_too_large,
+                     fmt::format("a payload of {} bytes exceeds the receiver's "
+                                 "Options::max_payload ({})",
+                                 total, eng->opts.max_payload)};
+    if (h.flags & wire::kResponse) return ok();  // a result of our own call (checked live)
+    // Arguments: nothing is allocated for a procedure this engine does not have...
+    RpcEntry* e = eng->registry.find(h.rpc_id);
+    if (!e || !e->live.load(std::memory_order_relaxed))
+        return Error{Errc::not_found, fmt::format("no RPC with id {:#010x} is registered at {}",
+                                                  h.rpc_id, eng->self_string)};
+    // ...nor past the budget of large arguments held at once.
+    if (!eng->reserve_large(total))
+        return Error{Errc::busy,
+                     fmt::format("{} holds {} bytes of large arguments; {} more would exceed "
+                                 "Options::large_budget ({}): retry later",
+                                 eng->self_string, eng->large_held.load(std::memory_order_relaxed),
+                                 total, eng->opts.large_budget)};
+    return ok();
+}
+
 void Context::Impl::start_pull(const wire::Header& h, std::span<const std::byte> payload,
                                const na::Addr& source) {
     auto d = wire::decode_more(payload);
     if (!d) return pull_failed(h, source, std::move(d).error());
-    if (d->total > eng->opts.max_payload)
-        return pull_failed(h, source,
-                           Error{Errc::message_too_large,
-                                 fmt::format("a payload of {} bytes exceeds the receiver's "
-                                             "Options::max_payload ({})",
-                                             d->total, eng->opts.max_payload)});
+    if (auto a = admit_large(h, d->total); !a) return pull_failed(h, source, std::move(a).error());
+    const bool request = !(h.flags & wire::kResponse);
+    auto job = std::make_unique<PullJob>();
+    job->impl = this;
+    job->budgeted = request ? d->total : 0;  // released by ~PullJob, on every path
     auto remote = t->mem_deserialize(d->mem);
     if (!remote) return pull_failed(h, source, std::move(remote).error());
     if ((*remote)->length() < d->total)
         return pull_failed(h, source,
                            Error{Errc::protocol_error,
                                  "a large-payload descriptor names more bytes than its region"});
-    auto job = std::make_unique<PullJob>();
-    job->impl = this;
     job->header = h;
     job->source = source;
     job->data_crc = d->data_crc;
-    job->data.resize(d->total);
-    auto local = t->mem_register(job->data.data(), job->data.size(), na::Access::write_only);
+    job->size = d->total;
+    job->data.reset(new (std::nothrow) std::byte[job->size]);  // default-initialized: no fill
+    if (!job->data)
+        return pull_failed(
+            h, source,
+            Error{Errc::no_memory, fmt::format("no memory for a {}-byte payload", job->size)});
+    auto local = t->mem_register(job->data.get(), job->size, na::Access::write_only);
     if (!local) return pull_failed(h, source, std::move(local).error());
     job->local = std::move(*local);
     job->remote = std::move(*remote);
+    job->deadline = Clock::now() + eng->opts.pull_timeout;
     PullJob* raw = job.get();
-    auto r = t->post_get(
-        *na, [raw](const na::Completion& c) { raw->impl->on_pulled(raw, c); }, job->local, 0,
-        job->remote, 0, job->data.size(), source);
-    if (!r) return pull_failed(h, source, std::move(r).error());
+    {
+        // Listed before the get is posted: its completion may run on another thread at once.
+        std::lock_guard g(pend_mu);
+        pull_jobs.push_back(raw);
+    }
     pulls.fetch_add(1);
+    job.release();  // on_pulled owns it from here
+    auto r = t->post_get(
+        *na, [raw](const na::Completion& c) { raw->impl->on_pulled(raw, c); }, raw->local, 0,
+        raw->remote, 0, raw->size, source);
+    if (!r) {
+        std::unique_ptr<PullJob> own(raw);
+        {
+            std::lock_guard g(pend_mu);
+            std::erase(pull_jobs, raw);
+        }
+        pulls.fetch_sub(1);
+        return pull_failed(h, source, std::move(r).error());
+    }
+    {
+        std::lock_guard g(pend_mu);
+        // Still listed unless it already completed (then on_pulled erased it, and raw is gone).
+        if (std::find(pull_jobs.begin(), pull_jobs.end(), raw) != pull_jobs.end()) {
+            raw->op = *r;
+            raw->posted = true;
+        }
+    }
     CtxCounters::bump(counters.bulk_ops);
     CtxCounters::bump(counters.bulk_bytes, d->total);
-    job.release();  // on_pulled owns it
+}
+
+void Context::Impl::expire_pulls(TimePoint now) {
+    std::vector<na::OpId> cancel;  // canceled once the lock is released (stale ids are safe)
+    {
+        std::lock_guard g(pend_mu);
+        for (PullJob* j : pull_jobs) {
+            if (j->expired || !j->posted || j->deadline > now) continue;
+            j->expired = true;
+            cancel.push_back(j->op);
+        }
+    }
+    for (na::OpId op : cancel) {
+        TALARIA_LOG(core, warn,
+                    "context {}: a pull of large payload passed Options::pull_timeout; canceling",
+                    id);
+        (void)t->cancel(op);
+    }
 }
 
 void Context::Impl::on_pulled(PullJob* raw, const na::Completion& c) {
     std::unique_ptr<PullJob> job(raw);
+    bool expired;
+    {
+        std::lock_guard g(pend_mu);
+        std::erase(pull_jobs, raw);
+        expired = raw->expired;
+    }
     pulls.fetch_sub(1);
     if (closing.load(std::memory_order_relaxed)) return;
     const wire::Header& h = job->header;
-    if (c.status != Errc::ok)
+    if (c.status != Errc::ok) {
+        if (expired && c.status == Errc::canceled)
+            return pull_failed(
+                h, job->source,
+                Error{Errc::timeout,
+                      fmt::format("the peer did not serve a {}-byte payload within "
+                                  "Options::pull_timeout ({} ms)",
+                                  job->size,
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      eng->opts.pull_timeout)
+                                      .count())});
         return pull_failed(h, job->source,
                            Error{c.status, fmt::format("pulling a {}-byte payload failed: {}",
-                                                       job->data.size(), errc_name(c.status))});
-    if ((h.flags & wire::kChecksum) &&
-        crc32c(0, job->data.data(), job->data.size()) != job->data_crc)
+                                                       job->size, errc_name(c.status))});
+    }
+    if ((h.flags & wire::kChecksum) && crc32c(0, job->data.get(), job->size) != job->data_crc)
         return pull_failed(
             h, job->source,
             Error{Errc::protocol_error, "a large payload's checksum does not match: corrupted"});
     job->local.reset();
     job->remote.reset();
-    CtxCounters::bump(counters.bytes_received, job->data.size());
+    CtxCounters::bump(counters.bytes_received, job->size);
     if (h.flags & wire::kResponse) {
         send_ack(job->source, h, false);
-        complete_call(h.seq, &job->source, std::span<const std::byte>(job->data), true);
+        complete_call(h.seq, &job->source, job->bytes(), true);
         return;
     }
     if (h.flags & wire::kOneWay) send_ack(job->source, h, true);
-    dispatch(h, job->data, job->source);
+    dispatch(h, job->bytes(), job->source);
 }
 
 // --- Request ----------------------------------------------------------------------------------

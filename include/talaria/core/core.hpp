@@ -73,6 +73,14 @@ struct Options {
     std::size_t eager_limit = 0;  ///< cap the eager size below the transport's (0: none)
     std::size_t max_payload = std::size_t{1} << 30;  ///< largest argument/result accepted
                                                      ///< from a peer (pulled into memory)
+    /// Bytes of large arguments (those past the eager size, pulled from the caller) the
+    /// engine holds at once, over all its contexts, while they are pulled and handled. A call
+    /// that does not fit is refused at once with Errc::busy (the caller may retry); at least
+    /// max_payload.
+    std::size_t large_budget = std::size_t{2} << 30;
+    /// How long pulling a peer's large payload may take. Past it the pull is canceled where
+    /// the transport can withdraw it, and the call fails with Errc::timeout.
+    Duration pull_timeout = std::chrono::seconds(60);
 };
 
 /// Per-engine counters (sums over contexts). Bulk counters are fed by the bulk layer through

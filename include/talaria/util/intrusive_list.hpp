@@ -41,6 +41,11 @@ class IntrusiveList {
         erase(*v);
         return v;
     }
+    /// The element before `v` (which must be on this list), or nullptr when `v` is the first.
+    T* prev_of(T& v) noexcept {
+        Hook* p = hook(v)->prev;
+        return p == &head_ ? nullptr : owner(p);
+    }
     /// Unlink `v`, which must be on this list.
     void erase(T& v) noexcept {
         Hook* h = hook(v);

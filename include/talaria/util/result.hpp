@@ -29,7 +29,8 @@ enum class Errc : uint8_t {
     unreachable,        ///< lookup/connect failed: nobody at that address
     protocol_error,     ///< bytes from a wire or ring violate the protocol
     message_too_large,  ///< a message exceeds the transport's maximum size
-    busy,               ///< the object is in use (e.g. deregistering a region with ops in flight)
+    busy,               ///< in use (a region deregistered with ops in flight), or the peer is
+                        ///< over a limit (core::Options::large_budget): retry later
     not_found,          ///< a lookup by name or id found nothing
     already_exists,     ///< registering a name or id twice
     io_error,           ///< an unexpected system call failure (errno is in the message)

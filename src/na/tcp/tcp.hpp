@@ -75,6 +75,9 @@ struct TcpOp : Op, SendItem, ListHook<RmaTag> {
     /// cancel() withdraws it under that lane's lock.
     bool borrowed = false;
     Lane* lender = nullptr;
+    /// On rma_wait: how many responses of canceled put/get follow this op's response (they are
+    /// read and dropped; abandon_reply()).
+    uint32_t skip_after = 0;
 };
 
 /// A frame the transport sends on its own (hello, put/get responses).
@@ -153,6 +156,9 @@ struct Conn : ListHook<ConnTag> {
     IntrusiveList<SendItem, SendTag> sendq;
     std::size_t queued_bytes = 0;
     IntrusiveList<TcpOp, RmaTag> rma_wait;
+    /// Responses to read and drop before the front of rma_wait's: those of put/get canceled
+    /// while they waited (abandon_reply()).
+    uint32_t skip_front = 0;
     std::size_t replies = 0;
 
     // Receive state: [rx_pos, rx_len) of rx holds unparsed bytes.
@@ -392,6 +398,9 @@ class TcpTransport final : public Transport {
     /// Take `op`, queued with none of its bytes sent, off its connection and complete it
     /// canceled (under its connection's lane lock).
     void withdraw_unsent(TcpOp* op) noexcept;
+    /// Cancel a put/get whose request is sent and whose response has not come: it completes
+    /// with canceled now, and its response, when it comes, is read and dropped.
+    void abandon_reply(TcpOp* op) noexcept;
     /// Close every connection of lane `l` (its context goes, or the transport).
     void close_lane_locked(Lane& l, Errc status, const std::string& why);
     /// Context `ctx` goes: its ops queued on other lanes' connections (borrow()) are withdrawn

@@ -272,6 +272,7 @@ Result<OpId> TcpTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         op->total = kFrameHeaderSize + (is_put ? len : 0);
         op->sent = 0;
         op->completion.size = len;
+        op->skip_after = 0;
         conn->rma_wait.push_back(*op);
     };
     // Any connection of this lane to the target serves (put/get name no context).
@@ -322,7 +323,7 @@ Result<void> TcpTransport::cancel(OpId id) {
         g.unlock();
         g = std::unique_lock(lender->mu);
         op = l->ops.lookup(id);
-        if (!op || op->state != OpState::send_queued || op->sent != 0) return ok();
+        if (!op) return ok();
     }
     switch (op->state) {
         case OpState::recv_posted:
@@ -335,8 +336,12 @@ Result<void> TcpTransport::cancel(OpId id) {
             // Only an operation none of whose bytes went out can be withdrawn from the stream.
             if (op->sent == 0) withdraw_unsent(op);
             break;
+        case OpState::await_reply:
+            // Sent, its response not come (a peer that never answers would hold it forever).
+            abandon_reply(op);
+            break;
         default:
-            break;  // on the wire or being received: completes normally
+            break;  // partly sent or being received: completes normally
     }
     return ok();
 }
@@ -540,6 +545,11 @@ bool TcpTransport::start_frame(Conn* c) {
             case FrameType::put_resp:
             case FrameType::get_resp: {
                 bool put = h.type == FrameType::put_resp;
+                if (c->skip_front > 0) {
+                    // The response of a put/get canceled while it waited: read and dropped.
+                    --c->skip_front;
+                    break;  // sink: discard
+                }
                 TcpOp* op = c->rma_wait.front();
                 if (!op || op->state != OpState::await_reply || op->gen != h.cookie ||
                     op->completion.type != (put ? OpType::put : OpType::get))
@@ -549,6 +559,7 @@ bool TcpTransport::start_frame(Conn* c) {
                     return proto(
                         fmt::format("get response of {} bytes for a get of {}", h.length, op->cap));
                 c->rma_wait.pop_front();
+                c->skip_front = op->skip_after;
                 if (put || h.status != Errc::ok) {
                     op->state = OpState::idle;
                     if (h.status != Errc::ok) {
@@ -910,6 +921,7 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     }
     c->queued_bytes = 0;
     c->replies = 0;
+    c->skip_front = 0;
     while (TcpOp* op = c->rma_wait.pop_front()) {
         op->state = OpState::idle;
         complete_op(op, status);
@@ -929,6 +941,19 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     }
     l->conns.erase(*c);
     l->dead.push_back(c);
+}
+
+void TcpTransport::abandon_reply(TcpOp* op) noexcept {
+    Conn* c = op->conn;
+    const uint32_t skip = 1 + op->skip_after;
+    if (TcpOp* before = c->rma_wait.prev_of(*op))
+        before->skip_after += skip;
+    else
+        c->skip_front += skip;
+    c->rma_wait.erase(*op);
+    op->state = OpState::idle;
+    op->completion.size = 0;
+    complete_op(op, Errc::canceled);
 }
 
 void TcpTransport::withdraw_unsent(TcpOp* op) noexcept {

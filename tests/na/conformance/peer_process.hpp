@@ -47,6 +47,8 @@ class PeerProcess {
 
     /// The address line the peer printed first.
     std::string address;
+    /// Its process id (to read /proc/<pid>/...).
+    [[nodiscard]] pid_t pid() const noexcept { return pid_; }
 
   private:
     PeerProcess(pid_t pid, int to, int from) : pid_(pid), to_child_(to), from_child_(from) {}

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "harness.hpp"
 #include "na/tcp/frame.hpp"
 #include "talaria/na/na.hpp"
 
@@ -1003,7 +1005,6 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
     ASSERT_TRUE(id);
     (void)s1->progress(Duration::zero());
     (void)s.ctx->progress(Duration::zero());
-    (void)s.t->cancel(*id);  // on the wire: it cannot be withdrawn from the stream
     s1.reset();
     // The client now answers (or finds the connection gone); nothing may complete into the
     // destroyed context, and context 0 goes on serving a new message.
@@ -1031,6 +1032,51 @@ TEST(Tcp, BorrowedGetFromAnonymousClientAndItsContextDestroyed) {
         }
     }
     EXPECT_EQ(text, "hi");
+}
+
+// A get whose request went out but whose response has not come (a target that does not serve it,
+// e.g. one not progressing) can be canceled: it completes with canceled at once, its buffer is
+// never written, and the response that comes later is read and dropped, so the next get on the
+// same connection gets its own data.
+TEST(Tcp, CanceledGetAwaitingItsResponseDropsTheLateResponse) {
+    Peer s = make_peer("tcp://127.0.0.1:0");
+    Peer c = make_peer("tcp://", Options{.listen = false});
+    Addr server = lookup(*c.t, s.self());
+    std::vector<std::byte> data(1 << 16), first(data.size(), std::byte{0xaa}), second(data.size());
+    test::fill_pattern(data, 7);
+    auto reg = s.t->mem_register(data.data(), data.size(), Access::read_only);
+    ASSERT_TRUE(reg);
+    MemHandle remote = ship(*s.t, *reg, *c.t);
+    ASSERT_TRUE(remote);
+    auto h1 = c.t->mem_register(first.data(), first.size(), Access::write_only);
+    auto h2 = c.t->mem_register(second.data(), second.size(), Access::write_only);
+    ASSERT_TRUE(h1 && h2);
+    Errc st1 = Errc::internal, st2 = Errc::internal;
+    auto id = c.t->post_get(
+        *c.ctx, [&](const Completion& cp) { st1 = cp.status; }, *h1, 0, remote, 0, data.size(),
+        server);
+    ASSERT_TRUE(id);
+    // Only the client progresses: the request goes out, the server does not answer yet.
+    auto until = Clock::now() + 100ms;
+    while (Clock::now() < until) {
+        (void)c.ctx->progress(Duration::zero());
+        c.ctx->trigger();
+    }
+    ASSERT_EQ(st1, Errc::internal) << "the get completed without the server's progress";
+    ASSERT_TRUE(c.t->cancel(*id));
+    ASSERT_TRUE(drive(
+        {c.ctx.get()}, [&] { return st1 != Errc::internal; }, 2s))
+        << "a get waiting for its response did not complete when canceled";
+    EXPECT_EQ(st1, Errc::canceled);
+    ASSERT_TRUE(c.t->post_get(
+        *c.ctx, [&](const Completion& cp) { st2 = cp.status; }, *h2, 0, remote, 0, data.size(),
+        server));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return st2 != Errc::internal; }));
+    EXPECT_EQ(st2, Errc::ok);
+    EXPECT_FALSE(test::pattern_mismatch(second, 7)) << "the second get got wrong bytes";
+    EXPECT_TRUE(std::all_of(first.begin(), first.end(), [](std::byte b) {
+        return b == std::byte{0xaa};
+    })) << "the canceled get's buffer was written";
 }
 
 // A message for one context that arrives on a connection of another (a server answering a

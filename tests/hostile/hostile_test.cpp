@@ -1,0 +1,460 @@
+// Attacks on a server in another process (issue 10). Each case starts hostile_server, runs an
+// attack against it the way a hostile or broken peer would (crafted messages through a
+// transport, or raw bytes on a socket), and checks that the server refused what it had to
+// refuse, answered every request it could, still serves a good client, and kept its resident
+// memory and its descriptors bounded (read from /proc/<pid>).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <dirent.h>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/wire.hpp"
+#include "harness.hpp"
+#include "hostile_common.hpp"
+#include "na/tcp/frame.hpp"
+#include "peer_process.hpp"
+#include "talaria/core/core.hpp"
+
+using namespace talaria;
+using namespace std::chrono_literals;
+using na::test::PeerProcess;
+using na::test::TransportKind;
+
+namespace {
+
+// --- the server's process
+// -------------------------------------------------------------------------
+
+/// Resident memory of `pid`, KiB (VmRSS), or -1.
+long rss_kib(pid_t pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    return -1;
+}
+
+/// Open descriptors of `pid`, or -1.
+int fd_count(pid_t pid) {
+    DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+    if (!d) return -1;
+    int n = 0;
+    while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+    return n;
+}
+
+std::unique_ptr<PeerProcess> spawn_server(const std::string& address) {
+    std::string err;
+    auto p = PeerProcess::spawn(TALARIA_HOSTILE_SERVER_PATH, address, &err);
+    EXPECT_TRUE(p) << err;
+    return p;
+}
+
+std::span<const std::byte> bytes_of(std::string_view s) {
+    return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// --- a well-behaved client
+// -------------------------------------------------------------------------
+
+/// A core engine that calls the server's echo and waits (bounded) for the answer.
+class GoodClient {
+  public:
+    GoodClient(const std::string& address, const std::string& server) {
+        auto e = core::Engine::open(address);
+        EXPECT_TRUE(e) << e.error().describe();
+        if (!e) return;
+        engine_ = std::move(*e);
+        auto a = engine_->lookup(server);
+        EXPECT_TRUE(a) << a.error().describe();
+        if (a) server_ = *a;
+    }
+    /// Call echo("ping") and wait up to 10 s: the error, or ok when the echo came back whole.
+    Result<void> ping() {
+        if (!engine_ || !server_) return Error{Errc::internal, "no client"};
+        struct Out {
+            bool done = false;
+            Errc code = Errc::ok;
+            std::string text;
+        } out;
+        auto r = engine_->context(0).forward(
+            server_, core::rpc_id(hostile::kEcho), bytes_of("ping"), {.timeout = 10s},
+            [&out](Result<std::span<const std::byte>>&& res) {
+                out.done = true;
+                if (!res) {
+                    out.code = res.code();
+                    out.text = res.error().message();
+                } else {
+                    out.text.assign(reinterpret_cast<const char*>(res->data()), res->size());
+                }
+            });
+        if (!r) return r.error();
+        auto deadline = Clock::now() + 12s;
+        while (!out.done && Clock::now() < deadline) {
+            (void)engine_->context(0).progress(10ms);
+            engine_->context(0).trigger();
+        }
+        if (!out.done) return Error{Errc::timeout, "echo never completed"};
+        if (out.code != Errc::ok) return Error{out.code, out.text};
+        if (out.text != "ping") return Error{Errc::protocol_error, "echo came back as " + out.text};
+        return ok();
+    }
+
+  private:
+    std::unique_ptr<core::Engine> engine_;
+    na::Addr server_;
+};
+
+// --- core messages, crafted --------------------------------------------------------------------
+
+/// A request header as the core writes it (docs/protocol.md, "RPC messages").
+std::vector<std::byte> core_message(uint8_t flags, uint32_t rpc_id, uint32_t seq,
+                                    std::span<const std::byte> payload) {
+    std::vector<std::byte> m(core::wire::kHeaderSize + payload.size());
+    core::wire::Header h;
+    h.flags = flags;
+    h.rpc_id = rpc_id;
+    h.seq = seq;
+    h.payload_len = uint32_t(payload.size());
+    if (!payload.empty())
+        std::memcpy(m.data() + core::wire::kHeaderSize, payload.data(), payload.size());
+    core::wire::encode_header(h, m.data(), payload);
+    return m;
+}
+
+/// A kMore descriptor claiming `total` bytes at the memory handle `mem`.
+std::vector<std::byte> more_descriptor(uint64_t total, std::span<const std::byte> mem) {
+    std::vector<std::byte> d(core::wire::kMoreFixedSize + mem.size());
+    core::wire::MoreDescriptor md;
+    md.total = total;
+    md.mem = mem;
+    auto w = core::wire::encode_more(md, d);
+    EXPECT_TRUE(w);
+    return d;
+}
+
+struct Reply {
+    uint32_t seq = 0;
+    Errc status = Errc::ok;
+    std::string text;
+};
+
+std::optional<Reply> parse_reply(std::span<const std::byte> msg) {
+    auto h = core::wire::decode_header(msg);
+    if (!h || !(h->flags & core::wire::kResponse)) return std::nullopt;
+    auto body = msg.subspan(core::wire::kHeaderSize);
+    return Reply{h->seq, static_cast<Errc>(h->status),
+                 std::string(reinterpret_cast<const char*>(body.data()), body.size())};
+}
+
+// --- an attacker speaking through a transport ------------------------------------------------
+
+/// Crafted core messages through an na transport of the server's kind; the server's answers
+/// come back as unexpected messages.
+class NaAttacker {
+  public:
+    NaAttacker(const std::string& address, const std::string& server) {
+        auto t = na::open(address);
+        EXPECT_TRUE(t) << t.error().describe();
+        if (!t) return;
+        t_ = std::move(*t);
+        auto c = t_->context_create(0);
+        EXPECT_TRUE(c) << c.error().describe();
+        if (!c) return;
+        ctx_ = std::move(*c);
+        auto a = t_->addr_lookup(server);
+        EXPECT_TRUE(a) << a.error().describe();
+        if (a) server_ = *a;
+        for (auto& b : recv_bufs_) {
+            b = na::test::alloc_buf(*t_, t_->max_unexpected_size());
+            post(b);
+        }
+    }
+    [[nodiscard]] bool ready() const noexcept { return ctx_ && server_; }
+    na::Transport& transport() { return *t_; }
+
+    /// Send one crafted message and wait until it left.
+    bool send(std::span<const std::byte> msg) {
+        auto b = na::test::alloc_buf(*t_, msg.size());
+        std::memcpy(b.data(), msg.data(), msg.size());
+        bool sent = false;
+        auto r = t_->post_send_unexpected(
+            *ctx_, [&sent](const na::Completion&) { sent = true; }, b, msg.size(), server_, 0,
+            core::wire::kMessageTag);
+        EXPECT_TRUE(r) << r.error().describe();
+        return r && na::test::progress_until({ctx_.get()}, [&] { return sent; });
+    }
+    /// Progress until `n` replies arrived or `timeout` passed; the replies by seq.
+    std::map<uint32_t, Reply> replies(std::size_t n, Duration timeout) {
+        na::test::progress_until(
+            {ctx_.get()}, [&] { return got_.size() >= n; }, timeout);
+        return got_;
+    }
+
+  private:
+    void post(na::MsgBuffer& b) {
+        auto r = t_->post_recv_unexpected(
+            *ctx_,
+            [this, &b](const na::Completion& c) {
+                if (c.status != Errc::ok) return;
+                if (auto rep = parse_reply({b.data(), c.size})) got_[rep->seq] = *rep;
+                post(b);
+            },
+            b);
+        EXPECT_TRUE(r) << r.error().describe();
+    }
+
+    // Destroyed bottom-up: the context (and its posted receives) before their buffers.
+    std::unique_ptr<na::Transport> t_;
+    na::MsgBuffer recv_bufs_[4];
+    std::map<uint32_t, Reply> got_;
+    na::Addr server_;
+    std::unique_ptr<na::Context> ctx_;
+};
+
+class Hostile : public ::testing::TestWithParam<TransportKind> {};
+
+std::string kind_name(const ::testing::TestParamInfo<TransportKind>& info) {
+    return info.param.label;
+}
+
+std::vector<TransportKind> multi_process_kinds() {
+    std::vector<TransportKind> v;
+    for (auto& k : na::test::transport_kinds())
+        if (k.multi_process) v.push_back(k);
+    return v;
+}
+
+}  // namespace
+
+// Large-argument descriptors the server must refuse before it allocates anything: a size past
+// its Options::max_payload, and a procedure it does not have. Before issue 10 the second made the
+// server allocate and zero-fill the whole claimed size first (src/core/request.cpp).
+TEST_P(Hostile, LargeArgumentClaimsAreRefusedBeforeAnyAllocation) {
+    auto server = spawn_server(GetParam().address);
+    ASSERT_TRUE(server);
+    GoodClient good(GetParam().address, server->address);
+    ASSERT_TRUE(good.ping()) << "the good client could not call the server before the attack";
+    const long rss0 = rss_kib(server->pid());
+    const int fds0 = fd_count(server->pid());
+
+    NaAttacker a(GetParam().address, server->address);
+    ASSERT_TRUE(a.ready());
+    // A region as large as the claims, never touched (so it costs the attacker nothing).
+    const std::size_t region = hostile::kClaim;
+    void* mem = ::mmap(nullptr, region, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(mem, MAP_FAILED);
+    auto h = a.transport().mem_register(mem, region, na::Access::read_only);
+    ASSERT_TRUE(h) << h.error().describe();
+    std::vector<std::byte> blob(a.transport().mem_serialize_size(*h));
+    auto n = a.transport().mem_serialize(*h, blob);
+    ASSERT_TRUE(n);
+    blob.resize(*n);
+
+    constexpr uint32_t kEach = 8;
+    const uint32_t unknown = core::rpc_id("no.such.procedure");
+    for (uint32_t i = 0; i < kEach; ++i) {
+        // Claims past max_payload (1 GiB) to a procedure that exists.
+        ASSERT_TRUE(a.send(core_message(core::wire::kMore, core::rpc_id(hostile::kSink), 100 + i,
+                                        more_descriptor(uint64_t(1) << 30, blob))));
+        // Claims within max_payload to a procedure that does not exist.
+        ASSERT_TRUE(a.send(core_message(core::wire::kMore, unknown, 200 + i,
+                                        more_descriptor(hostile::kClaim, blob))));
+    }
+    auto got = a.replies(2 * kEach, 10s);
+    for (uint32_t i = 0; i < kEach; ++i) {
+        ASSERT_TRUE(got.count(100 + i)) << "no answer to an oversized claim";
+        EXPECT_EQ(got[100 + i].status, Errc::message_too_large) << got[100 + i].text;
+        ASSERT_TRUE(got.count(200 + i)) << "no answer to a claim for an unknown procedure";
+        EXPECT_EQ(got[200 + i].status, Errc::not_found) << got[200 + i].text;
+    }
+    const long rss1 = rss_kib(server->pid());
+    std::printf("server RSS %ld KiB before, %ld KiB after %u claims of %zu MiB\n", rss0, rss1,
+                kEach, hostile::kClaim >> 20);
+    EXPECT_LT(rss1 - rss0, 16 * 1024) << "the refused claims cost the server memory";
+    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
+    EXPECT_LE(fd_count(server->pid()), fds0 + 4);
+    h->reset();
+    ::munmap(mem, region);
+}
+
+INSTANTIATE_TEST_SUITE_P(hostile, Hostile, ::testing::ValuesIn(multi_process_kinds()), kind_name);
+
+// --- tcp, raw bytes ---------------------------------------------------------------------------
+
+namespace {
+
+namespace tcp = talaria::na::tcp;
+
+/// A socket speaking tcp frames by hand: it says hello as whatever address it likes and never
+/// serves the get requests the server sends it.
+class RawPeer {
+  public:
+    explicit RawPeer(const std::string& server) {
+        // "tcp://127.0.0.1:PORT"
+        auto colon = server.rfind(':');
+        int port = std::stoi(server.substr(colon + 1));
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(uint16_t(port));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0)
+            << std::strerror(errno);
+    }
+    ~RawPeer() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    void send_bytes(std::span<const std::byte> b) {
+        std::size_t off = 0;
+        while (off < b.size()) {
+            ssize_t n = ::send(fd_, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+            ASSERT_GT(n, 0) << std::strerror(errno);
+            off += std::size_t(n);
+        }
+    }
+    void hello(std::string_view as) {
+        tcp::FrameHeader h;
+        h.type = tcp::FrameType::hello;
+        h.length = tcp::hello_size(as);
+        std::vector<std::byte> b(tcp::kFrameHeaderSize + h.length);
+        tcp::encode_frame_header(h, b.data());
+        tcp::encode_hello(tcp::Hello{0xbad5eed, as}, b.data() + tcp::kFrameHeaderSize);
+        send_bytes(b);
+    }
+    void message(std::span<const std::byte> core_msg) {
+        tcp::FrameHeader h;
+        h.type = tcp::FrameType::msg_unexpected;
+        h.tag = core::wire::kMessageTag;
+        h.length = core_msg.size();
+        std::vector<std::byte> b(tcp::kFrameHeaderSize + core_msg.size());
+        tcp::encode_frame_header(h, b.data());
+        std::memcpy(b.data() + tcp::kFrameHeaderSize, core_msg.data(), core_msg.size());
+        send_bytes(b);
+    }
+    /// Read frames for up to `timeout`, until `pred()` holds; core replies land in replies,
+    /// get requests are counted and never answered.
+    template <class Pred>
+    void read_until(Duration timeout, Pred pred) {
+        auto deadline = Clock::now() + timeout;
+        while (!pred() && Clock::now() < deadline) {
+            pollfd p{fd_, POLLIN, 0};
+            if (::poll(&p, 1, 20) <= 0) continue;
+            std::byte tmp[65536];
+            ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+            if (n <= 0) break;
+            in_.insert(in_.end(), tmp, tmp + n);
+            parse();
+        }
+    }
+    std::map<uint32_t, Reply> replies;
+    int get_requests = 0;
+
+  private:
+    void parse() {
+        for (;;) {
+            if (in_.size() < tcp::kFrameHeaderSize) return;
+            auto h = tcp::decode_frame_header(in_);
+            ASSERT_TRUE(h) << h.error().describe();
+            if (in_.size() < tcp::kFrameHeaderSize + h->length) return;
+            std::span<const std::byte> body(in_.data() + tcp::kFrameHeaderSize, h->length);
+            if (h->type == tcp::FrameType::get_req) ++get_requests;
+            if (h->type == tcp::FrameType::msg_unexpected)
+                if (auto r = parse_reply(body)) replies[r->seq] = *r;
+            in_.erase(in_.begin(), in_.begin() + long(tcp::kFrameHeaderSize + h->length));
+        }
+    }
+    int fd_ = -1;
+    std::vector<std::byte> in_;
+};
+
+/// A listening socket nobody accepts on: an address a hostile peer can claim as its own.
+struct DeafListener {
+    DeafListener() {
+        fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+        EXPECT_EQ(::listen(fd, 16), 0);
+        socklen_t len = sizeof sa;
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+        address = "tcp://127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+    }
+    ~DeafListener() { ::close(fd); }
+    int fd = -1;
+    std::string address;
+};
+
+}  // namespace
+
+// The attack of issue 10, item 2: requests flagged as carrying large arguments whose region the
+// peer never serves. The server admits what fits its Options::large_budget and refuses the rest
+// with busy at once, commits no memory for bytes that never came, and fails each admitted pull
+// with timeout once Options::pull_timeout passes, which frees its share of the budget.
+TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
+    auto server = spawn_server("tcp://127.0.0.1:0");
+    ASSERT_TRUE(server);
+    GoodClient good("tcp://127.0.0.1:0", server->address);
+    ASSERT_TRUE(good.ping());
+    const long rss0 = rss_kib(server->pid());
+
+    DeafListener deaf;
+    RawPeer raw(server->address);
+    raw.hello(deaf.address);
+    std::vector<std::byte> blob(tcp::mem_blob_size(deaf.address));
+    tcp::encode_mem_blob(tcp::MemBlob{0x7f0000000000, hostile::kClaim, 1,
+                                      uint8_t(na::Access::read_only), deaf.address},
+                         blob.data());
+    const uint32_t sink = core::rpc_id(hostile::kSink);
+    constexpr uint32_t kClaims = 6;  // the budget holds 2 of them
+    for (uint32_t i = 0; i < kClaims; ++i)
+        raw.message(
+            core_message(core::wire::kMore, sink, 1 + i, more_descriptor(hostile::kClaim, blob)));
+    const uint32_t admitted = uint32_t(hostile::kLargeBudget / hostile::kClaim);
+    const uint32_t refused = kClaims - admitted;
+    auto count = [&](Errc code) {
+        uint32_t n = 0;
+        for (auto& [seq, r] : raw.replies)
+            n += r.status == code;
+        return n;
+    };
+    raw.read_until(5s, [&] { return count(Errc::busy) >= refused; });
+    EXPECT_EQ(count(Errc::busy), refused) << "claims past the budget were not refused with busy";
+    for (auto& [seq, r] : raw.replies) {
+        if (r.status == Errc::busy) {
+            EXPECT_NE(r.text.find("large_budget"), std::string::npos) << r.text;
+        }
+    }
+    const long rss1 = rss_kib(server->pid());
+    std::printf("server RSS %ld KiB idle, %ld KiB holding %u unserved claims of %zu MiB\n", rss0,
+                rss1, admitted, hostile::kClaim >> 20);
+    EXPECT_LT(rss1 - rss0, 16 * 1024) << "bytes that never came were committed";
+    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
+
+    // The admitted pulls time out (pull_timeout, checked about once a second).
+    raw.read_until(hostile::kPullTimeout + 4s, [&] { return raw.replies.size() >= kClaims; });
+    EXPECT_EQ(count(Errc::timeout), admitted) << "admitted pulls the peer never served did not "
+                                                 "time out";
+    // Their budget is back: a new claim is admitted again (and times out in turn).
+    raw.message(core_message(core::wire::kMore, sink, 100, more_descriptor(hostile::kClaim, blob)));
+    raw.read_until(hostile::kPullTimeout + 4s, [&] { return raw.replies.count(100) != 0; });
+    ASSERT_TRUE(raw.replies.count(100)) << "no answer to a claim after the budget was freed";
+    EXPECT_EQ(raw.replies[100].status, Errc::timeout) << raw.replies[100].text;
+    EXPECT_TRUE(good.ping());
+}
