@@ -20,5 +20,7 @@ inline constexpr std::size_t kMaxPayload = std::size_t(64) << 20;
 inline constexpr std::size_t kLargeBudget = std::size_t(96) << 20;
 inline constexpr std::size_t kClaim = std::size_t(48) << 20;
 inline constexpr auto kPullTimeout = std::chrono::milliseconds(1500);
+/// na::Options::hello_timeout of the server (tcp).
+inline constexpr auto kHelloTimeout = std::chrono::seconds(2);
 
 }  // namespace talaria::hostile

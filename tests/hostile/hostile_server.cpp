@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     o.max_payload = hostile::kMaxPayload;
     o.large_budget = hostile::kLargeBudget;
     o.pull_timeout = hostile::kPullTimeout;
+    o.na.hello_timeout = hostile::kHelloTimeout;
     auto er = Engine::open(*address, o);
     if (!er) {
         std::fprintf(stderr, "hostile_server: open %s: %s\n", address->c_str(),

@@ -263,6 +263,9 @@ struct Options {
     std::size_t max_ops = 4096;
     /// Maximum number of contexts (ids 0 .. max_contexts-1).
     uint8_t max_contexts = 16;
+    /// tcp: an accepted connection that has not said hello within this is closed (a peer
+    /// cannot hold descriptors with connections that never speak).
+    Duration hello_timeout = std::chrono::seconds(10);
 };
 
 /// How a context is used (Transport::context_create).

@@ -33,6 +33,10 @@ namespace talaria::na::tcp {
 inline constexpr std::size_t kMaxRepliesPerConn = 65536;
 /// Size of each connection's receive buffer (headers and small payloads land here).
 inline constexpr std::size_t kRxBufferSize = 64 * 1024;
+/// The receive buffer of an accepted connection until its hello is read: a frame header and a
+/// hello fit, and a storm of connections that never say hello costs little (grown to
+/// kRxBufferSize when the connection joins its lane).
+inline constexpr std::size_t kSetupRxSize = 512;
 
 class TcpTransport;
 struct Conn;
@@ -161,8 +165,9 @@ struct Conn : ListHook<ConnTag> {
     uint32_t skip_front = 0;
     std::size_t replies = 0;
 
-    // Receive state: [rx_pos, rx_len) of rx holds unparsed bytes.
+    // Receive state: [rx_pos, rx_len) of rx (rx_cap bytes) holds unparsed bytes.
     std::unique_ptr<std::byte[]> rx;
+    std::size_t rx_cap = 0;
     std::size_t rx_pos = 0;
     std::size_t rx_len = 0;
     bool in_payload = false;
@@ -175,6 +180,7 @@ struct Conn : ListHook<ConnTag> {
     QueuedMsg* rx_msg = nullptr;
     Errc rx_status = Errc::ok;
     std::byte hello_buf[kMaxHelloPayload]{};
+    TimePoint accepted_at{};  ///< accepted: when (Options::hello_timeout)
 };
 
 class TcpContext;
@@ -327,6 +333,12 @@ class TcpTransport final : public Transport {
     /// Open a connection of lane `l` to context `remote_ctx` of `peer` (under l.mu).
     Result<Conn*> connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx);
     void accept_ready_locked();
+    /// Out of descriptors: accept one pending connection with the spare descriptor and close it
+    /// at once (its peer sees the connection refused). False when there is no spare.
+    bool refuse_one_locked();
+    /// Close accepted connections whose hello did not come within Options::hello_timeout, and
+    /// resume accepting after a pause.
+    void expire_setup_locked();
     Conn* new_conn(int fd, bool outgoing);
     /// Set c's epoll events in its lane's set (or the setup set before it has a lane).
     Result<void> watch(Conn* c, uint32_t events);
@@ -430,6 +442,13 @@ class TcpTransport final : public Transport {
     std::unique_ptr<std::atomic<Lane*>[]> lane_ptr_;
     int setup_epfd_ = -1;
     int listen_fd_ = -1;
+    /// A descriptor kept open (/dev/null) to give up when accept() runs out of them: accept the
+    /// pending connection with it and close it, instead of leaving it to wake epoll for ever.
+    int spare_fd_ = -1;
+    bool accept_paused_ = false;   ///< no spare either: the listener is out of the epoll set
+    TimePoint accept_resume_{};    ///< until then (setup_mu_)
+    TimePoint next_fd_warning_{};  ///< refused connections are logged once a second
+    uint64_t refused_ = 0;         ///< connections refused for lack of descriptors, unlogged
     uint64_t instance_ = 0;
     Addr self_;
     std::unordered_map<uint64_t, TcpMem*> regions_;

@@ -823,7 +823,7 @@ void TcpTransport::read_ready(Conn* c) {
             v[0].iov_base = c->dest;
             v[0].iov_len = std::size_t(std::min<uint64_t>(c->remaining, kMaxReadChunk));
             v[1].iov_base = c->rx.get();
-            v[1].iov_len = kRxBufferSize;
+            v[1].iov_len = c->rx_cap;
             asked = v[0].iov_len + v[1].iov_len;
             n = ::readv(c->fd, v, 2);
             if (n > 0) {
@@ -838,7 +838,7 @@ void TcpTransport::read_ready(Conn* c) {
                 c->rx_len -= c->rx_pos;
                 c->rx_pos = 0;
             }
-            asked = kRxBufferSize - c->rx_len;
+            asked = c->rx_cap - c->rx_len;
             n = ::recv(c->fd, c->rx.get() + c->rx_len, asked, MSG_DONTWAIT);
             if (n > 0) c->rx_len += std::size_t(n);
         }

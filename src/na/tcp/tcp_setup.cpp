@@ -1,5 +1,6 @@
 // tcp transport setup: opening, contexts, addresses, memory registration, sockets.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -250,6 +251,7 @@ TcpTransport::~TcpTransport() {
     // Every connection is gone (each dropped its peer reference), so no address points at one.
     self_.reset();
     if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (spare_fd_ >= 0) ::close(spare_fd_);
     if (setup_epfd_ >= 0) ::close(setup_epfd_);
 }
 
@@ -280,6 +282,7 @@ Result<void> TcpTransport::init(std::string_view rest) {
                                  e == EADDRINUSE ? " (use port 0 to pick a free port)" : ""));
     }
     if (::listen(listen_fd_, SOMAXCONN) < 0) return errno_error("tcp: listen", errno);
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     SockAddr bound;
     bound.len = sizeof bound.storage;
     if (::getsockname(listen_fd_, bound.sa(), &bound.len) < 0)
@@ -529,7 +532,9 @@ Conn* TcpTransport::new_conn(int fd, bool outgoing) {
     auto* c = new Conn;
     c->fd = fd;
     c->outgoing = outgoing;
-    c->rx = std::make_unique<std::byte[]>(kRxBufferSize);
+    // Not zero-filled: only [rx_pos, rx_len) is ever read.
+    c->rx_cap = outgoing ? kRxBufferSize : kSetupRxSize;
+    c->rx.reset(new std::byte[c->rx_cap]);
     return c;
 }
 
@@ -609,17 +614,67 @@ void TcpTransport::accept_ready_locked() {
     for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                TALARIA_LOG(tcp, warn, "accept failed: {}", std::strerror(errno));
+            const int e = errno;
+            if (e == EINTR || e == ECONNABORTED) continue;
+            if (e == EAGAIN || e == EWOULDBLOCK) return;
+            if ((e == EMFILE || e == ENFILE) && refuse_one_locked()) continue;
+            // No descriptor and no spare (or another failure): stop watching the listener for
+            // a while, or level-triggered epoll would call us back at once, for ever.
+            TALARIA_LOG(tcp, warn, "accept failed: {}; not accepting for 100 ms", std::strerror(e));
+            ::epoll_ctl(setup_epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+            accept_paused_ = true;
+            accept_resume_ = Clock::now() + std::chrono::milliseconds(100);
             return;
         }
         tune_socket(fd);
         Conn* c = new_conn(fd, false);
         pending_.push_back(*c);
         c->state = Conn::State::await_hello;
+        c->accepted_at = Clock::now();
         if (auto w = watch(c, EPOLLIN); !w) close_conn(c, Errc::io_error, w.error().describe());
         TALARIA_LOG(tcp, debug, "accepted a connection fd={}", fd);
+    }
+}
+
+bool TcpTransport::refuse_one_locked() {
+    if (spare_fd_ < 0) return false;
+    ::close(spare_fd_);
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const bool refused = fd >= 0;
+    if (refused) ::close(fd);
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (!refused) return false;
+    ++refused_;
+    auto now = Clock::now();
+    if (now >= next_fd_warning_) {
+        TALARIA_LOG(tcp, warn,
+                    "out of file descriptors: refused {} connection(s) to {}; raise the limit "
+                    "(ulimit -n) or serve fewer peers",
+                    refused_, peer_of(self_)->str);
+        refused_ = 0;
+        next_fd_warning_ = now + std::chrono::seconds(1);
+    }
+    return true;
+}
+
+void TcpTransport::expire_setup_locked() {
+    if (pending_.empty() && !accept_paused_) return;
+    const auto now = Clock::now();
+    if (accept_paused_ && now >= accept_resume_) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.ptr = &listen_fd_;
+        if (::epoll_ctl(setup_epfd_, EPOLL_CTL_ADD, listen_fd_, &ev) == 0) accept_paused_ = false;
+    }
+    // pending_ is in accept order: the oldest first.
+    while (Conn* c = pending_.front()) {
+        if (c->state != Conn::State::await_hello || now - c->accepted_at < opts_.hello_timeout)
+            break;
+        close_conn(
+            c, Errc::timeout,
+            fmt::format("no hello within {} ms of the connection (Options::hello_timeout)",
+                        std::chrono::duration_cast<std::chrono::milliseconds>(opts_.hello_timeout)
+                            .count()));
     }
 }
 
@@ -648,6 +703,15 @@ void TcpTransport::adopt_locked(Conn* c) {
     ::epoll_ctl(setup_epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
     c->events = 0;
     pending_.erase(*c);
+    if (c->rx_cap < kRxBufferSize) {
+        // Its hello is read: the full receive buffer, with what followed the hello.
+        auto rx = std::unique_ptr<std::byte[]>(new std::byte[kRxBufferSize]);
+        std::memcpy(rx.get(), c->rx.get() + c->rx_pos, c->rx_len - c->rx_pos);
+        c->rx_len -= c->rx_pos;
+        c->rx_pos = 0;
+        c->rx = std::move(rx);
+        c->rx_cap = kRxBufferSize;
+    }
     std::lock_guard lg(to->mu);
     c->lane = to;
     to->conns.push_back(*c);
@@ -681,6 +745,7 @@ void TcpTransport::poll_setup(bool wait) {
         read_ready(c);
         if (c->state == Conn::State::open && c->lane == nullptr) adopt_locked(c);
     }
+    expire_setup_locked();
     for (Conn* c : pending_dead_)
         delete c;
     pending_dead_.clear();
