@@ -90,6 +90,32 @@ bool peer_cred(int sock, ucred& cr) noexcept {
     return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0;
 }
 
+/// Who holds the abstract name-lock socket `a` (bind said EADDRINUSE), for the error. Abstract
+/// names carry no permissions, so another local user can take ours: the kernel says whose it is.
+std::string lock_holder(const sockaddr_un& a, socklen_t len) {
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return "already in use (its holder could not be asked)";
+    int r;
+    do {
+        r = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), len);
+    } while (r != 0 && errno == EINTR);
+    const int err = errno;
+    ucred cr{};
+    const bool known = r == 0 && peer_cred(fd, cr);
+    ::close(fd);
+    if (known && cr.uid == ::geteuid())
+        return fmt::format("already in use by a live process of this user (pid {})", cr.pid);
+    if (known)
+        return fmt::format(
+            "held by another user's process (uid {}, pid {}), which took the name "
+            "this user's endpoint needs",
+            cr.uid, cr.pid);
+    if (err == ECONNREFUSED)
+        return "held by a socket that is not a Talaria endpoint (it does not listen): another "
+               "local user may be squatting the name";
+    return fmt::format("already in use (its holder could not be asked: {})", std::strerror(err));
+}
+
 /// Sockets of endpoint `name` in kShmDir: "talaria-sm-<pid>-<name>.sock" with a live pid.
 std::vector<std::string> find_sockets(std::string_view name) {
     std::vector<std::string> out;
@@ -201,12 +227,14 @@ Result<void> SmTransport::init() {
             int err = errno;
             if (err == EADDRINUSE)
                 return Error(Errc::address_in_use,
-                             fmt::format("sm endpoint name '{}' is already in use by a live "
-                                         "process of this user: pick another name, or sm:// for "
-                                         "a generated one",
-                                         name_));
+                             fmt::format("sm endpoint name '{}' is {}: pick another name, or sm:// "
+                                         "for a generated one",
+                                         name_, lock_holder(a, len)));
             return errno_error(fmt::format("sm: bind of the name lock for '{}'", name_), err);
         }
+        // Listening (nobody is ever accepted) so that a process that finds the name taken can
+        // ask the kernel who holds it (SO_PEERCRED of a connection to it).
+        ::listen(lock_fd_, 1);
     }
     // We hold the name: any socket file still carrying it was left by a dead process.
     for (const auto& path : find_sockets(name_)) {

@@ -233,6 +233,58 @@ TEST(SmFiles, GeneratedNamesAreUniqueAndNamesExclusive) {
     EXPECT_EQ(bad.code(), Errc::address_invalid);
 }
 
+// Issue 10, item 7: abstract socket names carry no permissions, so another local user can take
+// the name lock an sm://name endpoint of ours needs. The error must name who holds it (the
+// kernel's SO_PEERCRED), not blame "a live process of this user". Needs root (to act as another
+// user in a child).
+TEST(SmFiles, ANameSquattedByAnotherUserIsBlamedOnThatUser) {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a squatter as another user";
+    for (bool listens : {true, false}) {
+        std::string name = uniq(listens ? "squat-l" : "squat");
+        int ready[2];
+        ASSERT_EQ(::pipe(ready), 0);
+        pid_t child = ::fork();
+        ASSERT_GE(child, 0);
+        if (child == 0) {
+            // The squatter: nobody (65534) binds our name lock and waits to be killed.
+            ::close(ready[0]);
+            if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+            int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+            sockaddr_un a{};
+            a.sun_family = AF_UNIX;
+            std::string lock = fmt::format("talaria-sm-lock-0-{}", name);
+            std::memcpy(a.sun_path + 1, lock.data(), lock.size());
+            auto len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + lock.size());
+            if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) ::_exit(4);
+            if (listens && ::listen(fd, 4) != 0) ::_exit(5);
+            char ok = 1;
+            (void)!::write(ready[1], &ok, 1);
+            ::pause();
+            ::_exit(0);
+        }
+        ::close(ready[1]);
+        char ok = 0;
+        ASSERT_EQ(::read(ready[0], &ok, 1), 1) << "the squatter did not start";
+        ::close(ready[0]);
+        auto t = open("sm://" + name);
+        ::kill(child, SIGKILL);
+        ::waitpid(child, nullptr, 0);
+        ASSERT_FALSE(t) << "opened a name another user holds";
+        EXPECT_EQ(t.code(), Errc::address_in_use);
+        const std::string& m = t.error().message();
+        EXPECT_EQ(m.find("of this user"), std::string::npos) << m;
+        if (listens) {
+            EXPECT_NE(m.find("uid 65534"), std::string::npos) << m;
+            EXPECT_NE(m.find(fmt::format("pid {}", child)), std::string::npos) << m;
+        } else {
+            EXPECT_NE(m.find("squatting"), std::string::npos) << m;
+        }
+        // Once the squatter is gone the name is ours.
+        auto again = open("sm://" + name);
+        EXPECT_TRUE(again) << again.error().describe();
+    }
+}
+
 TEST(SmFiles, StaleFilesOfDeadProcessesAreRemoved) {
     pid_t dead = spawn([] { return 0; });
     ASSERT_EQ(wait_exit(dead), 0);  // reaped: that pid no longer exists
