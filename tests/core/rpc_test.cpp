@@ -346,7 +346,9 @@ class Rpc : public ::testing::TestWithParam<TransportKind> {
     /// failure) if forward() failed or no completion came within `timeout`.
     OutcomeP call_wait(RpcId id, std::span<const std::byte> args, const CallOptions& o = {},
                        Duration timeout = 20s) {
-        auto [r, out] = call(*client_, 0, server_addr_, id, args, o);
+        auto called1 = call(*client_, 0, server_addr_, id, args, o);
+        auto& r = called1.first;
+        auto& out = called1.second;
         if (!r) {
             ADD_FAILURE() << "forward: " << r.error().describe();
             return nullptr;
@@ -607,7 +609,9 @@ TEST_P(Rpc, LargeCallsConcurrently) {
     for (int i = 0; i < kCalls; ++i) {
         args.push_back(gen_args(eager * 2 + std::size_t(i) * 1000,
                                 eager + 1 + std::size_t(i) * 3000, uint32_t(40 + i)));
-        auto [r, out] = call(*client_, 0, server_addr_, kGen, args.back());
+        auto called2 = call(*client_, 0, server_addr_, kGen, args.back());
+        auto& r = called2.first;
+        auto& out = called2.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
@@ -640,7 +644,9 @@ TEST_P(Rpc, OneWay) {
             fill_pattern(std::span(args).subspan(4), uint32_t(n), 4);
         }
         std::size_t before = notes_.size();
-        auto [r, out] = call(*client_, 0, server_addr_, kNote, args, ow);
+        auto called3 = call(*client_, 0, server_addr_, kNote, args, ow);
+        auto& r = called3.first;
+        auto& out = called3.second;
         ASSERT_TRUE(r) << r.error().describe();
         ASSERT_TRUE(drive({client_.get(), server_.get()},
                           [&] { return out->done() && notes_.size() > before; }))
@@ -681,7 +687,9 @@ TEST_P(Rpc, OneWayCompletesOnceEach) {
         Bytes args(16);
         store<uint32_t>(args, 0, i);
         fill_pattern(std::span(args).subspan(4), i, 4);
-        auto [r, out] = call(*client_, 0, server_addr_, kNote, args, ow);
+        auto called4 = call(*client_, 0, server_addr_, kNote, args, ow);
+        auto& r = called4.first;
+        auto& out = called4.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
@@ -852,7 +860,9 @@ TEST_P(Rpc, DeadlineExpiresOnceAndLateResponseIsDropped) {
     CallOptions o;
     o.timeout = kTimeout;
     auto t0 = Clock::now();
-    auto [r, out] = call(*client_, 0, server_addr_, kHold, bytes_of("hold me"), o);
+    auto called5 = call(*client_, 0, server_addr_, kHold, bytes_of("hold me"), o);
+    auto& r = called5.first;
+    auto& out = called5.second;
     ASSERT_TRUE(r) << r.error().describe();
     auto t1 = Clock::now();
     TimePoint nd = client_->context(0).next_deadline();
@@ -903,7 +913,9 @@ TEST_P(Rpc, DeadlinesExpireInOrder) {
     for (Duration d : timeouts) {
         CallOptions o;
         o.timeout = d;
-        auto [r, out] = call(*client_, 0, server_addr_, kHold, {}, o);
+        auto called6 = call(*client_, 0, server_addr_, kHold, {}, o);
+        auto& r = called6.first;
+        auto& out = called6.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
@@ -925,7 +937,9 @@ TEST_P(Rpc, DeadlinesExpireInOrder) {
 
 TEST_P(Rpc, CancelInFlightCall) {
     ASSERT_TRUE(start());
-    auto [r, out] = call(*client_, 0, server_addr_, kHold, bytes_of("cancel me"));
+    auto called7 = call(*client_, 0, server_addr_, kHold, bytes_of("cancel me"));
+    auto& r = called7.first;
+    auto& out = called7.second;
     ASSERT_TRUE(r) << r.error().describe();
     ASSERT_TRUE(r->valid());
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
@@ -955,7 +969,9 @@ TEST_P(Rpc, CancelInFlightCall) {
 TEST_P(Rpc, CancelBeforeAnyProgress) {
     // Cancel right after forward(), before the context ever progressed.
     ASSERT_TRUE(start());
-    auto [r, out] = call(*client_, 0, server_addr_, kEcho, bytes_of("never mind"));
+    auto called8 = call(*client_, 0, server_addr_, kEcho, bytes_of("never mind"));
+    auto& r = called8.first;
+    auto& out = called8.second;
     ASSERT_TRUE(r) << r.error().describe();
     EXPECT_TRUE(client_->context(0).cancel(*r));
     ASSERT_TRUE(drive(
@@ -967,13 +983,17 @@ TEST_P(Rpc, CancelBeforeAnyProgress) {
 
 TEST_P(Rpc, CancelAfterCompletionIsNotFound) {
     ASSERT_TRUE(start());
-    auto [r, out] = call(*client_, 0, server_addr_, kEcho, bytes_of("done already"));
+    auto called9 = call(*client_, 0, server_addr_, kEcho, bytes_of("done already"));
+    auto& r = called9.first;
+    auto& out = called9.second;
     ASSERT_TRUE(r) << r.error().describe();
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return out->done(); }));
     EXPECT_EQ(out->code, Errc::ok);
     EXPECT_EQ(client_->context(0).cancel(*r).code(), Errc::not_found);
     // A later call may reuse the slot: the stale id must not cancel it.
-    auto [r2, out2] = call(*client_, 0, server_addr_, kHold, {});
+    auto called10 = call(*client_, 0, server_addr_, kHold, {});
+    auto& r2 = called10.first;
+    auto& out2 = called10.second;
     ASSERT_TRUE(r2) << r2.error().describe();
     EXPECT_EQ(client_->context(0).cancel(*r).code(), Errc::not_found)
         << "a stale CallId canceled a newer call";
@@ -987,7 +1007,9 @@ TEST_P(Rpc, CancelAfterCompletionIsNotFound) {
 
 TEST_P(Rpc, CancelFromOtherThread) {
     ASSERT_TRUE(start());
-    auto [r, out] = call(*client_, 0, server_addr_, kHold, bytes_of("cancel me elsewhere"));
+    auto called11 = call(*client_, 0, server_addr_, kHold, bytes_of("cancel me elsewhere"));
+    auto& r = called11.first;
+    auto& out = called11.second;
     ASSERT_TRUE(r) << r.error().describe();
     CallId id = *r;
     Context* ctx = &client_->context(0);
@@ -1132,7 +1154,9 @@ TEST_P(Rpc, AsyncRespondFromThread) {
     for (int i = 0; i < kCalls; ++i) {
         args.push_back(pattern(8 + std::size_t(i) * 3, uint32_t(70 + i)));
         if (i == kCalls - 1) args.back() = pattern(client_->eager_size() + 100, 99);  // large
-        auto [r, out] = call(*client_, 0, server_addr_, kLater, args.back());
+        auto called12 = call(*client_, 0, server_addr_, kLater, args.back());
+        auto& r = called12.first;
+        auto& out = called12.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
@@ -1439,7 +1463,9 @@ TEST_P(Rpc, WaitFdWakesForResponseThread) {
     int blocked = 0;
     std::vector<OutcomeP> outs;
     for (int i = 0; i < 20; ++i) {
-        auto [r, out] = call(*client_, 0, server_addr_, kEcho, pattern(32, uint32_t(i)));
+        auto called13 = call(*client_, 0, server_addr_, kEcho, pattern(32, uint32_t(i)));
+        auto& r = called13.first;
+        auto& out = called13.second;
         if (!r) {
             ADD_FAILURE() << r.error().describe();
             break;
@@ -1475,7 +1501,9 @@ TEST_P(Rpc, ProgressWakesForDeadline) {
     CallOptions o;
     o.timeout = 200ms;
     auto t0 = Clock::now();
-    auto [r, out] = call(*client_, 0, server_addr_, kHold, {}, o);
+    auto called14 = call(*client_, 0, server_addr_, kHold, {}, o);
+    auto& r = called14.first;
+    auto& out = called14.second;
     ASSERT_TRUE(r) << r.error().describe();
     while (!out->done() && Clock::now() - t0 < 10s) {
         auto pr = client_->context(0).progress(3s);
@@ -1529,11 +1557,15 @@ TEST_P(Rpc, MaxInflightIsBackPressure) {
     ASSERT_TRUE(start({}, c));
     std::vector<std::pair<CallId, OutcomeP>> calls;
     for (int i = 0; i < 4; ++i) {
-        auto [r, out] = call(*client_, 0, server_addr_, kHold, {});
+        auto called15 = call(*client_, 0, server_addr_, kHold, {});
+        auto& r = called15.first;
+        auto& out = called15.second;
         ASSERT_TRUE(r) << "call " << i << ": " << r.error().describe();
         calls.emplace_back(*r, out);
     }
-    auto [r5, out5] = call(*client_, 0, server_addr_, kHold, {});
+    auto called16 = call(*client_, 0, server_addr_, kHold, {});
+    auto& r5 = called16.first;
+    auto& out5 = called16.second;
     EXPECT_EQ(r5.code(), Errc::again) << "a fifth call with max_inflight 4";
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 4; }));
     drive_for({client_.get(), server_.get()}, 50ms);
@@ -1542,7 +1574,9 @@ TEST_P(Rpc, MaxInflightIsBackPressure) {
     // One completes (canceled): room for one more.
     ASSERT_TRUE(client_->context(0).cancel(calls[0].first));
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return calls[0].second->done(); }));
-    auto [r6, out6] = call(*client_, 0, server_addr_, kEcho, bytes_of("room"));
+    auto called17 = call(*client_, 0, server_addr_, kEcho, bytes_of("room"));
+    auto& r6 = called17.first;
+    auto& out6 = called17.second;
     ASSERT_TRUE(r6) << r6.error().describe();
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return out6->done(); }));
     EXPECT_EQ(out6->code, Errc::ok) << out6->message;
@@ -1618,9 +1652,13 @@ TEST_P(Rpc, TimedOutOrCanceledLargeCallPulledLate) {
     std::size_t n = client_->eager_size() * 4;
     CallOptions o;
     o.timeout = 100ms;
-    auto [r1, timed] = call(*client_, 0, server_addr_, kGen, gen_args(n, 16, 61), o);
+    auto called18 = call(*client_, 0, server_addr_, kGen, gen_args(n, 16, 61), o);
+    auto& r1 = called18.first;
+    auto& timed = called18.second;
     ASSERT_TRUE(r1) << r1.error().describe();
-    auto [r2, canceled] = call(*client_, 0, server_addr_, kGen, gen_args(n, 16, 62));
+    auto called19 = call(*client_, 0, server_addr_, kGen, gen_args(n, 16, 62));
+    auto& r2 = called19.first;
+    auto& canceled = called19.second;
     ASSERT_TRUE(r2) << r2.error().describe();
     EXPECT_TRUE(client_->context(0).cancel(*r2));
     // Only the client progresses until both ended.
@@ -1691,7 +1729,9 @@ TEST_P(Rpc, CallToNobodyFails) {
             << nobody << ": " << a.error().describe();
     } else {
         auto t0 = Clock::now();
-        auto [r, out] = call(*client_, 0, *a, kEcho, bytes_of("hello?"));
+        auto called20 = call(*client_, 0, *a, kEcho, bytes_of("hello?"));
+        auto& r = called20.first;
+        auto& out = called20.second;
         if (!r) {
             EXPECT_TRUE(is_one_of(r.code(), kFailures)) << r.error().describe();
         } else {
@@ -1717,7 +1757,9 @@ TEST_P(Rpc, MissingTargetContextIsNotFound) {
     o.target_context = 9;
     o.timeout = 500ms;
     auto t0 = Clock::now();
-    auto [r, out] = call(*client_, 0, server_addr_, kEcho, bytes_of("context 9?"), o);
+    auto called21 = call(*client_, 0, server_addr_, kEcho, bytes_of("context 9?"), o);
+    auto& r = called21.first;
+    auto& out = called21.second;
     if (r) {
         ASSERT_TRUE(drive(
             {client_.get(), server_.get()}, [&] { return out->done(); }, 10s));
@@ -1739,7 +1781,9 @@ TEST_P(Rpc, ResponseFromAnotherPeerIsIgnored) {
     ASSERT_TRUE(start({}, c));
     std::unique_ptr<Engine> third;
     ASSERT_TRUE(open_engine(third, "third", Options{}));
-    auto [r, out] = call(*client_, 0, server_addr_, kHold, {});
+    auto called22 = call(*client_, 0, server_addr_, kHold, {});
+    auto& r = called22.first;
+    auto& out = called22.second;
     ASSERT_TRUE(r) << r.error().describe();
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
     auto to_client = third->lookup(client_->self_string());
@@ -1790,19 +1834,25 @@ TEST_P(Rpc, EngineDestroyedWithCallsInFlight) {
     ASSERT_TRUE(start());
     std::vector<OutcomeP> outs;
     for (int i = 0; i < 3; ++i) {  // held by the server: sent, waiting for a response
-        auto [r, out] = call(*client_, 0, server_addr_, kHold, {});
+        auto called23 = call(*client_, 0, server_addr_, kHold, {});
+        auto& r = called23.first;
+        auto& out = called23.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 3; }));
     for (int i = 0; i < 2; ++i) {  // forwarded, never progressed
-        auto [r, out] = call(*client_, 0, server_addr_, kEcho, pattern(100, 3));
+        auto called24 = call(*client_, 0, server_addr_, kEcho, pattern(100, 3));
+        auto& r = called24.first;
+        auto& out = called24.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
     {  // large arguments the server never pulled
-        auto [r, out] =
+        auto called25 =
             call(*client_, 0, server_addr_, kHold, pattern(client_->eager_size() * 2, 4));
+        auto& r = called25.first;
+        auto& out = called25.second;
         ASSERT_TRUE(r) << r.error().describe();
         outs.push_back(out);
     }
@@ -1833,7 +1883,9 @@ TEST_P(Rpc, ServerDestroyedWhileClientWaits) {
     ASSERT_TRUE(start());
     CallOptions o;
     o.timeout = 2s;
-    auto [r, out] = call(*client_, 0, server_addr_, kHold, {}, o);
+    auto called26 = call(*client_, 0, server_addr_, kHold, {}, o);
+    auto& r = called26.first;
+    auto& out = called26.second;
     ASSERT_TRUE(r) << r.error().describe();
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
     {
@@ -1925,7 +1977,9 @@ TEST_P(Rpc, Checksum) {
     Bytes args(64);
     store<uint32_t>(args, 0, 64);
     fill_pattern(std::span(args).subspan(4), 64, 4);
-    auto [r, o] = call(*client_, 0, server_addr_, kNote, args, ow);
+    auto called27 = call(*client_, 0, server_addr_, kNote, args, ow);
+    auto& r = called27.first;
+    auto& o = called27.second;
     ASSERT_TRUE(r) << r.error().describe();
     ASSERT_TRUE(
         drive({client_.get(), server_.get()}, [&] { return o->done() && !notes_.empty(); }));
@@ -1963,7 +2017,9 @@ TEST_P(Rpc, TwoProcessesPeerDeath) {
     ASSERT_TRUE(a) << "lookup " << peer->address << ": " << a.error().describe();
     server_addr_ = *a;
     auto to_peer = [&](std::string_view name, std::span<const std::byte> args) {
-        auto [r, out] = call(*client_, 0, server_addr_, rpc_id(name), args);
+        auto called28 = call(*client_, 0, server_addr_, rpc_id(name), args);
+        auto& r = called28.first;
+        auto& out = called28.second;
         EXPECT_TRUE(r) << name << ": " << r.error().describe();
         if (r) {
             EXPECT_TRUE(drive(
@@ -1989,7 +2045,9 @@ TEST_P(Rpc, TwoProcessesPeerDeath) {
     EXPECT_FALSE(pattern_mismatch(out->data, kPeerLargeSeed));
 
     // A call the peer holds, then SIGKILL: the call fails with the peer's death, promptly.
-    auto [hr, hang] = call(*client_, 0, server_addr_, rpc_id(kPeerHang), bytes_of("wait"));
+    auto called29 = call(*client_, 0, server_addr_, rpc_id(kPeerHang), bytes_of("wait"));
+    auto& hr = called29.first;
+    auto& hang = called29.second;
     ASSERT_TRUE(hr) << hr.error().describe();
     bool arrived = false;
     ASSERT_TRUE(drive(
@@ -2017,7 +2075,9 @@ TEST_P(Rpc, TwoProcessesPeerDeath) {
 
     // A new call to the dead peer fails too, promptly (at forward or at completion).
     auto t1 = Clock::now();
-    auto [nr, next] = call(*client_, 0, server_addr_, rpc_id(kPeerEcho), bytes_of("anyone?"));
+    auto called30 = call(*client_, 0, server_addr_, rpc_id(kPeerEcho), bytes_of("anyone?"));
+    auto& nr = called30.first;
+    auto& next = called30.second;
     Errc code = nr.code();
     if (nr) {
         ASSERT_TRUE(drive(
@@ -2046,7 +2106,9 @@ TEST_P(Rpc, TwoProcessesPeerKilledMidLargeResult) {
     auto a = client_->lookup(peer->address);
     ASSERT_TRUE(a) << "lookup " << peer->address << ": " << a.error().describe();
     server_addr_ = *a;
-    auto [r, out] = call(*client_, 0, server_addr_, rpc_id(kPeerHuge), {});
+    auto called31 = call(*client_, 0, server_addr_, rpc_id(kPeerHuge), {});
+    auto& r = called31.first;
+    auto& out = called31.second;
     ASSERT_TRUE(r) << r.error().describe();
     bool answered = false;
     ASSERT_TRUE(drive(

@@ -368,6 +368,18 @@ class RawPeer {
         std::memcpy(b.data() + tcp::kFrameHeaderSize, core_msg.data(), core_msg.size());
         send_bytes(b);
     }
+    /// Send a frame of `type` carrying `payload`, to our context 0, with `tag`.
+    void frame(tcp::FrameType type, uint32_t tag, std::span<const std::byte> payload) {
+        tcp::FrameHeader h;
+        h.type = type;
+        h.tag = tag;
+        h.length = payload.size();
+        std::vector<std::byte> b(tcp::kFrameHeaderSize + payload.size());
+        tcp::encode_frame_header(h, b.data());
+        if (!payload.empty())
+            std::memcpy(b.data() + tcp::kFrameHeaderSize, payload.data(), payload.size());
+        send_bytes(b);
+    }
     /// Read frames for up to `timeout`, until `pred()` holds; core replies land in replies,
     /// get requests are counted and never answered.
     template <class Pred>
@@ -585,4 +597,30 @@ TEST(HostileTcp, ConnectCloseStormLeavesMemoryFlat) {
     EXPECT_GT(made, kCycles / 2);
     EXPECT_LT(rss1, 2 * rss0) << "the storm left the server's memory more than twice idle";
     EXPECT_TRUE(good.ping());
+}
+
+// Issue 10, item 5: 512 MiB of messages nobody receives, from a peer that never reads. Expected
+// messages whose tag nobody posted a receive for wait in a bounded queue (4096 messages, 32 MiB;
+// past it the newest are dropped and logged), and unexpected messages go to the core, which
+// drops what is not a call. The server's memory stays bounded and it keeps serving.
+TEST(HostileTcp, MessagesNobodyReceivesDoNotGrowTheServer) {
+    auto server = spawn_server("tcp://127.0.0.1:0");
+    ASSERT_TRUE(server);
+    GoodClient good("tcp://127.0.0.1:0", server->address);
+    ASSERT_TRUE(good.ping());
+    const long rss0 = rss_kib(server->pid());
+    DeafListener deaf;
+    RawPeer raw(server->address);
+    raw.hello(deaf.address);
+    std::vector<std::byte> payload(60 * 1024, std::byte{0x5a});
+    constexpr int kEach = 4400;  // 2 x 4400 x 60 KiB: about 515 MiB
+    for (int i = 0; i < kEach; ++i) {
+        raw.frame(tcp::FrameType::msg_expected, 0xdead0000u + uint32_t(i), payload);
+        raw.frame(tcp::FrameType::msg_unexpected, core::wire::kMessageTag, payload);
+    }
+    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
+    const long rss1 = rss_kib(server->pid());
+    std::printf("server RSS %ld KiB before, %ld KiB after 515 MiB of messages nobody receives\n",
+                rss0, rss1);
+    EXPECT_LT(rss1 - rss0, 64 * 1024) << "messages nobody receives grew the server";
 }

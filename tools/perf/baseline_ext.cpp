@@ -61,7 +61,7 @@ class ExternalBaseline : public Runner {
     [[nodiscard]] virtual std::string why_not(const Spec& s) const = 0;
 
     /// Run the pair with the port filled in (placeholder argument "{port}").
-    Result<std::string> run(ChildSpec server, ChildSpec client) {
+    Result<std::string> run_children(ChildSpec server, ChildSpec client) {
         // The talaria-perf server keeps polling after the layer's phase ended until its next
         // control request (its last response may still be leaving): send it one, so that it
         // blocks in its control loop and leaves the server CPU to the programs measured.
@@ -201,7 +201,7 @@ class OfiBaseline final : public ExternalBaseline {
         server.argv.insert(server.argv.end(), common.begin(), common.end());
         ChildSpec client{{exe, "raw-ofi-rma", "client"}, {}, -1, "talaria (this build)"};
         client.argv.insert(client.argv.end(), common.begin(), common.end());
-        TALARIA_TRY(out, ExternalBaseline::run(server, client));
+        TALARIA_TRY(out, run_children(server, client));
         TALARIA_TRY(r, parse_raw_ofi_rma(out));
         if (r.iters != iters || r.size != s.size)
             return Error(Errc::protocol_error,
@@ -239,7 +239,7 @@ class OfiBaseline final : public ExternalBaseline {
         server.argv.insert(server.argv.end(), {"-B", "{port}"});
         ChildSpec client{common, {}, -1, "libfabric-bin"};
         client.argv.insert(client.argv.end(), {"-P", "{port}", "127.0.0.1"});
-        TALARIA_TRY(out, ExternalBaseline::run(server, client));
+        TALARIA_TRY(out, run_children(server, client));
         TALARIA_TRY(rtt_us, parse_fi_pingpong_round_trip(out));
         return rtt_us * double(n);
     }
@@ -303,7 +303,7 @@ class UcxBaseline final : public ExternalBaseline {
         server.argv.insert(server.argv.end(), args.begin(), args.end());
         ChildSpec client{{"ucx_perftest", "127.0.0.1"}, ucx_env(sub()), -1, "ucx-utils"};
         client.argv.insert(client.argv.end(), args.begin(), args.end());
-        TALARIA_TRY(out, ExternalBaseline::run(server, client));
+        TALARIA_TRY(out, run_children(server, client));
         TALARIA_TRY(r, parse_ucx_perftest(out));
         // tag_lat: overall_lat is half the round trip; the others: time per operation.
         double per_op_us = r.overall_lat_us * (latency ? 2 : 1);
