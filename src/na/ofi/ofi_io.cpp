@@ -65,6 +65,16 @@ Errc errc_of(int err) {
     }
 }
 
+/// The tcp provider (through rxm) fails a put/get the target refused (an unknown or dropped
+/// memory key, a range outside the region, the wrong access) with FI_ECANCELED and the
+/// target's reason as a positive errno in prov_errno; a connection that broke carries none of
+/// these. Such a refusal fails that operation only.
+bool refused_by_target(int prov_errno) {
+    const int pe = prov_errno < 0 ? -prov_errno : prov_errno;
+    return pe == ENOENT || pe == EACCES || pe == EPERM || pe == EINVAL || pe == ERANGE ||
+           pe == EFAULT || pe == FI_EKEYREJECTED;
+}
+
 bool peer_lost(Errc e) {
     return e == Errc::disconnected || e == Errc::unreachable;
 }
@@ -1111,8 +1121,14 @@ void OfiTransport::on_error(OfiLane& l, const fi_cq_err_entry& e) {
             TALARIA_LOG(ofi, debug, "{} failed: {}", op_type_name(op->completion.type), why);
             // rxm fails the operations of a connection that broke with FI_ECANCELED: that is
             // a lost peer unless we asked for the cancel.
-            if (st == Errc::canceled && !op->cancel_asked)
-                st = op->first_error != Errc::ok ? op->first_error : Errc::disconnected;
+            const bool rma =
+                op->completion.type == OpType::put || op->completion.type == OpType::get;
+            if (st == Errc::canceled && !op->cancel_asked) {
+                if (rma && refused_by_target(e.prov_errno))
+                    st = Errc::access_denied;  // this op alone: the peer is fine
+                else
+                    st = op->first_error != Errc::ok ? op->first_error : Errc::disconnected;
+            }
             Addr peer = op->peer;
             if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
                 if (op->first_error == Errc::ok) op->first_error = st;
