@@ -38,6 +38,20 @@ using na::test::TransportKind;
 
 namespace {
 
+/// Under AddressSanitizer freed memory waits in a quarantine (256 MiB) before reuse, so a churn
+/// of allocations raises the resident memory however little stays allocated.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
 // --- the server's process
 // -------------------------------------------------------------------------
 
@@ -138,6 +152,22 @@ class GoodClient {
   private:
     std::unique_ptr<core::Engine> engine_;
     na::Addr server_;
+};
+
+/// The server under attack, and a good client that called it once before the attack.
+struct Target {
+    explicit Target(const std::string& address) : server(spawn_server(address)) {
+        if (!server) return;
+        good = std::make_unique<GoodClient>(address, server->address);
+        auto r = good->ping();
+        EXPECT_TRUE(r) << "the good client could not call the server before the attack: "
+                       << r.error().describe();
+        if (r) rss0 = rss_kib(server->pid());
+    }
+    [[nodiscard]] bool ready() const noexcept { return rss0 > 0; }
+    std::unique_ptr<PeerProcess> server;
+    std::unique_ptr<GoodClient> good;
+    long rss0 = -1;  ///< the server's resident memory (KiB) after the first call
 };
 
 // --- core messages, crafted --------------------------------------------------------------------
@@ -266,14 +296,11 @@ std::vector<TransportKind> multi_process_kinds() {
 // its Options::max_payload, and a procedure it does not have. Before issue 10 the second made the
 // server allocate and zero-fill the whole claimed size first (src/core/request.cpp).
 TEST_P(Hostile, LargeArgumentClaimsAreRefusedBeforeAnyAllocation) {
-    auto server = spawn_server(GetParam().address);
-    ASSERT_TRUE(server);
-    GoodClient good(GetParam().address, server->address);
-    ASSERT_TRUE(good.ping()) << "the good client could not call the server before the attack";
-    const long rss0 = rss_kib(server->pid());
-    const int fds0 = fd_count(server->pid());
+    Target t(GetParam().address);
+    ASSERT_TRUE(t.ready());
+    const int fds0 = fd_count(t.server->pid());
 
-    NaAttacker a(GetParam().address, server->address);
+    NaAttacker a(GetParam().address, t.server->address);
     ASSERT_TRUE(a.ready());
     // A region as large as the claims, never touched (so it costs the attacker nothing).
     const std::size_t region = hostile::kClaim;
@@ -304,12 +331,12 @@ TEST_P(Hostile, LargeArgumentClaimsAreRefusedBeforeAnyAllocation) {
         ASSERT_TRUE(got.count(200 + i)) << "no answer to a claim for an unknown procedure";
         EXPECT_EQ(got[200 + i].status, Errc::not_found) << got[200 + i].text;
     }
-    const long rss1 = rss_kib(server->pid());
-    std::printf("server RSS %ld KiB before, %ld KiB after %u claims of %zu MiB\n", rss0, rss1,
+    const long rss1 = rss_kib(t.server->pid());
+    std::printf("server RSS %ld KiB before, %ld KiB after %u claims of %zu MiB\n", t.rss0, rss1,
                 kEach, hostile::kClaim >> 20);
-    EXPECT_LT(rss1 - rss0, 16 * 1024) << "the refused claims cost the server memory";
-    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
-    EXPECT_LE(fd_count(server->pid()), fds0 + 4);
+    EXPECT_LT(rss1 - t.rss0, 16 * 1024) << "the refused claims cost the server memory";
+    EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
+    EXPECT_LE(fd_count(t.server->pid()), fds0 + 4);
     h->reset();
     ::munmap(mem, region);
 }
@@ -441,14 +468,11 @@ struct DeafListener {
 // with busy at once, commits no memory for bytes that never came, and fails each admitted pull
 // with timeout once Options::pull_timeout passes, which frees its share of the budget.
 TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
-    auto server = spawn_server("tcp://127.0.0.1:0");
-    ASSERT_TRUE(server);
-    GoodClient good("tcp://127.0.0.1:0", server->address);
-    ASSERT_TRUE(good.ping());
-    const long rss0 = rss_kib(server->pid());
+    Target t("tcp://127.0.0.1:0");
+    ASSERT_TRUE(t.ready());
 
     DeafListener deaf;
-    RawPeer raw(server->address);
+    RawPeer raw(t.server->address);
     raw.hello(deaf.address);
     std::vector<std::byte> blob(tcp::mem_blob_size(deaf.address));
     tcp::encode_mem_blob(tcp::MemBlob{0x7f0000000000, hostile::kClaim, 1,
@@ -474,11 +498,11 @@ TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
             EXPECT_NE(r.text.find("large_budget"), std::string::npos) << r.text;
         }
     }
-    const long rss1 = rss_kib(server->pid());
-    std::printf("server RSS %ld KiB idle, %ld KiB holding %u unserved claims of %zu MiB\n", rss0,
+    const long rss1 = rss_kib(t.server->pid());
+    std::printf("server RSS %ld KiB idle, %ld KiB holding %u unserved claims of %zu MiB\n", t.rss0,
                 rss1, admitted, hostile::kClaim >> 20);
-    EXPECT_LT(rss1 - rss0, 16 * 1024) << "bytes that never came were committed";
-    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
+    EXPECT_LT(rss1 - t.rss0, 16 * 1024) << "bytes that never came were committed";
+    EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
 
     // The admitted pulls time out (pull_timeout, checked about once a second).
     raw.read_until(hostile::kPullTimeout + 4s, [&] { return raw.replies.size() >= kClaims; });
@@ -489,7 +513,7 @@ TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
     raw.read_until(hostile::kPullTimeout + 4s, [&] { return raw.replies.count(100) != 0; });
     ASSERT_TRUE(raw.replies.count(100)) << "no answer to a claim after the budget was freed";
     EXPECT_EQ(raw.replies[100].status, Errc::timeout) << raw.replies[100].text;
-    EXPECT_TRUE(good.ping());
+    EXPECT_TRUE(t.good->ping());
 }
 
 namespace {
@@ -563,12 +587,9 @@ TEST(HostileTcp, IdleConnectionsAtTheDescriptorLimitNeitherSpinNorLockOut) {
 // accepted connection holds a small buffer until its hello, not a 64 KiB one (before, the
 // buffers of every connection open at once stayed resident after they closed).
 TEST(HostileTcp, ConnectCloseStormLeavesMemoryFlat) {
-    auto server = spawn_server("tcp://127.0.0.1:0");
-    ASSERT_TRUE(server);
-    GoodClient good("tcp://127.0.0.1:0", server->address);
-    ASSERT_TRUE(good.ping());
-    const long rss0 = rss_kib(server->pid());
-    const int port = port_of(server->address);
+    Target t("tcp://127.0.0.1:0");
+    ASSERT_TRUE(t.ready());
+    const int port = port_of(t.server->address);
     constexpr int kCycles = 100000;
     constexpr int kAtOnce = 500;
     const std::byte partial[20]{};
@@ -589,14 +610,19 @@ TEST(HostileTcp, ConnectCloseStormLeavesMemoryFlat) {
             ::close(fd);
         open.clear();
     }
-    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client during the storm";
+    EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client during the storm";
     std::this_thread::sleep_for(300ms);
-    const long rss1 = rss_kib(server->pid());
+    const long rss1 = rss_kib(t.server->pid());
     std::printf("%d connect/close cycles in %.1f s: server RSS %ld KiB before, %ld KiB after\n",
-                made, std::chrono::duration<double>(Clock::now() - t0).count(), rss0, rss1);
+                made, std::chrono::duration<double>(Clock::now() - t0).count(), t.rss0, rss1);
     EXPECT_GT(made, kCycles / 2);
-    EXPECT_LT(rss1, 2 * rss0) << "the storm left the server's memory more than twice idle";
-    EXPECT_TRUE(good.ping());
+    if (kAsan)
+        std::printf(
+            "(AddressSanitizer build: its quarantine holds what the storm freed; the "
+            "memory bound is checked in the other builds)\n");
+    else
+        EXPECT_LT(rss1, 2 * t.rss0) << "the storm left the server's memory more than twice idle";
+    EXPECT_TRUE(t.good->ping());
 }
 
 // Issue 10, item 5: 512 MiB of messages nobody receives, from a peer that never reads. Expected
@@ -604,13 +630,10 @@ TEST(HostileTcp, ConnectCloseStormLeavesMemoryFlat) {
 // past it the newest are dropped and logged), and unexpected messages go to the core, which
 // drops what is not a call. The server's memory stays bounded and it keeps serving.
 TEST(HostileTcp, MessagesNobodyReceivesDoNotGrowTheServer) {
-    auto server = spawn_server("tcp://127.0.0.1:0");
-    ASSERT_TRUE(server);
-    GoodClient good("tcp://127.0.0.1:0", server->address);
-    ASSERT_TRUE(good.ping());
-    const long rss0 = rss_kib(server->pid());
+    Target t("tcp://127.0.0.1:0");
+    ASSERT_TRUE(t.ready());
     DeafListener deaf;
-    RawPeer raw(server->address);
+    RawPeer raw(t.server->address);
     raw.hello(deaf.address);
     std::vector<std::byte> payload(60 * 1024, std::byte{0x5a});
     constexpr int kEach = 4400;  // 2 x 4400 x 60 KiB: about 515 MiB
@@ -618,9 +641,9 @@ TEST(HostileTcp, MessagesNobodyReceivesDoNotGrowTheServer) {
         raw.frame(tcp::FrameType::msg_expected, 0xdead0000u + uint32_t(i), payload);
         raw.frame(tcp::FrameType::msg_unexpected, core::wire::kMessageTag, payload);
     }
-    EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
-    const long rss1 = rss_kib(server->pid());
+    EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
+    const long rss1 = rss_kib(t.server->pid());
     std::printf("server RSS %ld KiB before, %ld KiB after 515 MiB of messages nobody receives\n",
-                rss0, rss1);
-    EXPECT_LT(rss1 - rss0, 64 * 1024) << "messages nobody receives grew the server";
+                t.rss0, rss1);
+    EXPECT_LT(rss1 - t.rss0, 64 * 1024) << "messages nobody receives grew the server";
 }

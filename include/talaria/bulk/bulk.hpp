@@ -38,6 +38,9 @@ inline constexpr std::size_t kInlineMax = 512;
 
 /// A bulk handle: local (registered here) or remote (decoded from a peer's encoding).
 /// Copyable: copies share the registration (a reference count), like a file descriptor dup.
+/// The access, bounds and liveness a handle states are checked at the target on tcp and
+/// ofi+tcp only; sm, ofi+shm and ucx+sm peers copy from the owner's process, and ucx+tcp
+/// checks at the caller (docs/architecture.md, "Trust model").
 class Handle {
   public:
     Handle() noexcept = default;
