@@ -616,11 +616,16 @@ void Context::Impl::begin_shutdown() {
         if (fn)
             run_response(fn, peer,
                          Error{Errc::shutdown, "the engine was destroyed with the call in flight"});
+    std::vector<na::OpId> pulling;  // canceled where the transport can (a peer may never serve)
     {
         std::lock_guard g(pend_mu);
         pending.clear();
         held.clear();
+        for (PullJob* j : pull_jobs)
+            if (j->posted) pulling.push_back(j->op);
     }
+    for (na::OpId op : pulling)
+        (void)t->cancel(op);
     for (auto& rs : recvs)
         if (rs->posted) (void)t->cancel(rs->op);
 }

@@ -514,6 +514,16 @@ TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
     ASSERT_TRUE(raw.replies.count(100)) << "no answer to a claim after the budget was freed";
     EXPECT_EQ(raw.replies[100].status, Errc::timeout) << raw.replies[100].text;
     EXPECT_TRUE(t.good->ping());
+
+    // A pull in flight does not hold up the server's shutdown: the engine cancels it.
+    raw.message(core_message(core::wire::kMore, sink, 200, more_descriptor(hostile::kClaim, blob)));
+    raw.read_until(300ms, [] { return false; });  // admitted, its get sent
+    const auto closing = Clock::now();
+    t.server->close_stdin();
+    auto status = t.server->wait_exit(10s);
+    ASSERT_TRUE(status) << "the server did not exit";
+    EXPECT_EQ(*status, 0);
+    EXPECT_LT(Clock::now() - closing, 3s) << "an unserved pull held up the engine's shutdown";
 }
 
 namespace {
