@@ -400,19 +400,22 @@ void Context::Impl::start_pull(const wire::Header& h, std::span<const std::byte>
 
 void Context::Impl::expire_pulls(TimePoint now) {
     std::vector<na::OpId> cancel;  // canceled once the lock is released (stale ids are safe)
+    std::vector<std::string> why;  // the log lines, built under the lock (the jobs may go after)
     {
         std::lock_guard g(pend_mu);
         for (PullJob* j : pull_jobs) {
             if (j->expired || !j->posted || j->deadline > now) continue;
             j->expired = true;
             cancel.push_back(j->op);
+            why.push_back(fmt::format("{} bytes from {}", j->size, t->addr_to_string(j->source)));
         }
     }
-    for (na::OpId op : cancel) {
+    for (std::size_t i = 0; i < cancel.size(); ++i) {
         TALARIA_LOG(core, warn,
-                    "context {}: a pull of large payload passed Options::pull_timeout; canceling",
-                    id);
-        (void)t->cancel(op);
+                    "context {}: the peer did not serve a pull of {} within "
+                    "Options::pull_timeout; canceling it (the call fails with timeout)",
+                    id, why[i]);
+        (void)t->cancel(cancel[i]);
     }
 }
 

@@ -349,21 +349,33 @@ namespace {
 
 namespace tcp = talaria::na::tcp;
 
+/// A connection to 127.0.0.1:`port` that says nothing. Closed with a reset (no TIME_WAIT).
+int idle_connection(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(uint16_t(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    linger lg{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int port_of(const std::string& address) {
+    return std::stoi(address.substr(address.rfind(':') + 1));
+}
+
 /// A socket speaking tcp frames by hand: it says hello as whatever address it likes and never
 /// serves the get requests the server sends it.
 class RawPeer {
   public:
-    explicit RawPeer(const std::string& server) {
-        // "tcp://127.0.0.1:PORT"
-        auto colon = server.rfind(':');
-        int port = std::stoi(server.substr(colon + 1));
-        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in sa{};
-        sa.sin_family = AF_INET;
-        sa.sin_port = htons(uint16_t(port));
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0)
-            << std::strerror(errno);
+    explicit RawPeer(const std::string& server) : fd_(idle_connection(port_of(server))) {
+        EXPECT_GE(fd_, 0) << "cannot connect to " << server << ": " << std::strerror(errno);
     }
     ~RawPeer() {
         if (fd_ >= 0) ::close(fd_);
@@ -526,30 +538,6 @@ TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
     EXPECT_LT(Clock::now() - closing, 3s) << "an unserved pull held up the engine's shutdown";
 }
 
-namespace {
-
-/// A connection to 127.0.0.1:`port` that says nothing. Closed with a reset (no TIME_WAIT).
-int idle_connection(int port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(uint16_t(port));
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    linger lg{1, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-        ::close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-int port_of(const std::string& address) {
-    return std::stoi(address.substr(address.rfind(':') + 1));
-}
-
-}  // namespace
 
 // Issue 10, item 4: a server under `ulimit -n 128` facing 300 connections that never say hello.
 // Before, accept() failed with EMFILE in a hot loop (1.46 million log lines in 8 s) and the
