@@ -95,6 +95,15 @@ class Seat final : public Driver {
 
     void drive(uint8_t, Duration) override {}  // background contexts are never driven by slot
     bool wait_ready(StateBase& s, TimePoint deadline) override;
+    [[nodiscard]] Result<void> usable() const override {
+        if (na_->transport().inherited()) [[unlikely]] {
+            if (core_) return core_->engine().inherited_error("wait for a result");
+            return Error(Errc::invalid_state,
+                         "wait for a transfer: engine inherited across fork; the child must "
+                         "open an engine of its own");
+        }
+        return ok();
+    }
 
     /// One progress + trigger of the context: true if it did something.
     bool step(Duration d) {
@@ -193,10 +202,24 @@ class EngineState {
     std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
     std::vector<std::thread> threads;             ///< one per core context, then one for bulk_ctx
 
-    ~EngineState() { shutdown(); }
+    ~EngineState() {
+        if (core && core->inherited())
+            abandon();
+        else
+            shutdown();
+    }
 
     void start_threads();
+    /// In a child across fork(): leave everything as it is (core::Engine::inherited). The
+    /// progress threads do not exist here (their std::thread objects are kept, never joined),
+    /// and the engine, its transfers and its transport are not torn down.
     void shutdown() noexcept;
+    void abandon() noexcept {
+        (void)new (std::nothrow) std::vector<std::thread>(std::move(threads));
+        (void)bulk.release();
+        (void)bulk_ctx.release();
+        (void)core.release();
+    }
 };
 
 class ManualDriver final : public Driver {
@@ -213,6 +236,11 @@ class ManualDriver final : public Driver {
         }
     }
     bool wait_ready(StateBase& s, TimePoint deadline) override { return s.wait_until(deadline); }
+    [[nodiscard]] Result<void> usable() const override {
+        if (e_->core && e_->core->inherited()) [[unlikely]]
+            return e_->core->inherited_error("wait for a result");
+        return ok();
+    }
 
   private:
     EngineState* e_;
@@ -695,6 +723,8 @@ unsigned Engine::trigger(uint8_t ctx) {
 }
 
 unsigned Engine::poll() {
+    if (state_->core->inherited()) [[unlikely]]
+        return 0;  // a child across fork(): nothing here is its to drive
     unsigned n = 0;
     for (uint8_t i = 0; i < context_count(); ++i) {
         (void)state_->core->context(i).progress(Duration(0));

@@ -61,6 +61,11 @@ std::size_t Handle::Impl::segment_at(uint64_t off) const noexcept {
 
 Result<Handle> Handle::create(na::Transport& transport, std::span<const Segment> segments,
                               Access access, bool embed_owner) {
+    if (transport.inherited()) [[unlikely]]
+        return Error(Errc::invalid_state,
+                     fmt::format("bulk::Handle::create: the transport was opened by process {} "
+                                 "and inherited across fork; open an engine in this process",
+                                 transport.opened_by()));
     if (segments.empty()) return Error(Errc::invalid_argument, "bulk::Handle::create: no segments");
     if (segments.size() > UINT32_MAX)
         return Error(Errc::invalid_argument,

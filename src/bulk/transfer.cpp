@@ -408,6 +408,10 @@ Context::Context(na::Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
 
 Context::~Context() {
     if (!impl_ || impl_->pool.active() == 0) return;
+    if (impl_->ctx.transport().inherited()) {
+        (void)impl_.release();  // a child across fork(): the transfers are the parent's
+        return;
+    }
     std::size_t n = cancel_all();
     TALARIA_LOG(bulk, debug, "bulk context: canceled {} transfers still in flight", n);
     na::Context& ctx = impl_->ctx;
@@ -449,6 +453,11 @@ Result<TransferId> Context::transfer(Direction dir, const na::Addr& peer, const 
                                      std::size_t remote_off, const Handle& local,
                                      std::size_t local_off, std::size_t len, DoneFn done) {
     na::Context& ctx = impl_->ctx;
+    if (ctx.transport().inherited()) [[unlikely]]
+        return Error(Errc::invalid_state,
+                     fmt::format("bulk transfer: its transport was opened by process {} and "
+                                 "inherited across fork; open an engine in this process",
+                                 ctx.transport().opened_by()));
     if (dir != Direction::pull && dir != Direction::push)
         return Error(Errc::invalid_argument,
                      fmt::format("bulk transfer: invalid direction {}", unsigned(dir)));

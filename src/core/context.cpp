@@ -292,6 +292,8 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
 }
 
 Result<void> Context::Impl::check_forward(const na::Addr& dest) const {
+    if (t->inherited()) [[unlikely]]
+        return self->engine().inherited_error("forward");
     if (!dest || dest.impl()->transport() != t)
         return Error{Errc::invalid_argument,
                      "forward: the destination address is empty or belongs to another transport"};
@@ -667,6 +669,8 @@ Result<CallId> Context::forward_in_place(const na::Addr& dest, RpcId id, Payload
 }
 
 Result<void> Context::cancel(CallId call) {
+    if (impl_->t->inherited()) [[unlikely]]
+        return engine().inherited_error("cancel");
     return impl_->cancel(call);
 }
 
@@ -695,6 +699,8 @@ void Context::Impl::run_response(ResponseFn& fn, const na::Addr& peer,
 
 Result<void> Context::progress(Duration timeout) {
     Impl& im = *impl_;
+    if (im.t->inherited()) [[unlikely]]
+        return engine().inherited_error("progress");
     if (im.has_deferred.load(std::memory_order_acquire)) [[unlikely]]
         return ok();
     int64_t dl = im.next_deadline_ns.load(std::memory_order_acquire);
@@ -723,6 +729,8 @@ void Context::Impl::maybe_sweep_idle() {
 
 unsigned Context::trigger(unsigned max) {
     Impl& im = *impl_;
+    if (im.t->inherited()) [[unlikely]]
+        return 0;  // a child across fork(): the parent's completions are not its to run
     unsigned n = im.na->trigger(max);
     // Each check is one load when nothing is due (the busy-poll loop calls this constantly).
     if (im.next_deadline_ns.load(std::memory_order_relaxed) != INT64_MAX) n += im.expire_timers();
@@ -741,6 +749,8 @@ int Context::wait_fd() const noexcept {
 }
 
 bool Context::try_wait() {
+    if (impl_->t->inherited()) [[unlikely]]
+        return false;  // progress() answers at once
     if (impl_->has_deferred.load(std::memory_order_acquire)) return false;
     if (next_deadline() <= Clock::now()) return false;
     return impl_->na->try_wait();

@@ -1,5 +1,6 @@
 // core::Engine: opening, the procedure registry, counters, and orderly shutdown.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "core/core_impl.hpp"
 #include "talaria/util/log.hpp"
@@ -115,8 +116,20 @@ Result<std::unique_ptr<Engine>> Engine::open(std::string_view address, const Opt
     return e;
 }
 
+bool Engine::inherited() const noexcept {
+    return impl_->transport && impl_->transport->inherited();  // none: open() failed
+}
+
+Error Engine::inherited_error(std::string_view what) const {
+    return Error{Errc::invalid_state,
+                 fmt::format("{}: engine inherited across fork (opened by process {}, used in "
+                             "process {}); the child must open an engine of its own (it may "
+                             "destroy this one, which leaves the parent's resources alone)",
+                             what, impl_->transport->opened_by(), ::getpid())};
+}
+
 void Engine::shutdown() {
-    if (!impl_ || impl_->shut) return;
+    if (!impl_ || impl_->shut || inherited()) return;
     impl_->shut = true;
     for (auto& c : impl_->contexts)
         c->impl_->begin_shutdown();
@@ -124,6 +137,14 @@ void Engine::shutdown() {
 
 Engine::~Engine() {
     if (!impl_) return;
+    if (inherited()) {
+        // A child across fork(): the parent's progress threads are not here, its locks may be
+        // held forever, and its sockets, rings and files are shared with the parent, so any
+        // teardown (a cancel, a shutdown(), an unlink, a goodbye to a peer) would act on the
+        // parent's resources. The child leaves everything allocated and open instead.
+        (void)impl_.release();
+        return;
+    }
     Impl& im = *impl_;
     shutdown();
     // Drain: every operation posted on the transport completes (canceled) before the buffers
@@ -159,6 +180,8 @@ Context& Engine::context(uint8_t i) const noexcept {
 }
 
 Result<void> Engine::register_rpc(RpcId id, std::string_view name, Handler handler) {
+    if (inherited()) [[unlikely]]
+        return inherited_error(fmt::format("register '{}'", name));
     return impl_->registry.add(id, name, std::move(handler));
 }
 Result<void> Engine::deregister_rpc(RpcId id) {
@@ -170,6 +193,8 @@ std::string Engine::rpc_name(RpcId id) const {
 }
 
 Result<na::Addr> Engine::lookup(std::string_view address) {
+    if (inherited()) [[unlikely]]
+        return inherited_error(fmt::format("lookup '{}'", address));
     return impl_->transport->addr_lookup(address);
 }
 na::Addr Engine::self() const {

@@ -488,7 +488,8 @@ Request& Request::operator=(Request&& o) noexcept {
 }
 
 Request::~Request() {
-    if (ctx_ && !responded_ && !one_way_) {
+    // In a child across fork() the request is the parent's to answer: the child sends nothing.
+    if (ctx_ && !responded_ && !one_way_ && !ctx_->impl_->t->inherited()) {
         std::string name = ctx_->engine().rpc_name(rpc_id_);
         if (name.empty()) name = fmt::format("{:#010x}", rpc_id_);
         std::string msg =
@@ -511,6 +512,8 @@ Result<void> Request::respond_error(Errc code, std::string_view message) {
 
 Result<void> Request::check_respond() const {
     if (!ctx_) return Error{Errc::invalid_argument, "respond: this request is empty (moved from)"};
+    if (ctx_->impl_->t->inherited()) [[unlikely]]
+        return ctx_->engine().inherited_error("respond");
     if (one_way_) return Error{Errc::not_supported, "respond: a one-way call takes no response"};
     if (responded_) return Error{Errc::invalid_argument, "respond: already responded"};
     return ok();

@@ -75,7 +75,7 @@ Result<Header> decode_header(std::span<const std::byte> msg) {
         return Error{Errc::protocol_error,
                      fmt::format("rpc header says {} payload bytes, {} arrived", h.payload_len,
                                  msg.size() - kHeaderSize)};
-    if (h.status > static_cast<uint16_t>(Errc::internal))
+    if (h.status > static_cast<uint16_t>(kLastErrc))
         return Error{Errc::protocol_error, fmt::format("rpc status {} is unknown", h.status)};
     if (h.flags & kChecksum) {
         uint32_t want = message_crc(p, msg.subspan(kHeaderSize));

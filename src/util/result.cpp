@@ -53,6 +53,8 @@ std::string_view errc_name(Errc code) noexcept {
             return "shutdown";
         case Errc::internal:
             return "internal";
+        case Errc::invalid_state:
+            return "invalid_state";
     }
     return "unknown";
 }

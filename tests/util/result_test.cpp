@@ -12,11 +12,11 @@
 namespace talaria {
 namespace {
 
-constexpr int kLastErrc = static_cast<int>(Errc::internal);
+constexpr int kLastCode = static_cast<int>(talaria::kLastErrc);
 
 TEST(Errc, EveryCodeHasADistinctName) {
     std::set<std::string_view> seen;
-    for (int i = 0; i <= kLastErrc; ++i) {
+    for (int i = 0; i <= kLastCode; ++i) {
         auto name = errc_name(static_cast<Errc>(i));
         EXPECT_FALSE(name.empty()) << "code " << i;
         EXPECT_NE(name, "unknown") << "code " << i << " has no name: update errc_name()";
@@ -24,11 +24,11 @@ TEST(Errc, EveryCodeHasADistinctName) {
         for (char c : name)
             EXPECT_TRUE((c >= 'a' && c <= 'z') || c == '_') << "name " << name;
     }
-    EXPECT_EQ(seen.size(), std::size_t(kLastErrc + 1));
+    EXPECT_EQ(seen.size(), std::size_t(kLastCode + 1));
     EXPECT_EQ(errc_name(Errc::ok), "ok");
     EXPECT_EQ(errc_name(Errc::access_denied), "access_denied");
     // Values outside the enum (e.g. decoded from a corrupt wire) do not crash.
-    EXPECT_EQ(errc_name(static_cast<Errc>(kLastErrc + 1)), "unknown");
+    EXPECT_EQ(errc_name(static_cast<Errc>(kLastCode + 1)), "unknown");
     EXPECT_EQ(errc_name(static_cast<Errc>(255)), "unknown");
 }
 

@@ -258,6 +258,13 @@ class Request {
 /// An RPC engine: one endpoint, its procedures, its progress. Movable (the state lives behind a
 /// pointer, so Endpoints, Procedures and Requests stay valid across a move); destroying it stops
 /// its threads and fails calls still pending with Errc::shutdown.
+///
+/// fork(): an engine belongs to the process that opened it. In a child, every use of an
+/// inherited engine fails at once with Errc::invalid_state ("engine inherited across fork"),
+/// also get() on a future of a call the parent started, and destroying it frees nothing and
+/// touches none of the parent's threads, connections, rings or registrations (what it holds
+/// stays with the child until it exits or execs). The child opens an engine of its own; the
+/// parent's engine carries on unaffected.
 class Engine {
   public:
     /// A client: `address` names the transport ("tcp://", "tcp://127.0.0.1:0", "sm://",

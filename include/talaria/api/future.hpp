@@ -52,6 +52,9 @@ class Driver {
     /// context seat (src/api/engine.cpp) takes its context over from the progress thread and
     /// drives it on the waiting thread; manual engines are driven by StateBase itself.
     virtual bool wait_ready(StateBase& s, TimePoint deadline) = 0;
+    /// Why nothing can complete the states of this driver in this process (its engine was
+    /// inherited across fork: Errc::invalid_state), or ok.
+    [[nodiscard]] virtual Result<void> usable() const { return ok(); }
 };
 
 /// The context id a Driver understands as "the engine's bulk transfer context".
@@ -118,7 +121,7 @@ class StateBase {
     bool wait_until(TimePoint deadline) {
         if (ready()) return true;
         if (mode_ == Mode::seat) {
-            if (auto d = driver_.lock()) return d->wait_ready(*this, deadline);
+            if (auto d = driver_.lock()) return d->usable() && d->wait_ready(*this, deadline);
             return ready();  // the engine is gone: nothing will complete this state any more
         }
         if (mode_ == Mode::manual) {
@@ -126,7 +129,8 @@ class StateBase {
             // 10 ms so the deadline is kept.
             while (!ready()) {
                 auto d = driver_.lock();
-                if (!d) return ready();  // the engine is gone (it failed its calls first)
+                if (!d) return ready();            // the engine is gone (it failed its calls first)
+                if (!d->usable()) return ready();  // inherited across fork: nobody drives it
                 if (deadline_passed(deadline)) return false;
                 Duration slice = std::chrono::milliseconds(10);
                 if (deadline != TimePoint::max())
@@ -178,6 +182,13 @@ class StateBase {
         if (!(w & kReady)) futex_wait(word_, w | kSleeper, deadline);
     }
     [[nodiscard]] const std::weak_ptr<Driver>& driver() const noexcept { return driver_; }
+    /// Why wait_until() gave up without a result: the engine was inherited across fork
+    /// (invalid_state), or it is gone (shutdown).
+    [[nodiscard]] Error unavailable() const {
+        if (auto d = driver_.lock())
+            if (auto u = d->usable(); !u) return u.error();
+        return Error(Errc::shutdown, "the engine that would complete this future is gone");
+    }
     [[nodiscard]] uint8_t driver_context() const noexcept { return ctx_; }
 
     /// Store the coroutine to resume on completion; false if already complete (do not suspend).
@@ -300,8 +311,7 @@ class [[nodiscard]] Future {
     Result<T> try_get() {
         if (!state_) return Error(Errc::invalid_argument, "Future::try_get on an empty future");
         auto s = std::move(state_);
-        if (!s->wait_until(TimePoint::max()))
-            return Error(Errc::shutdown, "the engine that would complete this future is gone");
+        if (!s->wait_until(TimePoint::max())) return s->unavailable();
         return s->take();
     }
     /// Wait for the result; throws talaria::Exception on error. Consumes the Future.

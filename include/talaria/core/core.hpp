@@ -290,6 +290,16 @@ class Engine {
     /// The name registered for `id` (empty if none).
     [[nodiscard]] std::string rpc_name(RpcId id) const;
 
+    /// This engine was opened by another process and the caller is a child that inherited it
+    /// across fork(). Every call then fails at once with Errc::invalid_state (forward,
+    /// progress, respond, lookup, ...; trigger() runs nothing), and the destructor leaves the
+    /// parent's threads, descriptors, peers and registrations as they are: it frees nothing,
+    /// so what the engine holds stays with the child until it exits or execs (the engine's
+    /// descriptors are close-on-exec). A child opens its own engine.
+    [[nodiscard]] bool inherited() const noexcept;
+    /// The invalid_state error of an inherited engine, naming `what` the caller tried.
+    [[nodiscard]] Error inherited_error(std::string_view what) const;
+
     Result<na::Addr> lookup(std::string_view address);
     [[nodiscard]] na::Addr self() const;
     [[nodiscard]] std::string self_string() const;

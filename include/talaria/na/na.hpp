@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "talaria/util/clock.hpp"
+#include "talaria/util/fork_guard.hpp"
 #include "talaria/util/inplace_function.hpp"
 #include "talaria/util/result.hpp"
 
@@ -128,7 +129,7 @@ class Addr {
     ~Addr() { reset(); }
 
     void reset() noexcept {
-        if (p_ && p_->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete p_;
+        if (p_ && p_->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) destroy(p_);
         p_ = nullptr;
     }
     void swap(Addr& o) noexcept { std::swap(p_, o.p_); }
@@ -145,6 +146,9 @@ class Addr {
     }
 
   private:
+    /// Deletes the last reference's object, except in a child that inherited its transport
+    /// across fork(): the child leaves the parent's peers (and their connections) alone.
+    static void destroy(AddrImpl* p) noexcept;
     AddrImpl* p_ = nullptr;
 };
 
@@ -176,11 +180,13 @@ class MemImpl {
     bool local_;
 };
 
-/// Owning, move-only handle on a registration. Destroying a local handle deregisters it.
+/// Owning, move-only handle on a registration. Destroying a local handle deregisters it
+/// (except in a child that inherited its transport across fork(): the parent's registration
+/// stays as it is).
 class MemHandle {
   public:
     MemHandle() noexcept = default;
-    explicit MemHandle(std::unique_ptr<MemImpl> p) noexcept : p_(std::move(p)) {}
+    explicit MemHandle(std::unique_ptr<MemImpl> p) noexcept : p_(p.release()) {}
     [[nodiscard]] bool valid() const noexcept { return p_ != nullptr; }
     explicit operator bool() const noexcept { return valid(); }
     [[nodiscard]] MemImpl* impl() const noexcept { return p_.get(); }
@@ -192,7 +198,10 @@ class MemHandle {
     void reset() noexcept { p_.reset(); }
 
   private:
-    std::unique_ptr<MemImpl> p_;
+    struct Release {
+        void operator()(MemImpl* p) const noexcept;
+    };
+    std::unique_ptr<MemImpl, Release> p_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -285,6 +294,14 @@ class Transport {
     Transport() = default;
     Transport(const Transport&) = delete;
     Transport& operator=(const Transport&) = delete;
+
+    /// This transport was opened by another process: the caller is a child that inherited it
+    /// across fork(), with the parent's descriptors and peers but none of its threads. The
+    /// core and the API refuse to use it there (Errc::invalid_state) and leave it as it is
+    /// when destroyed; a user of this layer must do the same. One load.
+    [[nodiscard]] bool inherited() const noexcept { return fork_.inherited(); }
+    /// The process that opened it.
+    [[nodiscard]] pid_t opened_by() const noexcept { return fork_.creator(); }
 
     /// "inproc", "sm", "tcp", ...
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
@@ -386,6 +403,9 @@ class Transport {
 
     /// Called by MsgBuffer's destructor.
     virtual void msg_buf_free(MsgBuffer& buf) noexcept;
+
+  private:
+    ForkGuard fork_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -36,7 +36,12 @@ enum class Errc : uint8_t {
     io_error,           ///< an unexpected system call failure (errno is in the message)
     shutdown,           ///< the transport or context is closing
     internal,           ///< a bug: an invariant did not hold
+    invalid_state,      ///< the object cannot be used in this state: an engine inherited by a
+                        ///< child across fork() (open a new one in the child)
 };
+
+/// The last code: statuses on a wire are at most this.
+inline constexpr Errc kLastErrc = Errc::invalid_state;
 
 /// A short, stable, lower-case name for every code ("disconnected", "access_denied", ...).
 std::string_view errc_name(Errc code) noexcept;

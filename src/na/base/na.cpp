@@ -143,6 +143,19 @@ Result<MsgBuffer> Transport::msg_buf_alloc(std::size_t size) {
     return MsgBuffer(this, static_cast<std::byte*>(p), size, nullptr);
 }
 
+void Addr::destroy(AddrImpl* p) noexcept {
+    // In a child across fork() the object belongs to the parent's transport: its destructor
+    // would take that transport's locks (perhaps held by a parent thread at the fork) and may
+    // close connections the parent shares. The child leaves it allocated.
+    if (p->transport() && p->transport()->inherited()) return;
+    delete p;
+}
+
+void MemHandle::Release::operator()(MemImpl* p) const noexcept {
+    if (p->transport() && p->transport()->inherited()) return;  // as Addr::destroy
+    delete p;
+}
+
 void Transport::msg_buf_free(MsgBuffer& buf) noexcept {
     std::free(buf.data());
 }

@@ -459,7 +459,8 @@ class UcxTransport final : public Transport {
     AddrTable addrs_;
     Options opts_;
     Spec spec_;
-    std::string scheme_;  ///< "ucx+tcp"
+    bool counted_ = false;  ///< counted in the process's live ucx transports (ucx_setup.cpp)
+    std::string scheme_;    ///< "ucx+tcp"
     /// Setup lock: making lanes, attaching and detaching contexts. Taken before a lane's lock,
     /// never under one.
     MaybeMutex setup_mu_;

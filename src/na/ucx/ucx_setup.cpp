@@ -34,6 +34,27 @@ namespace ucx {
 
 namespace {
 
+/// Transports of this process whose UCX context is live, and the process that opened them.
+///
+/// The one piece of process-wide state in Talaria, and it mirrors UCX's own: UCX starts one
+/// async thread per process (its socket connection manager and its tcp interfaces take their
+/// connection events there) while any worker lives, and keeps that in globals we cannot reach.
+/// A child forked while one of its parent's ucx transports was open inherits those globals
+/// without the thread: its connection events then go to an epoll set shared with the parent's
+/// thread and are never handled, and its calls over ucx+tcp never complete. So a child refuses
+/// to open ucx transports that connect through sockets while its parent's were live (ucx+sm,
+/// which addresses workers directly, works in a child).
+struct UcxProcessUse {
+    std::mutex mu;
+    int live = 0;       ///< transports `owner` has open
+    pid_t owner = 0;    ///< the process that counted `live`
+    int inherited = 0;  ///< transports that ancestors had open when they forked
+};
+UcxProcessUse& process_use() {
+    static UcxProcessUse u;  // NOLINT: process-wide by necessity (see above)
+    return u;
+}
+
 /// UCX keepalive interval we configure (UCX 1.13's default is 20 s: far above the 5 s in which
 /// a dead peer must fail its operations).
 constexpr const char* kKeepaliveInterval = "1s";
@@ -417,6 +438,11 @@ void UcxTransport::lane_close(Lane& l) noexcept {
 }
 
 UcxTransport::~UcxTransport() {
+    if (counted_) {
+        UcxProcessUse& u = process_use();
+        std::lock_guard g(u.mu);
+        if (u.owner == ::getpid()) --u.live;
+    }
     closing_.store(true, std::memory_order_release);
     // Byes first, on every lane, while every endpoint still stands; then the listener, then
     // the endpoints.
@@ -535,6 +561,29 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     scheme_ = fmt::format("ucx+{}", sub);
     TALARIA_TRY(spec, parse_spec(sub, rest));
     spec_ = std::move(spec);
+    {
+        UcxProcessUse& u = process_use();
+        std::lock_guard g(u.mu);
+        const pid_t me = ::getpid();
+        if (u.owner != me) {  // the first open in this process: what was open is inherited
+            u.inherited += u.live;
+            u.live = 0;
+            u.owner = me;
+        }
+        if (u.inherited > 0 && spec_.mode == Mode::sockaddr)
+            return Error(Errc::not_supported,
+                         fmt::format("{}: this process was forked (parent {}) while {} ucx "
+                                     "transport(s) were open; UCX keeps its async thread, which "
+                                     "handles socket connections, in process-wide state that a "
+                                     "child inherits without the thread, so connections from "
+                                     "here would never complete. A child can open {} only if "
+                                     "its parent had no ucx transport open when it forked: fork "
+                                     "earlier, or exec a fresh program (ucx+sm and the other "
+                                     "transports work in a child)",
+                                     scheme_, ::getppid(), u.inherited, scheme_));
+        ++u.live;
+        counted_ = true;
+    }
     instance_ = random_u64();
     token_salt_ = random_u64();
     pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
