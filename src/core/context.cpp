@@ -278,9 +278,17 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
     ResponseFn fn = std::move(s.done);
     s.done = nullptr;
     if (s.heap >= 0) heap_remove_locked(idx);
+    s.retry_at = TimePoint{};
+    s.retry.reset();
     if (s.peer) {
         if (peer) *peer = s.peer->addr;
         --s.peer->inflight;
+        if (s.queued) {
+            s.queued = false;
+            --s.peer->queued;  // its backlog entry is skipped
+        } else if (s.peer->queued) {
+            pass_credit_locked(s.peer);
+        }
         s.peer = nullptr;
     }
     garbage = std::move(s.large);
@@ -322,8 +330,22 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         lo = std::move(*r);
     }
 
+    // Sent again on a busy answer: the payload is kept (copied; only when asked for).
+    std::unique_ptr<Retry> retry;
+    if (opts.busy_retries > 0 && !opts.one_way) [[unlikely]] {
+        retry = std::make_unique<Retry>();
+        std::span<const std::byte> p = large ? std::span<const std::byte>(desc) : args;
+        retry->payload.assign(p.begin(), p.end());
+        retry->flags = large ? wire::kMore : 0;
+        retry->target_ctx = opts.target_context;
+        retry->left = opts.one_way ? 0 : opts.busy_retries;
+        retry->backoff =
+            opts.busy_backoff > Duration::zero() ? opts.busy_backoff : std::chrono::milliseconds(1);
+    }
+
     uint32_t idx;
     uint32_t seq;
+    bool queue_it = false;  // no credit with the peer: kept, sent when one comes back
     Peer* watch = nullptr;  // a peer to watch, posted once the lock is released
     {
         std::lock_guard g(mu);
@@ -341,17 +363,36 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.one_way = opts.one_way;
         s.done = std::move(done);
         s.large = std::move(lo);
+        s.retry = std::move(retry);
         s.peer = peer_for_locked(dest);
         ++s.peer->inflight;
+        const uint32_t window = eng->opts.peer_window;
+        if (window && s.peer->inflight - s.peer->queued > window) [[unlikely]] {
+            if (!s.retry) {  // the payload, kept to be sent later (copied under the lock: rare)
+                s.retry = std::make_unique<Retry>();
+                std::span<const std::byte> p = large ? std::span<const std::byte>(desc) : args;
+                s.retry->payload.assign(p.begin(), p.end());
+                s.retry->flags = large ? wire::kMore : 0;
+                s.retry->target_ctx = opts.target_context;
+                s.retry->backoff = std::chrono::milliseconds(1);
+            }
+            s.queued = true;
+            ++s.peer->queued;
+            s.peer->backlog.emplace_back(idx, seq);
+            queue_it = true;
+        }
         if (claim_watch_locked(s.peer)) watch = s.peer;
         if (opts.timeout > Duration::zero()) {
             s.deadline = Clock::now() + opts.timeout;
             heap_push_locked(idx);
+        } else {
+            s.deadline = TimePoint{};
         }
         inflight.store(inflight.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
 
-    if (watch) post_watch(watch);  // before the call goes out, as a reply may fail it
+    if (watch) post_watch(watch);      // before the call goes out, as a reply may fail it
+    if (queue_it) return CallId{seq};  // counted in rpcs_sent when it goes out
 
     wire::Header h;
     h.flags = (opts.one_way ? wire::kOneWay : 0) | (large ? wire::kMore : 0);
@@ -437,6 +478,8 @@ void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte
         }
         return;
     }
+    if (h.status == uint16_t(Errc::busy) && schedule_retry(h.seq, source)) [[unlikely]]
+        return;
     bool matched;
     if (h.status == 0) {
         CtxCounters::bump(counters.bytes_received, payload.size());
@@ -480,14 +523,70 @@ void Context::Impl::defer_locked(ResponseFn fn, na::Addr peer, Error e) {
     has_deferred.store(true, std::memory_order_release);
 }
 
+void Context::Impl::pass_credit_locked(Peer* p) {
+    while (!p->backlog.empty()) {
+        auto [idx, seq] = p->backlog.front();
+        p->backlog.pop_front();
+        CallSlot& s = slots[idx];
+        if (s.seq != seq || !s.queued) continue;  // ended while it waited
+        s.queued = false;
+        --p->queued;
+        credited.emplace_back(idx, seq);
+        has_deferred.store(true, std::memory_order_release);
+        return;
+    }
+}
+
+void Context::Impl::send_credited() {
+    std::vector<std::pair<uint32_t, uint32_t>> batch;
+    {
+        std::lock_guard g(mu);
+        batch.swap(credited);
+    }
+    for (auto [idx, seq] : batch) {
+        na::Addr dest;
+        wire::Header h;
+        std::vector<std::byte> payload;
+        bool one_way = false;
+        {
+            std::lock_guard g(mu);
+            CallSlot& s = slots[idx];
+            if (s.seq != seq || s.queued || !s.retry || !s.peer) continue;
+            dest = s.peer->addr;
+            h.flags = uint8_t(s.retry->flags | (s.one_way ? wire::kOneWay : 0));
+            h.rpc_id = s.rpc_id;
+            h.seq = seq;
+            h.target_ctx = s.retry->target_ctx;
+            h.reply_ctx = id;
+            payload = s.retry->payload;
+            one_way = s.one_way;
+        }
+        auto r = send_message(dest, h, payload, SendInfo{seq, one_way, SendInfo::call});
+        if (!r) {
+            complete_call(seq, nullptr,
+                          Error{r.code(),
+                                "sending a call that waited for a credit with its "
+                                "peer: " +
+                                    r.error().message()},
+                          false);
+            continue;
+        }
+        CtxCounters::add(counters.rpcs_sent);
+        CtxCounters::add(counters.bytes_sent, payload.size());
+    }
+}
+
 unsigned Context::Impl::run_deferred() {
     if (!has_deferred.load(std::memory_order_acquire)) return 0;
     std::vector<Deferred> batch;
+    bool sends;
     {
         std::lock_guard g(mu);
         batch.swap(deferred);
+        sends = !credited.empty();
         has_deferred.store(false, std::memory_order_relaxed);
     }
+    if (sends) send_credited();
     for (auto& d : batch)
         if (d.fn) run_response(d.fn, d.peer, std::move(d.error));
     return static_cast<unsigned>(batch.size());
@@ -496,13 +595,13 @@ unsigned Context::Impl::run_deferred() {
 // --- deadlines --------------------------------------------------------------------------------
 
 void Context::Impl::publish_deadline_locked() {
-    next_deadline_ns.store(heap.empty() ? INT64_MAX : to_ns(slots[heap[0]].deadline),
+    next_deadline_ns.store(heap.empty() ? INT64_MAX : to_ns(slots[heap[0]].due()),
                            std::memory_order_release);
 }
 
 void Context::Impl::heap_fix_locked(std::size_t i) {
     auto less = [&](std::size_t a, std::size_t b) {
-        return slots[heap[a]].deadline < slots[heap[b]].deadline;
+        return slots[heap[a]].due() < slots[heap[b]].due();
     };
     auto swap_at = [&](std::size_t a, std::size_t b) {
         std::swap(heap[a], heap[b]);
@@ -549,9 +648,33 @@ unsigned Context::Impl::expire_timers() {
     if (to_ns(now) < next_deadline_ns.load(std::memory_order_acquire)) return 0;
     std::vector<std::pair<ResponseFn, na::Addr>> expired;
     std::vector<std::tuple<uint32_t, na::Addr, std::unique_ptr<LargeOut>>> large;
+    struct Resend {
+        na::Addr dest;
+        wire::Header h;
+        std::vector<std::byte> payload;
+    };
+    std::vector<Resend> resend;
     {
         std::lock_guard g(mu);
-        while (!heap.empty() && slots[heap[0]].deadline <= now) {
+        while (!heap.empty() && slots[heap[0]].due() <= now) {
+            CallSlot& s = slots[heap[0]];
+            if (s.retry_at != TimePoint{}) {
+                // A call answered busy: send it again now, under its deadline again.
+                uint32_t idx = heap[0];
+                s.retry_at = TimePoint{};
+                if (s.deadline != TimePoint{})
+                    heap_fix_locked(0);
+                else
+                    heap_remove_locked(idx);
+                wire::Header h;
+                h.flags = s.retry->flags;
+                h.rpc_id = s.rpc_id;
+                h.seq = s.seq;
+                h.target_ctx = s.retry->target_ctx;
+                h.reply_ctx = id;
+                resend.push_back(Resend{s.peer->addr, h, s.retry->payload});
+                continue;
+            }
             uint32_t seq = slots[heap[0]].seq;
             na::Addr peer;
             std::unique_ptr<LargeOut> args;
@@ -559,6 +682,16 @@ unsigned Context::Impl::expire_timers() {
             if (args) large.emplace_back(seq, peer, std::move(args));
             expired.emplace_back(std::move(fn), std::move(peer));
         }
+        publish_deadline_locked();
+    }
+    for (auto& r : resend) {
+        CtxCounters::add(counters.busy_retries);
+        auto sent = send_message(r.dest, r.h, r.payload, SendInfo{r.h.seq, false, SendInfo::call});
+        if (!sent)
+            complete_call(r.h.seq, nullptr,
+                          Error{sent.code(), "sending the call again after a busy answer: " +
+                                                 sent.error().message()},
+                          false);
     }
     for (auto& [seq, dest, args] : large)
         hold_args(seq, std::move(dest), std::move(args));
@@ -574,8 +707,37 @@ unsigned Context::Impl::expire_timers() {
 
 // --- housekeeping -----------------------------------------------------------------------------
 
+bool Context::Impl::schedule_retry(uint32_t seq, const na::Addr& source) {
+    uint32_t idx = seq & 0xFFFF;
+    std::lock_guard g(mu);
+    if (idx >= slots.size() || slots[idx].seq != seq) return false;
+    CallSlot& s = slots[idx];
+    if (!s.retry || s.retry->left == 0 || s.retry_at != TimePoint{} || !s.peer ||
+        !(s.peer->addr == source))
+        return false;
+    // +-25% so that callers refused together do not come back together.
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    const auto base = std::chrono::duration_cast<std::chrono::nanoseconds>(s.retry->backoff);
+    const auto wait = base * 3 / 4 + std::chrono::nanoseconds(rng % uint64_t(base.count() / 2 + 1));
+    const TimePoint at = Clock::now() + wait;
+    if (s.deadline != TimePoint{} && at >= s.deadline) return false;  // busy it is
+    --s.retry->left;
+    s.retry->backoff = std::min<Duration>(s.retry->backoff * 2, std::chrono::seconds(1));
+    s.retry_at = at;
+    if (s.heap >= 0) {
+        heap_fix_locked(std::size_t(s.heap));
+        publish_deadline_locked();
+    } else {
+        heap_push_locked(idx);
+    }
+    return true;
+}
+
 void Context::Impl::sweep(TimePoint now) {
     next_sweep = now + kSweepPeriod;
+    trim_loads();
     expire_pending(now);
     expire_pulls(now);
     std::vector<na::OpId> retire;  // canceled once the lock is released (stale ids are safe)

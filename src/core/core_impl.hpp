@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,7 +52,7 @@ class Registry {
 struct CtxCounters {
     std::atomic<uint64_t> rpcs_sent{0}, rpcs_received{0}, responses_sent{0}, responses_received{0},
         bytes_sent{0}, bytes_received{0}, bulk_ops{0}, bulk_bytes{0}, timeouts{0}, canceled{0},
-        errors{0};
+        errors{0}, busy_refused{0}, busy_retries{0};
     /// From any thread.
     static void add(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
         c.fetch_add(n, std::memory_order_relaxed);
@@ -83,9 +84,31 @@ struct Peer {
     /// first): the poster does not mark it posted.
     bool watch_fired = false;
     bool retiring = false;  ///< the watch is being canceled because the peer went idle
+    /// Calls counted in `inflight` that wait for a credit (Options::peer_window), oldest first:
+    /// (slot, seq) pairs; an entry whose slot no longer holds that call is skipped.
+    uint32_t queued = 0;
+    std::deque<std::pair<uint32_t, uint32_t>> backlog;
     unsigned idle_sweeps = 0;
     na::OpId watch;
     na::MsgBuffer watch_buf;
+};
+
+/// The requests of one peer a context holds (Options::max_requests_per_peer): looked up and
+/// created by the context's trigger thread, released by whoever answers (atomic). Erased by the
+/// sweep once none is held (a Request points at its load only while counted in it).
+struct PeerLoad {
+    na::AddrImpl* key = nullptr;  ///< the peer's canonical address object
+    na::Addr addr;                ///< keeps `key` alive
+    std::atomic<uint32_t> held{0};
+};
+
+/// What a call that may be sent again after a busy answer keeps (CallOptions::busy_retries).
+struct Retry {
+    std::vector<std::byte> payload;  ///< the message's payload: the arguments, or the descriptor
+    uint8_t flags = 0;               ///< the header's flags (kMore)
+    uint8_t target_ctx = 0;
+    uint8_t left = 0;    ///< retries still allowed
+    Duration backoff{};  ///< the next wait (before jitter)
 };
 
 /// One outgoing call.
@@ -97,9 +120,18 @@ struct CallSlot {
     uint32_t next_free = 0;
     RpcId rpc_id = 0;
     Peer* peer = nullptr;
-    TimePoint deadline{};
+    TimePoint deadline{};  ///< TimePoint{} when the call has none
+    /// When set, the call waits to be sent again (busy answer): its place in the deadline heap
+    /// is ordered by this instead of the deadline until then.
+    TimePoint retry_at{};
+    bool queued = false;  ///< waits in its peer's backlog for a credit (not sent yet)
     ResponseFn done;
     std::unique_ptr<LargeOut> large;  ///< arguments the target pulls
+    std::unique_ptr<Retry> retry;     ///< CallOptions::busy_retries
+    /// The heap's order: the retry time while one is set, else the deadline.
+    [[nodiscard]] TimePoint due() const noexcept {
+        return retry_at != TimePoint{} ? retry_at : deadline;
+    }
 };
 
 /// What a send's completion must do and count.
@@ -206,6 +238,9 @@ struct Context::Impl {
     };
     std::vector<Deferred> deferred;
     std::atomic<bool> has_deferred{false};
+    /// Calls that got a credit and are to be sent by the trigger thread (run_deferred): (slot,
+    /// seq) pairs, under mu; has_deferred is set with them.
+    std::vector<std::pair<uint32_t, uint32_t>> credited;
 
     // --- buffers ----------------------------------------------------------------------------
     mutable MaybeSpinLock pool_mu;
@@ -226,6 +261,14 @@ struct Context::Impl {
     CtxCounters counters;
     unsigned trigger_calls = 0;
     TimePoint next_sweep{};
+
+    // --- admission (request.cpp; trigger thread, except the atomic counts) -------------------
+    std::atomic<uint32_t> held_requests{0};  ///< requests handed to handlers, not answered
+    std::unordered_map<na::AddrImpl*, std::unique_ptr<PeerLoad>> loads;
+    PeerLoad* last_load = nullptr;
+    PeerLoad any_peer;            ///< the load of every peer when max_requests_per_peer is 0
+    bool refusal_logged = false;  ///< a refusal was logged since the last sweep
+    uint64_t rng = 0x9e3779b97f4a7c15ull;  ///< jitter of busy retries (under mu)
 
     // --- setup / teardown (context.cpp) -----------------------------------------------------
     Result<void> start(unsigned recv_depth, uint32_t max_inflight);
@@ -319,6 +362,19 @@ struct Context::Impl {
     /// Admission of a large request before anything is allocated for it: the procedure is
     /// registered, the size within max_payload, and the budget has room (reserved on success).
     Result<void> admit_large(const wire::Header& h, uint64_t total);
+    /// Admission of a request to its handler (Options::max_requests[_per_peer]): its peer's
+    /// load to count it in, or busy.
+    Result<PeerLoad*> admit(const na::Addr& source);
+    PeerLoad* load_for(const na::Addr& source);
+    /// Drop the loads of peers with nothing held (sweep).
+    void trim_loads();
+    /// A busy answer to call `seq` from `source`: if the call may be sent again, schedule it
+    /// and return true (the call stays in flight).
+    bool schedule_retry(uint32_t seq, const na::Addr& source);
+    /// Under mu: a call to `p` ended; hand its credit to the oldest call waiting for one.
+    void pass_credit_locked(Peer* p);
+    /// Send the calls that got a credit (trigger thread).
+    void send_credited();
     void hold_args(uint32_t seq, na::Addr dest, std::unique_ptr<LargeOut> args);
     /// The target answered (or acked) call `seq`: arguments held for it can go.
     void release_held(uint32_t seq, const na::Addr& dest);

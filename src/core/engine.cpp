@@ -226,6 +226,9 @@ Counters Engine::counters() const {
         s.timeouts += rd(k.timeouts);
         s.canceled += rd(k.canceled);
         s.errors += rd(k.errors);
+        s.busy_refused += rd(k.busy_refused);
+        s.busy_retries += rd(k.busy_retries);
+        s.held += c->impl_->held_requests.load(std::memory_order_relaxed);
         s.in_flight += c->in_flight();
     }
     s.bulk_ops += rd(impl_->bulk_ops);
@@ -239,10 +242,11 @@ std::string Engine::counters_json() const {
     return fmt::format(
         R"({{"address":"{}","rpcs_sent":{},"rpcs_received":{},"responses_sent":{},)"
         R"("responses_received":{},"bytes_sent":{},"bytes_received":{},"bulk_ops":{},)"
-        R"("bulk_bytes":{},"timeouts":{},"canceled":{},"errors":{},"in_flight":{}}})",
+        R"("bulk_bytes":{},"timeouts":{},"canceled":{},"errors":{},"in_flight":{},)"
+        R"("busy_refused":{},"busy_retries":{},"held":{}}})",
         impl_->self_string, c.rpcs_sent, c.rpcs_received, c.responses_sent, c.responses_received,
         c.bytes_sent, c.bytes_received, c.bulk_ops, c.bulk_bytes, c.timeouts, c.canceled, c.errors,
-        c.in_flight);
+        c.in_flight, c.busy_refused, c.busy_retries, c.held);
 }
 
 void Engine::note_bulk(uint64_t ops, uint64_t bytes, bool success) noexcept {

@@ -118,6 +118,20 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
             fmt::format("no RPC with id {:#010x} is registered at {}", h.rpc_id, eng->self_string));
         return;
     }
+    auto load = admit(source);
+    if (!load) [[unlikely]] {
+        if (req.one_way_) {
+            req.ctx_ = nullptr;  // nobody to tell: dropped, counted in busy_refused
+            return;
+        }
+        (void)req.respond_error(Errc::busy, load.error().message());
+        return;
+    }
+    if (PeerLoad* l = *load) {
+        l->held.fetch_add(1, std::memory_order_relaxed);
+        held_requests.fetch_add(1, std::memory_order_relaxed);
+        req.load_ = l;
+    }
     try {
         e->handler(req);
     } catch (const std::exception& ex) {
@@ -463,6 +477,60 @@ void Context::Impl::on_pulled(PullJob* raw, const na::Completion& c) {
 
 // --- Request ----------------------------------------------------------------------------------
 
+Result<PeerLoad*> Context::Impl::admit(const na::Addr& source) {
+    const Options& o = eng->opts;
+    if (o.max_requests == 0 && o.max_requests_per_peer == 0) return nullptr;  // not counted
+    PeerLoad* load = o.max_requests_per_peer ? load_for(source) : &any_peer;
+    const uint32_t all = held_requests.load(std::memory_order_relaxed);
+    const bool over_all = o.max_requests && all >= o.max_requests;
+    const bool over_peer = o.max_requests_per_peer &&
+                           load->held.load(std::memory_order_relaxed) >= o.max_requests_per_peer;
+    if (!over_all && !over_peer) [[likely]]
+        return load;
+    CtxCounters::bump(counters.busy_refused);
+    std::string why = over_peer
+                          ? fmt::format(
+                                "context {} of {} holds {} requests of this caller "
+                                "(Options::max_requests_per_peer); retry later",
+                                id, eng->self_string, load->held.load(std::memory_order_relaxed))
+                          : fmt::format(
+                                "context {} of {} holds {} requests (Options::max_requests); retry "
+                                "later",
+                                id, eng->self_string, all);
+    if (!refusal_logged) {  // once per sweep period: a flood must not flood the log
+        refusal_logged = true;
+        TALARIA_LOG(core, warn, "refusing requests from {} with busy: {}",
+                    t->addr_to_string(source), why);
+    }
+    return Error{Errc::busy, std::move(why)};
+}
+
+PeerLoad* Context::Impl::load_for(const na::Addr& source) {
+    na::AddrImpl* key = source.impl()->canonical();
+    if (last_load && last_load->key == key) [[likely]]
+        return last_load;
+    auto& slot = loads[key];
+    if (!slot) {
+        slot = std::make_unique<PeerLoad>();
+        slot->key = key;
+        slot->addr = source;
+    }
+    last_load = slot.get();
+    return last_load;
+}
+
+void Context::Impl::trim_loads() {
+    refusal_logged = false;
+    for (auto it = loads.begin(); it != loads.end();) {
+        if (it->second->held.load(std::memory_order_acquire) == 0) {
+            if (last_load == it->second.get()) last_load = nullptr;
+            it = loads.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
 Request::Request(Request&& o) noexcept
     : ctx_(o.ctx_),
       source_(o.lent_source_ ? *o.lent_source_ : std::move(o.source_)),
@@ -471,8 +539,10 @@ Request::Request(Request&& o) noexcept
       seq_(o.seq_),
       reply_ctx_(o.reply_ctx_),
       one_way_(o.one_way_),
-      responded_(o.responded_) {
+      responded_(o.responded_),
+      load_(o.load_) {
     o.ctx_ = nullptr;
+    o.load_ = nullptr;
     o.input_ = {};
     o.lent_source_ = nullptr;
     // The handler's input buffer is reposted once it returns: a moved request keeps no view.
@@ -498,6 +568,14 @@ Request::~Request() {
         (void)send_response(Errc::internal,
                             {reinterpret_cast<const std::byte*>(msg.data()), msg.size()});
     }
+    uncount();  // one-way, or answered above (or by nobody: the parent's, across fork)
+}
+
+void Request::uncount() noexcept {
+    if (!load_) return;
+    load_->held.fetch_sub(1, std::memory_order_release);
+    ctx_->impl_->held_requests.fetch_sub(1, std::memory_order_release);
+    load_ = nullptr;
 }
 
 Result<void> Request::respond(std::span<const std::byte> output) {
@@ -533,7 +611,10 @@ Result<void> Request::respond_in_place(PayloadWriter write) {
 
 Result<void> Request::answered(Result<void> r) {
     // Answered unless the transport said "again" (the caller may retry).
-    if (r || r.code() != Errc::again) responded_ = true;
+    if (r || r.code() != Errc::again) {
+        responded_ = true;
+        uncount();
+    }
     return r;
 }
 

@@ -1582,6 +1582,86 @@ TEST_P(Rpc, MaxInflightIsBackPressure) {
     EXPECT_EQ(out6->code, Errc::ok) << out6->message;
 }
 
+TEST_P(Rpc, PeerWindowKeepsCallsUntilACreditComesBack) {
+    // Options::peer_window 2: two calls go out; the next ones wait at the caller, in order, and
+    // go out as credits come back. A waiting call can be canceled without ever being sent.
+    Options c = client_options();
+    c.peer_window = 2;
+    ASSERT_TRUE(start({}, c));
+    auto h1 = call(*client_, 0, server_addr_, kHold, {});
+    auto h2 = call(*client_, 0, server_addr_, kHold, {});
+    auto h3 = call(*client_, 0, server_addr_, kHold, {});
+    auto e4 = call(*client_, 0, server_addr_, kEcho, bytes_of("fourth"));
+    auto e5 = call(*client_, 0, server_addr_, kEcho, bytes_of("fifth"));
+    for (auto* r : {&h1, &h2, &h3, &e4, &e5})
+        ASSERT_TRUE(r->first) << r->first.error().describe();
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 2; }));
+    drive_for({client_.get(), server_.get()}, 50ms);
+    EXPECT_EQ(held_size(), 2u) << "more calls went out than the window";
+    EXPECT_EQ(client_->counters().rpcs_sent, 2u);
+    EXPECT_FALSE(e4.second->done());
+    // A waiting call canceled: it completes canceled and is never sent.
+    ASSERT_TRUE(client_->context(0).cancel(*h3.first));
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return h3.second->done(); }));
+    EXPECT_EQ(h3.second->code, Errc::canceled);
+    // One held call answered: its credit sends the next waiting call (the fourth, in order).
+    ASSERT_TRUE(take_held(0).respond(bytes_of("one")));
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return e4.second->done(); }));
+    EXPECT_EQ(e4.second->code, Errc::ok) << e4.second->message;
+    EXPECT_EQ(
+        std::string(reinterpret_cast<const char*>(e4.second->data.data()), e4.second->data.size()),
+        "fourth");
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return e5.second->done(); }));
+    EXPECT_EQ(e5.second->code, Errc::ok) << e5.second->message;
+    EXPECT_EQ(client_->counters().rpcs_sent, 4u) << "the canceled call was sent";
+    ASSERT_TRUE(take_held(1).respond({}));
+    ASSERT_TRUE(drive({client_.get(), server_.get()},
+                      [&] { return h1.second->done() && h2.second->done(); }));
+}
+
+TEST_P(Rpc, BusyAnswersAreRetriedWithinTheDeadline) {
+    // The server holds one request at a time (max_requests 1): a second call is answered busy
+    // at once; with busy_retries it is sent again until the first is answered.
+    Options s;
+    s.max_requests = 1;
+    ASSERT_TRUE(start(s));
+    auto h1 = call(*client_, 0, server_addr_, kHold, {});
+    ASSERT_TRUE(h1.first);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
+    auto refused = call(*client_, 0, server_addr_, kEcho, bytes_of("no room"));
+    ASSERT_TRUE(refused.first);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return refused.second->done(); }));
+    EXPECT_EQ(refused.second->code, Errc::busy);
+    EXPECT_NE(refused.second->message.find("max_requests"), std::string::npos)
+        << refused.second->message;
+    CallOptions o;
+    o.busy_retries = 50;
+    o.busy_backoff = 2ms;
+    o.timeout = 20s;
+    auto retried = call(*client_, 0, server_addr_, kEcho, bytes_of("again"), o);
+    ASSERT_TRUE(retried.first);
+    drive_for({client_.get(), server_.get()}, 100ms);
+    EXPECT_FALSE(retried.second->done()) << "it should still be retrying";
+    EXPECT_GT(client_->counters().busy_retries, 0u);
+    EXPECT_GT(server_->counters().busy_refused, 1u);
+    EXPECT_EQ(server_->counters().held, 1u);
+    ASSERT_TRUE(take_held(0).respond({}));
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return retried.second->done(); }));
+    EXPECT_EQ(retried.second->code, Errc::ok) << retried.second->message;
+    EXPECT_EQ(server_->counters().held, 0u);
+    // A retry that would pass the deadline is not made: busy reaches the caller by then.
+    auto h2 = call(*client_, 0, server_addr_, kHold, {});
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 2; }));
+    o.timeout = 300ms;
+    o.busy_backoff = 50ms;
+    auto late = call(*client_, 0, server_addr_, kEcho, bytes_of("late"), o);
+    ASSERT_TRUE(late.first);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return late.second->done(); }));
+    EXPECT_EQ(late.second->code, Errc::busy) << late.second->message;
+    ASSERT_TRUE(take_held(1).respond({}));
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return h2.second->done(); }));
+}
+
 TEST_P(Rpc, MaxPayloadIsEnforced) {
     // Options::max_payload bounds what an engine pulls into memory for a peer: past it the call
     // fails (the handler never runs), up to it the call works.

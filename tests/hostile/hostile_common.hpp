@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace talaria::hostile {
@@ -22,5 +23,13 @@ inline constexpr std::size_t kClaim = std::size_t(48) << 20;
 inline constexpr auto kPullTimeout = std::chrono::milliseconds(1500);
 /// na::Options::hello_timeout of the server (tcp).
 inline constexpr auto kHelloTimeout = std::chrono::seconds(2);
+
+/// Keeps the request kHold, then replies with the number of requests the server held when it
+/// took this one (4 bytes, little-endian): a handler that answers later, as API coroutines do.
+inline constexpr std::string_view kHoldProc = "hold";
+inline constexpr auto kHold = std::chrono::milliseconds(100);
+/// core::Options::max_requests and max_requests_per_peer of the server.
+inline constexpr uint32_t kMaxRequests = 256;
+inline constexpr uint32_t kMaxRequestsPerPeer = 64;
 
 }  // namespace talaria::hostile

@@ -4,6 +4,7 @@
 // refuse, answered every request it could, still serves a good client, and kept its resident
 // memory and its descriptors bounded (read from /proc/<pid>).
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -341,6 +342,149 @@ TEST_P(Hostile, LargeArgumentClaimsAreRefusedBeforeAnyAllocation) {
     ::munmap(mem, region);
 }
 
+namespace {
+
+/// Client engines (each one peer of the server) that send calls of kHoldProc all at once and
+/// tally how each call ended.
+struct Flood {
+    struct Tally {
+        uint32_t ok = 0, busy = 0, other = 0;
+        uint32_t max_held = 0;  ///< the most requests the server said it held
+        std::string first_other;
+        [[nodiscard]] uint32_t done() const noexcept { return ok + busy + other; }
+    };
+    std::vector<std::unique_ptr<core::Engine>> engines;
+    std::vector<na::Addr> servers;
+    std::shared_ptr<Tally> tally = std::make_shared<Tally>();
+    uint32_t sent = 0;
+
+    Flood(const std::string& address, const std::string& server, int peers,
+          const core::Options& opts = {}) {
+        for (int i = 0; i < peers; ++i) {
+            auto e = core::Engine::open(address, opts);
+            EXPECT_TRUE(e) << e.error().describe();
+            if (!e) return;
+            auto a = (*e)->lookup(server);
+            EXPECT_TRUE(a) << a.error().describe();
+            if (!a) return;
+            servers.push_back(*a);
+            engines.push_back(std::move(*e));
+        }
+    }
+    /// `each` calls from every engine, sent before any is driven.
+    void send(uint32_t each, const core::CallOptions& o) {
+        for (std::size_t i = 0; i < engines.size(); ++i)
+            for (uint32_t k = 0; k < each; ++k) {
+                for (;;) {
+                    auto r = engines[i]->context(0).forward(
+                        servers[i], core::rpc_id(hostile::kHoldProc), {}, o,
+                        [t = tally](Result<std::span<const std::byte>>&& res) {
+                            if (res) {
+                                ++t->ok;
+                                uint32_t n = 0;
+                                for (std::size_t b = 0; b < res->size() && b < 4; ++b)
+                                    n |= uint32_t((*res)[b]) << (8 * b);
+                                t->max_held = std::max(t->max_held, n);
+                            } else if (res.code() == Errc::busy) {
+                                ++t->busy;
+                            } else {
+                                if (t->other++ == 0) t->first_other = res.error().describe();
+                            }
+                        });
+                    if (r) break;
+                    EXPECT_EQ(r.code(), Errc::again) << r.error().describe();
+                    if (r.code() != Errc::again) return;
+                    drive_once();
+                }
+                ++sent;
+            }
+    }
+    void drive_once() {
+        for (auto& e : engines) {
+            (void)e->context(0).progress(std::chrono::microseconds(200));
+            e->context(0).trigger();
+        }
+    }
+    /// Drive every engine until every call ended or `limit` passed.
+    bool drive(Duration limit) {
+        for (auto until = Clock::now() + limit; tally->done() < sent;) {
+            if (Clock::now() > until) return false;
+            drive_once();
+        }
+        return true;
+    }
+    [[nodiscard]] std::string counts() const {
+        return fmt::format("{} sent: {} ok, {} busy, {} other ({}), the server held at most {}",
+                           sent, tally->ok, tally->busy, tally->other, tally->first_other,
+                           tally->max_held);
+    }
+};
+
+}  // namespace
+
+// Overload: peers that send far more requests than the server keeps at once, to a procedure
+// whose handler keeps each request for 100 ms (as an API coroutine that awaits would). The
+// server must hold at most max_requests_per_peer per peer and max_requests in all, answer the
+// rest busy at once, lose nothing (every call ends: answered, or refused with busy), keep its
+// memory flat and answer a good client; a caller that retries on busy gets every call through.
+TEST_P(Hostile, FloodOfHeldRequestsIsAnsweredBusyAndNothingIsLost) {
+    Target t(GetParam().address);
+    ASSERT_TRUE(t.ready());
+    const int fds0 = fd_count(t.server->pid());
+    const core::CallOptions plain{.timeout = 20s};
+    {
+        // Two peers: each is held to its own share.
+        Flood f(GetParam().address, t.server->address, 2);
+        f.send(300, plain);
+        ASSERT_TRUE(f.drive(40s)) << f.counts();
+        std::printf("two peers: %s\n", f.counts().c_str());
+        EXPECT_EQ(f.tally->ok + f.tally->busy, f.sent) << f.counts();
+        EXPECT_GT(f.tally->busy, 0u) << f.counts();
+        EXPECT_GT(f.tally->ok, 0u) << f.counts();
+        EXPECT_LE(f.tally->max_held, 2 * hostile::kMaxRequestsPerPeer) << f.counts();
+        EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
+    }
+    {
+        // Six peers: the context's limit holds, whatever the peers' shares add up to.
+        Flood f(GetParam().address, t.server->address, 6);
+        f.send(300, plain);
+        ASSERT_TRUE(f.drive(40s)) << f.counts();
+        std::printf("six peers: %s\n", f.counts().c_str());
+        EXPECT_EQ(f.tally->ok + f.tally->busy, f.sent) << f.counts();
+        EXPECT_GT(f.tally->busy, 0u) << f.counts();
+        EXPECT_LE(f.tally->max_held, hostile::kMaxRequests) << f.counts();
+    }
+    {
+        // A caller that retries on busy: every call gets through.
+        Flood f(GetParam().address, t.server->address, 1);
+        f.send(300, core::CallOptions{.timeout = 40s, .busy_retries = 40, .busy_backoff = 5ms});
+        ASSERT_TRUE(f.drive(60s)) << f.counts();
+        std::printf("retrying peer: %s, %lu retries\n", f.counts().c_str(),
+                    (unsigned long)f.engines[0]->counters().busy_retries);
+        EXPECT_EQ(f.tally->ok, f.sent) << f.counts();
+        EXPECT_GT(f.engines[0]->counters().busy_retries, 0u);
+    }
+    {
+        // A caller that keeps to a window of 32 calls per peer (its credits): never refused,
+        // and the server never holds more of its calls than the window.
+        core::Options credits;
+        credits.peer_window = 32;
+        Flood f(GetParam().address, t.server->address, 1, credits);
+        f.send(300, plain);
+        ASSERT_TRUE(f.drive(60s)) << f.counts();
+        std::printf("peer with a window of 32: %s\n", f.counts().c_str());
+        EXPECT_EQ(f.tally->ok, f.sent) << f.counts();
+        EXPECT_LE(f.tally->max_held, 32u) << f.counts();
+        EXPECT_EQ(f.engines[0]->counters().rpcs_sent, f.sent);
+    }
+    const long rss1 = rss_kib(t.server->pid());
+    std::printf("server RSS %ld KiB before, %ld KiB after\n", t.rss0, rss1);
+    EXPECT_LT(rss1 - t.rss0, 32 * 1024) << "the flood grew the server";
+    EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
+    std::this_thread::sleep_for(200ms);  // the flooders' connections close
+    EXPECT_LE(fd_count(t.server->pid()), fds0 + 8);
+}
+
 INSTANTIATE_TEST_SUITE_P(hostile, Hostile, ::testing::ValuesIn(multi_process_kinds()), kind_name);
 
 // --- tcp, raw bytes ---------------------------------------------------------------------------
@@ -537,7 +681,6 @@ TEST(HostileTcp, UnservedLargeArgumentsAreBoundedAndTimeOut) {
     EXPECT_EQ(*status, 0);
     EXPECT_LT(Clock::now() - closing, 3s) << "an unserved pull held up the engine's shutdown";
 }
-
 
 // Issue 10, item 4: a server under `ulimit -n 128` facing 300 connections that never say hello.
 // Before, accept() failed with EMFILE in a hot loop (1.46 million log lines in 8 s) and the

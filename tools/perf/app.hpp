@@ -64,4 +64,19 @@ struct ApiWorkerOptions {
 };
 int run_api_worker(const ApiWorkerOptions& opt);
 
+/// `talaria-perf overload` (overload.cpp): a good client's latency alone and under a flood.
+struct OverloadOptions {
+    std::string transport = "tcp";
+    unsigned flooders = 64;        ///< threads of the flooding engine
+    unsigned flood_inflight = 16;  ///< calls each keeps in flight
+    unsigned seconds = 3;          ///< each measurement of the good client
+    unsigned hold_us = 200;        ///< the server keeps each request this long (0: answers inline)
+    uint32_t max_requests = 16384;
+    uint32_t max_per_peer = 256;
+    uint32_t window = 0;       ///< the flooding engine's core::Options::peer_window
+    uint8_t good_retries = 0;  ///< the good client's retry_busy
+    int flood_nice = 0;        ///< niceness of the flooding threads (they stand for other hosts)
+};
+int run_overload(const OverloadOptions& opt);
+
 }  // namespace talaria::perf

@@ -183,6 +183,45 @@ int main(int argc, char** argv) {
     api_worker->add_option("--contexts", worker.contexts)->check(CLI::Range(1u, 64u));
     api_worker->add_option("--first", worker.first)->check(CLI::Range(0u, 63u));
 
+    OverloadOptions ov;
+    auto* overload = app.add_subcommand(
+        "overload",
+        "A server under a flood: a good client's p50/p99 alone and while --flooders threads "
+        "call as fast as they can; the flood's answers and busy refusals; the server's RSS");
+    overload->add_option("--transport,-t", ov.transport, "sm, tcp, ofi+tcp, ucx+tcp, ...")
+        ->capture_default_str();
+    overload->add_option("--flooders", ov.flooders, "Flooding threads (one engine)")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 1024u));
+    overload->add_option("--flood-inflight", ov.flood_inflight, "Calls each flooder keeps going")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 4096u));
+    overload->add_option("--seconds", ov.seconds, "Length of each good-client measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 600u));
+    overload
+        ->add_option("--hold-us", ov.hold_us,
+                     "The server keeps each request this long before answering (0: inline)")
+        ->capture_default_str();
+    overload->add_option("--max-requests", ov.max_requests, "Server: core::Options::max_requests")
+        ->capture_default_str();
+    overload
+        ->add_option("--max-per-peer", ov.max_per_peer,
+                     "Server: core::Options::max_requests_per_peer")
+        ->capture_default_str();
+    overload->add_option("--window", ov.window, "Flooders' core::Options::peer_window (0: none)")
+        ->capture_default_str();
+    overload
+        ->add_option("--flood-nice", ov.flood_nice,
+                     "Niceness of the flooding engine's threads (19: they take only idle cycles, "
+                     "standing for clients on other hosts on a machine with few cores)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 19));
+    unsigned good_retries = 0;
+    overload->add_option("--good-retries", good_retries, "The good client's retry_busy attempts")
+        ->capture_default_str()
+        ->check(CLI::Range(0u, 255u));
+
     CLI11_PARSE(app, argc, argv);
     std::signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as an error, not a signal
 
@@ -208,6 +247,10 @@ int main(int argc, char** argv) {
     }
 #endif
     if (api_worker->parsed()) return run_api_worker(worker);
+    if (overload->parsed()) {
+        ov.good_retries = uint8_t(good_retries);
+        return run_overload(ov);
+    }
     if (serve->parsed()) {
         for (std::size_t i = 0; i < serve_layers.size(); ++i)
             if (serve_layers[i]->parsed()) s.layer = serve_layers[i]->get_name();

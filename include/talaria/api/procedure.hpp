@@ -88,6 +88,17 @@ class Procedure<R(Args...)> {
         p.timeout_set_ = true;
         return p;
     }
+    /// When the server answers Errc::busy (over its admission limits), send the call again
+    /// up to `attempts` times, first after about `first_wait`, doubling each time (up to 1 s),
+    /// never past the call's deadline (core::CallOptions::busy_retries). The arguments are
+    /// then kept until the call completes.
+    [[nodiscard]] Procedure retry_busy(uint8_t attempts,
+                                       Duration first_wait = std::chrono::milliseconds(1)) const {
+        Procedure p = *this;
+        p.busy_retries_ = attempts;
+        p.busy_backoff_ = first_wait;
+        return p;
+    }
     /// The remote context that runs the handler.
     [[nodiscard]] Procedure context(uint8_t target) const {
         Procedure p = *this;
@@ -136,6 +147,8 @@ class Procedure<R(Args...)> {
         core::CallOptions opts;
         opts.target_context = target_;
         opts.timeout = timeout_set_ ? timeout_ : site.default_timeout;
+        opts.busy_retries = one_way_ ? 0 : busy_retries_;
+        opts.busy_backoff = busy_backoff_;
         opts.one_way = one_way_;
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
@@ -163,6 +176,8 @@ class Procedure<R(Args...)> {
     const detail::ProcInfo* info_ = nullptr;  ///< interned by the engine
     Endpoint peer_;
     Duration timeout_{0};
+    Duration busy_backoff_ = std::chrono::milliseconds(1);
+    uint8_t busy_retries_ = 0;
     bool timeout_set_ = false;
     uint8_t target_ = 0;
     uint8_t from_ = 0;

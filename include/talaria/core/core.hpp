@@ -60,6 +60,7 @@ constexpr RpcId rpc_id(std::string_view name) noexcept {
 class Engine;
 class Context;
 class Request;
+struct PeerLoad;
 
 struct Options {
     na::Options na;                ///< listen, thread_safe, max_ops, max_contexts
@@ -81,6 +82,22 @@ struct Options {
     /// How long pulling a peer's large payload may take. Past it the pull is canceled where
     /// the transport can withdraw it, and the call fails with Errc::timeout.
     Duration pull_timeout = std::chrono::seconds(60);
+    /// Requests one context holds at once: handed to their handler and not answered yet (a
+    /// handler that keeps the Request to answer later, an API coroutine that awaits). A request
+    /// past it is answered Errc::busy at once and its handler does not run; a one-way request
+    /// is dropped (counted in busy_refused). The engine holds at most contexts x this.
+    /// 0: no limit.
+    uint32_t max_requests = 16384;
+    /// The same for the requests of one peer (one calling engine) on one context, so that a
+    /// flooding peer cannot take all of max_requests from the others. The default equals the
+    /// default max_inflight of a caller's context. 0: no limit.
+    uint32_t max_requests_per_peer = 4096;
+    /// Calls one context keeps sent to one peer at once: its credits with that peer, as
+    /// eRPC's sessions have. A call past them is not refused: the context keeps it (and a copy
+    /// of its arguments) and sends it as soon as an earlier call to that peer completes, in
+    /// the order of forward(). A caller whose windows toward a server add up to no more than
+    /// that server's max_requests_per_peer is never refused by it. 0: no window.
+    uint32_t peer_window = 0;
 };
 
 /// Per-engine counters (sums over contexts). Bulk counters are fed by the bulk layer through
@@ -97,8 +114,11 @@ struct Counters {
     uint64_t bulk_bytes = 0;
     uint64_t timeouts = 0;
     uint64_t canceled = 0;
-    uint64_t errors = 0;     ///< calls failed, bad messages dropped, handler errors
-    uint64_t in_flight = 0;  ///< outgoing calls not yet completed (a snapshot)
+    uint64_t errors = 0;        ///< calls failed, bad messages dropped, handler errors
+    uint64_t in_flight = 0;     ///< outgoing calls not yet completed (a snapshot)
+    uint64_t busy_refused = 0;  ///< requests refused with busy (max_requests[_per_peer])
+    uint64_t busy_retries = 0;  ///< calls sent again after a busy answer (CallOptions)
+    uint64_t held = 0;          ///< requests handed to handlers and not answered (a snapshot)
 };
 
 /// Options of one call.
@@ -106,6 +126,13 @@ struct CallOptions {
     uint8_t target_context = 0;  ///< the remote context that runs the handler
     Duration timeout{0};         ///< 0: no deadline
     bool one_way = false;        ///< no response: completes once sent (or once pulled, if large)
+    /// Times the call is sent again when the target answers Errc::busy (its admission limits
+    /// or its large-argument budget), after a wait that starts at busy_backoff and doubles
+    /// each time (up to 1 s), each randomized by +-25%. A retry that would start past the
+    /// call's deadline is not made: the call then fails with busy. The arguments are copied
+    /// and kept for this (only when this is not 0). Not for one-way calls (nothing answers).
+    uint8_t busy_retries = 0;
+    Duration busy_backoff = std::chrono::milliseconds(1);
 };
 
 /// Completes a call, once: the result bytes (valid during the callback only), or the error:
@@ -190,6 +217,8 @@ class Request {
     Result<void> send_response(Errc status, std::span<const std::byte> output);
     Result<void> check_respond() const;
     Result<void> answered(Result<void> r);
+    /// Give back this request's place in its context's admission counts (once answered).
+    void uncount() noexcept;
 
     Context* ctx_ = nullptr;
     // While the handler runs, the source is lent by the receive (no reference count taken);
@@ -202,6 +231,7 @@ class Request {
     uint8_t reply_ctx_ = 0;
     bool one_way_ = false;
     bool responded_ = false;
+    PeerLoad* load_ = nullptr;  ///< counted in this peer's and the context's held requests
 };
 
 /// One context of an Engine: posted receives, outgoing calls and their deadlines.
