@@ -33,13 +33,6 @@ std::string kind_name(const ::testing::TestParamInfo<TransportKind>& info) {
     return info.param.label;
 }
 
-std::vector<TransportKind> multi_process_kinds() {
-    std::vector<TransportKind> v;
-    for (auto& k : na::test::transport_kinds())
-        if (k.multi_process) v.push_back(k);
-    return v;
-}
-
 /// What the child checks, one bit each: the exit status names the checks that failed.
 enum ChildFailure : int {
     kInFlightNotRefused = 1,  ///< get() on the parent's call in flight was not invalid_state
@@ -190,4 +183,5 @@ TEST_P(Fork, AChildIsRefusedTheInheritedEnginesAndItsOwnEngineWorks) {
     ep = {};
 }
 
-INSTANTIATE_TEST_SUITE_P(hostile, Fork, ::testing::ValuesIn(multi_process_kinds()), kind_name);
+INSTANTIATE_TEST_SUITE_P(hostile, Fork, ::testing::ValuesIn(na::test::multi_process_kinds()),
+                         kind_name);

@@ -284,13 +284,6 @@ std::string kind_name(const ::testing::TestParamInfo<TransportKind>& info) {
     return info.param.label;
 }
 
-std::vector<TransportKind> multi_process_kinds() {
-    std::vector<TransportKind> v;
-    for (auto& k : na::test::transport_kinds())
-        if (k.multi_process) v.push_back(k);
-    return v;
-}
-
 }  // namespace
 
 // Large-argument descriptors the server must refuse before it allocates anything: a size past
@@ -485,7 +478,8 @@ TEST_P(Hostile, FloodOfHeldRequestsIsAnsweredBusyAndNothingIsLost) {
     EXPECT_LE(fd_count(t.server->pid()), fds0 + 8);
 }
 
-INSTANTIATE_TEST_SUITE_P(hostile, Hostile, ::testing::ValuesIn(multi_process_kinds()), kind_name);
+INSTANTIATE_TEST_SUITE_P(hostile, Hostile, ::testing::ValuesIn(na::test::multi_process_kinds()),
+                         kind_name);
 
 // --- tcp, raw bytes ---------------------------------------------------------------------------
 

@@ -34,6 +34,13 @@ void use_recommended_provider_env() {
         ::setenv(e.name, e.value, 0);
 }
 
+std::vector<TransportKind> multi_process_kinds() {
+    std::vector<TransportKind> v;
+    for (auto& k : transport_kinds())
+        if (k.multi_process) v.push_back(k);
+    return v;
+}
+
 std::vector<TransportKind> transport_kinds() {
     use_recommended_provider_env();
     std::vector<TransportKind> v;

@@ -37,6 +37,8 @@ void use_recommended_provider_env();
 /// Every transport compiled in (na::transports_built()), plus tcp over [::1] when ::1 can be
 /// bound here.
 std::vector<TransportKind> transport_kinds();
+/// Those of transport_kinds() that can talk to another process (all but inproc).
+std::vector<TransportKind> multi_process_kinds();
 
 /// Records the completions of one operation.
 struct Recorder {
