@@ -45,6 +45,17 @@ void check_header(const FrameHeader& h, std::span<const std::byte> raw) {
         case FrameType::get_resp:
             if (h.length > kMaxRmaLength) fail("get response length");
             break;
+        case FrameType::auth:
+            if (h.context_id == uint8_t(AuthStep::challenge) &&
+                h.length != kAuthNonceSize + kAuthProofSize)
+                fail("auth challenge length");
+            if (h.context_id == uint8_t(AuthStep::response) && h.length != kAuthProofSize)
+                fail("auth response length");
+            if (h.context_id == uint8_t(AuthStep::refused) &&
+                (h.length > kMaxAuthReason || h.status == talaria::Errc::ok))
+                fail("auth refusal");
+            if (h.context_id < 1 || h.context_id > 3) fail("auth step");
+            break;
     }
 }
 

@@ -721,5 +721,39 @@ TEST(ApiShutdown, ContinuationCallingAgainDuringDestruction) {
     kept.clear();
 }
 
+// Shared-secret authentication through the API (tcp): a client with the secret calls, a client
+// without it or with another one is refused with access_denied before the handler runs.
+TEST(ApiAuth, TcpCallsNeedTheSharedSecret) {
+    auto with = [](char fill) {
+        EngineOptions o;
+        o.core.na.auth.key_id = "test-cluster";
+        o.core.na.auth.secret.assign(32, std::byte(fill));
+        return o;
+    };
+    std::atomic<int> ran{0};
+    Engine server{"tcp://127.0.0.1:0", listen, with('s')};
+    server.define("twice", [&ran](int x) {
+        ++ran;
+        return 2 * x;
+    });
+    {
+        Engine good{"tcp://127.0.0.1:0", with('s')};
+        auto r = result_within(
+            good.remote<int(int)>("twice").on(good.lookup(server.self_address())).timeout(10s)(21));
+        ASSERT_TRUE(r) << r.error().describe();
+        EXPECT_EQ(*r, 42);
+    }
+    for (auto opts : {with('x'), EngineOptions{}}) {
+        Engine stranger{"tcp://127.0.0.1:0", opts};
+        auto r = result_within(stranger.remote<int(int)>("twice")
+                                   .on(stranger.lookup(server.self_address()))
+                                   .timeout(10s)(1));
+        ASSERT_FALSE(r);
+        EXPECT_TRUE(r.code() == Errc::access_denied || r.code() == Errc::disconnected)
+            << r.error().describe();
+    }
+    EXPECT_EQ(ran.load(), 1) << "a stranger's call reached the handler";
+}
+
 }  // namespace
 }  // namespace talaria::api_test

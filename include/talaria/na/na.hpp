@@ -261,6 +261,24 @@ struct OpId {
 // ---------------------------------------------------------------------------------------------
 // Transport
 
+/// Shared-secret authentication of connections (Options::auth). Both ends of a tcp connection
+/// prove at set-up that they hold the same secret, by HMAC-SHA256 over a nonce from each side
+/// (docs/protocol.md, tcp "auth"); a peer that cannot is refused before any of its frames
+/// reaches a context, and both sides' operations on that connection fail with
+/// Errc::access_denied (the reason is logged on both sides). Both ends must agree: a server
+/// with a secret refuses clients without one, and a client with one refuses a server without.
+/// sm needs none (only processes of the same user connect: SO_PEERCRED); ofi and ucx do not
+/// support it yet and refuse to open with it.
+struct Auth {
+    std::string key_id;             ///< names the secret (at most 255 bytes; sent in clear)
+    std::vector<std::byte> secret;  ///< at least 16 bytes (read_secret_file); empty: off
+    [[nodiscard]] bool enabled() const noexcept { return !secret.empty(); }
+};
+
+/// Read a secret for Options::auth from a file that belongs to this user and that nobody else
+/// may read (mode 0600 or 0400), of 16 to 4096 bytes; permission_denied, naming the fix, if not.
+Result<std::vector<std::byte>> read_secret_file(std::string_view path);
+
 struct Options {
     /// Accept connections from peers (server). Without it a tcp transport does not listen; peers
     /// can still reply over the connections it opens.
@@ -275,6 +293,8 @@ struct Options {
     /// tcp: an accepted connection that has not said hello within this is closed (a peer
     /// cannot hold descriptors with connections that never speak).
     Duration hello_timeout = std::chrono::seconds(10);
+    /// Authenticate every connection with a shared secret (tcp); off by default.
+    Auth auth;
 };
 
 /// How a context is used (Transport::context_create).

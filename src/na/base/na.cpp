@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "na/base/auth.hpp"
 #include "na/base/op.hpp"
 #include "na/base/transports.hpp"
 #include "na/base/url.hpp"
@@ -66,6 +67,14 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
     TALARIA_TRY(url, parse_url(address));
     auto plus = url.scheme.find('+');
     std::string_view family = url.scheme.substr(0, plus);
+    TALARIA_CHECK(auth::check(options.auth));
+    if (options.auth.enabled() && (family == "ofi" || family == "ucx"))
+        return Error(Errc::not_supported,
+                     fmt::format("'{}': Options::auth (shared-secret authentication) is "
+                                 "implemented on tcp (and sm admits only this user); the {} "
+                                 "transport does not authenticate yet, so it refuses to open "
+                                 "rather than accept strangers",
+                                 address, family));
     for (const auto& e : kTransports) {
         if (e.scheme != family) continue;
         if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);

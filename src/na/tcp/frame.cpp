@@ -27,7 +27,7 @@ Result<FrameHeader> decode_frame_header(std::span<const std::byte> in) {
                                  kFrameVersion));
     FrameHeader h;
     uint8_t type = uint8_t(p[5]);
-    if (type < uint8_t(FrameType::hello) || type > uint8_t(FrameType::get_resp))
+    if (type < uint8_t(FrameType::hello) || type > uint8_t(FrameType::auth))
         return Error(Errc::protocol_error, fmt::format("unknown frame type {}", type));
     h.type = FrameType(type);
     h.context_id = uint8_t(p[6]);
@@ -73,8 +73,27 @@ Result<FrameHeader> decode_frame_header(std::span<const std::byte> in) {
             if (h.length > kMaxRmaLength) return bad("get response larger than 1 TiB");
             if (h.status != Errc::ok && h.length != 0) return bad("failed get carries data");
             break;
+        case FrameType::auth:
+            switch (AuthStep(h.context_id)) {
+                case AuthStep::challenge:
+                    if (h.length != kAuthNonceSize + kAuthProofSize)
+                        return bad("auth challenge is not a nonce and a proof");
+                    break;
+                case AuthStep::response:
+                    if (h.length != kAuthProofSize) return bad("auth response is not a proof");
+                    break;
+                case AuthStep::refused:
+                    if (h.length > kMaxAuthReason) return bad("auth refusal reason too long");
+                    if (h.status == Errc::ok) return bad("auth refusal without a status");
+                    break;
+                default:
+                    return bad("unknown auth step");
+            }
+            break;
     }
-    if (h.type != FrameType::put_resp && h.type != FrameType::get_resp && h.status != Errc::ok)
+    const bool may_have_status = h.type == FrameType::put_resp || h.type == FrameType::get_resp ||
+                                 (h.type == FrameType::auth && h.context_id == 3);
+    if (!may_have_status && h.status != Errc::ok)
         return bad("status set on a frame that is not a response");
     return h;
 }
@@ -83,6 +102,12 @@ void encode_hello(const Hello& h, std::byte* out) noexcept {
     store_le(out, h.instance, 8);
     store_le(out + 8, h.address.size(), 2);
     if (!h.address.empty()) std::memcpy(out + kHelloFixedSize, h.address.data(), h.address.size());
+    if (!h.auth) return;
+    std::byte* p = out + kHelloFixedSize + h.address.size();
+    *p++ = std::byte(uint8_t(h.key_id.size()));
+    if (!h.key_id.empty()) std::memcpy(p, h.key_id.data(), h.key_id.size());
+    p += h.key_id.size();
+    std::memcpy(p, h.nonce, kAuthNonceSize);
 }
 
 Result<Hello> decode_hello(std::span<const std::byte> in) {
@@ -93,11 +118,24 @@ Result<Hello> decode_hello(std::span<const std::byte> in) {
     Hello h;
     h.instance = load_le(in.data(), 8);
     std::size_t len = load_le(in.data() + 8, 2);
-    if (len != in.size() - kHelloFixedSize)
+    if (len > kMaxAddrString || len > in.size() - kHelloFixedSize)
         return Error(Errc::protocol_error,
-                     fmt::format("hello address length {} does not match the payload ({} bytes)",
-                                 len, in.size() - kHelloFixedSize));
+                     fmt::format("hello address length {} does not fit the payload ({} bytes)", len,
+                                 in.size() - kHelloFixedSize));
     h.address = std::string_view(reinterpret_cast<const char*>(in.data()) + kHelloFixedSize, len);
+    std::size_t rest = in.size() - kHelloFixedSize - len;
+    if (rest == 0) return h;
+    // The authentication part: key id length, key id, nonce, and nothing after.
+    const std::byte* p = in.data() + kHelloFixedSize + len;
+    std::size_t key_len = uint8_t(p[0]);
+    if (rest != 1 + key_len + kAuthNonceSize)
+        return Error(Errc::protocol_error,
+                     fmt::format("hello authentication part of {} bytes does not hold a key id of "
+                                 "{} bytes and a {}-byte nonce",
+                                 rest, key_len, kAuthNonceSize));
+    h.auth = true;
+    h.key_id = std::string_view(reinterpret_cast<const char*>(p + 1), key_len);
+    h.nonce = p + 1 + key_len;
     return h;
 }
 

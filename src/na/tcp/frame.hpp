@@ -24,9 +24,17 @@ inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr uint64_t kMaxRmaLength = uint64_t(1) << 40;
 /// Longest address string carried in a hello frame or a serialized handle.
 inline constexpr std::size_t kMaxAddrString = 255;
-/// Hello payload: u64 instance id, u16 address length, address bytes.
+/// Hello payload: u64 instance id, u16 address length, address bytes; then, from a connector
+/// that authenticates (na::Options::auth), u8 key id length, key id bytes, its 32-byte nonce.
 inline constexpr std::size_t kHelloFixedSize = 10;
-inline constexpr std::size_t kMaxHelloPayload = kHelloFixedSize + kMaxAddrString;
+inline constexpr std::size_t kMaxKeyId = 255;
+/// Nonces and HMAC-SHA256 proofs of the authentication frames.
+inline constexpr std::size_t kAuthNonceSize = 32;
+inline constexpr std::size_t kAuthProofSize = 32;
+inline constexpr std::size_t kMaxHelloPayload =
+    kHelloFixedSize + kMaxAddrString + 1 + kMaxKeyId + kAuthNonceSize;
+/// The longest reason an auth `refused` frame carries.
+inline constexpr std::size_t kMaxAuthReason = 255;
 
 enum class FrameType : uint8_t {
     hello = 1,           ///< first frame of a connection, from the side that connected
@@ -36,6 +44,14 @@ enum class FrameType : uint8_t {
     put_resp = 5,        ///< put finished at the target with `status`
     get_req = 6,         ///< get: read `rma_length` bytes at key/address
     get_resp = 7,        ///< get reply: `status`, then the data when status is ok
+    auth = 8,            ///< authentication step `context_id` (AuthStep), before any other
+};
+
+/// The steps of an auth frame (its header's context_id).
+enum class AuthStep : uint8_t {
+    challenge = 1,  ///< acceptor -> connector: its nonce, then its proof
+    response = 2,   ///< connector -> acceptor: its proof
+    refused = 3,    ///< either way: `status` says why (access_denied), the payload a reason
 };
 
 struct FrameHeader {
@@ -89,10 +105,15 @@ Result<FrameHeader> decode_frame_header(std::span<const std::byte> in);
 struct Hello {
     uint64_t instance = 0;
     std::string_view address;  ///< "tcp://host:port", or empty for a client that does not listen
+    /// The connector authenticates: the key id it names and its nonce (kAuthNonceSize bytes).
+    bool auth = false;
+    std::string_view key_id;
+    const std::byte* nonce = nullptr;
 };
-/// Bytes of a hello payload for `address`.
-inline std::size_t hello_size(std::string_view address) noexcept {
-    return kHelloFixedSize + address.size();
+/// Bytes of a hello payload for `address` (with the authentication part when `auth`).
+inline std::size_t hello_size(std::string_view address, bool auth = false,
+                              std::string_view key_id = {}) noexcept {
+    return kHelloFixedSize + address.size() + (auth ? 1 + key_id.size() + kAuthNonceSize : 0);
 }
 /// Encode into out (at least hello_size(address) bytes; address at most kMaxAddrString).
 void encode_hello(const Hello& h, std::byte* out) noexcept;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "na/base/addr_table.hpp"
+#include "na/base/auth.hpp"
 #include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
 #include "na/base/url.hpp"
@@ -87,6 +88,7 @@ struct TcpOp : Op, SendItem, ListHook<RmaTag> {
 /// A frame the transport sends on its own (hello, put/get responses).
 struct Control : SendItem {
     bool reply = false;  ///< a put/get response (counted in Conn::replies)
+    bool setup = false;  ///< the hello: sent while the connection still authenticates
     /// A private copy of a get response's data, made only when its region is deregistered
     /// while the response is half sent.
     std::unique_ptr<std::byte[]> owned;
@@ -140,7 +142,7 @@ struct Lane;
 
 struct Conn : ListHook<ConnTag> {
     enum class State : uint8_t { connecting, await_hello, open, closed };
-    enum class Sink : uint8_t { discard, op, queued, hello, put, get };
+    enum class Sink : uint8_t { discard, op, queued, hello, put, get, auth };
 
     int fd = -1;
     State state = State::connecting;
@@ -181,6 +183,14 @@ struct Conn : ListHook<ConnTag> {
     Errc rx_status = Errc::ok;
     std::byte hello_buf[kMaxHelloPayload]{};
     TimePoint accepted_at{};  ///< accepted: when (Options::hello_timeout)
+
+    // Authentication (Options::auth; docs/protocol.md, tcp "auth").
+    /// Set from the hello until the peer proved it holds the secret. Outgoing: only the hello
+    /// is sent meanwhile (the ops queued behind it wait). Accepted: it stays await_hello (and
+    /// under hello_timeout) until the response.
+    bool auth_wait = false;
+    auth::Nonce own_nonce{};
+    auth::Nonce peer_nonce{};
 };
 
 class TcpContext;
@@ -383,6 +393,17 @@ class TcpTransport final : public Transport {
     bool process_rx(Conn* c);
     bool start_frame(Conn* c);
     bool finish_frame(Conn* c);
+    /// Authentication: the hello was read on an accepted connection (challenge or refuse it);
+    /// an auth frame was read (Sink::auth). False when the connection was closed.
+    bool auth_hello(Conn* c, const Hello& hello);
+    bool auth_frame(Conn* c);
+    /// Refuse `c` during set-up: log, tell the peer why (best effort), close it.
+    void refuse_conn(Conn* c, const std::string& why);
+    /// Write one auth frame straight to the socket (set-up only: nothing else is queued or
+    /// half sent on it then). False when it could not be written whole.
+    bool send_auth_direct(Conn* c, AuthStep step, Errc status, std::span<const std::byte> payload);
+    /// The front of the send queue may go out now (not while authenticating, but the hello).
+    [[nodiscard]] static bool sendable(const Conn* c) noexcept;
     /// Does a message for `ctx_id` (expected or not) belong to lane `l`? Fast when it names
     /// l's own context; otherwise asks the route table.
     bool is_local_locked(Lane& l, uint8_t ctx_id, bool expected);

@@ -371,13 +371,21 @@ void TcpTransport::item_done(Conn* c, SendItem* item) {
     complete_op(op, Errc::ok);
 }
 
+bool TcpTransport::sendable(const Conn* c) noexcept {
+    if (c->sendq.empty()) return false;
+    if (!c->auth_wait) return true;
+    const SendItem* front = const_cast<Conn*>(c)->sendq.front();
+    return front->kind == SendItem::Kind::control && static_cast<const Control*>(front)->setup;
+}
+
 void TcpTransport::flush(Conn* c) {
-    while (!c->sendq.empty() && c->state == Conn::State::open) {
+    while (c->state == Conn::State::open && sendable(c)) {
         iovec iov[kMaxIov];
         int n = 0;
         std::size_t want = 0;
         for (SendItem& it : c->sendq) {
             if (n + it.iovcnt > kMaxIov) break;
+            if (c->auth_wait && n > 0) break;  // the hello alone while authenticating
             std::size_t skip = it.sent;
             for (int i = 0; i < it.iovcnt; ++i) {
                 if (skip >= it.iov[i].iov_len) {
@@ -426,7 +434,7 @@ void TcpTransport::flush(Conn* c) {
 void TcpTransport::update_events(Conn* c) {
     if (c->state == Conn::State::closed) return;
     uint32_t want = EPOLLIN;
-    if (c->state == Conn::State::connecting || !c->sendq.empty()) want |= EPOLLOUT;
+    if (c->state == Conn::State::connecting || sendable(c)) want |= EPOLLOUT;
     if (want != c->events) {
         if (auto w = watch(c, want); !w) close_conn(c, Errc::io_error, w.error().describe());
     }
@@ -483,12 +491,24 @@ bool TcpTransport::start_frame(Conn* c) {
         return false;
     };
     if (h.type == FrameType::hello) {
-        if (c->outgoing || c->state != Conn::State::await_hello)
+        if (c->outgoing || c->state != Conn::State::await_hello || c->auth_wait)
             return proto("unexpected hello frame");
         c->sink = Conn::Sink::hello;
         c->dest = c->hello_buf;
+    } else if (h.type == FrameType::auth) {
+        // Accepted: only the response, after our challenge. Outgoing: the challenge while we
+        // wait for it, and a refusal at any time before our first message was taken.
+        const auto step = AuthStep(h.context_id);
+        const bool fits =
+            c->outgoing ? (c->auth_wait && step == AuthStep::challenge) || step == AuthStep::refused
+                        : c->auth_wait && step == AuthStep::response;
+        if (!fits) return proto(fmt::format("unexpected auth frame (step {})", h.context_id));
+        c->sink = Conn::Sink::auth;
+        c->dest = c->hello_buf;
     } else if (c->state != Conn::State::open) {
         return proto(fmt::format("frame type {} before the hello", int(h.type)));
+    } else if (c->auth_wait) {
+        return proto(fmt::format("frame type {} before the peer authenticated", int(h.type)));
     } else {
         switch (h.type) {
             case FrameType::msg_unexpected:
@@ -578,7 +598,8 @@ bool TcpTransport::start_frame(Conn* c) {
                 break;
             }
             case FrameType::hello:
-                break;
+            case FrameType::auth:
+                break;  // handled above
         }
     }
     if (c->sink == Conn::Sink::queued) {
@@ -744,11 +765,14 @@ bool TcpTransport::finish_frame(Conn* c) {
             c->peer = std::move(peer);
             c->remote_ctx = uint8_t(h.tag);
             c->asked_ctx = h.context_id;
-            // Open, and still without a lane: poll_setup() hands it to its lane (adopt_locked),
-            // which parses what follows.
-            c->state = Conn::State::open;
+            if (!auth_hello(c, *hello)) return false;
+            // Open (once authenticated, where that is asked for), and still without a lane:
+            // poll_setup() hands it to its lane (adopt_locked), which parses what follows.
+            if (!c->auth_wait) c->state = Conn::State::open;
             break;
         }
+        case Conn::Sink::auth:
+            return auth_frame(c);
         case Conn::Sink::op: {
             TcpOp* op = c->rx_op;
             c->rx_op = nullptr;

@@ -592,14 +592,30 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
     // The hello goes first: it tells the peer who we are, and which of its contexts this
     // connection joins (header context_id) from which of ours (header tag).
     Control* h = control_alloc(l);
+    h->setup = true;
     std::string_view me = opts_.listen ? std::string_view(peer_of(self_)->str) : "";
+    Hello hello{instance_, me};
+    if (opts_.auth.enabled()) {
+        // Our nonce goes in the hello; nothing but the hello goes out until the peer proved
+        // itself (its challenge) and we answered.
+        auto nonce = auth::random_nonce();
+        if (!nonce) {
+            close_conn(c, Errc::io_error, nonce.error().describe());
+            return nonce.error();
+        }
+        c->own_nonce = *nonce;
+        c->auth_wait = true;
+        hello.auth = true;
+        hello.key_id = opts_.auth.key_id;
+        hello.nonce = c->own_nonce.data();
+    }
     FrameHeader fh;
     fh.type = FrameType::hello;
     fh.context_id = remote_ctx;
     fh.tag = l.id;
-    fh.length = hello_size(me);
+    fh.length = hello_size(me, hello.auth, hello.key_id);
     encode_frame_header(fh, h->header);
-    encode_hello(Hello{instance_, me}, h->payload);
+    encode_hello(hello, h->payload);
     h->iov[0] = {h->header, kFrameHeaderSize};
     h->iov[1] = {h->payload, std::size_t(fh.length)};
     h->iovcnt = 2;
@@ -761,6 +777,7 @@ Control* TcpTransport::control_alloc(Lane& l) {
     c->kind = SendItem::Kind::control;
     c->sent = 0;
     c->reply = false;
+    c->setup = false;
     c->owned.reset();
     return c;
 }
@@ -768,6 +785,141 @@ Control* TcpTransport::control_alloc(Lane& l) {
 void TcpTransport::control_free(Lane& l, Control* c) noexcept {
     c->owned.reset();
     l.free_controls.push_back(c);
+}
+
+}  // namespace tcp
+}  // namespace talaria::na
+
+// --- authentication (Options::auth; docs/protocol.md, tcp "auth") -------------------------------
+
+namespace talaria::na {
+namespace tcp {
+
+bool TcpTransport::send_auth_direct(Conn* c, AuthStep step, Errc status,
+                                    std::span<const std::byte> payload) {
+    std::byte frame[kFrameHeaderSize + kMaxAuthReason];
+    FrameHeader fh;
+    fh.type = FrameType::auth;
+    fh.context_id = uint8_t(step);
+    fh.status = status;
+    fh.length = payload.size();
+    encode_frame_header(fh, frame);
+    if (!payload.empty()) std::memcpy(frame + kFrameHeaderSize, payload.data(), payload.size());
+    const std::size_t total = kFrameHeaderSize + payload.size();
+    // Set-up only: nothing else is queued or half sent on the socket, and a frame this small
+    // fits an empty socket buffer whole.
+    ssize_t w;
+    do {
+        w = ::send(c->fd, frame, total, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (w < 0 && errno == EINTR);
+    return w == ssize_t(total);
+}
+
+void TcpTransport::refuse_conn(Conn* c, const std::string& why) {
+    std::string who = c->peer ? peer_of(c->peer)->str : fmt::format("fd {}", c->fd);
+    TALARIA_LOG(tcp, warn, "refusing the connection {} {}: {}", c->outgoing ? "to" : "from", who,
+                why);
+    std::string_view reason(why);
+    if (reason.size() > kMaxAuthReason) reason = reason.substr(0, kMaxAuthReason);
+    (void)send_auth_direct(c, AuthStep::refused, Errc::access_denied,
+                           {reinterpret_cast<const std::byte*>(reason.data()), reason.size()});
+    // Read what the peer already sent, so that closing sends a FIN after our refusal rather
+    // than a reset that could overtake it.
+    std::byte sink[4096];
+    for (int i = 0; i < 16 && ::recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+    close_conn(c, Errc::access_denied, why);
+}
+
+bool TcpTransport::auth_hello(Conn* c, const Hello& hello) {
+    const Auth& a = opts_.auth;
+    if (!a.enabled() && !hello.auth) return true;
+    if (!a.enabled()) {
+        refuse_conn(c,
+                    "the client asked to authenticate, but this server has no shared secret "
+                    "(na::Options::auth): configure the same key id and secret on both sides");
+        return false;
+    }
+    if (!hello.auth) {
+        refuse_conn(c, fmt::format("this server admits only peers that authenticate with the "
+                                   "secret of key '{}': set na::Options::auth on the client",
+                                   a.key_id));
+        return false;
+    }
+    if (hello.key_id != a.key_id) {
+        refuse_conn(c, fmt::format("the client names key '{}', this server holds key '{}'",
+                                   hello.key_id, a.key_id));
+        return false;
+    }
+    auto nonce = auth::random_nonce();
+    if (!nonce) {
+        close_conn(c, Errc::io_error, nonce.error().describe());
+        return false;
+    }
+    c->own_nonce = *nonce;
+    std::memcpy(c->peer_nonce.data(), hello.nonce, auth::kNonceSize);
+    auth::Proof proof =
+        auth::prove(a.secret, auth::Role::acceptor, c->own_nonce, c->peer_nonce, a.key_id);
+    std::byte payload[kAuthNonceSize + kAuthProofSize];
+    std::memcpy(payload, c->own_nonce.data(), kAuthNonceSize);
+    std::memcpy(payload + kAuthNonceSize, proof.data(), kAuthProofSize);
+    if (!send_auth_direct(c, AuthStep::challenge, Errc::ok, payload)) {
+        close_conn(c, Errc::disconnected, "could not send the authentication challenge");
+        return false;
+    }
+    c->auth_wait = true;  // await_hello until the response (and hello_timeout with it)
+    return true;
+}
+
+bool TcpTransport::auth_frame(Conn* c) {
+    const FrameHeader& h = c->hdr;
+    const auto step = AuthStep(h.context_id);
+    std::span<const std::byte> body(c->hello_buf, std::size_t(h.length));
+    const Auth& a = opts_.auth;
+    std::string who = c->peer ? peer_of(c->peer)->str : std::string("the peer");
+    if (step == AuthStep::refused) {
+        std::string reason(reinterpret_cast<const char*>(body.data()), body.size());
+        std::string why = fmt::format("{} refused this connection: {}", who, reason);
+        TALARIA_LOG(tcp, warn, "{}", why);
+        close_conn(c, Errc::access_denied, why);
+        return false;
+    }
+    if (step == AuthStep::challenge) {  // outgoing: the acceptor's nonce and proof
+        std::memcpy(c->peer_nonce.data(), body.data(), kAuthNonceSize);
+        auth::Proof want =
+            auth::prove(a.secret, auth::Role::acceptor, c->peer_nonce, c->own_nonce, a.key_id);
+        if (!auth::matches(want, body.subspan(kAuthNonceSize))) {
+            std::string why = fmt::format(
+                "{} could not prove that it holds the secret of key '{}' (a different secret, "
+                "or not the server we meant): not talking to it",
+                who, a.key_id);
+            TALARIA_LOG(tcp, warn, "{}", why);
+            close_conn(c, Errc::access_denied, why);
+            return false;
+        }
+        auth::Proof mine =
+            auth::prove(a.secret, auth::Role::connector, c->own_nonce, c->peer_nonce, a.key_id);
+        if (!send_auth_direct(c, AuthStep::response, Errc::ok, mine)) {
+            close_conn(c, Errc::disconnected, "could not send the authentication response");
+            return false;
+        }
+        c->auth_wait = false;  // what waited behind the hello goes out (process_rx flushes)
+        TALARIA_LOG(tcp, debug, "authenticated {} (key '{}')", who, a.key_id);
+        return true;
+    }
+    // Accepted: the connector's proof.
+    auth::Proof want =
+        auth::prove(a.secret, auth::Role::connector, c->peer_nonce, c->own_nonce, a.key_id);
+    if (!auth::matches(want, body)) {
+        refuse_conn(c, fmt::format("the client's proof does not match: it does not hold the "
+                                   "secret of key '{}'",
+                                   a.key_id));
+        return false;
+    }
+    c->auth_wait = false;
+    c->state = Conn::State::open;  // poll_setup() hands it to its lane now
+    TALARIA_LOG(tcp, debug, "authenticated a connection from {} (key '{}')", who, a.key_id);
+    return true;
 }
 
 }  // namespace tcp

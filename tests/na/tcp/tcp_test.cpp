@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1154,6 +1155,210 @@ TEST(Tcp, SingleThreadedMode) {
     ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, {}, m, 2, to_b, 0, 3));
     ASSERT_TRUE(drive({a.ctx.get(), b.ctx.get()}, [&] { return got; }));
     EXPECT_EQ(as_string(r, 2), "st");
+}
+
+// --- authentication (Options::auth)
+// ---------------------------------------------------------------
+
+Auth auth_with(std::string key, char fill) {
+    Auth a;
+    a.key_id = std::move(key);
+    a.secret.assign(32, std::byte(fill));
+    return a;
+}
+
+/// A client sends one unexpected message to a server; each side's Options::auth as given. The
+/// send's status, and whether the server received it.
+struct AuthOutcome {
+    Errc sent = Errc::internal;
+    bool received = false;
+};
+AuthOutcome send_with_auth(const Auth& server_auth, const Auth& client_auth) {
+    AuthOutcome out;
+    Options so;
+    so.auth = server_auth;
+    Peer s = make_peer("tcp://127.0.0.1:0", so);
+    Options co;
+    co.listen = false;
+    co.auth = client_auth;
+    Peer c = make_peer("tcp://", co);
+    if (!s.t || !c.t) return out;
+    Addr dest = lookup(*c.t, s.self());
+    auto m = buf_with(*c.t, "hi");
+    auto r = buf_with(*s.t, "", 8);
+    bool sent = false;
+    EXPECT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx, [&](const Completion& cp) { out.received = cp.status == Errc::ok; }, r));
+    EXPECT_TRUE(c.t->post_send_unexpected(
+        *c.ctx,
+        [&](const Completion& cp) {
+            out.sent = cp.status;
+            sent = true;
+        },
+        m, 2, dest, 0, 7));
+    EXPECT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return sent; }));
+    drive(
+        {c.ctx.get(), s.ctx.get()}, [&] { return out.received; }, 300ms);
+    return out;
+}
+
+TEST(TcpAuth, PeersWithTheSameSecretTalkBothWays) {
+    Options so;
+    so.auth = auth_with("cluster-1", 'k');
+    Peer s = make_peer("tcp://127.0.0.1:0", so);
+    Options co;
+    co.listen = false;
+    co.auth = so.auth;
+    Peer c = make_peer("tcp://", co);
+    Addr dest = lookup(*c.t, s.self());
+    auto m = buf_with(*c.t, "ping");
+    auto r = buf_with(*s.t, "", 8);
+    Addr from;
+    std::size_t got = 0;
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx,
+        [&](const Completion& cp) {
+            ASSERT_EQ(cp.status, Errc::ok);
+            from = cp.source;
+            got = cp.size;
+        },
+        r));
+    // Several messages queued before the set-up finished: they wait for it, in order.
+    for (int i = 0; i < 3; ++i)
+        ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 4, dest, 0, 1));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return got != 0; }));
+    EXPECT_EQ(as_string(r, got), "ping");
+    // The reply goes back over the authenticated connection.
+    auto back = buf_with(*s.t, "pong");
+    auto cr = buf_with(*c.t, "", 8);
+    std::size_t back_got = 0;
+    ASSERT_TRUE(c.t->post_recv_unexpected(
+        *c.ctx, [&](const Completion& cp) { back_got = cp.status == Errc::ok ? cp.size : 1; }, cr));
+    ASSERT_TRUE(s.t->post_send_unexpected(*s.ctx, {}, back, 4, from, 0, 2));
+    ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return back_got != 0; }));
+    EXPECT_EQ(as_string(cr, back_got), "pong");
+}
+
+TEST(TcpAuth, StrangersAreRefusedWithAccessDenied) {
+    {
+        SCOPED_TRACE("a different secret");
+        auto o = send_with_auth(auth_with("k", 'a'), auth_with("k", 'b'));
+        EXPECT_EQ(o.sent, Errc::access_denied) << errc_name(o.sent);
+        EXPECT_FALSE(o.received);
+    }
+    {
+        SCOPED_TRACE("another key id");
+        auto o = send_with_auth(auth_with("k", 'a'), auth_with("other", 'a'));
+        EXPECT_EQ(o.sent, Errc::access_denied) << errc_name(o.sent);
+        EXPECT_FALSE(o.received);
+    }
+    {
+        // It does not wait for the set-up (it has nothing to prove): its send may complete
+        // once written, before the refusal comes back; the server takes nothing from it.
+        SCOPED_TRACE("a client without a secret");
+        auto o = send_with_auth(auth_with("k", 'a'), Auth{});
+        EXPECT_FALSE(o.received);
+    }
+    {
+        SCOPED_TRACE("a server without a secret");
+        auto o = send_with_auth(Auth{}, auth_with("k", 'a'));
+        EXPECT_EQ(o.sent, Errc::access_denied) << errc_name(o.sent);
+        EXPECT_FALSE(o.received);
+    }
+}
+
+TEST(TcpAuth, ForgedResponsesAndSilenceAreRefused) {
+    Options so;
+    so.auth = auth_with("k", 'z');
+    so.hello_timeout = std::chrono::milliseconds(300);
+    Peer s = make_peer("tcp://127.0.0.1:0", so);
+    std::string addr = s.self();
+    auto hello_with_auth = [] {
+        std::byte nonce[tcp::kAuthNonceSize]{};
+        tcp::Hello hello{0x77, "", true, "k", nonce};
+        tcp::FrameHeader h;
+        h.type = tcp::FrameType::hello;
+        h.length = tcp::hello_size("", true, "k");
+        auto b = frame(h, h.length);
+        tcp::encode_hello(hello, b.data() + tcp::kFrameHeaderSize);
+        return b;
+    };
+    {  // a response with a made-up proof
+        RawClient r(addr);
+        r.send_bytes(hello_with_auth());
+        tcp::FrameHeader h;
+        h.type = tcp::FrameType::auth;
+        h.context_id = uint8_t(tcp::AuthStep::response);
+        h.length = tcp::kAuthProofSize;
+        r.send_bytes(frame(h, tcp::kAuthProofSize));
+        EXPECT_TRUE(r.closed_by_peer(*s.ctx));
+    }
+    {  // a message instead of the response
+        RawClient r(addr);
+        r.send_bytes(hello_with_auth());
+        tcp::FrameHeader h;
+        h.type = tcp::FrameType::msg_unexpected;
+        h.length = 4;
+        r.send_bytes(frame(h, 4));
+        EXPECT_TRUE(r.closed_by_peer(*s.ctx));
+    }
+    {  // no response at all: closed after hello_timeout
+        RawClient r(addr);
+        r.send_bytes(hello_with_auth());
+        EXPECT_TRUE(r.closed_by_peer(*s.ctx));
+    }
+    {  // a plain hello, then data
+        RawClient r(addr);
+        r.send_bytes(hello_frame());
+        tcp::FrameHeader h;
+        h.type = tcp::FrameType::msg_unexpected;
+        h.length = 4;
+        r.send_bytes(frame(h, 4));
+        EXPECT_TRUE(r.closed_by_peer(*s.ctx));
+    }
+    // A client with the secret still gets in.
+    Options co;
+    co.listen = false;
+    co.auth = so.auth;
+    Peer c = make_peer("tcp://", co);
+    Addr dest = lookup(*c.t, addr);
+    auto m = buf_with(*c.t, "ok");
+    auto rb = buf_with(*s.t, "", 8);
+    bool got = false;
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx, [&](const Completion& cp) { got = cp.status == Errc::ok; }, rb));
+    ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 2, dest, 0, 3));
+    EXPECT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return got; }));
+}
+
+TEST(TcpAuth, BadSecretsAndSecretFilesAreRefusedWithTheReason) {
+    Options o;
+    o.auth.key_id = "k";
+    o.auth.secret.assign(8, std::byte{1});
+    auto t = open("tcp://127.0.0.1:0", o);
+    ASSERT_FALSE(t);
+    EXPECT_EQ(t.code(), Errc::invalid_argument);
+    o.auth.secret.assign(32, std::byte{1});
+    auto u = open("ucx+tcp://127.0.0.1:0", o);
+    if (!u && u.code() != Errc::not_supported) GTEST_SKIP() << "no ucx here";
+    EXPECT_FALSE(u) << "a transport that cannot authenticate opened with a secret";
+
+    char path[] = "/tmp/talaria-secret-XXXXXX";
+    int fd = ::mkstemp(path);
+    ASSERT_GE(fd, 0);
+    std::string secret(40, 's');
+    ASSERT_EQ(::write(fd, secret.data(), secret.size()), ssize_t(secret.size()));
+    ::close(fd);
+    ::chmod(path, 0644);
+    auto r = read_secret_file(path);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::permission_denied);
+    EXPECT_NE(r.error().message().find("chmod"), std::string::npos) << r.error().message();
+    ::chmod(path, 0600);
+    r = read_secret_file(path);
+    ASSERT_TRUE(r) << r.error().describe();
+    EXPECT_EQ(r->size(), secret.size());
+    ::unlink(path);
 }
 
 }  // namespace

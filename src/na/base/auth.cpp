@@ -1,0 +1,113 @@
+#include "na/base/auth.hpp"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace talaria::na {
+
+namespace auth {
+
+Result<Nonce> random_nonce() {
+    Nonce n;
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), int(n.size())) != 1)
+        return Error(Errc::io_error,
+                     fmt::format("RAND_bytes failed (OpenSSL error {:#x})", ERR_get_error()));
+    return n;
+}
+
+Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::byte> own_nonce,
+            std::span<const std::byte> peer_nonce, std::string_view key_id) {
+    std::string_view label =
+        role == Role::acceptor ? "talaria auth v1 acceptor" : "talaria auth v1 connector";
+    // label || own nonce || peer nonce || key id length || key id
+    std::array<unsigned char, 32 + kNonceSize * 2 + 1 + 255> msg{};
+    std::size_t n = 0;
+    std::memcpy(msg.data() + n, label.data(), label.size());
+    n += label.size();
+    std::memcpy(msg.data() + n, own_nonce.data(), own_nonce.size());
+    n += own_nonce.size();
+    std::memcpy(msg.data() + n, peer_nonce.data(), peer_nonce.size());
+    n += peer_nonce.size();
+    msg[n++] = static_cast<unsigned char>(key_id.size());
+    std::memcpy(msg.data() + n, key_id.data(), key_id.size());
+    n += key_id.size();
+    Proof out{};
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), secret.data(), int(secret.size()), msg.data(), n,
+         reinterpret_cast<unsigned char*>(out.data()), &len);
+    return out;
+}
+
+bool matches(const Proof& expected, std::span<const std::byte> received) noexcept {
+    return received.size() == expected.size() &&
+           CRYPTO_memcmp(expected.data(), received.data(), expected.size()) == 0;
+}
+
+Result<void> check(const Auth& a) {
+    if (!a.enabled()) return ok();
+    if (a.key_id.size() > 255)
+        return Error(
+            Errc::invalid_argument,
+            fmt::format("Options::auth: key id of {} bytes (at most 255)", a.key_id.size()));
+    if (a.secret.size() < 16)
+        return Error(Errc::invalid_argument,
+                     fmt::format("Options::auth: a secret of {} bytes is too short (at least 16)",
+                                 a.secret.size()));
+    return ok();
+}
+
+}  // namespace auth
+
+Result<std::vector<std::byte>> read_secret_file(std::string_view path) {
+    std::string p(path);
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return errno_error(fmt::format("read_secret_file: open {}", p), errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        int e = errno;
+        ::close(fd);
+        return errno_error(fmt::format("read_secret_file: stat {}", p), e);
+    }
+    auto refuse = [&](std::string why) -> Error {
+        ::close(fd);
+        return Error(Errc::permission_denied, fmt::format("read_secret_file: {}: {}", p, why));
+    };
+    if (!S_ISREG(st.st_mode)) return refuse("not a regular file");
+    if (st.st_uid != ::geteuid())
+        return refuse(
+            fmt::format("owned by uid {}, not by this user (uid {}): a secret must be "
+                        "its user's own",
+                        st.st_uid, ::geteuid()));
+    if (st.st_mode & 077)
+        return refuse(fmt::format("mode {:04o} lets others read it; chmod 600 (or 400) it",
+                                  st.st_mode & 07777));
+    if (st.st_size < 16 || st.st_size > 4096)
+        return refuse(fmt::format("{} bytes (a secret has 16 to 4096)", st.st_size));
+    std::vector<std::byte> out(std::size_t(st.st_size));
+    std::size_t got = 0;
+    while (got < out.size()) {
+        ssize_t r = ::read(fd, out.data() + got, out.size() - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            ::close(fd);
+            return errno_error(fmt::format("read_secret_file: read {}", p), e);
+        }
+        got += std::size_t(r);
+    }
+    ::close(fd);
+    return out;
+}
+
+}  // namespace talaria::na

@@ -1,0 +1,35 @@
+// Shared-secret authentication of connections (na::Options::auth): the nonces and proofs of the
+// challenge-response a transport runs at connection set-up (docs/protocol.md, tcp "auth"), over
+// OpenSSL's libcrypto (HMAC-SHA256, its random generator, its constant-time comparison).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+#include "talaria/na/na.hpp"
+
+namespace talaria::na::auth {
+
+inline constexpr std::size_t kNonceSize = 32;
+inline constexpr std::size_t kProofSize = 32;
+using Nonce = std::array<std::byte, kNonceSize>;
+using Proof = std::array<std::byte, kProofSize>;
+
+/// Which side a proof is made by: the two are labelled apart, so that a proof one side sends can
+/// never be reflected back as the other's.
+enum class Role { acceptor, connector };
+
+/// Unpredictable bytes (the caller's nonce for one connection).
+Result<Nonce> random_nonce();
+/// HMAC-SHA256 under `secret` of a label naming `role`, the nonce of the side that proves,
+/// the other side's nonce, and the key id.
+Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::byte> own_nonce,
+            std::span<const std::byte> peer_nonce, std::string_view key_id);
+/// Compares a received proof with the expected one in constant time.
+bool matches(const Proof& expected, std::span<const std::byte> received) noexcept;
+/// Options::auth is usable: a key id of at most 255 bytes and a secret of at least 16.
+Result<void> check(const Auth& a);
+
+}  // namespace talaria::na::auth
