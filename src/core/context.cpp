@@ -285,7 +285,15 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
         --s.peer->inflight;
         if (s.queued) {
             s.queued = false;
-            --s.peer->queued;  // its backlog entry is skipped
+            --s.peer->queued;
+            // Its backlog entry is skipped when reached. Calls that time out or are canceled
+            // while a stalled peer holds every credit would pile such entries up without
+            // bound: drop them once they outnumber the live ones.
+            Peer* p = s.peer;
+            if (p->backlog.size() > 2 * std::size_t(p->queued) + 16)
+                std::erase_if(p->backlog, [this](const std::pair<uint32_t, uint32_t>& e) {
+                    return slots[e.first].seq != e.second || !slots[e.first].queued;
+                });
         } else if (s.peer->queued) {
             pass_credit_locked(s.peer);
         }
@@ -331,17 +339,10 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     }
 
     // Sent again on a busy answer: the payload is kept (copied; only when asked for).
+    const std::span<const std::byte> payload = large ? std::span<const std::byte>(desc) : args;
     std::unique_ptr<Retry> retry;
-    if (opts.busy_retries > 0 && !opts.one_way) [[unlikely]] {
-        retry = std::make_unique<Retry>();
-        std::span<const std::byte> p = large ? std::span<const std::byte>(desc) : args;
-        retry->payload.assign(p.begin(), p.end());
-        retry->flags = large ? wire::kMore : 0;
-        retry->target_ctx = opts.target_context;
-        retry->left = opts.one_way ? 0 : opts.busy_retries;
-        retry->backoff =
-            opts.busy_backoff > Duration::zero() ? opts.busy_backoff : std::chrono::milliseconds(1);
-    }
+    if (opts.busy_retries > 0 && !opts.one_way) [[unlikely]]
+        retry = keep_payload(payload, large, opts);
 
     uint32_t idx;
     uint32_t seq;
@@ -368,14 +369,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         ++s.peer->inflight;
         const uint32_t window = eng->opts.peer_window;
         if (window && s.peer->inflight - s.peer->queued > window) [[unlikely]] {
-            if (!s.retry) {  // the payload, kept to be sent later (copied under the lock: rare)
-                s.retry = std::make_unique<Retry>();
-                std::span<const std::byte> p = large ? std::span<const std::byte>(desc) : args;
-                s.retry->payload.assign(p.begin(), p.end());
-                s.retry->flags = large ? wire::kMore : 0;
-                s.retry->target_ctx = opts.target_context;
-                s.retry->backoff = std::chrono::milliseconds(1);
-            }
+            // The payload, kept to be sent later (copied under the lock: rare).
+            if (!s.retry) s.retry = keep_payload(payload, large, opts);
             s.queued = true;
             ++s.peer->queued;
             s.peer->backlog.emplace_back(idx, seq);
@@ -400,8 +395,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.seq = seq;
     h.target_ctx = opts.target_context;
     h.reply_ctx = id;
-    auto r = send_message(dest, h, large ? std::span<const std::byte>(desc) : args,
-                          SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
+    auto r =
+        send_message(dest, h, payload, SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
     if (!r) {
         // Undo, unless a deadline or cancel on another thread already completed it.
         std::unique_ptr<LargeOut> garbage;
@@ -544,36 +539,51 @@ void Context::Impl::send_credited() {
         batch.swap(credited);
     }
     for (auto [idx, seq] : batch) {
-        na::Addr dest;
-        wire::Header h;
-        std::vector<std::byte> payload;
-        bool one_way = false;
+        Resend r;
         {
             std::lock_guard g(mu);
             CallSlot& s = slots[idx];
             if (s.seq != seq || s.queued || !s.retry || !s.peer) continue;
-            dest = s.peer->addr;
-            h.flags = uint8_t(s.retry->flags | (s.one_way ? wire::kOneWay : 0));
-            h.rpc_id = s.rpc_id;
-            h.seq = seq;
-            h.target_ctx = s.retry->target_ctx;
-            h.reply_ctx = id;
-            payload = s.retry->payload;
-            one_way = s.one_way;
+            r = resend_of_locked(s);
         }
-        auto r = send_message(dest, h, payload, SendInfo{seq, one_way, SendInfo::call});
-        if (!r) {
-            complete_call(seq, nullptr,
-                          Error{r.code(),
-                                "sending a call that waited for a credit with its "
-                                "peer: " +
-                                    r.error().message()},
-                          false);
-            continue;
+        if (send_kept(r, "sending a call that waited for a credit with its peer")) {
+            CtxCounters::add(counters.rpcs_sent);
+            CtxCounters::add(counters.bytes_sent, r.payload.size());
         }
-        CtxCounters::add(counters.rpcs_sent);
-        CtxCounters::add(counters.bytes_sent, payload.size());
     }
+}
+
+std::unique_ptr<Retry> Context::Impl::keep_payload(std::span<const std::byte> payload, bool large,
+                                                   const CallOptions& opts) {
+    auto r = std::make_unique<Retry>();
+    r->payload.assign(payload.begin(), payload.end());
+    r->flags = large ? wire::kMore : 0;
+    r->target_ctx = opts.target_context;
+    r->left = opts.one_way ? 0 : opts.busy_retries;
+    r->backoff =
+        opts.busy_backoff > Duration::zero() ? opts.busy_backoff : std::chrono::milliseconds(1);
+    return r;
+}
+
+Context::Impl::Resend Context::Impl::resend_of_locked(const CallSlot& s) const {
+    Resend r;
+    r.dest = s.peer->addr;
+    r.h.flags = uint8_t(s.retry->flags | (s.one_way ? wire::kOneWay : 0));
+    r.h.rpc_id = s.rpc_id;
+    r.h.seq = s.seq;
+    r.h.target_ctx = s.retry->target_ctx;
+    r.h.reply_ctx = id;
+    r.payload = s.retry->payload;
+    r.one_way = s.one_way;
+    return r;
+}
+
+bool Context::Impl::send_kept(const Resend& r, std::string_view what) {
+    auto sent = send_message(r.dest, r.h, r.payload, SendInfo{r.h.seq, r.one_way, SendInfo::call});
+    if (sent) return true;
+    complete_call(r.h.seq, nullptr,
+                  Error{sent.code(), fmt::format("{}: {}", what, sent.error().message())}, false);
+    return false;
 }
 
 unsigned Context::Impl::run_deferred() {
@@ -648,11 +658,6 @@ unsigned Context::Impl::expire_timers() {
     if (to_ns(now) < next_deadline_ns.load(std::memory_order_acquire)) return 0;
     std::vector<std::pair<ResponseFn, na::Addr>> expired;
     std::vector<std::tuple<uint32_t, na::Addr, std::unique_ptr<LargeOut>>> large;
-    struct Resend {
-        na::Addr dest;
-        wire::Header h;
-        std::vector<std::byte> payload;
-    };
     std::vector<Resend> resend;
     {
         std::lock_guard g(mu);
@@ -666,13 +671,7 @@ unsigned Context::Impl::expire_timers() {
                     heap_fix_locked(0);
                 else
                     heap_remove_locked(idx);
-                wire::Header h;
-                h.flags = s.retry->flags;
-                h.rpc_id = s.rpc_id;
-                h.seq = s.seq;
-                h.target_ctx = s.retry->target_ctx;
-                h.reply_ctx = id;
-                resend.push_back(Resend{s.peer->addr, h, s.retry->payload});
+                resend.push_back(resend_of_locked(s));
                 continue;
             }
             uint32_t seq = slots[heap[0]].seq;
@@ -686,12 +685,7 @@ unsigned Context::Impl::expire_timers() {
     }
     for (auto& r : resend) {
         CtxCounters::add(counters.busy_retries);
-        auto sent = send_message(r.dest, r.h, r.payload, SendInfo{r.h.seq, false, SendInfo::call});
-        if (!sent)
-            complete_call(r.h.seq, nullptr,
-                          Error{sent.code(), "sending the call again after a busy answer: " +
-                                                 sent.error().message()},
-                          false);
+        (void)send_kept(r, "sending the call again after a busy answer");
     }
     for (auto& [seq, dest, args] : large)
         hold_args(seq, std::move(dest), std::move(args));
@@ -737,6 +731,7 @@ bool Context::Impl::schedule_retry(uint32_t seq, const na::Addr& source) {
 
 void Context::Impl::sweep(TimePoint now) {
     next_sweep = now + kSweepPeriod;
+    refusal_logged = false;  // one refusal line per sweep period
     trim_loads();
     expire_pending(now);
     expire_pulls(now);

@@ -87,6 +87,8 @@ struct Peer {
     /// Calls counted in `inflight` that wait for a credit (Options::peer_window), oldest first:
     /// (slot, seq) pairs; an entry whose slot no longer holds that call is skipped.
     uint32_t queued = 0;
+    /// At most 2 x queued + 16 entries: stale ones are dropped as calls leave it
+    /// (release_slot_locked).
     std::deque<std::pair<uint32_t, uint32_t>> backlog;
     unsigned idle_sweeps = 0;
     na::OpId watch;
@@ -375,6 +377,20 @@ struct Context::Impl {
     void pass_credit_locked(Peer* p);
     /// Send the calls that got a credit (trigger thread).
     void send_credited();
+    /// A call sent later than forward() (after a busy answer, or once a credit came back):
+    /// its message, copied out of its slot under the lock and sent after it.
+    struct Resend {
+        na::Addr dest;
+        wire::Header h;
+        std::vector<std::byte> payload;
+        bool one_way = false;
+    };
+    /// The payload (arguments, or the descriptor of large ones) a call keeps to be sent later.
+    static std::unique_ptr<Retry> keep_payload(std::span<const std::byte> payload, bool large,
+                                               const CallOptions& opts);
+    Resend resend_of_locked(const CallSlot& s) const;
+    /// Send it; if that fails, the call completes with the error, prefixed by `what`.
+    bool send_kept(const Resend& r, std::string_view what);
     void hold_args(uint32_t seq, na::Addr dest, std::unique_ptr<LargeOut> args);
     /// The target answered (or acked) call `seq`: arguments held for it can go.
     void release_held(uint32_t seq, const na::Addr& dest);

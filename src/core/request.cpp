@@ -520,7 +520,6 @@ PeerLoad* Context::Impl::load_for(const na::Addr& source) {
 }
 
 void Context::Impl::trim_loads() {
-    refusal_logged = false;
     for (auto it = loads.begin(); it != loads.end();) {
         if (it->second->held.load(std::memory_order_acquire) == 0) {
             if (last_load == it->second.get()) last_load = nullptr;

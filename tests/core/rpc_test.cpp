@@ -1619,6 +1619,30 @@ TEST_P(Rpc, PeerWindowKeepsCallsUntilACreditComesBack) {
                       [&] { return h1.second->done() && h2.second->done(); }));
 }
 
+TEST_P(Rpc, PeerWindowSurvivesManyCanceledWaitingCalls) {
+    // While a stalled peer holds the only credit, calls that wait and are canceled must neither
+    // pile up nor disturb the order of those still waiting.
+    Options c = client_options();
+    c.peer_window = 1;
+    ASSERT_TRUE(start({}, c));
+    auto held = call(*client_, 0, server_addr_, kHold, {});
+    ASSERT_TRUE(held.first);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
+    for (int i = 0; i < 200; ++i) {
+        auto w = call(*client_, 0, server_addr_, kEcho, bytes_of("gone"));
+        ASSERT_TRUE(w.first);
+        ASSERT_TRUE(client_->context(0).cancel(*w.first));
+        ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return w.second->done(); }));
+        ASSERT_EQ(w.second->code, Errc::canceled);
+    }
+    auto last = call(*client_, 0, server_addr_, kEcho, bytes_of("last"));
+    ASSERT_TRUE(last.first);
+    ASSERT_TRUE(take_held(0).respond({}));
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return last.second->done(); }));
+    EXPECT_EQ(last.second->code, Errc::ok) << last.second->message;
+    EXPECT_EQ(client_->counters().rpcs_sent, 2u) << "a canceled waiting call was sent";
+}
+
 TEST_P(Rpc, BusyAnswersAreRetriedWithinTheDeadline) {
     // The server holds one request at a time (max_requests 1): a second call is answered busy
     // at once; with busy_retries it is sent again until the first is answered.

@@ -24,14 +24,18 @@ struct Entry {
     std::string_view scheme;
     OpenFn open = nullptr;
     OpenFamilyFn open_family = nullptr;
+    /// It honours Options::auth: it authenticates its peers (tcp), or only this user's
+    /// processes (sm) or this process (inproc) can reach it. The others refuse a secret.
+    bool admits_only_known_peers = false;
 };
 constexpr Entry kTransports[] = {
-    {"inproc", &open_inproc, nullptr}, {"sm", &open_sm, nullptr}, {"tcp", &open_tcp, nullptr},
+    {"inproc", &open_inproc, nullptr, true}, {"sm", &open_sm, nullptr, true},
+    {"tcp", &open_tcp, nullptr, true},
 #if TALARIA_HAVE_OFI
-    {"ofi", nullptr, &open_ofi},
+    {"ofi", nullptr, &open_ofi, false},
 #endif
 #if TALARIA_HAVE_UCX
-    {"ucx", nullptr, &open_ucx},
+    {"ucx", nullptr, &open_ucx, false},
 #endif
 };
 }  // namespace
@@ -68,15 +72,15 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
     auto plus = url.scheme.find('+');
     std::string_view family = url.scheme.substr(0, plus);
     TALARIA_CHECK(auth::check(options.auth));
-    if (options.auth.enabled() && (family == "ofi" || family == "ucx"))
-        return Error(Errc::not_supported,
-                     fmt::format("'{}': Options::auth (shared-secret authentication) is "
-                                 "implemented on tcp (and sm admits only this user); the {} "
-                                 "transport does not authenticate yet, so it refuses to open "
-                                 "rather than accept strangers",
-                                 address, family));
     for (const auto& e : kTransports) {
         if (e.scheme != family) continue;
+        if (options.auth.enabled() && !e.admits_only_known_peers)
+            return Error(Errc::not_supported,
+                         fmt::format("'{}': Options::auth (shared-secret authentication) is "
+                                     "implemented on tcp (and sm admits only this user); the {} "
+                                     "transport does not authenticate yet, so it refuses to open "
+                                     "rather than accept strangers",
+                                     address, family));
         if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);
         if (e.open_family) {
             if (plus == std::string_view::npos || plus + 1 == url.scheme.size())

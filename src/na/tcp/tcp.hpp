@@ -403,7 +403,7 @@ class TcpTransport final : public Transport {
     /// half sent on it then). False when it could not be written whole.
     bool send_auth_direct(Conn* c, AuthStep step, Errc status, std::span<const std::byte> payload);
     /// The front of the send queue may go out now (not while authenticating, but the hello).
-    [[nodiscard]] static bool sendable(const Conn* c) noexcept;
+    [[nodiscard]] static bool sendable(Conn* c) noexcept;
     /// Does a message for `ctx_id` (expected or not) belong to lane `l`? Fast when it names
     /// l's own context; otherwise asks the route table.
     bool is_local_locked(Lane& l, uint8_t ctx_id, bool expected);

@@ -371,10 +371,10 @@ void TcpTransport::item_done(Conn* c, SendItem* item) {
     complete_op(op, Errc::ok);
 }
 
-bool TcpTransport::sendable(const Conn* c) noexcept {
+bool TcpTransport::sendable(Conn* c) noexcept {
     if (c->sendq.empty()) return false;
     if (!c->auth_wait) return true;
-    const SendItem* front = const_cast<Conn*>(c)->sendq.front();
+    const SendItem* front = c->sendq.front();
     return front->kind == SendItem::Kind::control && static_cast<const Control*>(front)->setup;
 }
 

@@ -847,7 +847,8 @@ bool TcpTransport::auth_hello(Conn* c, const Hello& hello) {
         return false;
     }
     if (hello.key_id != a.key_id) {
-        refuse_conn(c, fmt::format("the client names key '{}', this server holds key '{}'",
+        // The peer's key id is escaped ({:?}): its bytes go to our log and back to it.
+        refuse_conn(c, fmt::format("the client names key {:?}, this server holds key '{}'",
                                    hello.key_id, a.key_id));
         return false;
     }
@@ -878,8 +879,9 @@ bool TcpTransport::auth_frame(Conn* c) {
     const Auth& a = opts_.auth;
     std::string who = c->peer ? peer_of(c->peer)->str : std::string("the peer");
     if (step == AuthStep::refused) {
-        std::string reason(reinterpret_cast<const char*>(body.data()), body.size());
-        std::string why = fmt::format("{} refused this connection: {}", who, reason);
+        std::string_view reason(reinterpret_cast<const char*>(body.data()), body.size());
+        // Escaped ({:?}): the peer's bytes, on their way to our log.
+        std::string why = fmt::format("{} refused this connection: {:?}", who, reason);
         TALARIA_LOG(tcp, warn, "{}", why);
         close_conn(c, Errc::access_denied, why);
         return false;
