@@ -62,6 +62,10 @@ struct Context::Impl {
     static bool later(const Timer& a, const Timer& b) noexcept { return a.due > b.due; }
     std::vector<Timer> timers;
     std::atomic<int64_t> next_due{INT64_MAX};
+    // Until when the thread now in a blocking progress() may sleep (ns of Clock; INT64_MIN when
+    // none is). Set under mu before that thread reads next_due, read by post_at() under mu: a
+    // timer posted earlier than it is either seen by progress() or nudges it awake.
+    std::atomic<int64_t> sleep_until{INT64_MIN};
     int tfd = -1;  // a timerfd armed at next_due, in wait_epfd, for threads blocked in epoll
 
     /// Under mu: publish the heap's front and arm the timerfd for it.
@@ -145,17 +149,37 @@ Context::~Context() {
 
 Result<void> Context::progress(Duration timeout) {
     if (has_completions()) return ok();
-    int64_t due = impl_->next_due.load(std::memory_order_acquire);
-    if (due == INT64_MAX) [[likely]]
-        return transport_->progress(*this, deadline_after(timeout));
-    // A timer is waiting: queue it if due, else sleep no later than its time.
-    if (impl_->fire_due()) return ok();
-    TimePoint at{Duration(due)};
+    Impl& im = *impl_;
+    if (timeout == Duration::zero()) [[likely]] {
+        // Poll once (the busy-poll path): nothing sleeps, so no timer can be missed.
+        if (im.next_due.load(std::memory_order_acquire) == INT64_MAX) [[likely]]
+            return transport_->progress(*this, kPollOnce);
+        if (im.fire_due()) return ok();
+        return transport_->progress(*this, kPollOnce);
+    }
+    // May sleep. The transport's loop does not look at timers, so a timer posted from another
+    // thread after we read next_due must wake us: publish our limit first, under the lock
+    // post_at() holds (it nudges when its timer is due before the limit).
     TimePoint dl = deadline_after(timeout);
-    bool capped = dl != kPollOnce && at < dl;
+    int64_t due;
+    {
+        std::lock_guard g(im.mu);
+        im.sleep_until.store(dl == TimePoint::max() ? INT64_MAX : dl.time_since_epoch().count(),
+                             std::memory_order_relaxed);
+        due = im.next_due.load(std::memory_order_relaxed);
+    }
+    struct Clear {
+        Impl& im;
+        ~Clear() { im.sleep_until.store(INT64_MIN, std::memory_order_relaxed); }
+    } clear{im};
+    if (due == INT64_MAX) return transport_->progress(*this, dl);
+    // A timer is waiting: queue it if due, else sleep no later than its time.
+    if (im.fire_due()) return ok();
+    TimePoint at{Duration(due)};
+    bool capped = at < dl;
     auto r = transport_->progress(*this, capped ? at : dl);
     if (!r && r.code() == Errc::timeout && capped) {
-        impl_->fire_due();
+        im.fire_due();
         return ok();
     }
     return r;
@@ -264,8 +288,9 @@ Result<void> Context::post_at(TimePoint due, Callback cb) {
         std::push_heap(im.timers.begin(), im.timers.end(), Impl::later);
         bool front = im.timers.front().op == op;
         if (front) im.rearm_locked();
-        // A thread sleeping in progress() chose its wake-up time before this timer existed.
-        wake = front && im.waiting.load(std::memory_order_relaxed);
+        // A thread in progress() chose how long to sleep before this timer existed (it may be
+        // asleep already, or about to be: its transport loop does not look at timers).
+        wake = front && at < im.sleep_until.load(std::memory_order_relaxed);
     }
     if (wake) {
         // Transports go back to sleep after a bare eventfd wake-up with nothing queued, so
