@@ -217,6 +217,46 @@ TEST_F(MatcherTest, MessageStorageIsReusedAndReleasesItsSource) {
     m.msg_free(again);
 }
 
+TEST_F(MatcherTest, UnexpectedBacklogIsCountedAndChargesArePaidBack) {
+    // The transport bounds what waits (tcp stops reading a connection): the matcher counts it,
+    // and a message charged to its sender pays the charge back whichever way it leaves.
+    std::atomic<std::size_t> charged{0};
+    auto queue_charged = [&](uint8_t ctx_id, const std::string& s) {
+        QueuedMsg* q = m.msg_alloc();
+        q->source = a;
+        q->context_id = ctx_id;
+        auto payload = bytes(s);
+        q->data.assign(payload.begin(), payload.end());
+        Queued how = Queued::ok;
+        ASSERT_EQ(m.match_or_queue(q, &how), nullptr);
+        ASSERT_EQ(how, Queued::ok);
+        q->charge = &charged;
+        charged += s.size();
+    };
+    queue_charged(0, "abc");
+    queue_charged(1, "defgh");
+    deliver(false, 0, b, 1, "uncharged");
+    deliver(true, 0, b, 2, "expected: not counted");
+    EXPECT_EQ(m.unexpected_count(), 3u);
+    EXPECT_EQ(m.unexpected_bytes(), 3u + 5u + 9u);
+    EXPECT_EQ(charged.load(), 8u);
+    // Taken by a receive: counted out at once, the charge paid back when freed.
+    QueuedMsg* q = m.post_unexpected(0, op(0, OpType::recv_unexpected));
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(m.unexpected_count(), 2u);
+    EXPECT_EQ(m.unexpected_bytes(), 5u + 9u);
+    m.msg_free(q);
+    EXPECT_EQ(charged.load(), 5u);
+    // Dropped with its context.
+    m.detach(1, [](TestOp*) {});
+    EXPECT_EQ(charged.load(), 0u);
+    EXPECT_EQ(m.unexpected_count(), 1u);
+    EXPECT_EQ(m.unexpected_bytes(), 9u);
+    m.clear();
+    EXPECT_EQ(m.unexpected_count(), 0u);
+    EXPECT_EQ(m.unexpected_bytes(), 0u);
+}
+
 TEST_F(MatcherTest, EarlyExpectedMessagesAreBoundedByCountAndBytes) {
     // A peer sending expected messages nobody asked for cannot make the matcher hold memory
     // without a bound: past kMaxEarlyExpected messages the newest are refused.

@@ -10,6 +10,7 @@
 // lock of its own: call it under the lock that guards the state it belongs to.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -33,6 +34,9 @@ struct QueuedMsg : ListHook<> {
     uint8_t context_id = 0;  ///< the destination context the sender named
     bool expected = false;
     std::vector<std::byte> data;  ///< capacity kept across reuse
+    /// A count of bytes this message is charged to while it waits (a transport's per-peer
+    /// backlog, set by the transport after it was queued), paid back when it is freed.
+    std::atomic<std::size_t>* charge = nullptr;
 };
 
 /// Copy a `len`-byte message into a receive buffer of `cap` bytes: ok, or message_too_large
@@ -99,8 +103,10 @@ class Matcher {
         s.ctx = nullptr;
         while (OpT* op = s.posted.pop_front())
             on_posted(op);
-        while (MsgT* m = s.msgs.pop_front())
+        while (MsgT* m = s.msgs.pop_front()) {
+            unqueued(*m);
             msg_free(m);
+        }
         if (ctx == nullptr) return;
         expected_.for_each_safe([&](OpT& op) {
             if (op.ctx != ctx) return;
@@ -114,7 +120,10 @@ class Matcher {
     /// over with deliver()), or nullptr, and `op` waits for one.
     MsgT* post_unexpected(uint8_t ctx_id, OpT* op) noexcept {
         Slot& s = slots_[ctx_id];
-        if (MsgT* m = s.msgs.pop_front()) return m;
+        if (MsgT* m = s.msgs.pop_front()) {
+            unqueued(*m);
+            return m;
+        }
         s.posted.push_back(*op);
         return nullptr;
     }
@@ -217,6 +226,8 @@ class Matcher {
             return Queued::no_context;
         }
         s->msgs.push_back(*m);
+        ++unexpected_count_;
+        unexpected_bytes_ += m->data.size();
         return Queued::ok;
     }
     /// A message that was read into `m` while receives may have been posted (tcp reads a
@@ -255,6 +266,10 @@ class Matcher {
         return m;
     }
     void msg_free(MsgT* m) noexcept {
+        if (m->charge) {  // before the source goes: it may keep the charged peer alive
+            m->charge->fetch_sub(m->data.size(), std::memory_order_relaxed);
+            m->charge = nullptr;
+        }
         m->source.reset();
         free_.push_back(m);
     }
@@ -267,6 +282,8 @@ class Matcher {
             while (MsgT* m = s.msgs.pop_front())
                 msg_free(m);
         }
+        unexpected_count_ = 0;
+        unexpected_bytes_ = 0;
         expected_.clear();
         while (MsgT* m = early_expected_.pop_front())
             msg_free(m);
@@ -279,6 +296,10 @@ class Matcher {
             n += s.msgs.size();
         return n;
     }
+    /// Unexpected messages queued for receives not yet posted, and their payload bytes (a
+    /// transport bounds them: tcp stops reading the connections that bring more).
+    [[nodiscard]] std::size_t unexpected_count() const noexcept { return unexpected_count_; }
+    [[nodiscard]] std::size_t unexpected_bytes() const noexcept { return unexpected_bytes_; }
     [[nodiscard]] std::size_t waiting() const noexcept {
         std::size_t n = expected_.size();
         for (const Slot& s : slots_)
@@ -295,6 +316,10 @@ class Matcher {
     [[nodiscard]] bool early_full(std::size_t size) const noexcept {
         return early_expected_full(early_expected_.size(), early_bytes_, size);
     }
+    void unqueued(const MsgT& m) noexcept {
+        --unexpected_count_;
+        unexpected_bytes_ -= m.data.size();
+    }
     Slot* route(uint8_t id) noexcept {
         return route_unexpected(slots_, slots_.size(), id, [](const Slot& s) { return s.ctx; });
     }
@@ -303,6 +328,8 @@ class Matcher {
     IntrusiveList<OpT> expected_;         ///< expected receives waiting, in post order
     IntrusiveList<MsgT> early_expected_;  ///< expected messages waiting, in arrival order
     std::size_t early_bytes_ = 0;         ///< their payload bytes (kMaxEarlyExpectedBytes)
+    std::size_t unexpected_count_ = 0;    ///< messages on the slots' msgs lists
+    std::size_t unexpected_bytes_ = 0;    ///< their payload bytes
     std::vector<MsgT*> free_;
     std::vector<std::unique_ptr<MsgT>> all_;
 };

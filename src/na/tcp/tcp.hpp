@@ -39,6 +39,15 @@ inline constexpr std::size_t kRxBufferSize = 64 * 1024;
 /// kRxBufferSize when the connection joins its lane).
 inline constexpr std::size_t kSetupRxSize = 512;
 
+/// Unexpected messages one context keeps waiting for receives (by count and payload bytes),
+/// and the payload bytes one peer may have waiting in all of them. Past either bound the
+/// connection that brought the last message is no longer read (the kernel's socket buffers
+/// fill and TCP's flow control holds the sender back: nothing is dropped) until the backlog is
+/// below half of it again. docs/architecture.md, "Back-pressure on tcp".
+inline constexpr std::size_t kMaxUnexpectedCount = 4096;
+inline constexpr std::size_t kMaxUnexpectedBytes = std::size_t{32} << 20;
+inline constexpr std::size_t kMaxUnexpectedPerPeer = std::size_t{8} << 20;
+
 class TcpTransport;
 struct Conn;
 
@@ -114,6 +123,9 @@ struct TcpAddr final : AddrImpl {
     const bool anonymous;
     /// Other strings it was looked up by (table aliases), under the setup lock.
     std::vector<std::string> aliases;
+    /// Payload bytes of its unexpected messages that wait for receives here, in every lane
+    /// (QueuedMsg::charge; kMaxUnexpectedPerPeer).
+    std::atomic<std::size_t> unexpected_bytes{0};
 
   private:
     AddrTable* table_;
@@ -155,9 +167,10 @@ struct Conn : ListHook<ConnTag> {
     uint8_t remote_ctx = 0;
     /// The context of ours an accepted connection's hello asked for.
     uint8_t asked_ctx = 0;
-    Addr peer;    ///< unknown on an accepted connection until its hello
-    Addr source;  ///< an alias of `peer` (alias_of): the source of the messages it delivers
-    uint32_t events = 0;
+    Addr peer;            ///< unknown on an accepted connection until its hello
+    Addr source;          ///< an alias of `peer` (alias_of): the source of the messages it delivers
+    uint32_t events = 0;  ///< what its epoll entry asks for (0 while paused and not writing)
+    bool in_set = false;  ///< it has an entry in an epoll set (watch())
 
     IntrusiveList<SendItem, SendTag> sendq;
     std::size_t queued_bytes = 0;
@@ -174,6 +187,9 @@ struct Conn : ListHook<ConnTag> {
     std::size_t rx_len = 0;
     bool in_payload = false;
     bool rx_foreign = false;  ///< the message being read goes to another lane (hand_over)
+    /// Not read (no EPOLLIN) while its peer's or its lane's unexpected backlog is over the
+    /// bounds (kMaxUnexpected*); counted in Lane::paused.
+    bool paused = false;
     FrameHeader hdr;
     Sink sink = Sink::discard;
     std::byte* dest = nullptr;  ///< where the payload goes (nullptr: discard)
@@ -241,6 +257,9 @@ struct Lane {
     std::vector<std::unique_ptr<QueuedMsg>> inbox;
     std::atomic<bool> has_inbox{false};
     std::size_t inbox_bytes = 0;  ///< their payload (bounded like early expected messages)
+    /// Connections of the lane not read for back-pressure (Conn::paused): while there are
+    /// some, progress looks whether the backlog went down enough to read them again.
+    std::size_t paused = 0;
 
     static uint64_t key(const TcpAddr* peer, uint8_t remote_ctx) noexcept {
         return (uint64_t(reinterpret_cast<uintptr_t>(peer)) << 8) | remote_ctx;
@@ -418,8 +437,15 @@ class TcpTransport final : public Transport {
     /// copied into a loose QueuedMsg and `m` freed into `from`), or drop it (logged) when none
     /// takes it. `who` names the sender in the log.
     void hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who);
-    /// Give `m` to a receive posted on `l`, or queue it there (or drop it, logged).
-    void deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who);
+    /// Give `m` to a receive posted on `l`, or queue it there (or drop it, logged). True when
+    /// it was queued and the backlog of `l` or of its sender is now over the bounds: the
+    /// connection it came on should not be read for now (pause()).
+    bool deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who);
+    /// Back-pressure: stop reading `c` (its lane's lock held), or read it again.
+    void pause(Conn* c);
+    void resume(Conn* c);
+    /// Read again the paused connections of `l` whose backlogs went below half the bounds.
+    void resume_paused_locked(Lane& l);
     /// Take the messages other lanes handed to `l`.
     void drain_inbox_locked(Lane& l);
     void complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,

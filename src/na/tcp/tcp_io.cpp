@@ -183,6 +183,12 @@ Result<OpId> TcpTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBu
     op->state = OpState::recv_posted;
     if (QueuedMsg* m = l.match.post_unexpected(ctx.id(), op)) {
         l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+        // A connection paused for back-pressure may be read again: wake the lane's progress
+        // (it may sleep in another thread) to look.
+        if (l.paused != 0) {
+            uint64_t one = 1;
+            [[maybe_unused]] ssize_t r = ::write(l.bell_fd, &one, sizeof one);
+        }
     }
     return id;
 }
@@ -433,7 +439,7 @@ void TcpTransport::flush(Conn* c) {
 
 void TcpTransport::update_events(Conn* c) {
     if (c->state == Conn::State::closed) return;
-    uint32_t want = EPOLLIN;
+    uint32_t want = c->paused ? 0u : uint32_t(EPOLLIN);
     if (c->state == Conn::State::connecting || sendable(c)) want |= EPOLLOUT;
     if (want != c->events) {
         if (auto w = watch(c, want); !w) close_conn(c, Errc::io_error, w.error().describe());
@@ -645,10 +651,10 @@ void TcpTransport::deliver_queued(Conn* c, QueuedMsg* m) {
     c->rx_foreign = false;
     if (foreign && !is_local_locked(l, m->context_id, m->expected))
         return hand_over_locked(l, m, c->peer);
-    deliver_local_locked(l, m, c->peer);
+    if (deliver_local_locked(l, m, c->peer)) pause(c);
 }
 
-void TcpTransport::deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who) {
+bool TcpTransport::deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who) {
     // A receive may have been posted while the message was being read.
     const std::size_t size = m->data.size();
     const Tag tag = m->tag;
@@ -661,8 +667,55 @@ void TcpTransport::deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who) 
         TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
                     size, expected ? "expected" : "unexpected", tag, peer_of(who)->str, ctx_id,
                     l.match.refusal(q));
-    if (!op) return;
-    l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+    if (op) {
+        l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
+        return false;
+    }
+    if (q != Queued::ok || expected) return false;
+    // Queued for a receive not yet posted: charged to its sender until taken.
+    TcpAddr* from = peer_of(who);
+    m->charge = &from->unexpected_bytes;
+    const std::size_t mine =
+        from->unexpected_bytes.fetch_add(size, std::memory_order_relaxed) + size;
+    return mine > kMaxUnexpectedPerPeer || l.match.unexpected_count() >= kMaxUnexpectedCount ||
+           l.match.unexpected_bytes() > kMaxUnexpectedBytes;
+}
+
+void TcpTransport::pause(Conn* c) {
+    if (c->paused || c->state == Conn::State::closed) return;
+    Lane& l = *c->lane;
+    TALARIA_LOG(tcp, debug,
+                "not reading {} (fd {}) for now: {} unexpected messages ({} bytes; {} from it) "
+                "wait for receives on context {}",
+                peer_of(c->peer)->str, c->fd, l.match.unexpected_count(),
+                l.match.unexpected_bytes(),
+                peer_of(c->peer)->unexpected_bytes.load(std::memory_order_relaxed), l.id);
+    c->paused = true;
+    ++l.paused;
+    update_events(c);
+}
+
+void TcpTransport::resume(Conn* c) {
+    if (!c->paused) return;
+    c->paused = false;
+    --c->lane->paused;
+    update_events(c);
+}
+
+void TcpTransport::resume_paused_locked(Lane& l) {
+    if (l.match.unexpected_count() > kMaxUnexpectedCount / 2 ||
+        l.match.unexpected_bytes() > kMaxUnexpectedBytes / 2)
+        return;
+    l.conns.for_each_safe([this](Conn& c) {
+        if (!c.paused || c.state != Conn::State::open ||
+            peer_of(c.peer)->unexpected_bytes.load(std::memory_order_relaxed) >
+                kMaxUnexpectedPerPeer / 2)
+            return;
+        resume(&c);
+        // What was read before the pause waits in the receive buffer; the socket may have
+        // nothing new to announce it.
+        if (process_rx(&c)) read_ready(&c);
+    });
 }
 
 void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
@@ -670,7 +723,8 @@ void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
     Lane* to = route_target_locked(m->context_id, m->expected);
     if (to == &from) {  // its context appeared meanwhile
         rg.unlock();
-        return deliver_local_locked(from, m, who);
+        (void)deliver_local_locked(from, m, who);  // no connection of its own to pause
+        return;
     }
     // The inbox is bounded like early expected messages: a peer must not make us hold memory
     // without bound by naming a context whose thread is busy.
@@ -724,7 +778,7 @@ void TcpTransport::drain_inbox_locked(Lane& l) {
         m->context_id = loose->context_id;
         m->expected = loose->expected;
         m->data.swap(loose->data);
-        deliver_local_locked(l, m, who);
+        (void)deliver_local_locked(l, m, who);  // handed over: no connection of ours to pause
     }
 }
 
@@ -819,6 +873,7 @@ bool TcpTransport::process_rx(Conn* c) {
             if (!finish_frame(c)) return false;
             continue;
         }
+        if (c->paused) return true;  // back-pressure: the next frame waits for resume()
         std::size_t avail = c->rx_len - c->rx_pos;
         if (avail < kFrameHeaderSize) return true;
         auto h = decode_frame_header(std::span<const std::byte>(c->rx.get() + c->rx_pos, avail));
@@ -837,6 +892,7 @@ void TcpTransport::read_ready(Conn* c) {
     for (int round = 0; round < 16 && c->state != Conn::State::closed; ++round) {
         // An accepted connection reads nothing past its hello before it has a lane.
         if (c->lane == nullptr && c->state == Conn::State::open) return;
+        if (c->paused) break;  // back-pressure (resume_paused_locked reads it again)
         ssize_t n;
         std::size_t asked;
         if (c->in_payload && c->dest && c->remaining > 0 && c->rx_pos == c->rx_len) {
@@ -905,6 +961,10 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     c->fd = -1;
     c->state = Conn::State::closed;
     Lane* l = c->lane;
+    if (c->paused) {
+        c->paused = false;
+        --l->paused;
+    }
     if (l == nullptr) {  // accepted, before its hello (or between hello and lane): no ops
         pending_.erase(*c);
         pending_dead_.push_back(c);
@@ -1054,6 +1114,9 @@ void TcpTransport::on_event(Conn* c, uint32_t events) {
         on_connected(c);
         if (c->state == Conn::State::closed) return;
     }
+    // A hang-up or error is reported even while the connection is paused: read what is left
+    // (each round takes at least a frame), or epoll would report it again and again.
+    if (c->paused && (events & (EPOLLHUP | EPOLLERR))) resume(c);
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_ready(c);
     if (c->state == Conn::State::closed) return;
     if (events & EPOLLOUT) flush(c);  // also disarms EPOLLOUT once the queue is empty
@@ -1100,6 +1163,7 @@ Result<void> TcpTransport::progress(Context& ctx, TimePoint deadline) {
         {
             std::lock_guard g(l.mu);
             if (l.has_inbox.load(std::memory_order_acquire)) drain_inbox_locked(l);
+            if (l.paused != 0) resume_paused_locked(l);
             poll_once(l, woke);
             // New connections and hellos: every 100 µs while busy (try_lock), at once when
             // they woke us.

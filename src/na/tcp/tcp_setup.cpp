@@ -542,10 +542,11 @@ Result<void> TcpTransport::watch(Conn* c, uint32_t events) {
     epoll_event ev{};
     ev.events = events;
     ev.data.ptr = c;
-    int op = c->events == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
+    int op = c->in_set ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     int epfd = c->lane ? c->lane->epfd : setup_epfd_;
     if (::epoll_ctl(epfd, op, c->fd, &ev) < 0) return errno_error("tcp: epoll_ctl", errno);
     c->events = events;
+    c->in_set = true;
     return ok();
 }
 
@@ -718,6 +719,7 @@ void TcpTransport::adopt_locked(Conn* c) {
     }
     ::epoll_ctl(setup_epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
     c->events = 0;
+    c->in_set = false;
     pending_.erase(*c);
     if (c->rx_cap < kRxBufferSize) {
         // Its hello is read: the full receive buffer, with what followed the hello.

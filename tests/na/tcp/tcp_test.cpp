@@ -22,6 +22,7 @@
 
 #include "harness.hpp"
 #include "na/tcp/frame.hpp"
+#include "na/tcp/tcp.hpp"
 #include "talaria/na/na.hpp"
 
 namespace talaria::na {
@@ -903,6 +904,103 @@ TEST(Tcp, BackPressureQueuesBelowTheCallerThenDrains) {
         *s.ctx, [&](const Completion& cp) { again(cp); }, rb));
     ASSERT_TRUE(drive(
         {c.ctx.get(), s.ctx.get()}, [&] { return sent == posted && received == posted; }, 30s));
+}
+
+// Issue 10, item 5: a context that posts no receives while a peer sends it 3000 unexpected
+// messages of 64 KiB (188 MiB). Before, the receiver read them all into its queue (RSS grew by
+// as much). Now it reads up to its bounds (tcp::kMaxUnexpected*), then stops reading that
+// connection: TCP's flow control holds the sender back, whose sends wait on its side. Another
+// peer still gets through (the bound per peer is below the one per context), and once the
+// receiver posts receives every message arrives, whole and in order.
+TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
+    Peer s = make_peer("tcp://127.0.0.1:0");
+    Peer flood = make_peer("tcp://", Options{.listen = false, .max_ops = 4096});
+    Peer other = make_peer("tcp://", Options{.listen = false});
+    Addr dest = lookup(*flood.t, s.self());
+    const std::size_t size = flood.t->max_unexpected_size();
+    constexpr int kN = 3000;
+    std::vector<MsgBuffer> out;
+    for (int i = 0; i < kN; ++i) {
+        out.push_back(buf_with(*flood.t, "", size));
+        std::memset(out.back().data(), i & 0xff, size);
+        std::memcpy(out.back().data(), &i, sizeof i);
+    }
+    int sent = 0;
+    for (int i = 0; i < kN; ++i)
+        ASSERT_TRUE(flood.t->post_send_unexpected(
+            *flood.ctx,
+            [&](const Completion& cp) {
+                EXPECT_EQ(cp.status, Errc::ok);
+                ++sent;
+            },
+            out[i], size, dest, 0, Tag(1000 + i)));
+    // Both sides progress (the receiver posts nothing) until the sender stops making headway.
+    int last = -1;
+    auto still = Clock::now();
+    ASSERT_TRUE(drive(
+        {flood.ctx.get(), s.ctx.get()},
+        [&] {
+            if (sent != last) {
+                last = sent;
+                still = Clock::now();
+            }
+            return sent == kN || Clock::now() - still > 500ms;
+        },
+        20s));
+    // What left the sender: the receiver's backlog (at most the bound per peer and one more
+    // message) and the two kernels' socket buffers (a few MiB each on loopback).
+    const std::size_t slack = std::size_t{24} << 20;
+    std::printf("%d of %d messages of %zu bytes left the sender while nobody received\n", sent, kN,
+                size);
+    EXPECT_LT(std::size_t(sent) * size, tcp::kMaxUnexpectedPerPeer + slack)
+        << "the receiver read far past its backlog bound";
+
+    // Another peer is not held up by the first one's backlog.
+    Addr dest2 = lookup(*other.t, s.self());
+    auto m2 = buf_with(*other.t, "other", 64);
+    int sent2 = 0;
+    for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(other.t->post_send_unexpected(
+            *other.ctx,
+            [&](const Completion& cp) {
+                EXPECT_EQ(cp.status, Errc::ok);
+                ++sent2;
+            },
+            m2, 5, dest2, 0, 7));
+    EXPECT_TRUE(drive(
+        {other.ctx.get(), s.ctx.get(), flood.ctx.get()}, [&] { return sent2 == 4; }, 5s))
+        << "a second peer was held up by the first one's backlog";
+
+    // Receive everything: the flood whole and in order, and the other peer's four.
+    auto rb = buf_with(*s.t, "", size);
+    int next = 0, others = 0, received = 0;
+    std::function<void(const Completion&)> on_recv = [&](const Completion& cp) {
+        ASSERT_EQ(cp.status, Errc::ok);
+        ++received;
+        if (cp.tag == 7) {
+            ++others;
+        } else {
+            ASSERT_EQ(cp.size, size);
+            int idx = -1;
+            std::memcpy(&idx, rb.data(), sizeof idx);
+            ASSERT_EQ(idx, next) << "a message was lost or reordered";
+            ASSERT_EQ(cp.tag, Tag(1000 + next));
+            ASSERT_EQ(rb.data()[size - 1], std::byte(next & 0xff));
+            ++next;
+        }
+        if (received < kN + 4) {
+            ASSERT_TRUE(s.t->post_recv_unexpected(
+                *s.ctx, [&](const Completion& c2) { on_recv(c2); }, rb));
+        }
+    };
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx, [&](const Completion& cp) { on_recv(cp); }, rb));
+    ASSERT_TRUE(drive(
+        {flood.ctx.get(), s.ctx.get(), other.ctx.get()},
+        [&] { return sent == kN && received == kN + 4; }, 60s))
+        << sent << " sent, " << next << " of the flood and " << others << " others received";
+    EXPECT_EQ(next, kN);
+    EXPECT_EQ(others, 4);
 }
 
 TEST(Tcp, ThreadSafeEchoWithBlockingProgress) {
