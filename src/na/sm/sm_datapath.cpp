@@ -209,9 +209,14 @@ Result<OpId> SmTransport::post_recv_unexpected(Context& ctx, Callback cb, MsgBuf
     op->len = buf.size();
     OpId id = op->id();
     if (Stashed* s = l.msgs.pop_front()) {
+        Peer* from = s->charged;  // the completion's source keeps it alive
+        s->charged = nullptr;
         Errc st = fill_recv(op, std::move(s->source), s->tag, s->ctx, s->data, s->len);
         stash_free(l, s);
+        if (from) from->stashed.fetch_sub(1, std::memory_order_relaxed);
         complete_op(op, st);
+        if (l.paused != 0) [[unlikely]]
+            resume_paused_locked(l);
     } else {
         l.recvs.push_back(*op);
         op->list = &l.recvs;
@@ -272,6 +277,10 @@ Stashed* SmTransport::stash_alloc(Lane& l) noexcept {
 }
 
 void SmTransport::stash_free(Lane& l, Stashed* s) noexcept {
+    if (s->charged) {
+        s->charged->stashed.fetch_sub(1, std::memory_order_relaxed);
+        s->charged = nullptr;
+    }
     if (s->loose) {
         delete s;
         return;
@@ -334,6 +343,8 @@ void SmTransport::ring_drain(Conn* c) noexcept {
     // here, and other connections get their turn.
     const uint64_t end = head + kRingSlots;
     while (head != end) {
+        if (c->paused) [[unlikely]]
+            break;  // back-pressure: the rest waits in the ring (resume_paused_locked)
         auto* slot = const_cast<std::byte*>(c->rx_slots) + (head % kRingSlots) * kSlotSize;
         if (slot_seq(slot).load(std::memory_order_acquire) != uint32_t(head + 1)) break;
         SlotHeader h;
@@ -403,7 +414,13 @@ void SmTransport::deliver_locked(Conn* c, const SlotHeader& h, const std::byte* 
             complete_op(op, fill_recv(op, Addr(c->source), h.tag, h.ctx, payload, h.len));
             return;
         }
-        if (Stashed* s = stash_copy_locked(l, c, h, payload)) l.msgs.push_back(*s);
+        if (Stashed* s = stash_copy_locked(l, c, h, payload)) [[unlikely]] {
+            l.msgs.push_back(*s);
+            s->charged = p;
+            const uint32_t mine = p->stashed.fetch_add(1, std::memory_order_relaxed) + 1;
+            if (mine >= kMaxStashedPerPeer || l.msgs.size() >= kMaxStashedUnexpected)
+                pause_locked(l, c);
+        }
         return;
     }
     for (SmOp& op : l.expected_recvs) {
@@ -542,6 +559,31 @@ void SmTransport::retry_sends_locked(Lane& l) noexcept {
     }
 }
 
+void SmTransport::pause_locked(Lane& l, Conn* c) noexcept {
+    if (c->paused) return;
+    TALARIA_LOG(sm, debug,
+                "sm://{}: not draining the ring of sm://{} for now: {} unexpected messages ({} "
+                "from it) wait for receives on context {}",
+                name_, c->peer->name, l.msgs.size(),
+                c->peer->stashed.load(std::memory_order_relaxed), l.id);
+    c->paused = true;
+    ++l.paused;
+}
+
+void SmTransport::resume_paused_locked(Lane& l) noexcept {
+    if (l.msgs.size() > kMaxStashedUnexpected / 2) return;
+    bool any = false;
+    for (Conn* c : l.active) {
+        if (!c->paused || c->peer->stashed.load(std::memory_order_relaxed) > kMaxStashedPerPeer / 2)
+            continue;
+        c->paused = false;
+        --l.paused;
+        any = true;
+    }
+    // A thread of the context may sleep with those rings full (arm_locked skips paused rings).
+    if (any) l.ring_own_bell();
+}
+
 void SmTransport::drain_if_ready(Conn* c) noexcept {
     // An empty ring costs one load of its next slot's sequence word (no call).
     if (ring_ready(c) && !c->broken.load(std::memory_order_relaxed)) ring_drain(c);
@@ -578,7 +620,7 @@ bool SmTransport::arm_locked(Lane& l) noexcept {
     if (any_broken_.load(std::memory_order_seq_cst)) return false;
     if (l.has_inbox.load(std::memory_order_seq_cst)) return false;
     for (Conn* c : l.active) {
-        if (ring_ready(c)) return false;
+        if (!c->paused && ring_ready(c)) return false;
         if (!c->pending_sends.empty() &&
             c->tx_tail - c->tx->head.load(std::memory_order_seq_cst) < kRingSlots)
             return false;
@@ -613,6 +655,8 @@ Result<void> SmTransport::progress(Context& ctx, TimePoint deadline) {
                 drain_bell(l.bell_fd);
                 fds_now = true;
             }
+            if (l.paused != 0) [[unlikely]]
+                resume_paused_locked(l);  // also for stashes other lanes took from
             poll_rings_locked(l);
         }
         if (fds_now || any_broken_.load(std::memory_order_relaxed)) [[unlikely]] {

@@ -1172,6 +1172,10 @@ void SmTransport::close_conn(Conn* c, Errc why, bool complete) noexcept {
 
 void SmTransport::close_conn_locked(Conn* c, Errc why, bool complete) noexcept {
     if (Lane* l = c->lane) {
+        if (c->paused) {
+            c->paused = false;
+            --l->paused;
+        }
         while (SmOp* op = c->pending_sends.pop_front()) {
             op->list = nullptr;
             --l->pending_sends;

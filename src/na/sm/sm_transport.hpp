@@ -30,6 +30,14 @@ class SmContext;
 struct Conn;
 struct Lane;
 
+/// Unexpected messages a context keeps stashed for receives not yet posted (each in a
+/// kMaxMsgSize slot), and how many of them one peer may have stashed in all contexts. Past
+/// either, the lane stops draining the ring the last one came on: the ring fills and the
+/// sender's sends wait on its side (nothing is dropped) until the stash is below half of it.
+/// docs/architecture.md, "Back-pressure on tcp and sm".
+inline constexpr std::size_t kMaxStashedUnexpected = 4096;
+inline constexpr uint32_t kMaxStashedPerPeer = 1024;
+
 /// One posted operation. `list` names the pending list holding it (for cancel), if any.
 struct SmOp : Op {
     IntrusiveList<SmOp>* list = nullptr;
@@ -79,6 +87,9 @@ struct Peer final : AddrImpl {
     std::string rma_error;
     std::vector<Conn*> conns;         ///< every connection with it, of every lane
     IntrusiveList<SmOp> pending_rma;  ///< put/get waiting for the handshake
+    /// Its unexpected messages stashed in any lane for receives not yet posted
+    /// (Stashed::charged; kMaxStashedPerPeer).
+    std::atomic<uint32_t> stashed{0};
 
   private:
     AddrTable* table_;
@@ -122,6 +133,9 @@ struct Conn {
     const std::byte* rx_slots = nullptr;
     uint64_t rx_head = 0;
     IntrusiveList<SmOp> pending_sends;  ///< sends waiting for ring space, in order
+    /// Its receive ring is not drained while the stash of its lane or of its peer is over the
+    /// bounds (kMaxStashed*); counted in Lane::paused.
+    bool paused = false;
 };
 
 /// A message that arrived before its receive was posted: copied out of the ring.
@@ -132,6 +146,8 @@ struct Stashed : ListHook<> {
     MsgKind kind = MsgKind::unexpected;
     bool loose = false;  ///< allocated alone (handed between lanes): deleted when freed
     uint32_t len = 0;
+    /// The peer it is counted against (Peer::stashed) while it waits, or nullptr.
+    Peer* charged = nullptr;
     std::byte data[kMaxMsgSize];
 };
 
@@ -179,6 +195,7 @@ struct Lane {
     std::vector<Stashed*> stash_free;
     std::vector<std::unique_ptr<Stashed>> stash_all;
     std::size_t pending_sends = 0;  ///< ops on any of its connections' pending_sends
+    std::size_t paused = 0;         ///< connections whose ring is not drained (Conn::paused)
     unsigned armed = 0;             ///< threads of its context that armed the rings' flags to sleep
     bool try_armed = false;         ///< try_wait() armed them: withdrawn by progress
     uint32_t busy_polls = 0;
@@ -326,6 +343,10 @@ class SmTransport final : public Transport {
     void queue_expected_locked(Lane& l, Stashed* s) noexcept;
     /// Drain c's receive ring if a message is published (and c is not broken).
     void drain_if_ready(Conn* c) noexcept;
+    /// Back-pressure: stop draining c's ring (the lane's stash or its peer's is over the
+    /// bounds); drain again the paused rings of `l` whose stashes went below half of them.
+    void pause_locked(Lane& l, Conn* c) noexcept;
+    void resume_paused_locked(Lane& l) noexcept;
     /// Fence, then wake any producer waiting for ring space (see ring_drain()).
     void check_space_wanted_locked(Lane& l) noexcept;
     void retry_sends_locked(Lane& l) noexcept;

@@ -43,7 +43,7 @@ inline constexpr std::size_t kSetupRxSize = 512;
 /// and the payload bytes one peer may have waiting in all of them. Past either bound the
 /// connection that brought the last message is no longer read (the kernel's socket buffers
 /// fill and TCP's flow control holds the sender back: nothing is dropped) until the backlog is
-/// below half of it again. docs/architecture.md, "Back-pressure on tcp".
+/// below half of it again. docs/architecture.md, "Back-pressure on tcp and sm".
 inline constexpr std::size_t kMaxUnexpectedCount = 4096;
 inline constexpr std::size_t kMaxUnexpectedBytes = std::size_t{32} << 20;
 inline constexpr std::size_t kMaxUnexpectedPerPeer = std::size_t{8} << 20;

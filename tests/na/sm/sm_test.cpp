@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <new>
@@ -497,6 +498,106 @@ TEST(SmSelf, EarlyExpectedMessagesAreBounded) {
     for (auto& d : recvs)
         got += d.done && d.c.status == Errc::ok;
     EXPECT_EQ(got, na::kMaxEarlyExpected) << "kept past the bound, or lost below it";
+}
+
+// Issue 10, item 5 on sm: a context that posts no receives while a peer sends it 6000
+// unexpected messages. Before, the receiver copied every one off the ring into its stash (and
+// kept the stash's memory). Now it stashes up to its bounds (sm::kMaxStashed*), then stops
+// draining that ring: the ring fills and the sender's sends wait on its side. Another peer
+// still gets through, and once receives are posted every message arrives, in order.
+TEST(SmSelf, UnexpectedBacklogStopsDrainingTheSendersRing) {
+    Ep s = Ep::open(uniq("backlog-s"));
+    Ep flood = Ep::open(uniq("backlog-f"), Options{.max_ops = 8192});
+    Ep other = Ep::open(uniq("backlog-o"));
+    ASSERT_TRUE(s.ok() && flood.ok() && other.ok());
+    auto dest = flood.t->addr_lookup(s.t->addr_to_string(s.t->addr_self()));
+    ASSERT_TRUE(dest) << dest.error().describe();
+    constexpr int kN = 6000;
+    const std::size_t size = flood.t->max_unexpected_size();
+    std::vector<MsgBuffer> out;
+    for (int i = 0; i < kN; ++i) {
+        out.push_back(flood.buf(size));
+        std::memset(out.back().data(), i & 0xff, size);
+        std::memcpy(out.back().data(), &i, sizeof i);
+    }
+    int sent = 0;
+    for (int i = 0; i < kN; ++i)
+        ASSERT_TRUE(flood.t->post_send_unexpected(
+            *flood.ctx,
+            [&](const Completion& cp) {
+                EXPECT_EQ(cp.status, Errc::ok);
+                ++sent;
+            },
+            out[i], size, *dest, 0, Tag(1000 + i)));
+    auto both = [&](std::initializer_list<Ep*> eps, auto done, std::chrono::milliseconds limit) {
+        auto end = Clock::now() + limit;
+        while (!done() && Clock::now() < end)
+            for (Ep* e : eps) {
+                (void)e->ctx->progress(Duration::zero());
+                e->ctx->trigger();
+            }
+        return done();
+    };
+    int last = -1;
+    auto still = Clock::now();
+    both(
+        {&flood, &s},
+        [&] {
+            if (sent != last) {
+                last = sent;
+                still = Clock::now();
+            }
+            return sent == kN || Clock::now() - still > 500ms;
+        },
+        20s);
+    std::printf("%d of %d messages left the sender while nobody received\n", sent, kN);
+    // The stash's bound per peer, one ringful, and the one that tipped it.
+    EXPECT_LE(std::size_t(sent), sm::kMaxStashedPerPeer + sm::kRingSlots + 1)
+        << "the receiver stashed far past its bound";
+
+    auto dest2 = other.t->addr_lookup(s.t->addr_to_string(s.t->addr_self()));
+    ASSERT_TRUE(dest2);
+    MsgBuffer m2 = other.buf(8);
+    int sent2 = 0;
+    for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(other.t->post_send_unexpected(
+            *other.ctx,
+            [&](const Completion& cp) {
+                EXPECT_EQ(cp.status, Errc::ok);
+                ++sent2;
+            },
+            m2, 5, *dest2, 0, 7));
+    EXPECT_TRUE(both(
+        {&other, &s, &flood}, [&] { return sent2 == 4; }, 5s))
+        << "a second peer was held up by the first one's backlog";
+
+    MsgBuffer rb = s.buf(size);
+    int next = 0, others = 0, received = 0;
+    std::function<void(const Completion&)> on_recv = [&](const Completion& cp) {
+        ASSERT_EQ(cp.status, Errc::ok);
+        ++received;
+        if (cp.tag == 7) {
+            ++others;
+        } else {
+            int idx = -1;
+            std::memcpy(&idx, rb.data(), sizeof idx);
+            ASSERT_EQ(idx, next) << "a message was lost or reordered";
+            ASSERT_EQ(cp.tag, Tag(1000 + next));
+            ASSERT_EQ(rb.data()[size - 1], std::byte(next & 0xff));
+            ++next;
+        }
+        if (received < kN + 4) {
+            ASSERT_TRUE(s.t->post_recv_unexpected(
+                *s.ctx, [&](const Completion& c2) { on_recv(c2); }, rb));
+        }
+    };
+    ASSERT_TRUE(s.t->post_recv_unexpected(
+        *s.ctx, [&](const Completion& cp) { on_recv(cp); }, rb));
+    ASSERT_TRUE(both(
+        {&flood, &s, &other}, [&] { return sent == kN && received == kN + 4; }, 60s))
+        << sent << " sent, " << next << " of the flood and " << others << " others received";
+    EXPECT_EQ(next, kN);
+    EXPECT_EQ(others, 4);
 }
 
 TEST(SmSelf, SizesAndTooLarge) {
