@@ -1,5 +1,6 @@
 // The C++ API over every transport: calls, types, errors, progress modes, contexts, counters.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -723,6 +724,28 @@ TEST(ApiShutdown, ContinuationCallingAgainDuringDestruction) {
 
 // Shared-secret authentication through the API (tcp): a client with the secret calls, a client
 // without it or with another one is refused with access_denied before the handler runs.
+// Request::peer_identity(): sm reports the caller's uid and pid as the kernel saw them; tcp
+// without a secret and the fabrics' transports report that the caller proved nothing.
+TEST(ApiAuth, HandlersSeeWhatTheCallerProved) {
+    for (std::string where : {"sm://", "tcp://127.0.0.1:0"}) {
+        Engine server{where, listen};
+        server.define("who", [](const Request& req) {
+            auto id = req.peer_identity();
+            return std::vector<int64_t>{id.uid, id.pid, int64_t(id.authenticated())};
+        });
+        Engine client{where};
+        auto r = result_within(client.remote<std::vector<int64_t>()>("who")
+                                   .on(client.lookup(server.self_address()))
+                                   .timeout(10s)());
+        ASSERT_TRUE(r) << where << ": " << r.error().describe();
+        if (where == "sm://")
+            EXPECT_EQ(*r, (std::vector<int64_t>{int64_t(::geteuid()), int64_t(::getpid()), 1}));
+        else
+            EXPECT_EQ(*r, (std::vector<int64_t>{-1, -1, 0}))
+                << "tcp without a secret proves nothing";
+    }
+}
+
 TEST(ApiAuth, TcpCallsNeedTheSharedSecret) {
     auto with = [](char fill) {
         EngineOptions o;
@@ -736,12 +759,19 @@ TEST(ApiAuth, TcpCallsNeedTheSharedSecret) {
         ++ran;
         return 2 * x;
     });
+    // The handler sees who called: the key id of the secret the caller proved it holds.
+    server.define("who", [](const Request& req) { return req.peer_identity().describe(); });
     {
         Engine good{"tcp://127.0.0.1:0", with('s')};
         auto r = result_within(
             good.remote<int(int)>("twice").on(good.lookup(server.self_address())).timeout(10s)(21));
         ASSERT_TRUE(r) << r.error().describe();
         EXPECT_EQ(*r, 42);
+        auto who = result_within(good.remote<std::string()>("who")
+                                     .on(good.lookup(server.self_address()))
+                                     .timeout(10s)());
+        ASSERT_TRUE(who) << who.error().describe();
+        EXPECT_EQ(*who, "key \"test-cluster\"");
     }
     for (auto opts : {with('x'), EngineOptions{}}) {
         Engine stranger{"tcp://127.0.0.1:0", opts};

@@ -196,6 +196,12 @@ class Request {
     [[nodiscard]] const na::Addr& source() const noexcept {
         return lent_source_ ? *lent_source_ : source_;
     }
+    /// What the caller proved about itself: the key id of the shared secret on tcp with
+    /// na::Options::auth, its uid and pid on sm, nothing on ofi and ucx (na::PeerIdentity).
+    [[nodiscard]] na::PeerIdentity peer_identity() const {
+        const na::Addr& s = source();
+        return s ? s.impl()->transport()->peer_identity(s) : na::PeerIdentity{};
+    }
     /// The context that received it (the handler runs there).
     [[nodiscard]] Context& context() const noexcept { return *ctx_; }
     [[nodiscard]] bool one_way() const noexcept { return one_way_; }

@@ -275,6 +275,22 @@ struct Auth {
     [[nodiscard]] bool enabled() const noexcept { return !secret.empty(); }
 };
 
+/// Who a peer proved to be, as far as its transport can tell (Transport::peer_identity; a
+/// handler asks with core::Request::peer_identity()).
+struct PeerIdentity {
+    /// The key id of the secret the peer proved at connection set-up that it holds (tcp with
+    /// Options::auth: every peer whose messages arrive did); empty when it proved none.
+    std::string key_id;
+    /// The peer process's user and process ids as the kernel reported them (sm: SO_PEERCRED at
+    /// connect, checked against its handshake); -1 when not known.
+    int64_t uid = -1;
+    int64_t pid = -1;
+    /// Did the peer prove anything (a secret, or its uid to the kernel)?
+    [[nodiscard]] bool authenticated() const noexcept { return !key_id.empty() || uid >= 0; }
+    /// "key 'k'", "uid 1000 pid 4242", or "unauthenticated", for logs and messages.
+    [[nodiscard]] std::string describe() const;
+};
+
 /// Read a secret for Options::auth from a file that belongs to this user and that nobody else
 /// may read (mode 0600 or 0400), of 16 to 4096 bytes; permission_denied, naming the fix, if not.
 Result<std::vector<std::byte>> read_secret_file(std::string_view path);
@@ -341,6 +357,12 @@ class Transport {
     /// with port 0, it names the real port).
     virtual Addr addr_self() = 0;
     virtual std::string addr_to_string(const Addr& a) = 0;
+    /// What `a` (a peer that sent us something) proved about itself: see PeerIdentity. The
+    /// default knows nothing (ofi, ucx, inproc: their peers prove nothing).
+    virtual PeerIdentity peer_identity(const Addr& a) {
+        (void)a;
+        return {};
+    }
     /// Serialized form (self-contained: a peer deserializes it with addr_deserialize).
     virtual std::size_t addr_serialize_size(const Addr& a) = 0;
     virtual Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) = 0;

@@ -69,6 +69,13 @@ Result<void> check(const Auth& a) {
 
 }  // namespace auth
 
+std::string PeerIdentity::describe() const {
+    if (!key_id.empty()) return fmt::format("key {:?}", key_id);
+    if (uid >= 0)
+        return pid >= 0 ? fmt::format("uid {} pid {}", uid, pid) : fmt::format("uid {}", uid);
+    return "unauthenticated";
+}
+
 Result<std::vector<std::byte>> read_secret_file(std::string_view path) {
     std::string p(path);
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

@@ -492,6 +492,19 @@ std::string SmTransport::addr_to_string(const Addr& a) {
     return "sm://" + peer_of(a)->name;
 }
 
+PeerIdentity SmTransport::peer_identity(const Addr& a) {
+    PeerIdentity id;
+    if (!a || a.impl()->transport() != this) return id;
+    Peer* p = peer_of(a);
+    std::lock_guard g(setup_mu_);
+    if (!p->identified) return id;
+    // Only processes of this user connect (SO_PEERCRED, checked at connect and accept), and
+    // the pid a peer's handshake claims is the one the kernel reported (on_hello_locked).
+    id.uid = int64_t(::geteuid());
+    id.pid = int64_t(p->pid);
+    return id;
+}
+
 std::size_t SmTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
     return addr_wire_size(peer_of(a)->name);

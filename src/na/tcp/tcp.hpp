@@ -313,6 +313,7 @@ class TcpTransport final : public Transport {
     /// Interned addresses alive now (self included); for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
+    PeerIdentity peer_identity(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;

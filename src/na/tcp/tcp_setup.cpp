@@ -378,6 +378,15 @@ std::string TcpTransport::addr_to_string(const Addr& a) {
     return peer_of(a)->str;
 }
 
+PeerIdentity TcpTransport::peer_identity(const Addr& a) {
+    PeerIdentity id;
+    if (!a || a.impl()->transport() != this || !opts_.auth.enabled()) return id;
+    // With a secret, no frame of a peer reaches a context before it proved it holds that
+    // secret (auth_hello, auth_frame), and there is one secret per transport.
+    id.key_id = opts_.auth.key_id;
+    return id;
+}
+
 std::size_t TcpTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
     return 2 + peer_of(a)->str.size();
