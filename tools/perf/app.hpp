@@ -34,6 +34,7 @@ struct ClientOptions {
     bool thread_safe = true;
     bool no_baseline = false;  ///< measure the layer only (for profiling one side)
     int realtime = 0;          ///< SCHED_FIFO priority for client and spawned server (0: off)
+    std::string auth_file;     ///< --auth-secret-file: na::Options::auth on both sides
     BaselineOptions baseline;
     std::string command_line;  ///< for the report
 };
@@ -47,6 +48,7 @@ struct ServeOptions {
     int realtime = 0;   ///< SCHED_FIFO priority (0: off)
     bool once = false;  ///< exit after one client session (used for the spawned server)
     bool thread_safe = true;
+    std::string auth_file;  ///< --auth-secret-file
 };
 
 /// Returns the process exit code.
@@ -61,6 +63,7 @@ struct ApiWorkerOptions {
     std::string server;
     unsigned contexts = 1;
     unsigned first = 0;
+    std::string auth_file;
 };
 int run_api_worker(const ApiWorkerOptions& opt);
 

@@ -1,7 +1,18 @@
 // talaria-perf: the explicit list of layer back ends.
 #include "backend.hpp"
 
+#include <fmt/format.h>
+
 namespace talaria::perf {
+
+Result<na::Auth> perf_auth(const std::string& path) {
+    if (path.empty()) return na::Auth{};
+    auto secret = na::read_secret_file(path);
+    if (!secret)
+        return Error(secret.error().code(),
+                     fmt::format("--auth-secret-file: {}", secret.error().describe()));
+    return na::Auth{std::string(kPerfAuthKeyId), std::move(*secret)};
+}
 
 namespace {
 constexpr Pattern kNaPatterns[] = {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get};

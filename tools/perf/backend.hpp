@@ -18,7 +18,15 @@ namespace talaria::perf {
 struct LayerOptions {
     bool thread_safe = true;  ///< na::Options::thread_safe on both sides
     std::string url;          ///< address to open the transport with ("" = the default)
+    /// Shared-secret authentication on both sides (--auth-secret-file; tcp only).
+    na::Auth auth;
+    std::string auth_file;  ///< where the secret was read, passed on to the processes we start
 };
+
+/// The key id talaria-perf's processes name their shared secret with.
+inline constexpr std::string_view kPerfAuthKeyId = "talaria-perf";
+/// na::Options::auth from --auth-secret-file (off when `path` is empty).
+Result<na::Auth> perf_auth(const std::string& path);
 
 /// The server half of a layer.
 class LayerServer {

@@ -260,6 +260,7 @@ class ApiClient final : public Runner {
             engine_.reset();
             EngineOptions eo;
             eo.contexts = static_cast<uint8_t>(s.contexts);
+            eo.core.na.auth = s_->options().auth;
             auto url =
                 s_->options().url.empty() ? default_engine_url(transport_) : s_->options().url;
             auto e = Engine::open(url, false, eo);
@@ -355,10 +356,20 @@ class ApiClient final : public Runner {
         auto url = s_->options().url.empty() ? default_engine_url(transport_) : s_->options().url;
         for (unsigned p = 1; p < s.procs; ++p) {
             auto w = std::make_unique<ServerProcess>();
-            TALARIA_CHECK(
-                w->start({"api-worker", "--url", url, "--server", server, "--contexts",
-                          std::to_string(s.contexts), "--first", std::to_string(p * s.contexts)},
-                         -1, true));
+            std::vector<std::string> args{"api-worker",
+                                          "--url",
+                                          url,
+                                          "--server",
+                                          server,
+                                          "--contexts",
+                                          std::to_string(s.contexts),
+                                          "--first",
+                                          std::to_string(p * s.contexts)};
+            if (!s_->options().auth_file.empty()) {
+                args.push_back("--auth-secret-file");
+                args.push_back(s_->options().auth_file);
+            }
+            TALARIA_CHECK(w->start(args, -1, true));
             TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(30)));
             if (line != "ready")
                 return Error(Errc::protocol_error,
@@ -391,6 +402,11 @@ int run_api_worker(const ApiWorkerOptions& o) {
     std::array<Track, 64> track{};  // outlives the engine's last callback
     EngineOptions eo;
     eo.contexts = static_cast<uint8_t>(o.contexts);
+    if (!o.auth_file.empty()) {
+        auto secret = na::read_secret_file(o.auth_file);
+        if (!secret) return fail(fmt::format("--auth-secret-file: {}", secret.error().describe()));
+        eo.core.na.auth = na::Auth{std::string(kPerfAuthKeyId), std::move(*secret)};
+    }
     auto e = Engine::open(o.url, false, eo);
     if (!e) return fail(fmt::format("engine: {}", e.error().describe()));
     auto engine = std::make_unique<Engine>(std::move(*e));

@@ -84,6 +84,7 @@ Result<std::unique_ptr<na::Transport>> open_transport(std::string_view transport
     na::Options o;
     o.listen = listen;
     o.thread_safe = opt.thread_safe;
+    o.auth = opt.auth;
     std::string addr(url);
     if (addr.empty()) addr = default_url(transport);
     auto t = na::open(addr, o);

@@ -31,6 +31,7 @@ Result<std::unique_ptr<core::Engine>> open_perf_engine(std::string_view transpor
     core::Options o;
     o.na.listen = listen;
     o.na.thread_safe = opt.thread_safe;
+    o.na.auth = opt.auth;
     std::string addr = url.empty() ? default_engine_url(transport) : std::string(url);
     auto e = core::Engine::open(addr, o);
     if (!e)
@@ -65,6 +66,7 @@ class RpcServer final : public LayerServer {
         TALARIA_TRY(e, open_perf_engine(transport, opt.url, true, opt));
         s->engine_ = std::move(e);
         s->transport_ = transport;
+        s->auth_ = opt.auth;
         RpcServer* self = s.get();
         // The measured handler: respond with an empty result, nothing else.
         TALARIA_CHECK(s->engine_->register_rpc(kEmptyId, kRpcEmpty, [self](core::Request& r) {
@@ -219,6 +221,7 @@ class RpcServer final : public LayerServer {
             eo.contexts = static_cast<uint8_t>(contexts);
             eo.wait = talaria::WaitMode::block;
             eo.core.na.thread_safe = true;  // background threads need it whatever --single-thread
+            eo.core.na.auth = auth_;
             auto e = talaria::Engine::open(default_engine_url(transport_), true, eo);
             if (!e)
                 return Error(e.error().code(),
@@ -240,6 +243,7 @@ class RpcServer final : public LayerServer {
     std::unique_ptr<talaria::Engine> api_;
     std::atomic<uint64_t> api_activity_{0};
     std::string transport_;
+    na::Auth auth_;                       ///< also for the api engine it opens
     std::unique_ptr<BulkExposure> bulk_;  ///< declared after engine_: released first
     Mode mode_ = Mode::block;
     bool end_ = false;

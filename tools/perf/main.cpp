@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
     app.add_flag("--no-baseline", c.no_baseline,
                  "Skip the raw baselines (to profile the layer alone)");
     app.add_option("--log", log_spec, "Log levels, like TALARIA_LOG (e.g. warn,perf=info)");
+    app.add_option("--auth-secret-file", c.auth_file,
+                   "Authenticate tcp connections with this secret (na::Options::auth, key id "
+                   "'talaria-perf'; a file of 16+ bytes only its owner can read), on both sides");
 
     std::vector<CLI::App*> layer_cmds;
     for (const auto& layer : layers()) {
@@ -145,6 +148,7 @@ int main(int argc, char** argv) {
     bool serve_single = false;
     serve->add_flag("--single-thread", serve_single, "Open the transport with thread_safe=false");
     serve->add_option("--log", log_spec, "Log levels, like TALARIA_LOG");
+    serve->add_option("--auth-secret-file", s.auth_file, "As for the client");
     std::vector<CLI::App*> serve_layers;
     for (const auto& layer : layers()) {
         auto* sub = serve->add_subcommand(std::string(layer.name),
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
     api_worker->add_option("--server", worker.server)->required();
     api_worker->add_option("--contexts", worker.contexts)->check(CLI::Range(1u, 64u));
     api_worker->add_option("--first", worker.first)->check(CLI::Range(0u, 63u));
+    api_worker->add_option("--auth-secret-file", worker.auth_file);
 
     OverloadOptions ov;
     auto* overload = app.add_subcommand(

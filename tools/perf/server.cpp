@@ -123,6 +123,13 @@ int run_serve(const ServeOptions& opt) {
     LayerOptions lo;
     lo.thread_safe = opt.thread_safe;
     lo.url = opt.listen;
+    if (auto auth = perf_auth(opt.auth_file); auth) {
+        lo.auth = std::move(*auth);
+        lo.auth_file = opt.auth_file;
+    } else {
+        fmt::print(stderr, "talaria-perf serve: {}\n", auth.error().describe());
+        return 2;
+    }
     std::unique_ptr<LayerServer> server;
     std::string layer_error;
     if (auto s = layer->make_server(opt.transport, lo); s) {
