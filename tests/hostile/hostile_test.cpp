@@ -472,7 +472,9 @@ TEST_P(Hostile, FloodOfHeldRequestsIsAnsweredBusyAndNothingIsLost) {
     }
     const long rss1 = rss_kib(t.server->pid());
     std::printf("server RSS %ld KiB before, %ld KiB after\n", t.rss0, rss1);
-    EXPECT_LT(rss1 - t.rss0, 32 * 1024) << "the flood grew the server";
+    // Under AddressSanitizer its quarantine keeps what the server freed (up to 256 MiB), and
+    // shadow memory comes on top: the bound holds 3x looser there (release checks 32 MiB).
+    EXPECT_LT(rss1 - t.rss0, (kAsan ? 96 : 32) * 1024) << "the flood grew the server";
     EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
     std::this_thread::sleep_for(200ms);  // the flooders' connections close
     EXPECT_LE(fd_count(t.server->pid()), fds0 + 8);
