@@ -267,8 +267,8 @@ struct OpId {
 /// reaches a context, and both sides' operations on that connection fail with
 /// Errc::access_denied (the reason is logged on both sides). Both ends must agree: a server
 /// with a secret refuses clients without one, and a client with one refuses a server without.
-/// sm needs none (only processes of the same user connect: SO_PEERCRED); ofi and ucx do not
-/// support it yet and refuse to open with it.
+/// sm needs none (only processes of the same user connect, or of Options::sm_group:
+/// SO_PEERCRED); ofi and ucx do not support it yet and refuse to open with it.
 struct Auth {
     std::string key_id;             ///< names the secret (at most 255 bytes; sent in clear)
     std::vector<std::byte> secret;  ///< at least 16 bytes (read_secret_file); empty: off
@@ -311,6 +311,14 @@ struct Options {
     Duration hello_timeout = std::chrono::seconds(10);
     /// Authenticate every connection with a shared secret (tcp); off by default.
     Auth auth;
+    /// sm: also admit peers whose effective group id is this one (SO_PEERCRED; run such a peer
+    /// under `sg GROUP` where the group is only a supplementary one), and give the listening
+    /// socket file to that group, readable and writable (this user must belong to it); as a
+    /// client, also connect to servers of another user whose socket file belongs to that
+    /// group. Both ends must set it to talk across users. -1 (the default): only processes of
+    /// this user connect. Put/get to a peer of another user still needs the kernel's leave
+    /// (ptrace access: CAP_SYS_PTRACE) and fail with permission_denied without it.
+    int64_t sm_group = -1;
 };
 
 /// How a context is used (Transport::context_create).

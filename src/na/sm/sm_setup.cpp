@@ -265,9 +265,19 @@ Result<void> SmTransport::init() {
                                            kFilePrefix, pid_, name_, kShmDir),
                                err);
         }
-        // Owner only: peers of other users cannot even connect.
-        if (::chmod(sock_path_.c_str(), 0600) != 0)
+        // Owner only: peers of other users cannot even connect. With Options::sm_group, that
+        // group's too (and accept_locked checks each peer's group).
+        if (opts_.sm_group >= 0) {
+            if (::chown(sock_path_.c_str(), uid_t(-1), gid_t(opts_.sm_group)) != 0)
+                return errno_error(fmt::format("sm: Options::sm_group {}: chown {} to that group "
+                                               "(does this user belong to it?)",
+                                               opts_.sm_group, sock_path_),
+                                   errno);
+            if (::chmod(sock_path_.c_str(), 0660) != 0)
+                return errno_error(fmt::format("sm: chmod 0660 {}", sock_path_), errno);
+        } else if (::chmod(sock_path_.c_str(), 0600) != 0) {
             return errno_error(fmt::format("sm: chmod 0600 {}", sock_path_), errno);
+        }
         if (::listen(listen_fd_, SOMAXCONN) != 0)
             return errno_error(fmt::format("sm: listen on {}", sock_path_), errno);
         ev.data.u64 = kKeyListen;
@@ -498,9 +508,10 @@ PeerIdentity SmTransport::peer_identity(const Addr& a) {
     Peer* p = peer_of(a);
     std::lock_guard g(setup_mu_);
     if (!p->identified) return id;
-    // Only processes of this user connect (SO_PEERCRED, checked at connect and accept), and
-    // the pid a peer's handshake claims is the one the kernel reported (on_hello_locked).
-    id.uid = int64_t(::geteuid());
+    // The kernel's word (SO_PEERCRED at connect and accept; only this user, or with
+    // Options::sm_group that group, is admitted), and the pid a peer's handshake claims is the
+    // one the kernel reported (on_hello_locked).
+    id.uid = p->self ? int64_t(::geteuid()) : int64_t(p->uid);
     id.pid = int64_t(p->pid);
     return id;
 }
@@ -571,6 +582,30 @@ Result<MemHandle> SmTransport::mem_deserialize(std::span<const std::byte> in) {
 
 // --- connections ---------------------------------------------------------------------------------
 
+bool SmTransport::admitted(const ucred& cr) const noexcept {
+    return cr.uid == ::geteuid() || (opts_.sm_group >= 0 && cr.gid == gid_t(opts_.sm_group));
+}
+
+bool SmTransport::group_server(const ucred& cr, const std::string& path) const noexcept {
+    // A server of another user that Options::sm_group admits: its socket file is its own and
+    // given to that group (only a member, or root, can give a file to a group), the group we
+    // name too. (Its process's effective group may be another one.)
+    if (opts_.sm_group < 0) return false;
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && st.st_uid == cr.uid &&
+           st.st_gid == gid_t(opts_.sm_group);
+}
+
+std::string SmTransport::who_is_admitted() const {
+    if (opts_.sm_group < 0)
+        return fmt::format(
+            "sm peers must run as the same user (uid {}), or both ends must set "
+            "Options::sm_group to a group they share",
+            ::geteuid());
+    return fmt::format("neither this user (uid {}) nor group {} (Options::sm_group)", ::geteuid(),
+                       opts_.sm_group);
+}
+
 Result<void> SmTransport::ensure_route(Lane& l, Peer* peer, uint8_t remote_ctx) {
     std::lock_guard g(setup_mu_);
     if (peer->dead.load(std::memory_order_relaxed)) return ok();  // the post completes with it
@@ -606,9 +641,10 @@ Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ct
         do {
             r = ::connect(sock.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
         } while (r != 0 && errno == EINTR);
-        if (r == 0 && peer_cred(sock.fd, cr) && cr.uid == ::geteuid()) break;
+        if (r == 0 && peer_cred(sock.fd, cr) && (admitted(cr) || group_server(cr, path))) break;
         if (r == 0) {
-            why = fmt::format("{} belongs to uid {}, not ours ({})", path, cr.uid, ::geteuid());
+            why = fmt::format("{} belongs to uid {} (gid {}), {}", path, cr.uid, cr.gid,
+                              who_is_admitted());
             why_code = Errc::permission_denied;
         } else if (errno == EAGAIN) {
             why = fmt::format(
@@ -677,6 +713,7 @@ Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ct
     c->remote_ctx = remote_ctx;
     c->sock = sock.release();
     c->cred_pid = cr.pid;
+    c->cred_uid = cr.uid;
     c->peer = peer;
     c->source = alias_of(this, Addr(peer));
     c->seg = seg;
@@ -720,11 +757,9 @@ void SmTransport::accept_locked() {
             return;
         }
         ucred cr{};
-        if (!peer_cred(s, cr) || cr.uid != ::geteuid()) {
-            TALARIA_LOG(sm, warn,
-                        "sm://{}: refused a connection from uid {} (pid {}): sm peers "
-                        "must run as the same user",
-                        name_, cr.uid, cr.pid);
+        if (!peer_cred(s, cr) || !admitted(cr)) {
+            TALARIA_LOG(sm, warn, "sm://{}: refused a connection from uid {} gid {} (pid {}): {}",
+                        name_, cr.uid, cr.gid, cr.pid, who_is_admitted());
             ::close(s);
             continue;
         }
@@ -733,6 +768,7 @@ void SmTransport::accept_locked() {
         c->state = Conn::State::hello_wait;
         c->sock = s;
         c->cred_pid = cr.pid;
+        c->cred_uid = cr.uid;
         epoll_event ev{};
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.u64 = kKeyConn | c->id;
@@ -839,7 +875,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         return reject(fmt::format("claims pid {} but the kernel says {}", m.pid, c->cred_pid));
     struct stat st {};
     if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != off_t(kSegmentSize) ||
-        st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+        st.st_uid != c->cred_uid || (st.st_mode & 077) != 0)
         return reject(
             fmt::format("segment is not an owner-only regular file of {} bytes", kSegmentSize));
     // Unsealed, the peer could shrink it under our mapping and crash us with SIGBUS.
@@ -890,6 +926,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
     if (p->dead.load(std::memory_order_relaxed)) p = *intern_locked(m.name);
     if (!p->identified) {  // written once: lanes read them without a lock after rma_ready
         p->pid = m.pid;
+        p->uid = uint32_t(c->cred_uid);
         p->instance = m.instance;
         p->identified = true;
     }
@@ -988,6 +1025,7 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
                                   m.pid, m.instance, p->pid, p->instance));
     if (!p->identified) {  // written once: lanes read them without a lock after rma_ready
         p->pid = m.pid;
+        p->uid = uint32_t(c->cred_uid);
         p->instance = m.instance;
         p->identified = true;
     }

@@ -8,6 +8,7 @@
 // (send, receive, rings, progress, put/get, cancel) in sm_datapath.cpp; bytes in sm_wire.*.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -81,6 +82,7 @@ struct Peer final : AddrImpl {
     bool self = false;
     bool probed = false;  ///< process_vm_readv tried on its probe word
     uint32_t pid = 0;
+    uint32_t uid = 0;  ///< as the kernel reported it (SO_PEERCRED), with pid
     uint64_t instance = 0;
     /// put/get must fail with this (e.g. the kernel forbids process_vm_* to this peer).
     Errc rma_errc = Errc::ok;
@@ -118,6 +120,7 @@ struct Conn {
     int sock = -1;
     int peer_evfd = -1;  ///< rings the peer's context (its eventfd), -1 until the handshake
     pid_t cred_pid = 0;  ///< the peer's pid as the kernel reports it (SO_PEERCRED)
+    uid_t cred_uid = 0;  ///< ... and its uid
     Peer* peer = nullptr;
     /// An alias of `peer` (alias_of), set with it: the source of its messages, so that each
     /// completion's reference is taken on a count only the connection's lane writes.
@@ -288,6 +291,12 @@ class SmTransport final : public Transport {
     /// Call only where no raw Peer* is held without a reference (public entry points).
     void sweep_peers_locked();
     /// Connect lane `l` with context `remote_ctx` of `peer` (under setup_mu_, takes l.mu).
+    /// May a process with these credentials connect (this user, or Options::sm_group)?
+    [[nodiscard]] bool admitted(const ucred& cr) const noexcept;
+    /// Is the server we connected to at `path` (credentials `cr`) one of Options::sm_group?
+    [[nodiscard]] bool group_server(const ucred& cr, const std::string& path) const noexcept;
+    /// Who is admitted, for the message of a refusal.
+    [[nodiscard]] std::string who_is_admitted() const;
     Result<Conn*> connect_locked(Lane& l, Peer* peer, uint8_t remote_ctx);
     /// The connection lane `l` sends to (peer, remote_ctx) on, connecting if there is none.
     /// Called without l.mu (takes setup_mu_, then l.mu).

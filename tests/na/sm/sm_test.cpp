@@ -2,6 +2,7 @@
 // files), dead peers, put/get through process_vm_*, blocking without spinning, and peers that
 // write garbage into the handshake or the rings.
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -284,6 +285,98 @@ TEST(SmFiles, ANameSquattedByAnotherUserIsBlamedOnThatUser) {
         auto again = open("sm://" + name);
         EXPECT_TRUE(again) << again.error().describe();
     }
+}
+
+// Options::sm_group: a process of another user is admitted when both ends name a group it is
+// in, and the handler's side learns its uid and pid; without the option on either end, or
+// outside the group, it is refused with a reason that names the option.
+TEST(SmFiles, AGroupOptionAdmitsAnotherUserOfThatGroup) {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run peers as another user";
+    constexpr gid_t kGroup = 4242;
+    constexpr uid_t kNobody = 65534;
+    std::string srv = uniq("group");
+    Options so;
+    so.sm_group = kGroup;
+    Ep s = Ep::open(srv, so);
+    ASSERT_TRUE(s.ok());
+    struct stat file {};
+    ASSERT_EQ(::stat(sock_path(::getpid(), srv).c_str(), &file), 0);
+    EXPECT_EQ(file.st_gid, kGroup);
+    EXPECT_EQ(file.st_mode & 0777, 0660u);
+    // A peer as uid nobody in group `gid`, with Options::sm_group `group`: sends "hi" and
+    // waits for the answer. Exit 0: answered; 20 + Errc: its send failed (that code); else
+    // what went wrong.
+    auto peer = [&](gid_t gid, int64_t group) {
+        return spawn([&, gid, group]() -> int {
+            if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(kNobody) != 0)
+                return 3;
+            Options o;
+            o.listen = false;
+            o.sm_group = group;
+            auto t = na::open("sm://" + uniq("group-peer"), o);
+            if (!t) return 4;
+            auto ctx = (*t)->context_create(0);
+            if (!ctx) return 5;
+            auto dest = (*t)->addr_lookup("sm://" + srv);
+            if (!dest) return 6;
+            auto sb = (*t)->msg_buf_alloc(8);
+            auto rb = (*t)->msg_buf_alloc(8);
+            std::memcpy(sb->data(), "hi", 2);
+            Done r, d;
+            if (!(*t)->post_recv_expected(**ctx, on(&r), *rb, *dest, 9)) return 7;
+            auto sent = (*t)->post_send_unexpected(**ctx, on(&d), *sb, 2, *dest, 0, 9);
+            if (!sent) return 20 + int(sent.code());  // refused at connect
+            auto end = Clock::now() + 10s;
+            while (!(r.done || (d.done && d.c.status != Errc::ok)) && Clock::now() < end) {
+                (void)(*ctx)->progress(5ms);
+                (*ctx)->trigger();
+            }
+            if (d.done && d.c.status != Errc::ok) return 20 + int(d.c.status);
+            return r.done && r.c.status == Errc::ok ? 0 : 9;
+        });
+    };
+    // Serve what comes: answer each "hi", and remember who sent it.
+    std::vector<PeerIdentity> callers;
+    MsgBuffer rb = s.buf(), sb = s.buf();
+    std::function<void(const Completion&)> serve = [&](const Completion& c) {
+        if (c.status == Errc::ok) {
+            callers.push_back(s.t->peer_identity(c.source));
+            (void)s.t->post_send_expected(
+                *s.ctx, [](const Completion&) {}, sb, 2, c.source, 0, c.tag);
+        }
+        (void)s.t->post_recv_unexpected(*s.ctx, serve, rb);
+    };
+    ASSERT_TRUE(s.t->post_recv_unexpected(*s.ctx, serve, rb));
+    // The child's exit code, while this side serves; -1 if it did not end within 20 s.
+    auto exit_code = [&](pid_t child) {
+        int rc = -1;
+        bool ended = s.wait(
+            [&] {
+                int st = 0;
+                if (::waitpid(child, &st, WNOHANG) != child) return false;
+                rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                return true;
+            },
+            20s);
+        if (!ended) {
+            ::kill(child, SIGKILL);
+            ::waitpid(child, nullptr, 0);
+        }
+        return rc;
+    };
+    // In the group, both ends set: admitted, and seen as who it is.
+    pid_t in_group = peer(kGroup, kGroup);
+    EXPECT_EQ(exit_code(in_group), 0) << "a peer of the group was not admitted";
+    ASSERT_EQ(callers.size(), 1u);
+    EXPECT_EQ(callers[0].uid, int64_t(kNobody));
+    EXPECT_EQ(callers[0].pid, int64_t(in_group));
+    EXPECT_EQ(callers[0].describe(), fmt::format("uid {} pid {}", kNobody, in_group));
+    // Outside the group (the socket file refuses it), and in it but without the option (it
+    // refuses a server of another user): each send fails, permission_denied.
+    for (auto [gid, group] : {std::pair<gid_t, int64_t>{kNobody, kGroup}, {kGroup, -1}})
+        EXPECT_EQ(exit_code(peer(gid, group)), 20 + int(Errc::permission_denied))
+            << "gid " << gid << ", option " << group;
+    EXPECT_EQ(callers.size(), 1u) << "a refused peer's message was delivered";
 }
 
 TEST(SmFiles, StaleFilesOfDeadProcessesAreRemoved) {
