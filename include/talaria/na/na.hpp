@@ -287,7 +287,7 @@ struct PeerIdentity {
     int64_t pid = -1;
     /// Did the peer prove anything (a secret, or its uid to the kernel)?
     [[nodiscard]] bool authenticated() const noexcept { return !key_id.empty() || uid >= 0; }
-    /// "key 'k'", "uid 1000 pid 4242", or "unauthenticated", for logs and messages.
+    /// `key "k"` (escaped), "uid 1000 pid 4242", or "unauthenticated", for logs and messages.
     [[nodiscard]] std::string describe() const;
 };
 
