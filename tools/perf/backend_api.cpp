@@ -402,11 +402,9 @@ int run_api_worker(const ApiWorkerOptions& o) {
     std::array<Track, 64> track{};  // outlives the engine's last callback
     EngineOptions eo;
     eo.contexts = static_cast<uint8_t>(o.contexts);
-    if (!o.auth_file.empty()) {
-        auto secret = na::read_secret_file(o.auth_file);
-        if (!secret) return fail(fmt::format("--auth-secret-file: {}", secret.error().describe()));
-        eo.core.na.auth = na::Auth{std::string(kPerfAuthKeyId), std::move(*secret)};
-    }
+    auto auth = perf_auth(o.auth_file);
+    if (!auth) return fail(auth.error().describe());
+    eo.core.na.auth = std::move(*auth);
     auto e = Engine::open(o.url, false, eo);
     if (!e) return fail(fmt::format("engine: {}", e.error().describe()));
     auto engine = std::make_unique<Engine>(std::move(*e));
