@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
+
+#include <fmt/format.h>
 
 #include "talaria/util/touch_trace.hpp"
 
@@ -172,6 +175,23 @@ std::vector<const void*> both_touched(std::vector<const void*> a, std::vector<co
     std::vector<const void*> both;
     std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
     return both;
+}
+
+void fill_flood(std::span<std::byte> b, int i) {
+    std::memset(b.data(), i & 0xff, b.size());
+    std::memcpy(b.data(), &i, sizeof i);
+}
+
+std::string FloodOrder::take(const Completion& c, std::span<const std::byte> buf) {
+    int idx = -1;
+    if (c.size >= sizeof idx) std::memcpy(&idx, buf.data(), sizeof idx);
+    if (idx != next || c.tag != kFloodTag + Tag(next))
+        return fmt::format("message {} (tag {}) came where {} was due: lost or reordered", idx,
+                           c.tag, next);
+    if (c.size != buf.size() || buf[buf.size() - 1] != std::byte(next & 0xff))
+        return fmt::format("message {} is not whole ({} of {} bytes)", next, c.size, buf.size());
+    ++next;
+    return {};
 }
 
 }  // namespace talaria::na::test

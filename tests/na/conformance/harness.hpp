@@ -40,6 +40,18 @@ std::vector<TransportKind> transport_kinds();
 /// Those of transport_kinds() that can talk to another process (all but inproc).
 std::vector<TransportKind> multi_process_kinds();
 
+/// A numbered flood (the back-pressure tests): message i carries tag kFloodTag + i, and its
+/// bytes are i & 0xff but for the first four, which hold i.
+inline constexpr Tag kFloodTag = 1000;
+void fill_flood(std::span<std::byte> b, int i);
+/// Receives a flood one message at a time, checking that each is whole and next in line.
+struct FloodOrder {
+    int next = 0;  ///< messages taken so far
+    /// Message `c`, received into `buf`: empty when it is the next one, whole (and then
+    /// counted), else what is wrong with it.
+    std::string take(const Completion& c, std::span<const std::byte> buf);
+};
+
 /// Records the completions of one operation.
 struct Recorder {
     int count = 0;

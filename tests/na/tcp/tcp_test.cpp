@@ -922,8 +922,7 @@ TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
     std::vector<MsgBuffer> out;
     for (int i = 0; i < kN; ++i) {
         out.push_back(buf_with(*flood.t, "", size));
-        std::memset(out.back().data(), i & 0xff, size);
-        std::memcpy(out.back().data(), &i, sizeof i);
+        test::fill_flood({out.back().data(), size}, i);
     }
     int sent = 0;
     for (int i = 0; i < kN; ++i)
@@ -933,7 +932,7 @@ TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
                 EXPECT_EQ(cp.status, Errc::ok);
                 ++sent;
             },
-            out[i], size, dest, 0, Tag(1000 + i)));
+            out[i], size, dest, 0, test::kFloodTag + Tag(i)));
     // Both sides progress (the receiver posts nothing) until the sender stops making headway.
     int last = -1;
     auto still = Clock::now();
@@ -973,21 +972,15 @@ TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
 
     // Receive everything: the flood whole and in order, and the other peer's four.
     auto rb = buf_with(*s.t, "", size);
-    int next = 0, others = 0, received = 0;
+    test::FloodOrder order;
+    int others = 0, received = 0;
     std::function<void(const Completion&)> on_recv = [&](const Completion& cp) {
         ASSERT_EQ(cp.status, Errc::ok);
         ++received;
-        if (cp.tag == 7) {
+        if (cp.tag == 7)
             ++others;
-        } else {
-            ASSERT_EQ(cp.size, size);
-            int idx = -1;
-            std::memcpy(&idx, rb.data(), sizeof idx);
-            ASSERT_EQ(idx, next) << "a message was lost or reordered";
-            ASSERT_EQ(cp.tag, Tag(1000 + next));
-            ASSERT_EQ(rb.data()[size - 1], std::byte(next & 0xff));
-            ++next;
-        }
+        else
+            ASSERT_EQ(order.take(cp, {rb.data(), size}), "");
         if (received < kN + 4) {
             ASSERT_TRUE(s.t->post_recv_unexpected(
                 *s.ctx, [&](const Completion& c2) { on_recv(c2); }, rb));
@@ -998,8 +991,8 @@ TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
     ASSERT_TRUE(drive(
         {flood.ctx.get(), s.ctx.get(), other.ctx.get()},
         [&] { return sent == kN && received == kN + 4; }, 60s))
-        << sent << " sent, " << next << " of the flood and " << others << " others received";
-    EXPECT_EQ(next, kN);
+        << sent << " sent, " << order.next << " of the flood and " << others << " others received";
+    EXPECT_EQ(order.next, kN);
     EXPECT_EQ(others, 4);
 }
 
