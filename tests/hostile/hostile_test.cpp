@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <dirent.h>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -783,4 +784,128 @@ TEST(HostileTcp, MessagesNobodyReceivesDoNotGrowTheServer) {
     std::printf("server RSS %ld KiB before, %ld KiB after 515 MiB of messages nobody receives\n",
                 t.rss0, rss1);
     EXPECT_LT(rss1 - t.rss0, 64 * 1024) << "messages nobody receives grew the server";
+}
+
+// --- ucx+tcp, raw bytes -----------------------------------------------------------------------
+
+namespace {
+
+/// The IPv4 sockets `pid` listens on at 127.0.0.1 or 0.0.0.0 (its descriptors' inodes matched
+/// against /proc/<pid>/net/tcp), as ports on the loopback address.
+std::vector<int> loopback_listening_ports(pid_t pid) {
+    const std::string proc = "/proc/" + std::to_string(pid);
+    std::vector<std::string> inodes;
+    if (DIR* d = ::opendir((proc + "/fd").c_str())) {
+        while (dirent* e = ::readdir(d)) {
+            char buf[64];
+            ssize_t n = ::readlink((proc + "/fd/" + e->d_name).c_str(), buf, sizeof buf - 1);
+            if (n <= 0) continue;
+            std::string s(buf, std::size_t(n));
+            if (s.rfind("socket:[", 0) == 0) inodes.push_back(s.substr(8, s.size() - 9));
+        }
+        ::closedir(d);
+    }
+    std::vector<int> ports;
+    std::ifstream in(proc + "/net/tcp");
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+        std::istringstream ls(line);
+        std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+        ls >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >>
+            inode;
+        if (state != "0A" || std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
+            continue;
+        const std::string ip = local.substr(0, local.find(':'));
+        if (ip != "0100007F" && ip != "00000000") continue;  // 127.0.0.1 or 0.0.0.0
+        ports.push_back(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+    }
+    return ports;
+}
+
+/// Send `bytes` on a fresh connection to 127.0.0.1:`port`, give the server `linger` to read
+/// them, and close.
+void send_and_close(int port, std::span<const std::byte> bytes, Duration linger = 300ms) {
+    int fd = idle_connection(port);
+    ASSERT_GE(fd, 0) << "cannot connect to port " << port << ": " << std::strerror(errno);
+    std::size_t off = 0;
+    while (off < bytes.size()) {
+        ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+        if (n <= 0) break;  // the server closed it: what it should do with foreign bytes
+        off += std::size_t(n);
+    }
+    std::this_thread::sleep_for(linger);
+    ::close(fd);
+}
+
+}  // namespace
+
+// Issue 10, item 1: foreign bytes on the ports a ucx+tcp server listens on. Before, its
+// advertised port was UCX 1.13's own listener: a 16-byte header claiming a huge private-data
+// length aborted the process (tcp_sockcm_ep.c assertion) and 100 kB of random bytes left its
+// async thread spinning for good. Now that port is the transport's bootstrap socket, which reads
+// one 16-byte request and closes anything else; the server's other listening ports (UCX's tcp
+// interfaces, reached by worker address) get the same bytes. After each attack the server is
+// alive, idle, and answers a good client.
+TEST(HostileUcx, ForeignBytesOnItsPortsNeitherKillNorSpinTheServer) {
+    bool built = false;
+    for (auto& k : na::test::multi_process_kinds())
+        built |= k.label == "ucx_tcp";
+    if (!built) GTEST_SKIP() << "ucx is not built";
+    Target t("ucx+tcp://127.0.0.1:0");
+    ASSERT_TRUE(t.ready());
+    const int boot_port = port_of(t.server->address);
+    std::vector<int> ports = loopback_listening_ports(t.server->pid());
+    std::printf("server %s listens on %zu loopback port(s):", t.server->address.c_str(),
+                ports.size());
+    for (int p : ports)
+        std::printf(" %d%s", p, p == boot_port ? " (its address)" : "");
+    std::printf("\n");
+    ASSERT_NE(std::find(ports.begin(), ports.end(), boot_port), ports.end());
+
+    std::vector<std::byte> huge_claim(16, std::byte{0xff});  // the abort of the report
+    std::vector<std::byte> random(100 * 1000);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (auto& b : random) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b = std::byte(uint8_t(x));
+    }
+    std::vector<std::byte> wrong_version(16, std::byte{0});
+    std::memcpy(wrong_version.data(), "TLUB", 4);
+    wrong_version[4] = std::byte{99};
+    const std::vector<std::byte> half_request(wrong_version.begin(), wrong_version.begin() + 7);
+    struct Attack {
+        const char* name;
+        std::span<const std::byte> bytes;
+    };
+    const Attack attacks[] = {{"16 bytes claiming a huge length", huge_claim},
+                              {"100 kB of random bytes", random},
+                              {"a request of another version", wrong_version},
+                              {"half a request, then silence", half_request}};
+    for (int port : ports) {
+        for (const Attack& a : attacks) {
+            SCOPED_TRACE(fmt::format("port {}: {}", port, a.name));
+            send_and_close(port, a.bytes);
+            ASSERT_FALSE(t.server->wait_exit(50ms)) << "the server died";
+            const double cpu0 = cpu_seconds(t.server->pid());
+            std::this_thread::sleep_for(500ms);
+            const double cpu1 = cpu_seconds(t.server->pid());
+            EXPECT_LT(cpu1 - cpu0, 0.2) << "the server spins after the attack";
+            EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
+        }
+    }
+    // The same on many connections at once: silent ones take no more than their bounded slots,
+    // and a new client still gets in.
+    std::vector<int> silent;
+    for (int i = 0; i < 200; ++i)
+        if (int fd = idle_connection(boot_port); fd >= 0) silent.push_back(fd);
+    GoodClient fresh("ucx+tcp://127.0.0.1:0", t.server->address);
+    EXPECT_TRUE(fresh.ping()) << "a new client could not get past 200 silent connections";
+    for (int fd : silent)
+        ::close(fd);
+    std::printf("server descriptors after the attacks: %d\n", fd_count(t.server->pid()));
+    EXPECT_LT(fd_count(t.server->pid()), 200) << "silent bootstrap connections were all kept";
+    EXPECT_FALSE(t.server->wait_exit(10ms));
 }

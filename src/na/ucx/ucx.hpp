@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -102,6 +103,13 @@ inline constexpr std::size_t kMaxStreams = 4096;
 /// it fail (unreachable).
 inline constexpr Duration kLocateRetry = std::chrono::seconds(1);
 inline constexpr int kLocateTries = 3;
+/// Bootstrap (ucx_boot.cpp): connections waiting for their request at most (the oldest goes
+/// when another comes), accepted per wake-up at most, the pause after accept fails for want of
+/// descriptors, and how long a request may take when na::Options::hello_timeout is 0.
+inline constexpr std::size_t kMaxBootConns = 64;
+inline constexpr int kBootAcceptBurst = 16;
+inline constexpr Duration kBootPause = std::chrono::milliseconds(100);
+inline constexpr Duration kBootDefaultTimeout = std::chrono::seconds(10);
 
 /// One peer process (one transport instance), interned weakly (na/base/addr_table.hpp).
 /// Alive while a user Addr, an alias, an endpoint or route or stream of a lane, a pending op,
@@ -143,6 +151,14 @@ struct UcxAddr final : AddrImpl {
     UcxTransport* ut_;
 };
 
+/// A bootstrap connection a server accepted, waiting for its request (ucx_boot.cpp).
+struct BootConn {
+    int fd = -1;
+    TimePoint deadline{};
+    std::size_t got = 0;
+    std::byte buf[kBootRequestSize]{};
+};
+
 /// One UCP endpoint of a lane: outgoing (to one context's worker of a peer: `peer_lane`), or
 /// accepted from a listener's connection request (lane 0; receive only, watched for failure).
 /// Guarded by its lane's lock.
@@ -160,9 +176,8 @@ struct Ep : ListHook<EpTag> {
     /// A hello from the peer context at its other end reached this lane: the connection is up
     /// (until then, a blocked progress() does not sleep long: see progress()).
     bool established = false;
-    uint64_t client_id = 0;  ///< accepted: the peer's instance, from its connection request
-    bool failed = false;     ///< its error callback ran
-    bool closing = false;    ///< ucp_ep_close_nbx called; `close_req` may be pending
+    bool failed = false;   ///< its error callback ran
+    bool closing = false;  ///< ucp_ep_close_nbx called; `close_req` may be pending
     ucs_status_t fail_status = UCS_OK;
     void* close_req = nullptr;
     uint32_t tx_seq = 0;  ///< next sequence number of our messages on it (one stream per Ep)
@@ -348,7 +363,6 @@ class UcxTransport final : public Transport {
     void context_destroyed(UcxContext* ctx) noexcept;
     void mem_release(UcxMem* m) noexcept;
     void addr_destroyed(UcxAddr* a) noexcept;
-    void on_conn_request(ucp_conn_request_h req);
     void on_ep_error(Ep* e, ucs_status_t status);
     void on_op_done(UcxOp* op, ucs_status_t status);
     ucs_status_t on_am(Lane& l, const void* header, std::size_t header_len, void* data,
@@ -358,7 +372,21 @@ class UcxTransport final : public Transport {
     // setup (ucx_setup.cpp)
     Result<void> init_context();
     Result<Lane*> lane_create_locked(uint8_t id);
-    Result<void> init_listener();
+    // bootstrap in sockaddr mode (ucx_boot.cpp)
+    /// Listen on the address's host:port with a plain TCP socket (never UCX's listener), and
+    /// start the thread that answers it.
+    Result<void> init_bootstrap();
+    /// Stop and join that thread, close the listener and its connections.
+    void close_bootstrap() noexcept;
+    /// The bootstrap thread: accept, answer whole requests, close the rest, until stopped.
+    void boot_run() noexcept;
+    void boot_accept(TimePoint now);
+    /// Read what `c` sent; true when it is done with (answered or refused).
+    bool boot_read(BootConn& c);
+    /// Connect to `peer`'s bootstrap port and return its context-0 worker address (blocks the
+    /// calling thread for one TCP round trip, at most boot_timeout()).
+    Result<std::vector<std::byte>> bootstrap(const UcxAddr& peer);
+    [[nodiscard]] Duration boot_timeout() const noexcept;
     /// ucx+sm: enable put/get by process_vm_readv/writev if this process may use them.
     void init_direct_rma() noexcept;
     Result<Addr> lookup_locked(std::string_view address, bool from_wire);
@@ -468,8 +496,23 @@ class UcxTransport final : public Transport {
     /// own lock; taken under a lane's lock (a hello) or alone.
     MaybeMutex intern_mu_;
     ucp_context_h context_ = nullptr;
-    ucp_listener_h listener_ = nullptr;  ///< on lane 0's worker (its lock guards it)
-    int pfd_ = -1;                       ///< progress_fd(): an eventfd nobody writes
+    int pfd_ = -1;  ///< progress_fd(): an eventfd nobody writes
+    /// Sockaddr-mode servers: the bootstrap listener, the epoll set its thread waits on, the
+    /// eventfd that stops it, and what only that thread touches (connections, pause).
+    int boot_fd_ = -1;
+    int boot_epfd_ = -1;
+    int boot_stop_fd_ = -1;
+    std::thread boot_thread_;
+    pid_t boot_pid_ = 0;  ///< the process that started it (a child across fork() has none)
+    std::vector<BootConn> boot_conns_;
+    bool boot_paused_ = false;
+    TimePoint boot_paused_until_{};
+    std::atomic<uint64_t> boot_answered_{0};
+    std::atomic<uint64_t> boot_refused_{0};
+    /// When the bootstrap thread last answered (steady-clock ns, 0: never). The client's UCX
+    /// wire-up follows over a connection UCX accepts from its async thread without always
+    /// signalling lane 0's worker fd: lane 0 does not sleep long while it is recent.
+    std::atomic<int64_t> boot_answered_at_{0};
     uint64_t instance_ = 0;
     uint64_t token_salt_ = 0;  ///< random, never sent: mixed into locate tokens
     std::atomic<uint64_t> ep_serial_{0};

@@ -881,8 +881,6 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
             e.peer_lane = h.source_ctx;
             e.answering = true;
             e.established = true;
-        } else if (!e.peer && e.client_id == h.instance) {
-            e.peer = peer;
         }
     }
     // Connect back at once (unless it came on an endpoint we accepted), so that replies need no
@@ -1273,6 +1271,14 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
                 cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, want);
                 if (cap == 0) break;
             }
+            // A client our bootstrap thread just answered: its wire-up, the same way.
+            if (l.id == 0)
+                if (int64_t at = boot_answered_at_.load(std::memory_order_acquire); at != 0) {
+                    auto age = now - TimePoint(Duration(at));
+                    if (age <= kConnectGiveUp)
+                        cap = std::min(cap < 0 ? kKeepaliveTickMs : cap,
+                                       age < kConnectSpin ? 0 : kConnectNapMs);
+                }
             // A route waiting for a locate answer: the same, and at least once per retry.
             if (l.locating > 0)
                 for (const auto& [key, r] : l.routes) {
@@ -1297,6 +1303,10 @@ bool UcxTransport::try_wait_for(Context& ctx) {
     Lane& l = lane_of(ctx);
     std::lock_guard g(l.mu);
     if (!l.failed.empty() || !l.byes.empty()) return false;
+    if (l.id == 0)
+        if (int64_t at = boot_answered_at_.load(std::memory_order_acquire);
+            at != 0 && Clock::now() - TimePoint(Duration(at)) < kConnectSpin)
+            return false;  // a client's wire-up may come unsignalled (progress())
     return ucp_worker_arm(l.worker) == UCS_OK;
 }
 

@@ -117,17 +117,6 @@ Result<SockAddr> parse_numeric(std::string_view s) {
     return parse_host_port(s, false);
 }
 
-bool is_wildcard(const SockAddr& sa) {
-    if (sa.family() == AF_INET)
-        return reinterpret_cast<const sockaddr_in*>(&sa.storage)->sin_addr.s_addr ==
-               htonl(INADDR_ANY);
-    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&sa.storage)->sin6_addr);
-}
-
-void conn_request_cb(ucp_conn_request_h req, void* arg) {
-    static_cast<UcxTransport*>(arg)->on_conn_request(req);
-}
-
 void ep_error_cb(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* e = static_cast<Ep*>(arg);
     e->lane->t->on_ep_error(e, status);
@@ -230,10 +219,7 @@ Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
     if (Lane* l = lane_at(id)) return l;
     auto l = std::make_unique<Lane>(this, id, opts_);
     ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
-    // Sent with our connection requests: the listener learns which instance an endpoint it
-    // accepts belongs to before the hello comes.
-    wp.client_id = instance_;
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     // Every call into a worker is made under its lane's lock (or by one thread without
     // thread_safe).
     wp.thread_mode = opts_.thread_safe ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
@@ -444,18 +430,14 @@ UcxTransport::~UcxTransport() {
         if (u.owner == ::getpid()) --u.live;
     }
     closing_.store(true, std::memory_order_release);
-    // Byes first, on every lane, while every endpoint still stands; then the listener, then
-    // the endpoints.
+    // Byes first, on every lane, while every endpoint still stands; then the bootstrap
+    // listener, then the endpoints.
     for (auto& l : lanes_) {
         if (!l->worker) continue;
         std::lock_guard g(l->mu);
         say_bye_locked(*l);
     }
-    if (Lane* l0 = lane_at(0); l0 && listener_) {
-        std::lock_guard g(l0->mu);
-        ucp_listener_destroy(listener_);
-        listener_ = nullptr;
-    }
+    close_bootstrap();
     for (auto& l : lanes_)
         if (l->worker) lane_close(*l);
     self_.reset();
@@ -518,45 +500,6 @@ Result<void> UcxTransport::init_context() {
     return ok();
 }
 
-Result<void> UcxTransport::init_listener() {
-    TALARIA_TRY(sa, parse_host_port(spec_.host, true));
-    Lane* l0 = lane_at(0);
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = sa.sa();
-    lp.sockaddr.addrlen = sa.len;
-    lp.conn_handler.cb = &conn_request_cb;
-    lp.conn_handler.arg = this;
-    ucs_status_t st = ucp_listener_create(l0->worker, &lp, &listener_);
-    if (st != UCS_OK) {
-        listener_ = nullptr;
-        return ucs_error(st == UCS_ERR_BUSY ? Errc::address_in_use : Errc::io_error,
-                         "ucp_listener_create", st,
-                         fmt::format("(on {}{})", sa.to_string(),
-                                     st == UCS_ERR_BUSY ? "; use port 0 to pick a free port" : ""));
-    }
-    ucp_listener_attr_t la{};
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    st = ucp_listener_query(listener_, &la);
-    if (st != UCS_OK) return ucs_error(Errc::io_error, "ucp_listener_query", st);
-    SockAddr bound;
-    std::memcpy(&bound.storage, &la.sockaddr, sizeof bound.storage);
-    bound.len = bound.family() == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    // A wildcard bind is advertised as the loopback address (pass an explicit host to be
-    // reachable from other machines), as for tcp.
-    SockAddr adv = bound;
-    if (is_wildcard(bound)) {
-        TALARIA_TRY(lo, parse_host_port(bound.family() == AF_INET ? "127.0.0.1" : "[::1]", true));
-        adv = lo;
-        adv.set_port(bound.port());
-    }
-    std::lock_guard gi(intern_mu_);
-    Addr self = intern_locked(adv.to_string());
-    self.as<UcxAddr>()->sa = adv;
-    self_ = self;
-    return ok();
-}
-
 Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     scheme_ = fmt::format("ucx+{}", sub);
     TALARIA_TRY(spec, parse_spec(sub, rest));
@@ -593,7 +536,7 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     TALARIA_TRY(l0, lane_create_locked(0));
     if (spec_.mode == Mode::sockaddr) {
         if (opts_.listen) {
-            TALARIA_CHECK(init_listener());
+            TALARIA_CHECK(init_bootstrap());
         } else {
             // A client: validate the host part but do not listen; identify by instance id.
             TALARIA_CHECK(parse_host_port(spec_.host, true));
@@ -832,10 +775,12 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
                                  "has introduced itself to context {} here",
                                  peer->str, l.id));
     } else if (spec_.mode == Mode::sockaddr) {
-        params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-        params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
-        params.sockaddr.addr = peer->sa.sa();
-        params.sockaddr.addrlen = peer->sa.len;
+        // Its context 0's worker, from its bootstrap port (ucx_boot.cpp): UCX's own listener
+        // never faces the network.
+        TALARIA_TRY(w, bootstrap(*peer));
+        wa = std::move(w);
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.address = reinterpret_cast<const ucp_address_t*>(wa.data());
     } else {
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         params.address = reinterpret_cast<const ucp_address_t*>(peer->worker_addr.data());
@@ -852,31 +797,6 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
     send_hello_locked(l, e);
     TALARIA_LOG(ucx, debug, "context {}: endpoint to context {} of {}", l.id, peer_lane, peer->str);
     return e;
-}
-
-void UcxTransport::on_conn_request(ucp_conn_request_h req) {
-    // From lane 0's ucp_worker_progress, under its lock.
-    Lane& l = *lane_at(0);
-    if (closing_.load(std::memory_order_acquire)) {
-        ucp_listener_reject(listener_, req);
-        return;
-    }
-    ucp_conn_request_attr_t ca{};
-    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
-    uint64_t client_id = ucp_conn_request_query(req, &ca) == UCS_OK ? ca.client_id : 0;
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-    params.conn_request = req;
-    auto e = ep_create_locked(l, params, false, "a connecting peer");
-    if (!e) {
-        TALARIA_LOG(ucx, warn, "accepting a connection failed: {}", e.error().describe());
-        return;
-    }
-    (*e)->client_id = client_id;
-    // Our hello starts our stream on it (the peer's first message on it names its context,
-    // and then it answers that context).
-    send_hello_locked(l, *e);
-    TALARIA_LOG(ucx, debug, "accepted an endpoint");
 }
 
 void UcxTransport::close_ep_locked(Lane& l, Ep* e) {

@@ -101,6 +101,82 @@ Result<Located> decode_located(std::span<const std::byte> in) {
     return l;
 }
 
+void encode_boot_request(uint64_t instance, std::byte* out) noexcept {
+    store_le(out, kBootMagic, 4);
+    out[4] = std::byte(kBootVersion);
+    out[5] = std::byte{0};
+    store_le(out + 6, 0, 2);
+    store_le(out + 8, instance, 8);
+}
+
+namespace {
+/// Magic, version and the zero byte of a request's or a reply's first 6 bytes.
+Result<void> check_boot_prefix(std::span<const std::byte> in, const char* what) {
+    if (load_le(in.data(), 4) != kBootMagic)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap {}: not this transport's (magic {:08x})", what,
+                                 uint32_t(load_le(in.data(), 4))));
+    if (uint8_t(in[4]) != kBootVersion || in[5] != std::byte{0})
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap {}: version {} (this side speaks {})", what,
+                                 uint8_t(in[4]), kBootVersion));
+    return {};
+}
+}  // namespace
+
+Result<uint64_t> decode_boot_request(std::span<const std::byte> in) {
+    if (in.size() != kBootRequestSize)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap request of {} bytes (expected {})", in.size(),
+                                 kBootRequestSize));
+    TALARIA_CHECK(check_boot_prefix(in, "request"));
+    uint64_t instance = load_le(in.data() + 8, 8);
+    if (load_le(in.data() + 6, 2) != 0 || instance == 0)
+        return Error(Errc::protocol_error, "ucx bootstrap request: reserved bits or instance 0");
+    return instance;
+}
+
+void encode_boot_reply(const BootReply& r, std::byte* out) noexcept {
+    store_le(out, kBootMagic, 4);
+    out[4] = std::byte(kBootVersion);
+    out[5] = std::byte{0};
+    store_le(out + 6, r.worker.size(), 2);
+    store_le(out + 8, r.instance, 8);
+    std::memcpy(out + kBootReplyFixedSize, r.worker.data(), r.worker.size());
+}
+
+Result<std::size_t> decode_boot_reply_fixed(std::span<const std::byte> fixed) {
+    if (fixed.size() != kBootReplyFixedSize)
+        return Error(
+            Errc::protocol_error,
+            fmt::format("ucx bootstrap reply of {} bytes is not a fixed part", fixed.size()));
+    TALARIA_CHECK(check_boot_prefix(fixed, "reply"));
+    std::size_t wlen = load_le(fixed.data() + 6, 2);
+    if (wlen == 0 || wlen > kMaxWorkerAddr || load_le(fixed.data() + 8, 8) == 0)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap reply: worker address length {} (1 to {}) or "
+                                 "instance 0",
+                                 wlen, kMaxWorkerAddr));
+    return wlen;
+}
+
+Result<BootReply> decode_boot_reply(std::span<const std::byte> in) {
+    if (in.size() < kBootReplyFixedSize)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap reply of {} bytes is shorter than {}", in.size(),
+                                 kBootReplyFixedSize));
+    TALARIA_TRY(wlen, decode_boot_reply_fixed(in.first(kBootReplyFixedSize)));
+    if (in.size() != kBootReplyFixedSize + wlen)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap reply of {} bytes announces a {}-byte worker "
+                                 "address",
+                                 in.size(), wlen));
+    BootReply r;
+    r.instance = load_le(in.data() + 8, 8);
+    r.worker = in.subspan(kBootReplyFixedSize, wlen);
+    return r;
+}
+
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in) {
     if (in.size() < 2)
         return Error(Errc::address_invalid, "serialized ucx address shorter than 2 bytes");

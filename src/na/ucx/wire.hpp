@@ -125,6 +125,36 @@ inline std::size_t located_size(std::size_t worker_len) noexcept {
 void encode_located(const Located& l, std::byte* out) noexcept;
 Result<Located> decode_located(std::span<const std::byte> in);
 
+/// Bootstrap (sockaddr mode, "ucx+tcp://host:port"): the port is a plain TCP socket of this
+/// transport, never UCX's own listener (UCX 1.13's socket connection manager aborts the process
+/// on foreign bytes). A client connects, sends a request, reads the reply, which names the
+/// server's context-0 worker, and closes; it then reaches that worker by its address and says
+/// hello as in worker mode.
+/// Request, kBootRequestSize bytes: u32 kBootMagic, u8 kBootVersion, u8 0, u16 0, u64 the
+/// client's instance (nonzero).
+/// Reply: u32 kBootMagic, u8 kBootVersion, u8 0, u16 worker address length (1..
+/// kMaxWorkerAddr), u64 the server's instance (nonzero), the packed worker address.
+inline constexpr uint32_t kBootMagic = 0x42554c54u;  // "TLUB"
+inline constexpr uint8_t kBootVersion = 1;
+inline constexpr std::size_t kBootRequestSize = 16;
+inline constexpr std::size_t kBootReplyFixedSize = 16;
+struct BootReply {
+    uint64_t instance = 0;
+    std::span<const std::byte> worker;  ///< views the input when decoded
+};
+void encode_boot_request(uint64_t instance, std::byte* out) noexcept;
+/// The client's instance; protocol_error unless exactly a well-formed request.
+Result<uint64_t> decode_boot_request(std::span<const std::byte> in);
+inline std::size_t boot_reply_size(std::size_t worker_len) noexcept {
+    return kBootReplyFixedSize + worker_len;
+}
+void encode_boot_reply(const BootReply& r, std::byte* out) noexcept;
+/// The worker address length a reply's fixed part announces; protocol_error if the fixed part
+/// (exactly kBootReplyFixedSize bytes) is not a reply's.
+Result<std::size_t> decode_boot_reply_fixed(std::span<const std::byte> fixed);
+/// A whole reply (fixed part and worker address, nothing more); protocol_error otherwise.
+Result<BootReply> decode_boot_reply(std::span<const std::byte> in);
+
 /// Serialized address: u16 length, then the address string (as for tcp).
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in);
 
