@@ -4,7 +4,8 @@
 // it its payload, as the AM handler gets them. A header that decodes must re-encode to the very
 // same bytes; a hello payload must name an address within bounds. The whole input also goes
 // through the serialized-address and memory-handle decoders (the rkey and owner they return
-// must lie inside the input). Any violation aborts.
+// must lie inside the input), and through the bootstrap request and reply decoders. Any
+// violation aborts.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -81,6 +82,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
         } else if (h.code() != talaria::Errc::protocol_error) {
             fail("a bad header failed with something other than protocol_error");
+        }
+    }
+    // The bootstrap (sockaddr mode): a request decodes only whole and re-encodes to itself; a
+    // reply's worker address lies inside it and the reply re-encodes to itself.
+    if (auto r = decode_boot_request(in)) {
+        if (in.size() != kBootRequestSize || *r == 0) fail("a bad bootstrap request decoded");
+        std::byte again[kBootRequestSize];
+        encode_boot_request(*r, again);
+        if (std::memcmp(again, in.data(), kBootRequestSize) != 0)
+            fail("a decoded bootstrap request does not re-encode to the same bytes");
+    }
+    if (in.size() >= kBootReplyFixedSize) {
+        auto fixed = decode_boot_reply_fixed(in.first(kBootReplyFixedSize));
+        auto whole = decode_boot_reply(in);
+        if (whole && !fixed) fail("a bootstrap reply decoded whole but not its fixed part");
+        if (whole) {
+            if (whole->instance == 0) fail("bootstrap reply instance 0");
+            check_worker(in, whole->worker, "bootstrap reply worker size or position");
+            if (whole->worker.size() != *fixed) fail("bootstrap reply length disagrees");
+            std::vector<std::byte> re(boot_reply_size(whole->worker.size()));
+            encode_boot_reply(*whole, re.data());
+            if (re.size() != in.size() || std::memcmp(re.data(), in.data(), re.size()) != 0)
+                fail("a decoded bootstrap reply does not re-encode to the same bytes");
         }
     }
     if (auto a = decode_addr_blob(in)) {

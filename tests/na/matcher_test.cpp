@@ -298,5 +298,38 @@ TEST(CopyMessage, RefusesWhatDoesNotFit) {
     EXPECT_EQ(copy_message(nullptr, 0, nullptr, 0), Errc::ok);
 }
 
+TEST_F(MatcherTest, QueuedUnexpectedMessagesAreBoundedPerContextAndPerSender) {
+    // ofi and ucx cannot hold a sender back: what they queue through queue_copy is bounded, by
+    // count and bytes for all senders, and per sender through its charge, so that one peer's
+    // flood drops its own messages and leaves room for the others'.
+    std::atomic<std::size_t> from_a{0}, from_b{0};
+    const std::string big(64 << 10, 'u');
+    std::size_t n = 0;
+    while (m.queue_copy(false, 0, a, 1, bytes(big), &from_a) == Queued::ok)
+        ++n;
+    EXPECT_EQ(n, kMaxQueuedUnexpectedPerPeer / big.size());
+    EXPECT_EQ(from_a.load(), n * big.size());
+    EXPECT_EQ(m.queue_copy(false, 0, a, 1, bytes(big), &from_a), Queued::peer_full);
+    EXPECT_NE(m.refusal(Queued::peer_full).find("for one peer"), std::string::npos)
+        << m.refusal(Queued::peer_full);
+    // Another sender still gets in; a receive taking one of a's makes room for a again.
+    EXPECT_EQ(m.queue_copy(false, 0, b, 1, bytes(big), &from_b), Queued::ok);
+    QueuedMsg* q = m.post_unexpected(0, op(0, OpType::recv_unexpected));
+    ASSERT_NE(q, nullptr);
+    m.msg_free(q);
+    EXPECT_EQ(m.queue_copy(false, 0, a, 1, bytes(big), &from_a), Queued::ok);
+    m.clear();
+    EXPECT_EQ(from_a.load(), 0u);
+    EXPECT_EQ(from_b.load(), 0u);
+    // By count, whoever sends: past kMaxQueuedUnexpected the newest are refused.
+    for (std::size_t i = 0; i < kMaxQueuedUnexpected; ++i)
+        ASSERT_EQ(m.queue_copy(false, 0, b, Tag(i), bytes("x")), Queued::ok) << i;
+    EXPECT_EQ(m.queue_copy(false, 0, b, 1, bytes("x")), Queued::unexpected_full);
+    EXPECT_NE(m.refusal(Queued::unexpected_full).find("8192 unexpected messages"),
+              std::string::npos)
+        << m.refusal(Queued::unexpected_full);
+    EXPECT_EQ(m.unexpected_count(), kMaxQueuedUnexpected);
+}
+
 }  // namespace
 }  // namespace talaria::na

@@ -70,11 +70,30 @@ inline std::string early_expected_refusal(std::size_t count, std::size_t bytes) 
         count, bytes);
 }
 
+/// Unexpected messages one matcher keeps at most, through queue_copy(), for the transports that
+/// cannot hold a sender back (ofi, ucx: the provider hands over what arrived; tcp and sm stop
+/// reading a sender long before these): beyond them the newest is dropped and logged. With a
+/// charge (the sender's count of queued bytes), one sender keeps at most
+/// kMaxQueuedUnexpectedPerPeer, so that a flood from one peer drops its own messages, not its
+/// neighbours'.
+inline constexpr std::size_t kMaxQueuedUnexpected = 8192;
+inline constexpr std::size_t kMaxQueuedUnexpectedBytes = std::size_t{64} << 20;
+inline constexpr std::size_t kMaxQueuedUnexpectedPerPeer = std::size_t{16} << 20;
+
+/// The tail of a log line for refusals that Matcher::log_refusal() kept out of the log.
+inline std::string unlogged_note(std::size_t unlogged) {
+    return unlogged == 0
+               ? std::string()
+               : fmt::format(" ({} more refused since the last such line, not logged)", unlogged);
+}
+
 /// What became of a message no receive waited for.
 enum class Queued : uint8_t {
-    ok,          ///< queued until a receive takes it
-    no_context,  ///< unexpected, and no context here takes unexpected messages: dropped
-    full,        ///< expected, and kMaxEarlyExpected(Bytes) are reached: dropped
+    ok,               ///< queued until a receive takes it
+    no_context,       ///< unexpected, and no context here takes unexpected messages: dropped
+    full,             ///< expected, and kMaxEarlyExpected(Bytes) are reached: dropped
+    unexpected_full,  ///< unexpected, and kMaxQueuedUnexpected(Bytes) are reached: dropped
+    peer_full,        ///< unexpected, and its sender's kMaxQueuedUnexpectedPerPeer: dropped
 };
 
 /// OpT: a transport's op type, derived from Op (its ListHook<> links it on one list here), with
@@ -194,13 +213,28 @@ class Matcher {
         return nullptr;
     }
     /// Queue a copy of a message no receive waits for (match() returned nullptr), unless it
-    /// is refused (no_context, full: then nothing is copied and the caller logs why, with
-    /// refusal()).
+    /// is refused (no_context, full, unexpected_full, peer_full: then nothing is copied and the
+    /// caller logs why, with refusal()). An unexpected message is charged to `charge` (its
+    /// sender's queued bytes, paid back when it leaves) when one is given.
     Queued queue_copy(bool expected, uint8_t ctx_id, const Addr& source, Tag tag,
-                      std::span<const std::byte> data) {
+                      std::span<const std::byte> data, std::atomic<std::size_t>* charge = nullptr) {
         if (!expected && route(ctx_id) == nullptr) return Queued::no_context;
         if (expected && early_full(data.size())) return Queued::full;
+        if (!expected) {
+            if (unexpected_count_ >= kMaxQueuedUnexpected ||
+                unexpected_bytes_ + data.size() > kMaxQueuedUnexpectedBytes)
+                return Queued::unexpected_full;
+            if (charge && charge->load(std::memory_order_relaxed) + data.size() >
+                              kMaxQueuedUnexpectedPerPeer) {
+                peer_refused_bytes_ = charge->load(std::memory_order_relaxed);
+                return Queued::peer_full;
+            }
+        }
         MsgT* m = msg_alloc();
+        if (!expected && charge) {
+            m->charge = charge;
+            charge->fetch_add(data.size(), std::memory_order_relaxed);
+        }
         m->source = source;
         m->tag = tag;
         m->context_id = ctx_id;
@@ -240,9 +274,34 @@ class Matcher {
         *how = queue(m);
         return nullptr;
     }
+    /// Whether to log a refused message now: the first of a burst at once, then at most one line
+    /// a second, `*unlogged` saying how many were refused since the last line (a peer flooding
+    /// what nobody receives must not flood the log too).
+    bool log_refusal(std::size_t* unlogged) noexcept {
+        const auto now = Clock::now();
+        if (refusals_logged_ != TimePoint{} && now - refusals_logged_ < std::chrono::seconds(1)) {
+            ++refusals_unlogged_;
+            return false;
+        }
+        *unlogged = refusals_unlogged_;
+        refusals_unlogged_ = 0;
+        refusals_logged_ = now;
+        return true;
+    }
     /// Why a message was refused, for the transport's log line.
     [[nodiscard]] std::string refusal(Queued q) const {
         if (q == Queued::no_context) return "no context here takes unexpected messages";
+        if (q == Queued::unexpected_full)
+            return fmt::format(
+                "{} unexpected messages ({} bytes) already wait for receives here, the most kept "
+                "(post receives faster, or bound what callers send: core::Options::peer_window, "
+                "max_requests)",
+                unexpected_count_, unexpected_bytes_);
+        if (q == Queued::peer_full)
+            return fmt::format(
+                "that sender's unexpected messages already hold {} bytes here, the most kept for "
+                "one peer (it sends faster than receives are posted)",
+                peer_refused_bytes_);
         return early_expected_refusal(early_expected_.size(), early_bytes_);
     }
     /// Hand early message `m` (from post_unexpected, post_expected or match_or_queue) to
@@ -328,6 +387,9 @@ class Matcher {
     IntrusiveList<OpT> expected_;         ///< expected receives waiting, in post order
     IntrusiveList<MsgT> early_expected_;  ///< expected messages waiting, in arrival order
     std::size_t early_bytes_ = 0;         ///< their payload bytes (kMaxEarlyExpectedBytes)
+    std::size_t peer_refused_bytes_ = 0;  ///< the charge of the last peer_full, for refusal()
+    TimePoint refusals_logged_{};         ///< log_refusal(): the last line
+    std::size_t refusals_unlogged_ = 0;   ///< refused since then
     std::size_t unexpected_count_ = 0;    ///< messages on the slots' msgs lists
     std::size_t unexpected_bytes_ = 0;    ///< their payload bytes
     std::vector<MsgT*> free_;

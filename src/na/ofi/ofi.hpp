@@ -105,8 +105,11 @@ struct OfiAddr final : AddrImpl {
     int pid = 0;      ///< shm: the owner's pid (from the name), 0 if unknown
     std::atomic<uint64_t> instance{0};  ///< the peer's endpoint instance, once heard from
     std::atomic<bool> dead{false};      ///< declared dead: every op on it fails (disconnected)
-    std::vector<std::string> aliases;   ///< other lookup strings interned for it
-    bool raw_alias = false;             ///< interned under "\x01" + raw
+    /// Bytes of its unexpected messages queued for receives on any of our contexts
+    /// (QueuedMsg::charge; kMaxQueuedUnexpectedPerPeer).
+    std::atomic<std::size_t> unexpected_bytes{0};
+    std::vector<std::string> aliases;  ///< other lookup strings interned for it
+    bool raw_alias = false;            ///< interned under "\x01" + raw
 
   private:
     OfiTransport* owner_;

@@ -1021,12 +1021,15 @@ void OfiTransport::on_message(OfiLane& l, std::span<const std::byte> msg) {
     bool no_context = false;
     OfiOp* op = l.match.match(expected, h->context_id, src, h->tag, &no_context);
     if (!op) {
-        Queued q = l.match.queue_copy(expected, h->context_id, src, h->tag, payload);
-        if (q != Queued::ok)
+        Queued q = l.match.queue_copy(expected, h->context_id, src, h->tag, payload,
+                                      &ofi_addr(src)->unexpected_bytes);
+        std::size_t unlogged = 0;
+        if (q != Queued::ok && l.match.log_refusal(&unlogged))
             TALARIA_LOG(ofi, warn,
-                        "{}: dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
+                        "{}: dropping a {}-byte {} message (tag {}) from {} for context {}: {}{}",
                         scheme_, payload.size(), expected ? "expected" : "unexpected", h->tag,
-                        ofi_addr(src)->str, h->context_id, l.match.refusal(q));
+                        ofi_addr(src)->str, h->context_id, l.match.refusal(q),
+                        unlogged_note(unlogged));
         return;
     }
     Errc st = copy_message(payload.data(), payload.size(), op->buf, op->cap);

@@ -130,6 +130,9 @@ struct UcxAddr final : AddrImpl {
     bool anonymous = false;              ///< a client that does not listen ("~<instance>")
     std::atomic<uint64_t> instance{0};   ///< from its hello (0: not heard from yet)
     std::atomic<bool> dead{false};       ///< declared dead: its ops fail with dead_status
+    /// Bytes of its unexpected messages queued for receives on any of our contexts
+    /// (QueuedMsg::charge; kMaxQueuedUnexpectedPerPeer).
+    std::atomic<std::size_t> unexpected_bytes{0};
 
     /// Where one of its contexts is served: by its context (worker) `lane`, at `worker`, for
     /// unexpected messages or for expected ones (they differ when the context takes no

@@ -733,13 +733,15 @@ void UcxTransport::deliver_locked(Lane& l, const MsgHeader& h, Stream& s, const 
         complete_recv(op, s.source, h.context_id, h.tag, len, st);
         return;
     }
-    Queued q = l.match.queue_copy(expected, h.context_id, s.source, h.tag, {data, len});
-    if (q != Queued::ok)
+    Queued q = l.match.queue_copy(expected, h.context_id, s.source, h.tag, {data, len},
+                                  &s.peer->unexpected_bytes);
+    std::size_t unlogged = 0;
+    if (q != Queued::ok && l.match.log_refusal(&unlogged))
         TALARIA_LOG(ucx, warn,
                     "{}: dropping a {}-byte {} message (tag {}) from {} for context {} (on context "
-                    "{}): {}",
+                    "{}): {}{}",
                     scheme_, len, expected ? "expected" : "unexpected", h.tag, s.peer->str,
-                    h.context_id, l.id, l.match.refusal(q));
+                    h.context_id, l.id, l.match.refusal(q), unlogged_note(unlogged));
 }
 
 void UcxTransport::on_locate_locked(Lane& l, const MsgHeader& h, Stream& s,
