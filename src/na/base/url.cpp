@@ -31,6 +31,30 @@ void SockAddr::set_port(uint16_t port) noexcept {
         reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port = htons(port);
 }
 
+SockAddr advertised(const SockAddr& bound) {
+    const bool wildcard =
+        bound.family() == AF_INET
+            ? reinterpret_cast<const sockaddr_in*>(&bound.storage)->sin_addr.s_addr ==
+                  htonl(INADDR_ANY)
+            : IN6_IS_ADDR_UNSPECIFIED(
+                  &reinterpret_cast<const sockaddr_in6*>(&bound.storage)->sin6_addr);
+    if (!wildcard) return bound;
+    SockAddr lo;
+    if (bound.family() == AF_INET) {
+        auto* a = reinterpret_cast<sockaddr_in*>(&lo.storage);
+        a->sin_family = AF_INET;
+        a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        lo.len = sizeof(sockaddr_in);
+    } else {
+        auto* a = reinterpret_cast<sockaddr_in6*>(&lo.storage);
+        a->sin6_family = AF_INET6;
+        a->sin6_addr = in6addr_loopback;
+        lo.len = sizeof(sockaddr_in6);
+    }
+    lo.set_port(bound.port());
+    return lo;
+}
+
 std::string SockAddr::to_string() const {
     char buf[INET6_ADDRSTRLEN] = {};
     if (family() == AF_INET) {

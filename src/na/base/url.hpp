@@ -35,6 +35,11 @@ struct SockAddr {
     [[nodiscard]] sockaddr* sa() noexcept { return reinterpret_cast<sockaddr*>(&storage); }
 };
 
+/// The address a listener bound to `bound` tells peers: the loopback address of its family
+/// (with the bound port) for a wildcard bind, else `bound` itself (pass an explicit host to be
+/// reachable from other machines).
+SockAddr advertised(const SockAddr& bound);
+
 /// Parse "host:port", "[v6]:port", "host" (port 0) or "" (0.0.0.0:0 when `empty_ok`).
 /// Numeric hosts parse directly; names ("localhost") resolve with getaddrinfo.
 Result<SockAddr> parse_host_port(std::string_view s, bool empty_ok = true);

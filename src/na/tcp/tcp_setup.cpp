@@ -86,13 +86,6 @@ void tune_socket(int fd) {
     ::setsockopt(fd, IPPROTO_TCP, TCP_SYNCNT, &syncnt, sizeof syncnt);
 }
 
-bool is_wildcard(const SockAddr& sa) {
-    if (sa.family() == AF_INET)
-        return reinterpret_cast<const sockaddr_in*>(&sa.storage)->sin_addr.s_addr ==
-               htonl(INADDR_ANY);
-    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&sa.storage)->sin6_addr);
-}
-
 }  // namespace
 
 // --- contexts -----------------------------------------------------------------------------------
@@ -287,14 +280,8 @@ Result<void> TcpTransport::init(std::string_view rest) {
     bound.len = sizeof bound.storage;
     if (::getsockname(listen_fd_, bound.sa(), &bound.len) < 0)
         return errno_error("tcp: getsockname", errno);
-    // Advertise a connectable host: a wildcard bind is advertised as the loopback address (pass
-    // an explicit host to be reachable from other machines).
-    SockAddr adv = bound;
-    if (is_wildcard(bound)) {
-        TALARIA_TRY(lo, parse_host_port(bound.family() == AF_INET ? "127.0.0.1" : "[::1]", true));
-        adv = lo;
-        adv.set_port(bound.port());
-    }
+    // Advertise a connectable host (a wildcard bind as the loopback address).
+    const SockAddr adv = advertised(bound);
     auto* self = new TcpAddr(this, &addrs_, std::string(kScheme) + adv.to_string(), false);
     self->sa = adv;
     self_ = Addr(self);

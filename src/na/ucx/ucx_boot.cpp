@@ -37,13 +37,6 @@ struct FdGuard {
     }
 };
 
-bool is_wildcard(const SockAddr& sa) {
-    if (sa.family() == AF_INET)
-        return reinterpret_cast<const sockaddr_in*>(&sa.storage)->sin_addr.s_addr ==
-               htonl(INADDR_ANY);
-    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&sa.storage)->sin6_addr);
-}
-
 }  // namespace
 
 Duration UcxTransport::boot_timeout() const noexcept {
@@ -78,14 +71,8 @@ Result<void> UcxTransport::init_bootstrap() {
     if (boot_epfd_ < 0)
         return Error(Errc::io_error, fmt::format("{}: the bootstrap listener's epoll set: {}",
                                                  scheme_, std::strerror(errno)));
-    // A wildcard bind is advertised as the loopback address (pass an explicit host to be
-    // reachable from other machines), as for tcp.
-    SockAddr adv = bound;
-    if (is_wildcard(bound)) {
-        TALARIA_TRY(lo, parse_host_port(bound.family() == AF_INET ? "127.0.0.1" : "[::1]", true));
-        adv = lo;
-        adv.set_port(bound.port());
-    }
+    // A wildcard bind is advertised as the loopback address, as for tcp.
+    const SockAddr adv = advertised(bound);
     {
         std::lock_guard gi(intern_mu_);
         Addr self = intern_locked(adv.to_string());
