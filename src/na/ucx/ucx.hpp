@@ -162,20 +162,15 @@ struct BootConn {
     std::byte buf[kBootRequestSize]{};
 };
 
-/// One UCP endpoint of a lane: outgoing (to one context's worker of a peer: `peer_lane`), or
-/// accepted from a listener's connection request (lane 0; receive only, watched for failure).
-/// Guarded by its lane's lock.
+/// One UCP endpoint of a lane, to one context's worker of a peer (`peer_lane`), made by worker
+/// address. Guarded by its lane's lock.
 struct Ep : ListHook<EpTag> {
     ucp_ep_h h = nullptr;
     Lane* lane = nullptr;
-    uint64_t serial = 0;    ///< unique per transport (remote keys are unpacked per endpoint)
-    TimePoint created{};    ///< when ucp_ep_create returned (blocking waits spin while it is new)
-    Addr peer;              ///< outgoing: at creation; accepted: from the peer's hello
-    uint8_t peer_lane = 0;  ///< outgoing: the peer's context whose worker it reaches
-    bool outgoing = false;
-    /// Accepted, and its peer's hello came on it: it carries our messages back to that peer's
-    /// context (`peer_lane`), as an outgoing one would.
-    bool answering = false;
+    uint64_t serial = 0;  ///< unique per transport (remote keys are unpacked per endpoint)
+    TimePoint created{};  ///< when ucp_ep_create returned (blocking waits spin while it is new)
+    Addr peer;
+    uint8_t peer_lane = 0;  ///< the peer's context whose worker it reaches
     /// A hello from the peer context at its other end reached this lane: the connection is up
     /// (until then, a blocked progress() does not sleep long: see progress()).
     bool established = false;
@@ -400,8 +395,7 @@ class UcxTransport final : public Transport {
     /// is empty, at the peer's own address (its context 0: listener or worker).
     Result<Ep*> ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane,
                              std::span<const std::byte> worker);
-    Result<Ep*> ep_create_locked(Lane& l, const ucp_ep_params_t& params, bool outgoing,
-                                 const std::string& who);
+    Result<Ep*> ep_create_locked(Lane& l, const ucp_ep_params_t& params, const std::string& who);
     void send_hello_locked(Lane& l, Ep* e);
     void close_ep_locked(Lane& l, Ep* e);
     void reap_closed_locked(Lane& l);
@@ -464,9 +458,8 @@ class UcxTransport final : public Transport {
     void drop_held_locked(Lane& l, uint64_t instance) noexcept;
     /// Deliver held messages whose sender is known and whose turn it is.
     void release_held_locked(Lane& l);
-    /// A hello, which came on our endpoint `via` when it is one we accepted.
-    void on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload,
-                         ucp_ep_h via);
+    /// A hello: who sends on that stream, and where its context is served.
+    void on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload);
     void on_locate_locked(Lane& l, const MsgHeader& h, Stream& s,
                           std::span<const std::byte> payload);
     void on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
@@ -510,8 +503,7 @@ class UcxTransport final : public Transport {
     std::vector<BootConn> boot_conns_;
     bool boot_paused_ = false;
     TimePoint boot_paused_until_{};
-    std::atomic<uint64_t> boot_answered_{0};
-    std::atomic<uint64_t> boot_refused_{0};
+    std::vector<std::byte> boot_reply_;  ///< the one answer: lane 0's worker, our instance
     /// When the bootstrap thread last answered (steady-clock ns, 0: never). The client's UCX
     /// wire-up follows over a connection UCX accepts from its async thread without always
     /// signalling lane 0's worker fd: lane 0 does not sleep long while it is recent.

@@ -79,9 +79,13 @@ Result<void> UcxTransport::init_bootstrap() {
         self.as<UcxAddr>()->sa = adv;
         self_ = self;
     }
-    // A thread of its own answers the port (lane 0's worker address and our instance are all
-    // it reads, both fixed by now): a client's bootstrap then never waits for this process's
-    // progress, which may be the very thread that is waiting (two engines in one thread).
+    // A thread of its own answers the port (the answer, made here once, and lane 0's worker,
+    // which it wakes, are all it reads): a client's bootstrap then never waits for this
+    // process's progress, which may be the very thread that is waiting (two engines in one
+    // thread).
+    const std::vector<std::byte>& worker = lane_at(0)->worker_addr;
+    boot_reply_.resize(boot_reply_size(worker.size()));
+    encode_boot_reply(BootReply{instance_, worker}, boot_reply_.data());
     boot_pid_ = ::getpid();
     try {
         boot_thread_ = std::thread([this] { boot_run(); });
@@ -138,7 +142,6 @@ void UcxTransport::boot_accept(TimePoint now) {
             // crowd of silent connections cannot lock out the next good client.
             ::close(boot_conns_.front().fd);
             boot_conns_.erase(boot_conns_.begin());
-            boot_refused_.fetch_add(1, std::memory_order_relaxed);
         }
         epoll_event ev{};
         ev.events = EPOLLIN;
@@ -154,30 +157,23 @@ void UcxTransport::boot_accept(TimePoint now) {
 bool UcxTransport::boot_read(BootConn& c) {
     ssize_t n = ::recv(c.fd, c.buf + c.got, sizeof c.buf - c.got, MSG_DONTWAIT);
     if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-    if (n == 0) {  // closed before a whole request
-        boot_refused_.fetch_add(1, std::memory_order_relaxed);
-        return true;
-    }
+    if (n == 0) return true;  // closed before a whole request
     c.got += std::size_t(n);
     if (c.got < sizeof c.buf) return false;
     auto req = decode_boot_request(std::span<const std::byte>(c.buf, sizeof c.buf));
     if (!req) {
-        boot_refused_.fetch_add(1, std::memory_order_relaxed);
         TALARIA_LOG(ucx, debug, "{}: closing a bootstrap connection: {}", scheme_,
                     req.error().describe());
         return true;
     }
-    const std::vector<std::byte>& worker = lane_at(0)->worker_addr;  // immutable once made
-    std::vector<std::byte> reply(boot_reply_size(worker.size()));
-    encode_boot_reply(BootReply{instance_, worker}, reply.data());
     // A fresh connection's send buffer takes a reply of a few hundred bytes whole; one that
     // does not is closed (the client's bootstrap then fails and a later send tries again).
-    ssize_t w = ::send(c.fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (w != ssize_t(reply.size()))
+    ssize_t w = ::send(c.fd, boot_reply_.data(), boot_reply_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w != ssize_t(boot_reply_.size())) {
         TALARIA_LOG(ucx, debug, "{}: bootstrap reply to instance {:016x} not sent whole", scheme_,
                     *req);
-    else
-        boot_answered_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
     // Lane 0 may sleep with no endpoint at all: wake it, and keep it from sleeping long while
     // the client's wire-up comes (progress(), try_wait_for()). ucp_worker_signal may be called
     // from any thread.
@@ -192,7 +188,6 @@ void UcxTransport::boot_run() noexcept {
         std::erase_if(boot_conns_, [&](const BootConn& c) {
             if (now < c.deadline) return false;
             ::close(c.fd);
-            boot_refused_.fetch_add(1, std::memory_order_relaxed);
             return true;
         });
         if (boot_paused_ && now >= boot_paused_until_) {
@@ -205,10 +200,8 @@ void UcxTransport::boot_run() noexcept {
                 boot_paused_until_ = now + kBootPause;
         }
         // Sleep until something arrives, the oldest connection's deadline, or the pause's end.
-        TimePoint wake = TimePoint::max();
-        if (!boot_conns_.empty()) wake = boot_conns_.front().deadline;
-        for (const BootConn& c : boot_conns_)
-            wake = std::min(wake, c.deadline);
+        // (Connections are in deadline order: each gets the same time from when it came.)
+        TimePoint wake = boot_conns_.empty() ? TimePoint::max() : boot_conns_.front().deadline;
         if (boot_paused_) wake = std::min(wake, boot_paused_until_);
         epoll_event evs[16];
         int n = ::epoll_wait(boot_epfd_, evs, 16, ms_until(wake));

@@ -191,8 +191,7 @@ void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx
 
 Result<Ep*> UcxTransport::any_ep_locked(Lane& l, UcxAddr* pa) {
     for (Ep& e : l.eps)
-        if ((e.outgoing || e.answering) && !e.failed && !e.closing && ucx_addr(e.peer) == pa)
-            return &e;
+        if (!e.failed && !e.closing && ucx_addr(e.peer) == pa) return &e;
     if (pa == self_.as<UcxAddr>()) return ep_to_locked(l, pa, l.id, l.worker_addr);
     int lane = -1;
     std::vector<std::byte> worker;
@@ -805,8 +804,8 @@ void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
     route_ready_locked(l, *r, *e);
 }
 
-void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const std::byte> payload,
-                                   ucp_ep_h via) {
+void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h,
+                                   std::span<const std::byte> payload) {
     auto hello = decode_hello(payload);
     if (!hello) {
         TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, hello.error().describe());
@@ -867,25 +866,11 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h, std::span<const 
     s.rx_next = 0;
     s.bye = false;
     l.last_stream = nullptr;
-    // Endpoints lane 0 accepted from its connection requests (they carry its instance as
-    // client id): bind them to the peer, so that their failure is its failure. The one this
-    // hello came on answers that context of the peer (no second connection between the two
-    // workers: UCX 1.13 aborts tearing down a worker whose endpoint to a peer's worker crossed
-    // one from it mid-handshake).
-    for (Ep& e : l.eps) {
-        if (e.closing || e.failed) continue;
-        if (e.outgoing) {
-            if (ucx_addr(e.peer) == pa && e.peer_lane == h.source_ctx) e.established = true;
-            continue;
-        }
-        if (via != nullptr && e.h == via) {
-            e.peer = peer;
-            e.peer_lane = h.source_ctx;
-            e.answering = true;
+    // Our endpoint to the context that said hello is up.
+    for (Ep& e : l.eps)
+        if (!e.closing && !e.failed && ucx_addr(e.peer) == pa && e.peer_lane == h.source_ctx)
             e.established = true;
-        }
-    }
-    // Connect back at once (unless it came on an endpoint we accepted), so that replies need no
+    // Connect back at once (unless we have an endpoint to that context), so that replies need no
     // connection set-up and a dead peer is noticed (by the endpoint's keepalive) while we
     // wait for it.
     if (pa != self_.as<UcxAddr>() && !pa->dead.load(std::memory_order_acquire)) {
@@ -1005,9 +990,7 @@ ucs_status_t UcxTransport::on_am(Lane& l, const void* header, std::size_t header
     }
     auto payload = std::span<const std::byte>(static_cast<const std::byte*>(data), len);
     if (h->kind == MsgKind::hello) {
-        ucp_ep_h via =
-            (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-        on_hello_locked(l, *h, payload, via);
+        on_hello_locked(l, *h, payload);
         return UCS_OK;
     }
     if (len > kMaxMessageSize) {
@@ -1257,7 +1240,7 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
             std::lock_guard g(l.mu);
             st = ucp_worker_arm(l.worker);
             if (!l.eps.empty() || !l.closing_eps.empty()) cap = kKeepaliveTickMs;
-            // UCX drives connection set-up (sockaddr CM, wire-up) partly from its async thread
+            // UCX drives connection set-up (wire-up) partly from its async thread
             // without always signalling the worker's fd: while the peer context at the other
             // end of an endpoint has not said hello to this lane yet, do not sleep (for the
             // endpoint's first kConnectSpin; in short naps after that, so that a peer that
@@ -1266,27 +1249,27 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
             // is new (its own wire-up may need UCX's async progress), and one that never hears
             // from its peer context stops costing wake-ups after kConnectGiveUp.
             auto now = Clock::now();
+            // Something still wiring up: do not sleep (spin), or nap kConnectNapMs at most.
+            auto hold = [&cap](bool spin) {
+                cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, spin ? 0 : kConnectNapMs);
+            };
             for (const Ep& e : l.eps) {
                 auto age = now - e.created;
                 if (age > kConnectGiveUp || (e.established && age >= kConnectSpin)) continue;
-                int want = e.established || age >= kConnectSpin ? kConnectNapMs : 0;
-                cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, want);
+                hold(!e.established && age < kConnectSpin);
                 if (cap == 0) break;
             }
             // A client our bootstrap thread just answered: its wire-up, the same way.
             if (l.id == 0)
                 if (int64_t at = boot_answered_at_.load(std::memory_order_acquire); at != 0) {
                     auto age = now - TimePoint(Duration(at));
-                    if (age <= kConnectGiveUp)
-                        cap = std::min(cap < 0 ? kKeepaliveTickMs : cap,
-                                       age < kConnectSpin ? 0 : kConnectNapMs);
+                    if (age <= kConnectGiveUp) hold(age < kConnectSpin);
                 }
             // A route waiting for a locate answer: the same, and at least once per retry.
             if (l.locating > 0)
                 for (const auto& [key, r] : l.routes) {
                     if (r.ep) continue;
-                    bool fresh = now - r.since < kConnectSpin;
-                    cap = std::min(cap < 0 ? kKeepaliveTickMs : cap, fresh ? 0 : kConnectNapMs);
+                    hold(now - r.since < kConnectSpin);
                     if (cap == 0) break;
                 }
         }

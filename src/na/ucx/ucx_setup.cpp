@@ -704,12 +704,11 @@ Result<Addr> UcxTransport::addr_deserialize(std::span<const std::byte> in) {
 
 // --- endpoints ----------------------------------------------------------------------------------
 
-Result<Ep*> UcxTransport::ep_create_locked(Lane& l, const ucp_ep_params_t& params_in, bool outgoing,
+Result<Ep*> UcxTransport::ep_create_locked(Lane& l, const ucp_ep_params_t& params_in,
                                            const std::string& who) {
     auto* e = new Ep;
     e->lane = &l;
     e->serial = ep_serial_.fetch_add(1, std::memory_order_relaxed) + 1;
-    e->outgoing = outgoing;
     ucp_ep_params_t params = params_in;
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
@@ -741,9 +740,7 @@ void UcxTransport::send_hello_locked(Lane& l, Ep* e) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = &hello_sent_cb;
-    // REPLY: the receiver learns which of its endpoints it came on (an accepted one then
-    // answers on it instead of connecting back).
-    p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
     ucs_status_ptr_t r = ucp_am_send_nbx(e->h, kAmId, e->hello_hdr, kMsgHeaderSize, e->hello.data(),
                                          e->hello.size(), &p);
     if (UCS_PTR_IS_ERR(r))
@@ -754,8 +751,7 @@ void UcxTransport::send_hello_locked(Lane& l, Ep* e) {
 
 Ep* UcxTransport::find_ep_locked(Lane& l, const UcxAddr* peer, uint8_t peer_lane) {
     for (Ep& e : l.eps)
-        if ((e.outgoing || e.answering) && !e.failed && !e.closing && e.peer_lane == peer_lane &&
-            ucx_addr(e.peer) == peer)
+        if (!e.failed && !e.closing && e.peer_lane == peer_lane && ucx_addr(e.peer) == peer)
             return &e;
     return nullptr;
 }
@@ -785,8 +781,8 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         params.address = reinterpret_cast<const ucp_address_t*>(peer->worker_addr.data());
     }
-    TALARIA_TRY(e, ep_create_locked(l, params, true,
-                                    fmt::format("context {} of {}", peer_lane, peer->str)));
+    TALARIA_TRY(e,
+                ep_create_locked(l, params, fmt::format("context {} of {}", peer_lane, peer->str)));
     e->peer = Addr(peer);
     e->peer_lane = peer_lane;
     // That peer context already said hello to this lane (we are connecting back to it): its
