@@ -224,11 +224,9 @@ class Matcher {
             if (unexpected_count_ >= kMaxQueuedUnexpected ||
                 unexpected_bytes_ + data.size() > kMaxQueuedUnexpectedBytes)
                 return Queued::unexpected_full;
-            if (charge && charge->load(std::memory_order_relaxed) + data.size() >
-                              kMaxQueuedUnexpectedPerPeer) {
-                peer_refused_bytes_ = charge->load(std::memory_order_relaxed);
+            if (charge &&
+                charge->load(std::memory_order_relaxed) + data.size() > kMaxQueuedUnexpectedPerPeer)
                 return Queued::peer_full;
-            }
         }
         MsgT* m = msg_alloc();
         if (!expected && charge) {
@@ -299,9 +297,9 @@ class Matcher {
                 unexpected_count_, unexpected_bytes_);
         if (q == Queued::peer_full)
             return fmt::format(
-                "that sender's unexpected messages already hold {} bytes here, the most kept for "
-                "one peer (it sends faster than receives are posted)",
-                peer_refused_bytes_);
+                "that sender's unexpected messages waiting here would pass {} MiB, the most kept "
+                "for one peer (it sends faster than receives are posted)",
+                kMaxQueuedUnexpectedPerPeer >> 20);
         return early_expected_refusal(early_expected_.size(), early_bytes_);
     }
     /// Hand early message `m` (from post_unexpected, post_expected or match_or_queue) to
@@ -387,7 +385,6 @@ class Matcher {
     IntrusiveList<OpT> expected_;         ///< expected receives waiting, in post order
     IntrusiveList<MsgT> early_expected_;  ///< expected messages waiting, in arrival order
     std::size_t early_bytes_ = 0;         ///< their payload bytes (kMaxEarlyExpectedBytes)
-    std::size_t peer_refused_bytes_ = 0;  ///< the charge of the last peer_full, for refusal()
     TimePoint refusals_logged_{};         ///< log_refusal(): the last line
     std::size_t refusals_unlogged_ = 0;   ///< refused since then
     std::size_t unexpected_count_ = 0;    ///< messages on the slots' msgs lists

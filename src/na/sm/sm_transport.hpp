@@ -290,13 +290,13 @@ class SmTransport final : public Transport {
     /// Free the peers nobody uses, when pins_ doubled since the last sweep (amortized O(1)).
     /// Call only where no raw Peer* is held without a reference (public entry points).
     void sweep_peers_locked();
-    /// Connect lane `l` with context `remote_ctx` of `peer` (under setup_mu_, takes l.mu).
     /// May a process with these credentials connect (this user, or Options::sm_group)?
     [[nodiscard]] bool admitted(const ucred& cr) const noexcept;
     /// Is the server we connected to at `path` (credentials `cr`) one of Options::sm_group?
     [[nodiscard]] bool group_server(const ucred& cr, const std::string& path) const noexcept;
     /// Who is admitted, for the message of a refusal.
     [[nodiscard]] std::string who_is_admitted() const;
+    /// Connect lane `l` with context `remote_ctx` of `peer` (under setup_mu_, takes l.mu).
     Result<Conn*> connect_locked(Lane& l, Peer* peer, uint8_t remote_ctx);
     /// The connection lane `l` sends to (peer, remote_ctx) on, connecting if there is none.
     /// Called without l.mu (takes setup_mu_, then l.mu).
