@@ -1606,32 +1606,20 @@ TEST_P(Conformance, UnexpectedFloodIsBoundedPerSender) {
     std::vector<MsgBuffer> out;
     for (int i = 0; i < kN; ++i)
         out.push_back(alloc_buf(*client_.t, size));
-    int sent = 0;
-    for (int i = 0; i < kN; ++i)
-        ASSERT_TRUE(client_.t->post_send_unexpected(
-            *client_.ctx,
-            [&](const Completion& cp) {
-                EXPECT_EQ(cp.status, Errc::ok);
-                ++sent;
-            },
-            out[i], size, srv, 0, 100));
+    SendCount sent;
+    ASSERT_TRUE(
+        post_counted_sends(*client_.t, *client_.ctx, out, size, srv, kN, 100, false, &sent));
     ASSERT_TRUE(progress_until(
-        {client_.ctx.get(), server_.ctx.get()}, [&] { return sent == kN; }, 30s))
-        << sent << " of " << kN << " sends completed";
+        {client_.ctx.get(), server_.ctx.get()}, [&] { return sent.done == kN; }, 30s))
+        << sent.done << " of " << kN << " sends completed";
     // Settle: whatever was still on its way is queued or dropped by now.
     (void)progress_until(
         {client_.ctx.get(), server_.ctx.get()}, [] { return false; }, 300ms);
     MsgBuffer m2 = alloc_buf(*other.t, 8);
-    int sent2 = 0;
-    for (int i = 0; i < 4; ++i)
-        ASSERT_TRUE(other.t->post_send_unexpected(
-            *other.ctx,
-            [&](const Completion& cp) {
-                EXPECT_EQ(cp.status, Errc::ok);
-                ++sent2;
-            },
-            m2, 8, srv2, 0, 7));
-    ASSERT_TRUE(progress_until({other.ctx.get(), server_.ctx.get()}, [&] { return sent2 == 4; }));
+    SendCount sent2;
+    ASSERT_TRUE(post_counted_sends(*other.t, *other.ctx, {&m2, 1}, 8, srv2, 4, 7, false, &sent2));
+    ASSERT_TRUE(
+        progress_until({other.ctx.get(), server_.ctx.get()}, [&] { return sent2.done == 4; }));
     (void)progress_until(
         {other.ctx.get(), server_.ctx.get()}, [] { return false; }, 200ms);
     int flood = 0, others = 0;
@@ -1662,6 +1650,7 @@ TEST_P(Conformance, UnexpectedFloodIsBoundedPerSender) {
                 size, others);
     EXPECT_EQ(flood, kept) << "not the sender's bound of queued bytes";
     EXPECT_EQ(others, 4) << "the flood of one peer dropped another's messages";
+    EXPECT_EQ(sent.failed + sent2.failed, 0) << "sends failed";
 }
 
 INSTANTIATE_TEST_SUITE_P(na, Conformance, ::testing::ValuesIn(transport_kinds()), kind_name);

@@ -182,6 +182,22 @@ void fill_flood(std::span<std::byte> b, int i) {
     std::memcpy(b.data(), &i, sizeof i);
 }
 
+Result<void> post_counted_sends(Transport& t, Context& ctx, std::span<const MsgBuffer> bufs,
+                                std::size_t len, const Addr& dest, int n, Tag tag, bool numbered,
+                                SendCount* count) {
+    for (int i = 0; i < n; ++i) {
+        auto r = t.post_send_unexpected(
+            ctx,
+            [count](const Completion& c) {
+                ++count->done;
+                count->failed += c.status != Errc::ok;
+            },
+            bufs[std::size_t(i) % bufs.size()], len, dest, 0, tag + (numbered ? Tag(i) : 0));
+        if (!r) return r.error();
+    }
+    return ok();
+}
+
 std::string FloodOrder::take(const Completion& c, std::span<const std::byte> buf) {
     int idx = -1;
     if (c.size >= sizeof idx) std::memcpy(&idx, buf.data(), sizeof idx);

@@ -52,6 +52,18 @@ struct FloodOrder {
     std::string take(const Completion& c, std::span<const std::byte> buf);
 };
 
+/// The completions of many sends (post_counted_sends), each expected to succeed.
+struct SendCount {
+    int done = 0;    ///< completed, whatever the status
+    int failed = 0;  ///< of those, not ok
+};
+/// Post `n` unexpected sends from `ctx` of `t` to context 0 of `dest`: send i carries `len`
+/// bytes of `bufs[i % bufs.size()]` and tag `tag`, plus i when `numbered` (a flood). Their
+/// completions count in `*count` (which must outlive them). The first failed post, else ok.
+Result<void> post_counted_sends(Transport& t, Context& ctx, std::span<const MsgBuffer> bufs,
+                                std::size_t len, const Addr& dest, int n, Tag tag, bool numbered,
+                                SendCount* count);
+
 /// Records the completions of one operation.
 struct Recorder {
     int count = 0;

@@ -612,15 +612,9 @@ TEST(SmSelf, UnexpectedBacklogStopsDrainingTheSendersRing) {
         out.push_back(flood.buf(size));
         test::fill_flood({out.back().data(), size}, i);
     }
-    int sent = 0;
-    for (int i = 0; i < kN; ++i)
-        ASSERT_TRUE(flood.t->post_send_unexpected(
-            *flood.ctx,
-            [&](const Completion& cp) {
-                EXPECT_EQ(cp.status, Errc::ok);
-                ++sent;
-            },
-            out[i], size, *dest, 0, test::kFloodTag + Tag(i)));
+    test::SendCount sent;
+    ASSERT_TRUE(test::post_counted_sends(*flood.t, *flood.ctx, out, size, *dest, kN,
+                                         test::kFloodTag, true, &sent));
     auto both = [&](std::initializer_list<Ep*> eps, auto done, std::chrono::milliseconds limit) {
         auto end = Clock::now() + limit;
         while (!done() && Clock::now() < end)
@@ -635,32 +629,26 @@ TEST(SmSelf, UnexpectedBacklogStopsDrainingTheSendersRing) {
     both(
         {&flood, &s},
         [&] {
-            if (sent != last) {
-                last = sent;
+            if (sent.done != last) {
+                last = sent.done;
                 still = Clock::now();
             }
-            return sent == kN || Clock::now() - still > 500ms;
+            return sent.done == kN || Clock::now() - still > 500ms;
         },
         20s);
-    std::printf("%d of %d messages left the sender while nobody received\n", sent, kN);
+    std::printf("%d of %d messages left the sender while nobody received\n", sent.done, kN);
     // The stash's bound per peer, one ringful, and the one that tipped it.
-    EXPECT_LE(std::size_t(sent), sm::kMaxStashedPerPeer + sm::kRingSlots + 1)
+    EXPECT_LE(std::size_t(sent.done), sm::kMaxStashedPerPeer + sm::kRingSlots + 1)
         << "the receiver stashed far past its bound";
 
     auto dest2 = other.t->addr_lookup(s.t->addr_to_string(s.t->addr_self()));
     ASSERT_TRUE(dest2);
     MsgBuffer m2 = other.buf(8);
-    int sent2 = 0;
-    for (int i = 0; i < 4; ++i)
-        ASSERT_TRUE(other.t->post_send_unexpected(
-            *other.ctx,
-            [&](const Completion& cp) {
-                EXPECT_EQ(cp.status, Errc::ok);
-                ++sent2;
-            },
-            m2, 5, *dest2, 0, 7));
+    test::SendCount sent2;
+    ASSERT_TRUE(
+        test::post_counted_sends(*other.t, *other.ctx, {&m2, 1}, 5, *dest2, 4, 7, false, &sent2));
     EXPECT_TRUE(both(
-        {&other, &s, &flood}, [&] { return sent2 == 4; }, 5s))
+        {&other, &s, &flood}, [&] { return sent2.done == 4; }, 5s))
         << "a second peer was held up by the first one's backlog";
 
     MsgBuffer rb = s.buf(size);
@@ -681,10 +669,12 @@ TEST(SmSelf, UnexpectedBacklogStopsDrainingTheSendersRing) {
     ASSERT_TRUE(s.t->post_recv_unexpected(
         *s.ctx, [&](const Completion& cp) { on_recv(cp); }, rb));
     ASSERT_TRUE(both(
-        {&flood, &s, &other}, [&] { return sent == kN && received == kN + 4; }, 60s))
-        << sent << " sent, " << order.next << " of the flood and " << others << " others received";
+        {&flood, &s, &other}, [&] { return sent.done == kN && received == kN + 4; }, 60s))
+        << sent.done << " sent, " << order.next << " of the flood and " << others
+        << " others received";
     EXPECT_EQ(order.next, kN);
     EXPECT_EQ(others, 4);
+    EXPECT_EQ(sent.failed + sent2.failed, 0) << "sends failed";
 }
 
 TEST(SmSelf, SizesAndTooLarge) {

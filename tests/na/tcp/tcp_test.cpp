@@ -924,50 +924,38 @@ TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
         out.push_back(buf_with(*flood.t, "", size));
         test::fill_flood({out.back().data(), size}, i);
     }
-    int sent = 0;
-    for (int i = 0; i < kN; ++i)
-        ASSERT_TRUE(flood.t->post_send_unexpected(
-            *flood.ctx,
-            [&](const Completion& cp) {
-                EXPECT_EQ(cp.status, Errc::ok);
-                ++sent;
-            },
-            out[i], size, dest, 0, test::kFloodTag + Tag(i)));
+    test::SendCount sent;
+    ASSERT_TRUE(test::post_counted_sends(*flood.t, *flood.ctx, out, size, dest, kN, test::kFloodTag,
+                                         true, &sent));
     // Both sides progress (the receiver posts nothing) until the sender stops making headway.
     int last = -1;
     auto still = Clock::now();
     ASSERT_TRUE(drive(
         {flood.ctx.get(), s.ctx.get()},
         [&] {
-            if (sent != last) {
-                last = sent;
+            if (sent.done != last) {
+                last = sent.done;
                 still = Clock::now();
             }
-            return sent == kN || Clock::now() - still > 500ms;
+            return sent.done == kN || Clock::now() - still > 500ms;
         },
         20s));
     // What left the sender: the receiver's backlog (at most the bound per peer and one more
     // message) and the two kernels' socket buffers (a few MiB each on loopback).
     const std::size_t slack = std::size_t{24} << 20;
-    std::printf("%d of %d messages of %zu bytes left the sender while nobody received\n", sent, kN,
-                size);
-    EXPECT_LT(std::size_t(sent) * size, tcp::kMaxUnexpectedPerPeer + slack)
+    std::printf("%d of %d messages of %zu bytes left the sender while nobody received\n", sent.done,
+                kN, size);
+    EXPECT_LT(std::size_t(sent.done) * size, tcp::kMaxUnexpectedPerPeer + slack)
         << "the receiver read far past its backlog bound";
 
     // Another peer is not held up by the first one's backlog.
     Addr dest2 = lookup(*other.t, s.self());
     auto m2 = buf_with(*other.t, "other", 64);
-    int sent2 = 0;
-    for (int i = 0; i < 4; ++i)
-        ASSERT_TRUE(other.t->post_send_unexpected(
-            *other.ctx,
-            [&](const Completion& cp) {
-                EXPECT_EQ(cp.status, Errc::ok);
-                ++sent2;
-            },
-            m2, 5, dest2, 0, 7));
+    test::SendCount sent2;
+    ASSERT_TRUE(
+        test::post_counted_sends(*other.t, *other.ctx, {&m2, 1}, 5, dest2, 4, 7, false, &sent2));
     EXPECT_TRUE(drive(
-        {other.ctx.get(), s.ctx.get(), flood.ctx.get()}, [&] { return sent2 == 4; }, 5s))
+        {other.ctx.get(), s.ctx.get(), flood.ctx.get()}, [&] { return sent2.done == 4; }, 5s))
         << "a second peer was held up by the first one's backlog";
 
     // Receive everything: the flood whole and in order, and the other peer's four.
@@ -990,10 +978,12 @@ TEST(Tcp, UnexpectedBacklogStopsReadingTheSenderAndLosesNothing) {
         *s.ctx, [&](const Completion& cp) { on_recv(cp); }, rb));
     ASSERT_TRUE(drive(
         {flood.ctx.get(), s.ctx.get(), other.ctx.get()},
-        [&] { return sent == kN && received == kN + 4; }, 60s))
-        << sent << " sent, " << order.next << " of the flood and " << others << " others received";
+        [&] { return sent.done == kN && received == kN + 4; }, 60s))
+        << sent.done << " sent, " << order.next << " of the flood and " << others
+        << " others received";
     EXPECT_EQ(order.next, kN);
     EXPECT_EQ(others, 4);
+    EXPECT_EQ(sent.failed + sent2.failed, 0) << "sends failed";
 }
 
 TEST(Tcp, ThreadSafeEchoWithBlockingProgress) {
