@@ -4,7 +4,7 @@
 // it its payload, as the AM handler gets them. A header that decodes must re-encode to the very
 // same bytes; a hello payload must name an address within bounds. The whole input also goes
 // through the serialized-address and memory-handle decoders (the rkey and owner they return
-// must lie inside the input), and through the bootstrap request and reply decoders. Any
+// must lie inside the input), and through the bootstrap frame decoders. Any
 // violation aborts.
 #include <cstddef>
 #include <cstdint>
@@ -56,14 +56,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 fail("a decoded header does not re-encode to the same bytes");
             if (h->instance == 0) fail("instance 0 accepted");
             if (h->kind == MsgKind::hello) {
-                if (auto a = decode_hello(payload)) {
+                if (auto a = decode_hello(payload, h->tag & kHelloSigned)) {
                     if (a->address.empty() || a->address.size() > kMaxAddrString)
                         fail("hello address size");
                     if (!inside(payload, a->address.data(), a->address.size()))
                         fail("hello address outside");
                     check_worker(payload, a->worker, "hello worker size or position");
-                    if (hello_size(a->address, a->worker.size()) != payload.size())
+                    const std::size_t tail = (h->tag & kHelloSigned) ? kHelloTailSize : 0;
+                    if (hello_size(a->address, a->worker.size()) + tail != payload.size())
                         fail("hello parts do not add up to its payload");
+                    if (tail && (a->mac.size() != 32 || !inside(payload, a->mac.data(), 32)))
+                        fail("hello signature size or position");
                 }
             }
             if (h->kind == MsgKind::locate) {
@@ -84,27 +87,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             fail("a bad header failed with something other than protocol_error");
         }
     }
-    // The bootstrap (sockaddr mode): a request decodes only whole and re-encodes to itself; a
-    // reply's worker address lies inside it and the reply re-encodes to itself.
-    if (auto r = decode_boot_request(in)) {
-        if (in.size() != kBootRequestSize || *r == 0) fail("a bad bootstrap request decoded");
-        std::byte again[kBootRequestSize];
-        encode_boot_request(*r, again);
-        if (std::memcmp(again, in.data(), kBootRequestSize) != 0)
-            fail("a decoded bootstrap request does not re-encode to the same bytes");
-    }
-    if (in.size() >= kBootReplyFixedSize) {
-        auto fixed = decode_boot_reply_fixed(in.first(kBootReplyFixedSize));
-        auto whole = decode_boot_reply(in);
-        if (whole && !fixed) fail("a bootstrap reply decoded whole but not its fixed part");
-        if (whole) {
-            if (whole->instance == 0) fail("bootstrap reply instance 0");
-            check_worker(in, whole->worker, "bootstrap reply worker size or position");
-            if (whole->worker.size() != *fixed) fail("bootstrap reply length disagrees");
-            std::vector<std::byte> re(boot_reply_size(whole->worker.size()));
-            encode_boot_reply(*whole, re.data());
-            if (re.size() != in.size() || std::memcmp(re.data(), in.data(), re.size()) != 0)
-                fail("a decoded bootstrap reply does not re-encode to the same bytes");
+    // The bootstrap (sockaddr mode): a frame's fixed part re-encodes to itself and bounds its
+    // body by kind; a request body's key id and nonce, and a refusal's reason, lie inside it.
+    if (in.size() >= kBootFixedSize) {
+        if (auto f = decode_boot_fixed(in.first(kBootFixedSize))) {
+            if (f->instance == 0) fail("bootstrap instance 0");
+            std::byte again[kBootFixedSize];
+            encode_boot_fixed(*f, again);
+            if (std::memcmp(again, in.data(), kBootFixedSize) != 0)
+                fail("a decoded bootstrap fixed part does not re-encode to the same bytes");
+            if (f->length > kMaxWorkerAddr) fail("bootstrap body length unbounded");
+            auto body = in.subspan(kBootFixedSize);
+            if (body.size() >= f->length) {
+                body = body.first(f->length);
+                if (f->kind == BootKind::request) {
+                    auto r = decode_boot_request_body(body);
+                    if (!r) fail("a request body within the fixed part's bounds did not decode");
+                    if (!r->key_id.empty()) {
+                        if (r->nonce.size() != kBootNonceSize) fail("request nonce size");
+                        if (!inside(body, r->key_id.data(), r->key_id.size()) ||
+                            !inside(body, r->nonce.data(), r->nonce.size()))
+                            fail("request key id or nonce outside the body");
+                        std::vector<std::byte> re(boot_request_body_size(r->key_id));
+                        encode_boot_request_body(r->key_id, r->nonce, re.data());
+                        if (re.size() != body.size() ||
+                            std::memcmp(re.data(), body.data(), re.size()) != 0)
+                            fail("a decoded request body does not re-encode to the same bytes");
+                    }
+                }
+                if (f->kind == BootKind::refused) {
+                    if (auto why = decode_boot_refused(body)) {
+                        if (why->empty() || why->size() > kBootMaxReason) fail("refusal size");
+                        for (char c : *why)
+                            if (c < 0x20 || c > 0x7e) fail("refusal not printable");
+                    }
+                }
+            }
         }
     }
     if (auto a = decode_addr_blob(in)) {

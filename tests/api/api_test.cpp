@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <map>
@@ -746,43 +747,53 @@ TEST(ApiAuth, HandlersSeeWhatTheCallerProved) {
     }
 }
 
-TEST(ApiAuth, TcpCallsNeedTheSharedSecret) {
+// On tcp and on ucx+tcp (whose peers prove the secret at its bootstrap port and sign their
+// hellos with the session that leaves them).
+TEST(ApiAuth, NetworkCallsNeedTheSharedSecret) {
     auto with = [](char fill) {
         EngineOptions o;
         o.core.na.auth.key_id = "test-cluster";
         o.core.na.auth.secret.assign(32, std::byte(fill));
         return o;
     };
-    std::atomic<int> ran{0};
-    Engine server{"tcp://127.0.0.1:0", listen, with('s')};
-    server.define("twice", [&ran](int x) {
-        ++ran;
-        return 2 * x;
-    });
-    // The handler sees who called: the key id of the secret the caller proved it holds.
-    server.define("who", [](const Request& req) { return req.peer_identity().describe(); });
-    {
-        Engine good{"tcp://127.0.0.1:0", with('s')};
-        auto r = result_within(
-            good.remote<int(int)>("twice").on(good.lookup(server.self_address())).timeout(10s)(21));
-        ASSERT_TRUE(r) << r.error().describe();
-        EXPECT_EQ(*r, 42);
-        auto who = result_within(good.remote<std::string()>("who")
-                                     .on(good.lookup(server.self_address()))
-                                     .timeout(10s)());
-        ASSERT_TRUE(who) << who.error().describe();
-        EXPECT_EQ(*who, "key \"test-cluster\"");
+    std::vector<std::string> where{"tcp://127.0.0.1:0"};
+    auto built = na::transports_built();
+    if (std::find(built.begin(), built.end(), "ucx") != built.end())
+        where.push_back("ucx+tcp://127.0.0.1:0");
+    for (const std::string& addr : where) {
+        SCOPED_TRACE(addr);
+        std::atomic<int> ran{0};
+        Engine server{addr, listen, with('s')};
+        server.define("twice", [&ran](int x) {
+            ++ran;
+            return 2 * x;
+        });
+        // The handler sees who called: the key id of the secret the caller proved it holds.
+        server.define("who", [](const Request& req) { return req.peer_identity().describe(); });
+        {
+            Engine good{addr, with('s')};
+            auto r = result_within(good.remote<int(int)>("twice")
+                                       .on(good.lookup(server.self_address()))
+                                       .timeout(10s)(21));
+            ASSERT_TRUE(r) << r.error().describe();
+            EXPECT_EQ(*r, 42);
+            auto who = result_within(good.remote<std::string()>("who")
+                                         .on(good.lookup(server.self_address()))
+                                         .timeout(10s)());
+            ASSERT_TRUE(who) << who.error().describe();
+            EXPECT_EQ(*who, "key \"test-cluster\"");
+        }
+        for (auto opts : {with('x'), EngineOptions{}}) {
+            Engine stranger{addr, opts};
+            auto r = result_within(stranger.remote<int(int)>("twice")
+                                       .on(stranger.lookup(server.self_address()))
+                                       .timeout(10s)(1));
+            ASSERT_FALSE(r);
+            EXPECT_TRUE(r.code() == Errc::access_denied || r.code() == Errc::disconnected)
+                << r.error().describe();
+        }
+        EXPECT_EQ(ran.load(), 1) << "a stranger's call reached the handler";
     }
-    for (auto opts : {with('x'), EngineOptions{}}) {
-        Engine stranger{"tcp://127.0.0.1:0", opts};
-        auto r = result_within(stranger.remote<int(int)>("twice")
-                                   .on(stranger.lookup(server.self_address()))
-                                   .timeout(10s)(1));
-        ASSERT_FALSE(r);
-        EXPECT_TRUE(r.code() == Errc::access_denied || r.code() == Errc::disconnected)
-            << r.error().describe();
-    }
-    EXPECT_EQ(ran.load(), 1) << "a stranger's call reached the handler";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -28,8 +29,9 @@ Result<Nonce> random_nonce() {
 
 Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::byte> own_nonce,
             std::span<const std::byte> peer_nonce, std::string_view key_id) {
-    std::string_view label =
-        role == Role::acceptor ? "talaria auth v1 acceptor" : "talaria auth v1 connector";
+    std::string_view label = role == Role::acceptor    ? "talaria auth v1 acceptor"
+                             : role == Role::connector ? "talaria auth v1 connector"
+                                                       : "talaria auth v1 session";
     // label || own nonce || peer nonce || key id length || key id
     std::array<unsigned char, 32 + kNonceSize * 2 + 1 + 255> msg{};
     std::size_t n = 0;
@@ -45,6 +47,23 @@ Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::b
     Proof out{};
     unsigned int len = 0;
     HMAC(EVP_sha256(), secret.data(), int(secret.size()), msg.data(), n,
+         reinterpret_cast<unsigned char*>(out.data()), &len);
+    return out;
+}
+
+Proof mac(std::span<const std::byte> key, std::initializer_list<std::span<const std::byte>> parts) {
+    std::size_t total = 0;
+    for (auto p : parts)
+        total += p.size();
+    std::vector<unsigned char> msg(total);
+    std::size_t n = 0;
+    for (auto p : parts) {
+        if (!p.empty()) std::memcpy(msg.data() + n, p.data(), p.size());
+        n += p.size();
+    }
+    Proof out{};
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), key.data(), int(key.size()), msg.data(), msg.size(),
          reinterpret_cast<unsigned char*>(out.data()), &len);
     return out;
 }

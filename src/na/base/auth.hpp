@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstddef>
+#include <initializer_list>
 #include <span>
 #include <string_view>
 
@@ -18,8 +19,9 @@ using Nonce = std::array<std::byte, kNonceSize>;
 using Proof = std::array<std::byte, kProofSize>;
 
 /// Which side a proof is made by: the two are labelled apart, so that a proof one side sends can
-/// never be reflected back as the other's.
-enum class Role { acceptor, connector };
+/// never be reflected back as the other's. `session`: not a proof but the key both sides derive
+/// from a finished handshake (ucx signs its hellos with it), labelled apart from both proofs.
+enum class Role { acceptor, connector, session };
 
 /// Unpredictable bytes (the caller's nonce for one connection).
 Result<Nonce> random_nonce();
@@ -27,6 +29,8 @@ Result<Nonce> random_nonce();
 /// the other side's nonce, and the key id.
 Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::byte> own_nonce,
             std::span<const std::byte> peer_nonce, std::string_view key_id);
+/// HMAC-SHA256 under `key` of the concatenation of `parts` (a message authentication code).
+Proof mac(std::span<const std::byte> key, std::initializer_list<std::span<const std::byte>> parts);
 /// Compares a received proof with the expected one in constant time.
 bool matches(const Proof& expected, std::span<const std::byte> received) noexcept;
 /// Options::auth is usable: a key id of at most 255 bytes and a secret of at least 16.

@@ -24,8 +24,9 @@ struct Entry {
     std::string_view scheme;
     OpenFn open = nullptr;
     OpenFamilyFn open_family = nullptr;
-    /// It honours Options::auth: it authenticates its peers (tcp), or only this user's
-    /// processes (sm) or this process (inproc) can reach it. The others refuse a secret.
+    /// It honours Options::auth: it authenticates its peers (tcp; ucx in host:port mode, which
+    /// refuses a secret in its other modes), or only this user's processes (sm) or this process
+    /// (inproc) can reach it. The others refuse a secret.
     bool admits_only_known_peers = false;
 };
 constexpr Entry kTransports[] = {
@@ -35,7 +36,7 @@ constexpr Entry kTransports[] = {
     {"ofi", nullptr, &open_ofi, false},
 #endif
 #if TALARIA_HAVE_UCX
-    {"ucx", nullptr, &open_ucx, false},
+    {"ucx", nullptr, &open_ucx, true},
 #endif
 };
 }  // namespace
@@ -75,12 +76,14 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
     for (const auto& e : kTransports) {
         if (e.scheme != family) continue;
         if (options.auth.enabled() && !e.admits_only_known_peers)
-            return Error(Errc::not_supported,
-                         fmt::format("'{}': Options::auth (shared-secret authentication) is "
-                                     "implemented on tcp (and sm admits only this user); the {} "
-                                     "transport does not authenticate yet, so it refuses to open "
-                                     "rather than accept strangers",
-                                     address, family));
+            return Error(
+                Errc::not_supported,
+                fmt::format("'{}': Options::auth (shared-secret authentication) is "
+                            "implemented on tcp and ucx+tcp://host:port (and sm admits only "
+                            "this user); the {} "
+                            "transport does not authenticate yet, so it refuses to open "
+                            "rather than accept strangers",
+                            address, family));
         if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);
         if (e.open_family) {
             if (plus == std::string_view::npos || plus + 1 == url.scheme.size())

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "na/base/addr_table.hpp"
+#include "na/base/auth.hpp"
 #include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
 #include "na/base/url.hpp"
@@ -110,6 +113,19 @@ inline constexpr std::size_t kMaxBootConns = 64;
 inline constexpr int kBootAcceptBurst = 16;
 inline constexpr Duration kBootPause = std::chrono::milliseconds(100);
 inline constexpr Duration kBootDefaultTimeout = std::chrono::seconds(10);
+/// Authenticated sessions (Options::auth) kept at most, in all and per peer instance (the
+/// oldest goes). Only peers that proved the secret make them.
+inline constexpr std::size_t kMaxSessions = 4096;
+inline constexpr std::size_t kMaxSessionsPerPeer = 8;
+
+/// What an authenticated bootstrap leaves both sides with (Options::auth): the key that signs
+/// the hellos between this process and the peer instance, named by an id both know (the first
+/// 8 bytes of the server's nonce).
+struct Session {
+    uint64_t instance = 0;  ///< the peer's
+    uint64_t id = 0;
+    auth::Proof key{};
+};
 
 /// One peer process (one transport instance), interned weakly (na/base/addr_table.hpp).
 /// Alive while a user Addr, an alias, an endpoint or route or stream of a lane, a pending op,
@@ -154,12 +170,25 @@ struct UcxAddr final : AddrImpl {
     UcxTransport* ut_;
 };
 
-/// A bootstrap connection a server accepted, waiting for its request (ucx_boot.cpp).
+/// A bootstrap connection a server accepted, waiting for its request, or for its response to
+/// our challenge (ucx_boot.cpp).
 struct BootConn {
     int fd = -1;
     TimePoint deadline{};
     std::size_t got = 0;
-    std::byte buf[kBootRequestSize]{};
+    bool challenged = false;
+    uint64_t instance = 0;  ///< the client's, from its request
+    auth::Nonce own{};      ///< ours, in the challenge
+    auth::Nonce peer{};     ///< the client's, from its request
+    std::byte buf[kBootFixedSize + kBootMaxRequestBody]{};
+};
+
+/// What a client's bootstrap learns: the server's context-0 worker and instance, and with
+/// Options::auth the session both sides now hold.
+struct BootResult {
+    std::vector<std::byte> worker;
+    uint64_t instance = 0;
+    std::optional<Session> session;
 };
 
 /// One UCP endpoint of a lane, to one context's worker of a peer (`peer_lane`), made by worker
@@ -296,6 +325,7 @@ class UcxTransport final : public Transport {
     Result<void> init(std::string_view sub, std::string_view rest);
 
     std::string_view name() const noexcept override { return scheme_; }
+    PeerIdentity peer_identity(const Addr& a) override;
     using Transport::context_create;
     Result<std::unique_ptr<Context>> context_create(uint8_t id,
                                                     const ContextOptions& opts) override;
@@ -381,9 +411,27 @@ class UcxTransport final : public Transport {
     void boot_accept(TimePoint now);
     /// Read what `c` sent; true when it is done with (answered or refused).
     bool boot_read(BootConn& c);
-    /// Connect to `peer`'s bootstrap port and return its context-0 worker address (blocks the
-    /// calling thread for one TCP round trip, at most boot_timeout()).
-    Result<std::vector<std::byte>> bootstrap(const UcxAddr& peer);
+    /// A whole frame of `c` (request or response): challenge, answer or refuse it; true when
+    /// `c` is done with.
+    bool boot_handle(BootConn& c, const BootFixed& f, std::span<const std::byte> body);
+    /// Send our answer (lane 0's worker) on `c` and wake lane 0 for the wire-up that follows.
+    bool boot_answer(BootConn& c);
+    /// Send a refusal naming `why` on `c`, and log it.
+    bool boot_refuse(BootConn& c, const std::string& why);
+    /// Log a warning of the bootstrap thread, at most one line a second.
+    void boot_warn(const std::string& what);
+    /// Connect to `peer`'s bootstrap port, authenticate both ways where Options::auth says so,
+    /// and return its context-0 worker address (blocks the calling thread for one TCP round
+    /// trip, two with authentication, at most boot_timeout()).
+    Result<BootResult> bootstrap(const UcxAddr& peer);
+    // Sessions (Options::auth; ucx_boot.cpp): under auth_mu_, a leaf lock.
+    void add_session(const Session& s);
+    /// The newest session with `instance` (our own: self_session_); `id`, if given, must match.
+    std::optional<Session> find_session(uint64_t instance, std::optional<uint64_t> id = {});
+    /// Sign the hello of `e` (header and payload already encoded, room for the tail left).
+    void sign_hello(const Session& s, Ep* e) const;
+    /// A signed hello's session is ours and its MAC right (with the reason it is not).
+    Result<void> check_hello(const MsgHeader& h, const Hello& hello);
     [[nodiscard]] Duration boot_timeout() const noexcept;
     /// ucx+sm: enable put/get by process_vm_readv/writev if this process may use them.
     void init_direct_rma() noexcept;
@@ -396,7 +444,7 @@ class UcxTransport final : public Transport {
     Result<Ep*> ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane,
                              std::span<const std::byte> worker);
     Result<Ep*> ep_create_locked(Lane& l, const ucp_ep_params_t& params, const std::string& who);
-    void send_hello_locked(Lane& l, Ep* e);
+    void send_hello_locked(Lane& l, Ep* e, const Session* session);
     void close_ep_locked(Lane& l, Ep* e);
     void reap_closed_locked(Lane& l);
     /// Which of our lanes serves context `ctx`: for expected messages its own when it exists;
@@ -503,11 +551,18 @@ class UcxTransport final : public Transport {
     std::vector<BootConn> boot_conns_;
     bool boot_paused_ = false;
     TimePoint boot_paused_until_{};
+    TimePoint boot_logged_{};            ///< boot_warn's last line
+    std::size_t boot_unlogged_ = 0;      ///< warnings kept out of the log since
     std::vector<std::byte> boot_reply_;  ///< the one answer: lane 0's worker, our instance
     /// When the bootstrap thread last answered (steady-clock ns, 0: never). The client's UCX
     /// wire-up follows over a connection UCX accepts from its async thread without always
     /// signalling lane 0's worker fd: lane 0 does not sleep long while it is recent.
     std::atomic<int64_t> boot_answered_at_{0};
+    /// Options::auth: sessions with peers (newest last) and the one that signs hellos to
+    /// ourselves; auth_mu_ is a leaf, taken under a lane's lock or by the bootstrap thread.
+    std::mutex auth_mu_;
+    std::vector<Session> sessions_;
+    Session self_session_;
     uint64_t instance_ = 0;
     uint64_t token_salt_ = 0;  ///< random, never sent: mixed into locate tokens
     std::atomic<uint64_t> ep_serial_{0};

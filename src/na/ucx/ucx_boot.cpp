@@ -3,11 +3,15 @@
 // manager asserts on the first foreign bytes it parses (a 16-byte header claiming a huge
 // private-data length aborts the process, 100 kB of random bytes leave its async thread
 // spinning), so it must never face the network. A client connects to the port, sends a
-// 16-byte request, reads a reply naming the server's context-0 worker, closes, and reaches
+// 16-byte request, reads an answer naming the server's context-0 worker, closes, and reaches
 // that worker by its packed address (ucp_ep_create with REMOTE_ADDRESS) as in worker mode.
 // A thread the transport owns (joined when it closes) serves the port: it reads exactly one
-// request per connection, answers it, and closes; anything else is closed unanswered. Wire format:
-// wire.hpp, docs/protocol.md (ucx bootstrap).
+// request per connection, answers it, and closes; anything else is closed unanswered.
+// With na::Options::auth both sides prove the shared secret here (challenge and response, as on
+// tcp) before the server names its worker, and derive a session key that signs every hello
+// between them (the worker's UCT ports are reachable by anyone who learns its address: an
+// unsigned hello there starts no stream, so nothing a stranger sends reaches a context). Wire
+// format: wire.hpp, docs/protocol.md (ucx bootstrap, hello).
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -84,8 +88,9 @@ Result<void> UcxTransport::init_bootstrap() {
     // process's progress, which may be the very thread that is waiting (two engines in one
     // thread).
     const std::vector<std::byte>& worker = lane_at(0)->worker_addr;
-    boot_reply_.resize(boot_reply_size(worker.size()));
-    encode_boot_reply(BootReply{instance_, worker}, boot_reply_.data());
+    boot_reply_.resize(kBootFixedSize + worker.size());
+    encode_boot_fixed(BootFixed{BootKind::answer, worker.size(), instance_}, boot_reply_.data());
+    std::memcpy(boot_reply_.data() + kBootFixedSize, worker.data(), worker.size());
     boot_pid_ = ::getpid();
     try {
         boot_thread_ = std::thread([this] { boot_run(); });
@@ -150,28 +155,132 @@ void UcxTransport::boot_accept(TimePoint now) {
             ::close(fd);
             continue;
         }
-        boot_conns_.push_back(BootConn{fd, now + boot_timeout(), 0, {}});
+        BootConn c;
+        c.fd = fd;
+        c.deadline = now + boot_timeout();
+        boot_conns_.push_back(c);
     }
 }
 
 bool UcxTransport::boot_read(BootConn& c) {
-    ssize_t n = ::recv(c.fd, c.buf + c.got, sizeof c.buf - c.got, MSG_DONTWAIT);
-    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-    if (n == 0) return true;  // closed before a whole request
-    c.got += std::size_t(n);
-    if (c.got < sizeof c.buf) return false;
-    auto req = decode_boot_request(std::span<const std::byte>(c.buf, sizeof c.buf));
-    if (!req) {
-        TALARIA_LOG(ucx, debug, "{}: closing a bootstrap connection: {}", scheme_,
-                    req.error().describe());
-        return true;
+    for (;;) {
+        std::size_t want = kBootFixedSize;
+        BootFixed f;
+        if (c.got >= kBootFixedSize) {
+            auto d = decode_boot_fixed(std::span<const std::byte>(c.buf, kBootFixedSize));
+            const BootKind expect = c.challenged ? BootKind::response : BootKind::request;
+            if (!d || d->kind != expect) {
+                TALARIA_LOG(ucx, debug, "{}: closing a bootstrap connection: {}", scheme_,
+                            d ? fmt::format("a frame of kind {} where a {} belongs",
+                                            uint8_t(d->kind), c.challenged ? "response" : "request")
+                              : d.error().describe());
+                return true;
+            }
+            f = *d;
+            want += f.length;  // within buf: decode bounds a request's and a response's body
+        }
+        if (c.got < want) {
+            ssize_t n = ::recv(c.fd, c.buf + c.got, want - c.got, MSG_DONTWAIT);
+            if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+            if (n == 0) {  // closed before a whole frame
+                if (c.challenged)
+                    boot_warn(
+                        fmt::format("instance {:016x} closed its bootstrap after our "
+                                    "challenge: it could not check our proof (it holds "
+                                    "another secret for key '{}'?)",
+                                    c.instance, opts_.auth.key_id));
+                return true;
+            }
+            c.got += std::size_t(n);
+            if (c.got < want) return false;
+            continue;  // a whole fixed part: now its body
+        }
+        return boot_handle(c, f, std::span<const std::byte>(c.buf + kBootFixedSize, f.length));
     }
-    // A fresh connection's send buffer takes a reply of a few hundred bytes whole; one that
-    // does not is closed (the client's bootstrap then fails and a later send tries again).
-    ssize_t w = ::send(c.fd, boot_reply_.data(), boot_reply_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (w != ssize_t(boot_reply_.size())) {
-        TALARIA_LOG(ucx, debug, "{}: bootstrap reply to instance {:016x} not sent whole", scheme_,
-                    *req);
+}
+
+namespace {
+/// Send a whole small frame on a fresh connection's empty send buffer (a few hundred bytes);
+/// false if it did not go whole (the connection is then closed: the client's bootstrap fails
+/// and a later send tries again).
+bool send_whole(int fd, std::span<const std::byte> frame) {
+    ssize_t w;
+    do {
+        w = ::send(fd, frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (w < 0 && errno == EINTR);
+    return w == ssize_t(frame.size());
+}
+}  // namespace
+
+bool UcxTransport::boot_handle(BootConn& c, const BootFixed& f, std::span<const std::byte> body) {
+    const Auth& a = opts_.auth;
+    if (f.kind == BootKind::request) {
+        auto req = decode_boot_request_body(body);
+        if (!req) {
+            TALARIA_LOG(ucx, debug, "{}: closing a bootstrap connection: {}", scheme_,
+                        req.error().describe());
+            return true;
+        }
+        c.instance = f.instance;
+        if (!a.enabled()) {
+            if (!req->key_id.empty())
+                return boot_refuse(c,
+                                   "the client asked to authenticate, but this server has no "
+                                   "shared secret (na::Options::auth): configure the same key "
+                                   "id and secret on both sides");
+            return boot_answer(c);
+        }
+        if (req->key_id.empty())
+            return boot_refuse(c, fmt::format("this server admits only peers that authenticate "
+                                              "with the secret of key '{}': set "
+                                              "na::Options::auth on the client",
+                                              a.key_id));
+        if (req->key_id != a.key_id)
+            // Escaped ({:?}): the peer's bytes go to our log and back to it.
+            return boot_refuse(c, fmt::format("the client names key {:?}, this server holds key "
+                                              "'{}'",
+                                              req->key_id, a.key_id));
+        auto nonce = auth::random_nonce();
+        if (!nonce) {
+            TALARIA_LOG(ucx, error, "{}: bootstrap challenge: {}", scheme_,
+                        nonce.error().describe());
+            return true;
+        }
+        c.own = *nonce;
+        std::memcpy(c.peer.data(), req->nonce.data(), auth::kNonceSize);
+        const auth::Proof proof =
+            auth::prove(a.secret, auth::Role::acceptor, c.own, c.peer, a.key_id);
+        std::byte out[kBootFixedSize + kBootNonceSize + kBootProofSize];
+        encode_boot_fixed(
+            BootFixed{BootKind::challenge, kBootNonceSize + kBootProofSize, instance_}, out);
+        std::memcpy(out + kBootFixedSize, c.own.data(), kBootNonceSize);
+        std::memcpy(out + kBootFixedSize + kBootNonceSize, proof.data(), kBootProofSize);
+        if (!send_whole(c.fd, out)) return true;
+        c.challenged = true;
+        c.got = 0;
+        return false;
+    }
+    // The response to our challenge.
+    if (f.instance != c.instance)
+        return boot_refuse(c, "the response names another instance than the request");
+    const auth::Proof expected =
+        auth::prove(a.secret, auth::Role::connector, c.peer, c.own, a.key_id);
+    if (!auth::matches(expected, body))
+        return boot_refuse(c, fmt::format("the client's proof does not match the secret of key "
+                                          "'{}' (a different secret)",
+                                          a.key_id));
+    Session s;
+    s.instance = c.instance;
+    s.id = detail::load_le(c.own.data(), 8);
+    s.key = auth::prove(a.secret, auth::Role::session, c.peer, c.own, a.key_id);
+    add_session(s);
+    return boot_answer(c);
+}
+
+bool UcxTransport::boot_answer(BootConn& c) {
+    if (!send_whole(c.fd, boot_reply_)) {
+        TALARIA_LOG(ucx, debug, "{}: bootstrap answer to instance {:016x} not sent whole", scheme_,
+                    c.instance);
         return true;
     }
     // Lane 0 may sleep with no endpoint at all: wake it, and keep it from sleeping long while
@@ -179,6 +288,34 @@ bool UcxTransport::boot_read(BootConn& c) {
     // from any thread.
     boot_answered_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
     ucp_worker_signal(lane_at(0)->worker);
+    return true;
+}
+
+void UcxTransport::boot_warn(const std::string& what) {
+    // Strangers may knock as often as they like: one line a second at most.
+    const auto now = Clock::now();
+    if (boot_logged_ != TimePoint{} && now - boot_logged_ < std::chrono::seconds(1)) {
+        ++boot_unlogged_;
+        return;
+    }
+    TALARIA_LOG(ucx, warn, "{}: {}{}", scheme_, what, unlogged_note(boot_unlogged_));
+    boot_unlogged_ = 0;
+    boot_logged_ = now;
+}
+
+bool UcxTransport::boot_refuse(BootConn& c, const std::string& why) {
+    boot_warn(fmt::format("refusing the bootstrap of instance {:016x}: {}", c.instance, why));
+    std::string_view reason(why);
+    if (reason.size() > kBootMaxReason) reason = reason.substr(0, kBootMaxReason);
+    std::byte out[kBootFixedSize + kBootMaxReason];
+    encode_boot_fixed(BootFixed{BootKind::refused, reason.size(), instance_}, out);
+    std::memcpy(out + kBootFixedSize, reason.data(), reason.size());
+    (void)send_whole(c.fd, std::span<const std::byte>(out, kBootFixedSize + reason.size()));
+    // Read what the client already sent, so that closing sends a FIN after the refusal rather
+    // than a reset that could overtake it.
+    std::byte sink[512];
+    for (int i = 0; i < 4 && ::recv(c.fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
     return true;
 }
 
@@ -244,7 +381,7 @@ Errc wait_fd(int fd, short events, TimePoint deadline) {
 
 }  // namespace
 
-Result<std::vector<std::byte>> UcxTransport::bootstrap(const UcxAddr& peer) {
+Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
     const Duration limit = boot_timeout();
     const TimePoint deadline = Clock::now() + limit;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(limit).count();
@@ -277,36 +414,46 @@ Result<std::vector<std::byte>> UcxTransport::bootstrap(const UcxAddr& peer) {
                         ? std::string("connection refused: nothing listens there (is the server "
                                       "up, and is this the address it printed?)")
                         : fmt::format("connect: {}", std::strerror(err)));
-    std::byte req[kBootRequestSize];
-    encode_boot_request(instance_, req);
-    std::size_t sent = 0;
-    while (sent < sizeof req) {
-        ssize_t w = ::send(g.fd, req + sent, sizeof req - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-            sent += std::size_t(w);
-        } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-            if (wait_fd(g.fd, POLLOUT, deadline) != Errc::ok)
-                return fail(Errc::unreachable, fmt::format("request not sent within {} ms", ms));
-        } else {
-            return fail(Errc::disconnected, fmt::format("send: {}", std::strerror(errno)));
-        }
+    const Auth& a = opts_.auth;
+    auth::Nonce own{};
+    if (a.enabled()) {
+        TALARIA_TRY(n, auth::random_nonce());
+        own = n;
     }
-    std::vector<std::byte> reply(kBootReplyFixedSize);
-    std::size_t got = 0;
+    auto send_all = [&](std::span<const std::byte> frame) -> Result<void> {
+        std::size_t sent = 0;
+        while (sent < frame.size()) {
+            ssize_t w =
+                ::send(g.fd, frame.data() + sent, frame.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w > 0) {
+                sent += std::size_t(w);
+            } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+                if (wait_fd(g.fd, POLLOUT, deadline) != Errc::ok)
+                    return fail(Errc::unreachable,
+                                fmt::format("bootstrap request not sent within {} ms", ms));
+            } else {
+                return fail(Errc::disconnected, fmt::format("send: {}", std::strerror(errno)));
+            }
+        }
+        return {};
+    };
+    std::vector<std::byte> in;
     auto read_to = [&](std::size_t want) -> Result<void> {
+        std::size_t got = in.size();
+        in.resize(want);
         while (got < want) {
-            ssize_t r = ::recv(g.fd, reply.data() + got, want - got, MSG_DONTWAIT);
+            ssize_t r = ::recv(g.fd, in.data() + got, want - got, MSG_DONTWAIT);
             if (r > 0) {
                 got += std::size_t(r);
             } else if (r == 0) {
                 return fail(Errc::protocol_error,
-                            "the peer closed the connection without a bootstrap reply: is it a "
+                            "the peer closed the connection without a bootstrap answer: is it a "
                             "Talaria ucx+tcp server of this version (and not, say, a tcp:// "
                             "one)?");
             } else if (errno == EAGAIN || errno == EINTR) {
                 if (wait_fd(g.fd, POLLIN, deadline) != Errc::ok)
                     return fail(Errc::unreachable,
-                                fmt::format("no bootstrap reply within {} ms (na::Options::"
+                                fmt::format("no bootstrap answer within {} ms (na::Options::"
                                             "hello_timeout): is that process progressing its "
                                             "context 0?",
                                             ms));
@@ -316,16 +463,155 @@ Result<std::vector<std::byte>> UcxTransport::bootstrap(const UcxAddr& peer) {
         }
         return {};
     };
-    TALARIA_CHECK(read_to(kBootReplyFixedSize));
-    auto wlen = decode_boot_reply_fixed(reply);
-    if (!wlen) return fail(Errc::protocol_error, wlen.error().describe());
-    reply.resize(kBootReplyFixedSize + *wlen);
-    TALARIA_CHECK(read_to(reply.size()));
-    auto r = decode_boot_reply(reply);
-    if (!r) return fail(Errc::protocol_error, r.error().describe());
-    TALARIA_LOG(ucx, debug, "{}: {} is instance {:016x}, its context 0 at a {}-byte worker address",
-                scheme_, peer.str, r->instance, r->worker.size());
-    return std::vector<std::byte>(r->worker.begin(), r->worker.end());
+    // One frame from the server: a refusal fails the bootstrap with its reason.
+    auto read_frame = [&]() -> Result<BootFixed> {
+        in.clear();
+        TALARIA_CHECK(read_to(kBootFixedSize));
+        auto f = decode_boot_fixed(in);
+        if (!f) return fail(Errc::protocol_error, f.error().describe());
+        TALARIA_CHECK(read_to(kBootFixedSize + f->length));
+        if (f->kind == BootKind::refused) {
+            auto why = decode_boot_refused(std::span<const std::byte>(in).subspan(kBootFixedSize));
+            return fail(Errc::access_denied,
+                        fmt::format("refused: {}", why ? *why : why.error().describe()));
+        }
+        if (f->kind != BootKind::challenge && f->kind != BootKind::answer)
+            return fail(
+                Errc::protocol_error,
+                fmt::format("a bootstrap frame of kind {} from the server", uint8_t(f->kind)));
+        return f;
+    };
+    {
+        std::byte req[kBootFixedSize + kBootMaxRequestBody];
+        const std::size_t body = a.enabled() ? boot_request_body_size(a.key_id) : 0;
+        encode_boot_fixed(BootFixed{BootKind::request, body, instance_}, req);
+        if (a.enabled()) encode_boot_request_body(a.key_id, own, req + kBootFixedSize);
+        TALARIA_CHECK(send_all(std::span<const std::byte>(req, kBootFixedSize + body)));
+    }
+    TALARIA_TRY(f, read_frame());
+    std::optional<Session> session;
+    if (a.enabled()) {
+        if (f.kind != BootKind::challenge)
+            return fail(Errc::access_denied,
+                        fmt::format("the server answered without proving that it holds the "
+                                    "secret of key '{}' (it runs without na::Options::auth?): "
+                                    "configure the same key id and secret on both sides",
+                                    a.key_id));
+        auto body = std::span<const std::byte>(in).subspan(kBootFixedSize);
+        auto nonce = body.first(kBootNonceSize);
+        if (!auth::matches(auth::prove(a.secret, auth::Role::acceptor, nonce, own, a.key_id),
+                           body.subspan(kBootNonceSize)))
+            return fail(Errc::access_denied,
+                        fmt::format("the server could not prove that it holds the secret of key "
+                                    "'{}' (a different secret, or not the server meant)",
+                                    a.key_id));
+        Session sess;
+        sess.instance = f.instance;
+        sess.id = detail::load_le(nonce.data(), 8);
+        sess.key = auth::prove(a.secret, auth::Role::session, own, nonce, a.key_id);
+        const auth::Proof proof =
+            auth::prove(a.secret, auth::Role::connector, own, nonce, a.key_id);
+        std::byte resp[kBootFixedSize + kBootProofSize];
+        encode_boot_fixed(BootFixed{BootKind::response, kBootProofSize, instance_}, resp);
+        std::memcpy(resp + kBootFixedSize, proof.data(), kBootProofSize);
+        TALARIA_CHECK(send_all(resp));
+        const uint64_t challenger = f.instance;
+        TALARIA_TRY(f2, read_frame());
+        if (f2.kind != BootKind::answer || f2.instance != challenger)
+            return fail(Errc::protocol_error,
+                        "the server's answer to our response is not an answer from the instance "
+                        "that challenged us");
+        f = f2;
+        session = sess;
+    } else if (f.kind != BootKind::answer) {
+        return fail(Errc::access_denied,
+                    "the server asks to authenticate, but this transport has no shared secret "
+                    "(na::Options::auth): configure the same key id and secret on both sides");
+    }
+    auto worker = std::span<const std::byte>(in).subspan(kBootFixedSize);
+    TALARIA_LOG(ucx, debug,
+                "{}: {} is instance {:016x}, its context 0 at a {}-byte worker address{}", scheme_,
+                peer.str, f.instance, worker.size(), session ? " (authenticated)" : "");
+    if (session) add_session(*session);
+    BootResult out;
+    out.worker.assign(worker.begin(), worker.end());
+    out.instance = f.instance;
+    out.session = session;
+    return out;
+}
+
+// --- sessions (Options::auth)
+// ---------------------------------------------------------------------
+
+void UcxTransport::add_session(const Session& s) {
+    std::lock_guard g(auth_mu_);
+    std::size_t same = 0;
+    for (const Session& o : sessions_)
+        same += o.instance == s.instance;
+    if (same >= kMaxSessionsPerPeer) {
+        auto it = std::find_if(sessions_.begin(), sessions_.end(),
+                               [&](const Session& o) { return o.instance == s.instance; });
+        sessions_.erase(it);
+    } else if (sessions_.size() >= kMaxSessions) {
+        sessions_.erase(sessions_.begin());
+    }
+    sessions_.push_back(s);
+}
+
+std::optional<Session> UcxTransport::find_session(uint64_t instance, std::optional<uint64_t> id) {
+    if (instance == instance_) {
+        if (id && *id != self_session_.id) return std::nullopt;
+        return self_session_;
+    }
+    std::lock_guard g(auth_mu_);
+    for (auto it = sessions_.rbegin(); it != sessions_.rend(); ++it)
+        if (it->instance == instance && (!id || it->id == *id)) return *it;
+    return std::nullopt;
+}
+
+namespace {
+auth::Proof hello_mac(const auth::Proof& key, std::span<const std::byte> header,
+                      std::span<const std::byte> body, uint64_t id) {
+    std::byte idb[8];
+    detail::store_le(idb, id, 8);
+    return auth::mac(key, {header, body, idb});
+}
+}  // namespace
+
+void UcxTransport::sign_hello(const Session& s, Ep* e) const {
+    std::span<std::byte> all(e->hello);
+    std::span<const std::byte> body = all.first(all.size() - kHelloTailSize);
+    std::byte* tail = all.data() + body.size();
+    detail::store_le(tail, s.id, 8);
+    const auth::Proof m = hello_mac(s.key, e->hello_hdr, body, s.id);
+    std::memcpy(tail + 8, m.data(), m.size());
+}
+
+Result<void> UcxTransport::check_hello(const MsgHeader& h, const Hello& hello) {
+    if (!(h.tag & kHelloSigned))
+        return Error(Errc::access_denied,
+                     "it is not signed (this transport has na::Options::auth: peers reach it "
+                     "through its bootstrap port, where they prove the secret)");
+    auto s = find_session(h.instance, hello.session);
+    if (!s)
+        return Error(Errc::access_denied,
+                     fmt::format("no session {:016x} with instance {:016x} (it never proved the "
+                                 "secret here, or its session was evicted)",
+                                 hello.session, h.instance));
+    std::byte hdr[kMsgHeaderSize];
+    encode_msg_header(h, hdr);
+    if (!auth::matches(hello_mac(s->key, hdr, hello.body, s->id), hello.mac))
+        return Error(Errc::access_denied, "its signature does not match its session's key");
+    return {};
+}
+
+PeerIdentity UcxTransport::peer_identity(const Addr& a) {
+    PeerIdentity id;
+    if (!a || a.impl()->transport() != this || !opts_.auth.enabled()) return id;
+    // With a secret, only signed hellos start streams, and only peers that proved the secret
+    // hold a session to sign them with; one secret per transport.
+    id.key_id = opts_.auth.key_id;
+    return id;
 }
 
 }  // namespace talaria::na::ucx

@@ -806,10 +806,23 @@ void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
 
 void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h,
                                    std::span<const std::byte> payload) {
-    auto hello = decode_hello(payload);
+    auto hello = decode_hello(payload, h.tag & kHelloSigned);
     if (!hello) {
         TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, hello.error().describe());
         return;
+    }
+    if (opts_.auth.enabled()) {
+        // Only a peer that proved the secret (at our bootstrap port, or at its own) holds a
+        // session to sign with: an unsigned or badly signed hello starts no stream, so nothing
+        // its sender sends reaches a context.
+        if (auto ok = check_hello(h, *hello); !ok) {
+            std::size_t unlogged = 0;
+            if (l.match.log_refusal(&unlogged))
+                TALARIA_LOG(ucx, warn, "{}: context {} drops a hello from instance {:016x}: {}{}",
+                            scheme_, l.id, h.instance, ok.error().message(),
+                            unlogged_note(unlogged));
+            return;
+        }
     }
     std::string_view str = hello->address;
     Addr peer;
@@ -1004,7 +1017,19 @@ ucs_status_t UcxTransport::on_am(Lane& l, const void* header, std::size_t header
         [[unlikely]] {
         auto it = l.streams.find({h->instance, h->stream});
         if (it == l.streams.end()) {
-            hold_locked(l, *h, payload);  // its hello has not come yet
+            // Its hello has not come yet. With Options::auth only a peer holding a session with
+            // us will ever say one that starts a stream: what others send is dropped at once
+            // rather than held, where it would crowd out messages that overtook a good hello.
+            if (opts_.auth.enabled() && !find_session(h->instance)) {
+                std::size_t unlogged = 0;
+                if (l.match.log_refusal(&unlogged))
+                    TALARIA_LOG(ucx, warn,
+                                "{}: context {} drops a message from instance {:016x}, which "
+                                "holds no authenticated session here{}",
+                                scheme_, l.id, h->instance, unlogged_note(unlogged));
+                return UCS_OK;
+            }
+            hold_locked(l, *h, payload);
             return UCS_OK;
         }
         s = &it->second;

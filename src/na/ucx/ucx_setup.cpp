@@ -527,8 +527,23 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
         ++u.live;
         counted_ = true;
     }
+    if (opts_.auth.enabled() && spec_.mode != Mode::sockaddr)
+        return Error(Errc::not_supported,
+                     fmt::format("{}: na::Options::auth needs a host:port address "
+                                 "(ucx+tcp://host:port), where peers prove the secret through "
+                                 "this transport's bootstrap port; a worker address ({}) has no "
+                                 "set-up to prove it in, so this transport refuses to open rather "
+                                 "than accept strangers (on one host, sm admits only this user)",
+                                 scheme_, spec_.sub == "sm" ? "ucx+sm://" : "no host"));
     instance_ = random_u64();
     token_salt_ = random_u64();
+    if (opts_.auth.enabled()) {
+        // Hellos to ourselves are signed too (with a key nobody else holds).
+        TALARIA_TRY(k, auth::random_nonce());
+        self_session_.instance = instance_;
+        self_session_.id = random_u64();
+        std::memcpy(self_session_.key.data(), k.data(), k.size());
+    }
     pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pfd_ < 0) return Error(Errc::io_error, fmt::format("eventfd: {}", std::strerror(errno)));
     TALARIA_CHECK(init_context());
@@ -725,7 +740,7 @@ Result<Ep*> UcxTransport::ep_create_locked(Lane& l, const ucp_ep_params_t& param
     return e;
 }
 
-void UcxTransport::send_hello_locked(Lane& l, Ep* e) {
+void UcxTransport::send_hello_locked(Lane& l, Ep* e, const Session* session) {
     const std::string& me = self_.as<UcxAddr>()->str;
     MsgHeader h;
     h.kind = MsgKind::hello;
@@ -734,9 +749,11 @@ void UcxTransport::send_hello_locked(Lane& l, Ep* e) {
     h.instance = instance_;
     h.stream = e->stream_id();
     h.tag = l.serves.load(std::memory_order_acquire) ? kHelloTakesUnexpected : 0;
+    if (session) h.tag |= kHelloSigned;
     encode_msg_header(h, e->hello_hdr);
-    e->hello.resize(hello_size(me, l.worker_addr.size()));
+    e->hello.resize(hello_size(me, l.worker_addr.size()) + (session ? kHelloTailSize : 0));
     encode_hello(me, l.worker_addr, e->hello.data());
+    if (session) sign_hello(*session, e);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = &hello_sent_cb;
@@ -761,6 +778,25 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
     if (Ep* e = find_ep_locked(l, peer, peer_lane)) return e;
     ucp_ep_params_t params{};
     std::vector<std::byte> wa;
+    // With Options::auth our hello is signed with a session we hold with that peer instance:
+    // from a bootstrap (made here if it is needed anyway, or if none is held), or the one that
+    // signs hellos to ourselves.
+    std::optional<Session> session;
+    const bool must_sign = opts_.auth.enabled();
+    if (must_sign && (!worker.empty() || peer->anonymous || spec_.mode != Mode::sockaddr)) {
+        if (uint64_t inst = peer->instance.load(std::memory_order_relaxed); inst != 0)
+            session = find_session(inst);
+        if (!session && (peer->anonymous || spec_.mode != Mode::sockaddr))
+            return Error(Errc::access_denied,
+                         fmt::format("{}: no authenticated session with {} (it never proved the "
+                                     "shared secret to this process, or its session was "
+                                     "evicted): it must call here first",
+                                     scheme_, peer->str));
+        if (!session) {
+            TALARIA_TRY(b, bootstrap(*peer));
+            session = b.session;
+        }
+    }
     if (!worker.empty()) {
         wa.assign(worker.begin(), worker.end());
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
@@ -773,8 +809,9 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
     } else if (spec_.mode == Mode::sockaddr) {
         // Its context 0's worker, from its bootstrap port (ucx_boot.cpp): UCX's own listener
         // never faces the network.
-        TALARIA_TRY(w, bootstrap(*peer));
-        wa = std::move(w);
+        TALARIA_TRY(b, bootstrap(*peer));
+        wa = std::move(b.worker);
+        session = b.session;
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         params.address = reinterpret_cast<const ucp_address_t*>(wa.data());
     } else {
@@ -790,7 +827,7 @@ Result<Ep*> UcxTransport::ep_to_locked(Lane& l, UcxAddr* peer, uint8_t peer_lane
     for (const auto& [key, s] : l.streams)
         if (s.peer == peer && s.source_ctx == peer_lane) e->established = true;
     if (peer == self_.as<UcxAddr>()) e->established = true;  // our own worker: no hello back
-    send_hello_locked(l, e);
+    send_hello_locked(l, e, session ? &*session : nullptr);
     TALARIA_LOG(ucx, debug, "context {}: endpoint to context {} of {}", l.id, peer_lane, peer->str);
     return e;
 }

@@ -44,7 +44,19 @@ void encode_hello(std::string_view address, std::span<const std::byte> worker,
     if (!worker.empty()) std::memcpy(w + 2, worker.data(), worker.size());
 }
 
-Result<Hello> decode_hello(std::span<const std::byte> in) {
+Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed) {
+    Hello h;
+    if (is_signed) {
+        if (in.size() < kHelloTailSize)
+            return Error(Errc::protocol_error,
+                         fmt::format("signed ucx hello payload of {} bytes has no room for its "
+                                     "{}-byte tail",
+                                     in.size(), kHelloTailSize));
+        auto tail = in.last(kHelloTailSize);
+        h.session = load_le(tail.data(), 8);
+        h.mac = tail.subspan(8);
+        in = in.first(in.size() - kHelloTailSize);
+    }
     if (in.size() < 4)
         return Error(Errc::protocol_error,
                      fmt::format("ucx hello payload of {} bytes is shorter than 4", in.size()));
@@ -60,8 +72,8 @@ Result<Hello> decode_hello(std::span<const std::byte> in) {
                      fmt::format("ucx hello worker address length {} does not match its {}-byte "
                                  "payload (or exceeds {})",
                                  wlen, in.size(), kMaxWorkerAddr));
-    Hello h;
     h.address = std::string_view(reinterpret_cast<const char*>(in.data()) + 2, len);
+    h.body = in;
     h.worker = in.subspan(4 + len, wlen);
     return h;
 }
@@ -101,80 +113,92 @@ Result<Located> decode_located(std::span<const std::byte> in) {
     return l;
 }
 
-void encode_boot_request(uint64_t instance, std::byte* out) noexcept {
+void encode_boot_fixed(const BootFixed& f, std::byte* out) noexcept {
     store_le(out, kBootMagic, 4);
     out[4] = std::byte(kBootVersion);
-    out[5] = std::byte{0};
-    store_le(out + 6, 0, 2);
-    store_le(out + 8, instance, 8);
+    out[5] = std::byte(uint8_t(f.kind));
+    store_le(out + 6, f.length, 2);
+    store_le(out + 8, f.instance, 8);
 }
 
-namespace {
-/// Magic, version and the zero byte of a request's or a reply's first 6 bytes.
-Result<void> check_boot_prefix(std::span<const std::byte> in, const char* what) {
-    if (load_le(in.data(), 4) != kBootMagic)
-        return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap {}: not this transport's (magic {:08x})", what,
-                                 uint32_t(load_le(in.data(), 4))));
-    if (uint8_t(in[4]) != kBootVersion || in[5] != std::byte{0})
-        return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap {}: version {} (this side speaks {})", what,
-                                 uint8_t(in[4]), kBootVersion));
-    return {};
-}
-}  // namespace
-
-Result<uint64_t> decode_boot_request(std::span<const std::byte> in) {
-    if (in.size() != kBootRequestSize)
-        return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap request of {} bytes (expected {})", in.size(),
-                                 kBootRequestSize));
-    TALARIA_CHECK(check_boot_prefix(in, "request"));
-    uint64_t instance = load_le(in.data() + 8, 8);
-    if (load_le(in.data() + 6, 2) != 0 || instance == 0)
-        return Error(Errc::protocol_error, "ucx bootstrap request: reserved bits or instance 0");
-    return instance;
-}
-
-void encode_boot_reply(const BootReply& r, std::byte* out) noexcept {
-    store_le(out, kBootMagic, 4);
-    out[4] = std::byte(kBootVersion);
-    out[5] = std::byte{0};
-    store_le(out + 6, r.worker.size(), 2);
-    store_le(out + 8, r.instance, 8);
-    std::memcpy(out + kBootReplyFixedSize, r.worker.data(), r.worker.size());
-}
-
-Result<std::size_t> decode_boot_reply_fixed(std::span<const std::byte> fixed) {
-    if (fixed.size() != kBootReplyFixedSize)
+Result<BootFixed> decode_boot_fixed(std::span<const std::byte> fixed) {
+    if (fixed.size() != kBootFixedSize)
         return Error(
             Errc::protocol_error,
-            fmt::format("ucx bootstrap reply of {} bytes is not a fixed part", fixed.size()));
-    TALARIA_CHECK(check_boot_prefix(fixed, "reply"));
-    std::size_t wlen = load_le(fixed.data() + 6, 2);
-    if (wlen == 0 || wlen > kMaxWorkerAddr || load_le(fixed.data() + 8, 8) == 0)
+            fmt::format("ucx bootstrap frame of {} bytes is not a fixed part (expected {})",
+                        fixed.size(), kBootFixedSize));
+    if (load_le(fixed.data(), 4) != kBootMagic)
         return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap reply: worker address length {} (1 to {}) or "
-                                 "instance 0",
-                                 wlen, kMaxWorkerAddr));
-    return wlen;
+                     fmt::format("ucx bootstrap: not this transport's (magic {:08x})",
+                                 uint32_t(load_le(fixed.data(), 4))));
+    if (uint8_t(fixed[4]) != kBootVersion)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap: version {} (this side speaks {})",
+                                 uint8_t(fixed[4]), kBootVersion));
+    BootFixed f;
+    f.kind = BootKind(uint8_t(fixed[5]));
+    f.length = load_le(fixed.data() + 6, 2);
+    f.instance = load_le(fixed.data() + 8, 8);
+    if (f.instance == 0) return Error(Errc::protocol_error, "ucx bootstrap: instance 0");
+    bool fits = false;
+    switch (f.kind) {
+        case BootKind::request:
+            fits = f.length == 0 ||
+                   (f.length >= 2 + kBootNonceSize && f.length <= kBootMaxRequestBody);
+            break;
+        case BootKind::challenge:
+            fits = f.length == kBootNonceSize + kBootProofSize;
+            break;
+        case BootKind::response:
+            fits = f.length == kBootProofSize;
+            break;
+        case BootKind::answer:
+            fits = f.length >= 1 && f.length <= kMaxWorkerAddr;
+            break;
+        case BootKind::refused:
+            fits = f.length >= 1 && f.length <= kBootMaxReason;
+            break;
+        default:
+            return Error(Errc::protocol_error,
+                         fmt::format("ucx bootstrap: frame kind {} is unknown", uint8_t(fixed[5])));
+    }
+    if (!fits)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx bootstrap: a {}-byte body is out of bounds for kind {}",
+                                 f.length, uint8_t(f.kind)));
+    return f;
 }
 
-Result<BootReply> decode_boot_reply(std::span<const std::byte> in) {
-    if (in.size() < kBootReplyFixedSize)
+void encode_boot_request_body(std::string_view key_id, std::span<const std::byte> nonce,
+                              std::byte* out) noexcept {
+    if (key_id.empty()) return;
+    out[0] = std::byte(uint8_t(key_id.size()));
+    std::memcpy(out + 1, key_id.data(), key_id.size());
+    std::memcpy(out + 1 + key_id.size(), nonce.data(), kBootNonceSize);
+}
+
+Result<BootRequest> decode_boot_request_body(std::span<const std::byte> body) {
+    BootRequest r;
+    if (body.empty()) return r;
+    std::size_t klen = uint8_t(body[0]);
+    if (klen == 0 || body.size() != 1 + klen + kBootNonceSize)
         return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap reply of {} bytes is shorter than {}", in.size(),
-                                 kBootReplyFixedSize));
-    TALARIA_TRY(wlen, decode_boot_reply_fixed(in.first(kBootReplyFixedSize)));
-    if (in.size() != kBootReplyFixedSize + wlen)
-        return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap reply of {} bytes announces a {}-byte worker "
-                                 "address",
-                                 in.size(), wlen));
-    BootReply r;
-    r.instance = load_le(in.data() + 8, 8);
-    r.worker = in.subspan(kBootReplyFixedSize, wlen);
+                     fmt::format("ucx bootstrap request: a {}-byte body does not hold a key id of "
+                                 "{} bytes and a {}-byte nonce",
+                                 body.size(), klen, kBootNonceSize));
+    r.key_id = std::string_view(reinterpret_cast<const char*>(body.data() + 1), klen);
+    r.nonce = body.subspan(1 + klen, kBootNonceSize);
     return r;
+}
+
+Result<std::string_view> decode_boot_refused(std::span<const std::byte> body) {
+    for (std::byte b : body)
+        if (uint8_t(b) < 0x20 || uint8_t(b) > 0x7e)
+            return Error(Errc::protocol_error,
+                         "ucx bootstrap refusal: its reason is not printable ASCII");
+    if (body.empty() || body.size() > kBootMaxReason)
+        return Error(Errc::protocol_error, "ucx bootstrap refusal: no reason, or too long");
+    return std::string_view(reinterpret_cast<const char*>(body.data()), body.size());
 }
 
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in) {

@@ -92,18 +92,28 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in);
 struct Hello {
     std::string_view address;
     std::span<const std::byte> worker;
+    /// Signed hellos (kHelloSigned): the payload before the tail, the session id, the MAC.
+    std::span<const std::byte> body;
+    uint64_t session = 0;
+    std::span<const std::byte> mac;
 };
 inline std::size_t hello_size(std::string_view address, std::size_t worker_len) noexcept {
     return 4 + address.size() + worker_len;
 }
 void encode_hello(std::string_view address, std::span<const std::byte> worker,
                   std::byte* out) noexcept;
-/// The hello a payload carries (views `in`); protocol_error if malformed, either part empty
-/// or over its limit (kMaxAddrString, kMaxWorkerAddr).
-Result<Hello> decode_hello(std::span<const std::byte> in);
+/// The hello a payload carries (views `in`), with its authentication tail when `is_signed`
+/// (kHelloSigned); protocol_error if malformed, either part empty or over its limit
+/// (kMaxAddrString, kMaxWorkerAddr).
+Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed = false);
 
-/// Hello flag (in the header's tag): the sending context takes unexpected messages.
+/// Hello flags (in the header's tag): the sending context takes unexpected messages; the
+/// payload ends in an authentication tail (Options::auth): u64 the session's id, then the
+/// HMAC-SHA256 under the session's key of the encoded header, the payload before the tail, and
+/// the session id (docs/protocol.md, ucx hello).
 inline constexpr uint32_t kHelloTakesUnexpected = 1;
+inline constexpr uint32_t kHelloSigned = 2;
+inline constexpr std::size_t kHelloTailSize = 8 + 32;
 
 /// Locate payload: u8 kind: 0 where the context's unexpected messages go, 1 where its expected
 /// messages go (they differ when it takes no unexpected messages, or does not exist).
@@ -127,33 +137,49 @@ Result<Located> decode_located(std::span<const std::byte> in);
 
 /// Bootstrap (sockaddr mode, "ucx+tcp://host:port"): the port is a plain TCP socket of this
 /// transport, never UCX's own listener (UCX 1.13's socket connection manager aborts the process
-/// on foreign bytes). A client connects, sends a request, reads the reply, which names the
+/// on foreign bytes). A client connects, sends a request, reads the answer, which names the
 /// server's context-0 worker, and closes; it then reaches that worker by its address and says
-/// hello as in worker mode.
-/// Request, kBootRequestSize bytes: u32 kBootMagic, u8 kBootVersion, u8 0, u16 0, u64 the
-/// client's instance (nonzero).
-/// Reply: u32 kBootMagic, u8 kBootVersion, u8 0, u16 worker address length (1..
-/// kMaxWorkerAddr), u64 the server's instance (nonzero), the packed worker address.
+/// hello as in worker mode. With Options::auth the server challenges the request first and the
+/// client responds (docs/protocol.md, ucx bootstrap).
+/// Every frame, both ways: u32 kBootMagic, u8 kBootVersion, u8 kind, u16 body length, u64 the
+/// sender's instance (nonzero), then the body:
+///   request   (client): empty, or u8 key id length (1..255), key id, the client's nonce (32)
+///   challenge (server): the server's nonce (32), its proof (32)
+///   response  (client): its proof (32)
+///   answer    (server): the packed worker address of its context 0 (1..kMaxWorkerAddr)
+///   refused   (server): why, in printable ASCII (1..kBootMaxReason)
 inline constexpr uint32_t kBootMagic = 0x42554c54u;  // "TLUB"
-inline constexpr uint8_t kBootVersion = 1;
-inline constexpr std::size_t kBootRequestSize = 16;
-inline constexpr std::size_t kBootReplyFixedSize = 16;
-struct BootReply {
+inline constexpr uint8_t kBootVersion = 2;
+inline constexpr std::size_t kBootFixedSize = 16;
+inline constexpr std::size_t kBootNonceSize = 32;
+inline constexpr std::size_t kBootProofSize = 32;
+inline constexpr std::size_t kBootMaxReason = 255;
+/// Largest request body: a key id of 255 bytes and a nonce.
+inline constexpr std::size_t kBootMaxRequestBody = 1 + 255 + kBootNonceSize;
+enum class BootKind : uint8_t { request = 1, challenge = 2, response = 3, answer = 4, refused = 5 };
+struct BootFixed {
+    BootKind kind = BootKind::request;
+    std::size_t length = 0;  ///< of the body that follows
     uint64_t instance = 0;
-    std::span<const std::byte> worker;  ///< views the input when decoded
 };
-void encode_boot_request(uint64_t instance, std::byte* out) noexcept;
-/// The client's instance; protocol_error unless exactly a well-formed request.
-Result<uint64_t> decode_boot_request(std::span<const std::byte> in);
-inline std::size_t boot_reply_size(std::size_t worker_len) noexcept {
-    return kBootReplyFixedSize + worker_len;
+void encode_boot_fixed(const BootFixed& f, std::byte* out) noexcept;
+/// A frame's fixed part (exactly kBootFixedSize bytes): magic, version, a known kind whose body
+/// length is within that kind's bounds, nonzero instance; protocol_error otherwise.
+Result<BootFixed> decode_boot_fixed(std::span<const std::byte> fixed);
+/// A request's authentication part: empty key id when the client does not authenticate.
+struct BootRequest {
+    std::string_view key_id;
+    std::span<const std::byte> nonce;  ///< kBootNonceSize bytes, or empty
+};
+inline std::size_t boot_request_body_size(std::string_view key_id) noexcept {
+    return key_id.empty() ? 0 : 1 + key_id.size() + kBootNonceSize;
 }
-void encode_boot_reply(const BootReply& r, std::byte* out) noexcept;
-/// The worker address length a reply's fixed part announces; protocol_error if the fixed part
-/// (exactly kBootReplyFixedSize bytes) is not a reply's.
-Result<std::size_t> decode_boot_reply_fixed(std::span<const std::byte> fixed);
-/// A whole reply (fixed part and worker address, nothing more); protocol_error otherwise.
-Result<BootReply> decode_boot_reply(std::span<const std::byte> in);
+/// Writes the body (nothing for an empty key id); `nonce` has kBootNonceSize bytes.
+void encode_boot_request_body(std::string_view key_id, std::span<const std::byte> nonce,
+                              std::byte* out) noexcept;
+Result<BootRequest> decode_boot_request_body(std::span<const std::byte> body);
+/// A refusal's reason (views `body`); protocol_error unless printable ASCII.
+Result<std::string_view> decode_boot_refused(std::span<const std::byte> body);
 
 /// Serialized address: u16 length, then the address string (as for tcp).
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in);

@@ -1,6 +1,9 @@
 // ucx transport tests: address strings, that ucx+sm (and ucx+all, for a local peer) really run
 // over shared memory (openucx/ucx#8477), peer death over sm and tcp, an anonymous client, and
 // teardown with operations in flight.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,10 +15,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "endpoint.hpp"
 #include "harness.hpp"
+#include "na/base/auth.hpp"
 #include "na/ucx/ucx.hpp"
 #include "peer_process.hpp"
 #include "talaria/na/na.hpp"
@@ -380,9 +385,9 @@ TEST(UcxClient, AnonymousClientIsAnsweredOverItsOwnEndpoint) {
 // asks the server's context 0 where that is served), is answered at its own worker (the server
 // connects back to it), and a server context the client never called (2: a bulk context)
 // reads the client's memory.
-TEST(UcxClient, AnonymousClientContextsAreReachedAtTheirOwnWorkers) {
-    Endpoint srv("ucx+tcp://127.0.0.1:0");
-    Endpoint cli("ucx+tcp://127.0.0.1:0", not_listening());
+void contexts_reach_their_own_workers(const Options& so, const Options& co) {
+    Endpoint srv("ucx+tcp://127.0.0.1:0", so);
+    Endpoint cli("ucx+tcp://127.0.0.1:0", co);
     ASSERT_TRUE(srv.impl && cli.impl && srv.ctx && cli.ctx);
     auto s1 = srv.t->context_create(1);
     auto s2 = srv.t->context_create(2, ContextOptions{.unexpected = false});
@@ -435,6 +440,205 @@ TEST(UcxClient, AnonymousClientContextsAreReachedAtTheirOwnWorkers) {
     s1->reset();
     s2->reset();
     c1->reset();
+}
+
+TEST(UcxClient, AnonymousClientContextsAreReachedAtTheirOwnWorkers) {
+    contexts_reach_their_own_workers({}, not_listening());
+}
+
+// --- authentication (Options::auth) --------------------------------------------------------------
+
+Options with_auth(std::string key, char fill, bool listen = true) {
+    Options o;
+    o.listen = listen;
+    o.auth.key_id = std::move(key);
+    o.auth.secret.assign(32, std::byte(fill));
+    return o;
+}
+
+/// A client (not listening) sends one unexpected message to a server, each opened with the
+/// options given: the send's status, and whether the server received it.
+struct AuthOutcome {
+    Errc sent = Errc::internal;
+    std::string why;
+    bool received = false;
+};
+AuthOutcome send_with_auth(const Options& so, const Options& co) {
+    AuthOutcome out;
+    Endpoint srv("ucx+tcp://127.0.0.1:0", so);
+    Endpoint cli("ucx+tcp://127.0.0.1:0", co);
+    if (!srv.ctx || !cli.ctx) return out;
+    auto dest = cli.t->addr_lookup(srv.self());
+    EXPECT_TRUE(dest);
+    if (!dest) return out;
+    MsgBuffer sb = alloc_buf(*cli.t, 8), rb = alloc_buf(*srv.t, 8);
+    Recorder sr, rr;
+    EXPECT_TRUE(srv.t->post_recv_unexpected(*srv.ctx, record(rr), rb));
+    auto posted = cli.t->post_send_unexpected(*cli.ctx, record(sr), sb, 8, *dest, 0, 5);
+    if (!posted) {
+        out.sent = posted.code();
+        out.why = posted.error().describe();
+    } else {
+        EXPECT_TRUE(progress_until(
+            {cli.ctx.get(), srv.ctx.get()}, [&] { return sr.done(); }, 10s));
+        out.sent = sr.last.status;
+    }
+    progress_until(
+        {cli.ctx.get(), srv.ctx.get()}, [&] { return rr.done(); }, 300ms);
+    out.received = rr.done() && rr.last.status == Errc::ok;
+    return out;
+}
+
+TEST(UcxAuth, PeersWithTheSameSecretTalkBothWays) {
+    Options so = with_auth("cluster-1", 'k');
+    Endpoint srv("ucx+tcp://127.0.0.1:0", so);
+    Endpoint cli("ucx+tcp://127.0.0.1:0", with_auth("cluster-1", 'k', false));
+    ASSERT_TRUE(srv.ctx && cli.ctx);
+    ping(cli, srv);
+    auto a = srv.t->addr_lookup(cli.self());
+    ASSERT_TRUE(a) << a.error().describe();
+    EXPECT_EQ(srv.t->peer_identity(*a).key_id, "cluster-1");
+    EXPECT_TRUE(srv.t->peer_identity(*a).authenticated());
+    // Sends to ourselves are signed with a key of our own.
+    ping(srv, srv);
+}
+
+TEST(UcxAuth, EveryContextOfAnAuthenticatedClientIsReachedBothWays) {
+    // Contexts found through locate, endpoints made back to the client's own workers, and a get
+    // from a bulk context: every hello on the way is signed with the bootstrap's session.
+    contexts_reach_their_own_workers(with_auth("k", 'q'), with_auth("k", 'q', false));
+}
+
+TEST(UcxAuth, StrangersAreRefusedWithAccessDenied) {
+    struct Case {
+        const char* what;
+        Options server, client;
+        const char* names;  ///< a word the client's error must hold
+    };
+    Options none;
+    none.listen = false;
+    const Case cases[] = {
+        {"a different secret", with_auth("k", 'a'), with_auth("k", 'b', false), "proof"},
+        {"another key id", with_auth("k", 'a'), with_auth("other", 'a', false), "key"},
+        {"a client without a secret", with_auth("k", 'a'), none, "authenticate"},
+        {"a server without a secret", Options{}, with_auth("k", 'a', false), "secret"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.what);
+        auto o = send_with_auth(c.server, c.client);
+        EXPECT_EQ(o.sent, Errc::access_denied) << errc_name(o.sent) << " " << o.why;
+        EXPECT_FALSE(o.received);
+        if (!o.why.empty()) {
+            EXPECT_NE(o.why.find(c.names), std::string::npos) << o.why;
+        }
+    }
+}
+
+TEST(UcxAuth, WorkerAddressModesRefuseASecret) {
+    for (const char* addr : {"ucx+sm://", "ucx+tcp://"}) {
+        auto t = open(addr, with_auth("k", 'a'));
+        ASSERT_FALSE(t) << addr;
+        EXPECT_EQ(t.code(), Errc::not_supported) << addr;
+        EXPECT_NE(t.error().message().find("host:port"), std::string::npos) << t.error().message();
+    }
+}
+
+/// The server's context-0 worker address, from its bootstrap port, proving `o`'s secret as an
+/// authenticated client does (wire.hpp): what a peer that once held the secret, or learned the
+/// address some other way, knows.
+std::vector<std::byte> worker_of(const std::string& server, const Options& o) {
+    auto colon = server.rfind(':');
+    int port = std::stoi(server.substr(colon + 1));
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(uint16_t(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    auto read_n = [&](std::size_t n) {
+        std::vector<std::byte> v(n);
+        std::size_t got = 0;
+        while (got < n) {
+            ssize_t r = ::recv(fd, v.data() + got, n - got, 0);
+            if (r <= 0) return std::vector<std::byte>{};
+            got += std::size_t(r);
+        }
+        return v;
+    };
+    const uint64_t me = 0x1234;
+    auth::Nonce nonce{};
+    nonce.fill(std::byte{7});
+    std::vector<std::byte> req(ucx::kBootFixedSize + ucx::boot_request_body_size(o.auth.key_id));
+    ucx::encode_boot_fixed({ucx::BootKind::request, req.size() - ucx::kBootFixedSize, me},
+                           req.data());
+    ucx::encode_boot_request_body(o.auth.key_id, nonce, req.data() + ucx::kBootFixedSize);
+    EXPECT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+    auto ch = read_n(ucx::kBootFixedSize + 64);
+    EXPECT_FALSE(ch.empty());
+    if (ch.empty()) {
+        ::close(fd);
+        return {};
+    }
+    auto theirs = std::span<const std::byte>(ch).subspan(ucx::kBootFixedSize, 32);
+    auto proof = auth::prove(o.auth.secret, auth::Role::connector, nonce, theirs, o.auth.key_id);
+    std::byte resp[ucx::kBootFixedSize + 32];
+    ucx::encode_boot_fixed({ucx::BootKind::response, 32, me}, resp);
+    std::memcpy(resp + ucx::kBootFixedSize, proof.data(), 32);
+    EXPECT_EQ(::send(fd, resp, sizeof resp, MSG_NOSIGNAL), ssize_t(sizeof resp));
+    auto fixed = read_n(ucx::kBootFixedSize);
+    auto f = ucx::decode_boot_fixed(fixed);
+    EXPECT_TRUE(f && f->kind == ucx::BootKind::answer);
+    auto worker = f ? read_n(f->length) : std::vector<std::byte>{};
+    ::close(fd);
+    return worker;
+}
+
+TEST(UcxAuth, UnsignedHellosAtTheWorkerStartNothing) {
+    // UCX's own ports (the worker's UCT tcp interface) take anyone who has the worker's
+    // address. A peer that has it but no session (here: a worker-mode transport, which
+    // cannot sign) says hello and sends; the server must deliver nothing, and still serve an
+    // authenticated client.
+    Options so = with_auth("k", 'w');
+    Endpoint srv("ucx+tcp://127.0.0.1:0", so);
+    ASSERT_TRUE(srv.ctx);
+    auto worker = worker_of(srv.self(), so);
+    ASSERT_FALSE(worker.empty());
+    Endpoint stranger("ucx+tcp://");
+    ASSERT_TRUE(stranger.ctx);
+    std::string hex =
+        fmt::format("ucx+tcp://{:02x}",
+                    fmt::join(reinterpret_cast<const uint8_t*>(worker.data()),
+                              reinterpret_cast<const uint8_t*>(worker.data()) + worker.size(), ""));
+    auto dest = stranger.t->addr_lookup(hex);
+    ASSERT_TRUE(dest) << dest.error().describe();
+    MsgBuffer sb = alloc_buf(*stranger.t, 8), rb = alloc_buf(*srv.t, 8);
+    Recorder sr, rr;
+    ASSERT_TRUE(srv.t->post_recv_unexpected(*srv.ctx, record(rr), rb));
+    for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(
+            stranger.t->post_send_unexpected(*stranger.ctx, record(sr), sb, 8, *dest, 0, 5));
+    progress_until(
+        {stranger.ctx.get(), srv.ctx.get()}, [&] { return rr.done(); }, 1s);
+    EXPECT_FALSE(rr.done()) << "a message from a peer without a session reached the server";
+    // The server still serves a client that proves the secret (the receive posted above takes
+    // its message).
+    Endpoint cli("ucx+tcp://127.0.0.1:0", with_auth("k", 'w', false));
+    ASSERT_TRUE(cli.ctx);
+    auto d2 = cli.t->addr_lookup(srv.self());
+    ASSERT_TRUE(d2);
+    MsgBuffer cb = alloc_buf(*cli.t, 8);
+    Recorder cr;
+    ASSERT_TRUE(cli.t->post_send_unexpected(*cli.ctx, record(cr), cb, 8, *d2, 0, 6));
+    ASSERT_TRUE(progress_until(
+        {stranger.ctx.get(), srv.ctx.get(), cli.ctx.get()}, [&] { return rr.done() && cr.done(); },
+        10s));
+    EXPECT_EQ(rr.last.status, Errc::ok);
+    EXPECT_EQ(rr.last.tag, 6u) << "the stranger's message was delivered";
+    dest->reset();
+    d2->reset();
+    rr.last.source.reset();
 }
 
 // --- teardown ------------------------------------------------------------------------------------

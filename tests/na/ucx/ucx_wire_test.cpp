@@ -110,6 +110,110 @@ TEST(UcxWire, HelloBounds) {
     EXPECT_FALSE(decode_hello(hw));
 }
 
+TEST(UcxWire, SignedHelloCarriesItsTail) {
+    std::string a = "ucx+tcp://~0123456789abcdef";
+    std::vector<std::byte> w(40, std::byte{0x11});
+    std::vector<std::byte> b(hello_size(a, w.size()) + kHelloTailSize, std::byte{0x5a});
+    encode_hello(a, w, b.data());
+    detail::store_le(b.data() + hello_size(a, w.size()), 0x1122334455667788ull, 8);
+    auto d = decode_hello(b, true);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->address, a);
+    EXPECT_EQ(d->session, 0x1122334455667788ull);
+    EXPECT_EQ(d->mac.size(), 32u);
+    EXPECT_EQ(d->body.size(), hello_size(a, w.size()));
+    EXPECT_EQ(d->mac.data(), b.data() + b.size() - 32);
+    // Read unsigned, the tail does not belong; read signed, an unsigned hello lacks it.
+    EXPECT_FALSE(decode_hello(b, false));
+    std::vector<std::byte> plain(hello_size(a, w.size()));
+    encode_hello(a, w, plain.data());
+    EXPECT_FALSE(decode_hello(plain, true));
+    for (std::size_t n = 0; n < b.size(); ++n)
+        EXPECT_FALSE(decode_hello(std::span(b.data(), n), true)) << n;
+}
+
+std::vector<std::byte> boot_frame(BootKind k, std::size_t len, uint64_t instance = 9) {
+    std::vector<std::byte> f(kBootFixedSize + len, std::byte{'r'});
+    encode_boot_fixed({k, len, instance}, f.data());
+    return f;
+}
+
+TEST(UcxWire, BootFramesAreBoundedByKind) {
+    // Each kind's smallest and largest body decode; one byte beyond either end does not.
+    struct Bounds {
+        BootKind kind;
+        std::size_t lo, hi;
+    };
+    for (Bounds b : {Bounds{BootKind::request, 2 + kBootNonceSize, kBootMaxRequestBody},
+                     Bounds{BootKind::challenge, 64, 64}, Bounds{BootKind::response, 32, 32},
+                     Bounds{BootKind::answer, 1, kMaxWorkerAddr},
+                     Bounds{BootKind::refused, 1, kBootMaxReason}}) {
+        SCOPED_TRACE(int(b.kind));
+        for (std::size_t len : {b.lo, b.hi}) {
+            auto f = boot_frame(b.kind, len);
+            auto d = decode_boot_fixed(std::span(f).first(kBootFixedSize));
+            ASSERT_TRUE(d) << d.error().describe();
+            EXPECT_EQ(d->kind, b.kind);
+            EXPECT_EQ(d->length, len);
+            EXPECT_EQ(d->instance, 9u);
+        }
+        auto under = boot_frame(b.kind, b.lo - 1), over = boot_frame(b.kind, b.hi + 1);
+        if (b.kind != BootKind::request) {  // an empty request is one without authentication
+            EXPECT_FALSE(decode_boot_fixed(std::span(under).first(16)));
+        }
+        EXPECT_FALSE(decode_boot_fixed(std::span(over).first(16)));
+    }
+    auto no_auth = boot_frame(BootKind::request, 0);
+    EXPECT_TRUE(decode_boot_fixed(std::span(no_auth).first(16)));
+    auto one = boot_frame(BootKind::request, 1);
+    EXPECT_FALSE(decode_boot_fixed(std::span(one).first(16)));
+    // Unknown kinds, instance 0, another magic or version, a short fixed part.
+    for (uint8_t k : {0, 6, 255}) {
+        auto f = boot_frame(BootKind::answer, 8);
+        f[5] = std::byte{k};
+        EXPECT_FALSE(decode_boot_fixed(std::span(f).first(16))) << int(k);
+    }
+    auto zero = boot_frame(BootKind::answer, 8, 0);
+    EXPECT_FALSE(decode_boot_fixed(std::span(zero).first(16)));
+    for (std::size_t at : {0, 3, 4}) {
+        auto f = boot_frame(BootKind::answer, 8);
+        f[at] ^= std::byte{1};
+        EXPECT_FALSE(decode_boot_fixed(std::span(f).first(16))) << at;
+    }
+    auto f = boot_frame(BootKind::answer, 8);
+    EXPECT_FALSE(decode_boot_fixed(std::span(f).first(15)));
+}
+
+TEST(UcxWire, BootRequestAndRefusalBodies) {
+    std::array<std::byte, kBootNonceSize> nonce{};
+    nonce.fill(std::byte{3});
+    std::string key = "cluster-7";
+    std::vector<std::byte> body(boot_request_body_size(key));
+    encode_boot_request_body(key, nonce, body.data());
+    auto r = decode_boot_request_body(body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->key_id, key);
+    EXPECT_TRUE(std::equal(r->nonce.begin(), r->nonce.end(), nonce.begin(), nonce.end()));
+    auto none = decode_boot_request_body({});
+    ASSERT_TRUE(none);
+    EXPECT_TRUE(none->key_id.empty());
+    // A key id length that disagrees with the body, or 0.
+    for (uint8_t k : {0, 8, 10, 255}) {
+        auto bad = body;
+        bad[0] = std::byte{k};
+        EXPECT_FALSE(decode_boot_request_body(bad)) << int(k);
+    }
+    std::string why = "refused: key 'k'";
+    auto w = std::as_bytes(std::span(why));
+    auto d = decode_boot_refused(w);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(*d, why);
+    std::vector<std::byte> ctrl(w.begin(), w.end());
+    ctrl[3] = std::byte{'\n'};
+    EXPECT_FALSE(decode_boot_refused(ctrl));
+    EXPECT_FALSE(decode_boot_refused({}));
+}
+
 TEST(UcxWire, LocatedBounds) {
     std::vector<std::byte> w(33, std::byte{0x22});
     Located l;
