@@ -1,7 +1,7 @@
 // Fuzz the ofi transport's decoders of peer bytes (src/na/ofi/ofi_wire.hpp): the header in front
 // of every message (read straight out of a receive buffer), the locate request and answer, the
-// serialized address and the serialized memory handle. None may crash or accept what the encoders
-// would not produce.
+// authentication steps, the serialized address and the serialized memory handle. None may crash
+// or accept what the encoders would not produce.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -49,6 +49,44 @@ void locate(std::span<const std::byte> in) {
     check(n == in.size() && std::memcmp(again, in.data(), n) == 0);
 }
 
+/// An auth payload of step `tag` (the header's tag): what decodes lies inside it, and a request
+/// re-encodes to itself.
+void auth(uint32_t tag, std::span<const std::byte> in) {
+    auto m = decode_auth(tag, in);
+    if (!m) return;
+    auto inside = [&](const void* p, std::size_t n) {
+        auto* b = static_cast<const std::byte*>(p);
+        return n == 0 || (b >= in.data() && b + n <= in.data() + in.size());
+    };
+    check(inside(m->key_id.data(), m->key_id.size()) && inside(m->nonce.data(), m->nonce.size()) &&
+          inside(m->proof.data(), m->proof.size()) && inside(m->reason.data(), m->reason.size()));
+    switch (m->step) {
+        case AuthStep::request: {
+            check(!m->key_id.empty() && m->nonce.size() == kAuthNonceSize);
+            std::byte again[kAuthMaxPayload];
+            std::size_t n = encode_auth_request(m->key_id, m->nonce, again);
+            check(n == in.size() && std::memcmp(again, in.data(), n) == 0);
+            break;
+        }
+        case AuthStep::challenge:
+            check(m->nonce.size() == kAuthNonceSize && m->proof.size() == kAuthProofSize);
+            break;
+        case AuthStep::response:
+            check(m->proof.size() == kAuthProofSize);
+            break;
+        case AuthStep::ok:
+            check(in.empty());
+            break;
+        case AuthStep::refused:
+            check(!m->reason.empty() && m->reason.size() <= kAuthMaxReason);
+            for (char c : m->reason)
+                check(c >= 0x20 && c <= 0x7e);
+            break;
+        default:
+            check(false);
+    }
+}
+
 void addr(std::span<const std::byte> in) {
     auto s = decode_addr_blob(in);
     if (!s) return;
@@ -90,6 +128,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             break;
     }
     header(all);
+    if (auto h = decode_msg_header(all); h && h->kind == MsgKind::auth)
+        auth(h->tag, all.subspan(h->header_size));
+    auth(data[0] % 6, rest);
     locate(all);
     addr(all);
     mem(all);

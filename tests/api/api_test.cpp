@@ -747,8 +747,9 @@ TEST(ApiAuth, HandlersSeeWhatTheCallerProved) {
     }
 }
 
-// On tcp and on ucx+tcp (whose peers prove the secret at its bootstrap port and sign their
-// hellos with the session that leaves them).
+// On tcp, ofi+tcp (a handshake of messages between the two processes) and ucx+tcp (whose
+// peers prove the secret at its bootstrap port and sign their hellos with the session that
+// leaves them).
 TEST(ApiAuth, NetworkCallsNeedTheSharedSecret) {
     auto with = [](char fill) {
         EngineOptions o;
@@ -758,6 +759,8 @@ TEST(ApiAuth, NetworkCallsNeedTheSharedSecret) {
     };
     std::vector<std::string> where{"tcp://127.0.0.1:0"};
     auto built = na::transports_built();
+    if (std::find(built.begin(), built.end(), "ofi") != built.end())
+        where.push_back("ofi+tcp://127.0.0.1:0");
     if (std::find(built.begin(), built.end(), "ucx") != built.end())
         where.push_back("ucx+tcp://127.0.0.1:0");
     for (const std::string& addr : where) {

@@ -24,19 +24,14 @@ struct Entry {
     std::string_view scheme;
     OpenFn open = nullptr;
     OpenFamilyFn open_family = nullptr;
-    /// It honours Options::auth: it authenticates its peers (tcp; ucx in host:port mode, which
-    /// refuses a secret in its other modes), or only this user's processes (sm) or this process
-    /// (inproc) can reach it. The others refuse a secret.
-    bool admits_only_known_peers = false;
 };
 constexpr Entry kTransports[] = {
-    {"inproc", &open_inproc, nullptr, true}, {"sm", &open_sm, nullptr, true},
-    {"tcp", &open_tcp, nullptr, true},
+    {"inproc", &open_inproc, nullptr}, {"sm", &open_sm, nullptr}, {"tcp", &open_tcp, nullptr},
 #if TALARIA_HAVE_OFI
-    {"ofi", nullptr, &open_ofi, false},
+    {"ofi", nullptr, &open_ofi},
 #endif
 #if TALARIA_HAVE_UCX
-    {"ucx", nullptr, &open_ucx, true},
+    {"ucx", nullptr, &open_ucx},
 #endif
 };
 }  // namespace
@@ -75,15 +70,6 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
     TALARIA_CHECK(auth::check(options.auth));
     for (const auto& e : kTransports) {
         if (e.scheme != family) continue;
-        if (options.auth.enabled() && !e.admits_only_known_peers)
-            return Error(
-                Errc::not_supported,
-                fmt::format("'{}': Options::auth (shared-secret authentication) is "
-                            "implemented on tcp and ucx+tcp://host:port (and sm admits only "
-                            "this user); the {} "
-                            "transport does not authenticate yet, so it refuses to open "
-                            "rather than accept strangers",
-                            address, family));
         if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);
         if (e.open_family) {
             if (plus == std::string_view::npos || plus + 1 == url.scheme.size())

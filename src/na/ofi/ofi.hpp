@@ -25,12 +25,14 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
+#include <array>
 #include <atomic>
 #include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -76,6 +78,28 @@ inline constexpr int kLocateTries = 3;
 /// its locates cannot grow the queue and the buffers behind it without bound.
 inline constexpr std::size_t kMaxCtlRetry = 64;
 
+/// Authentication (Options::auth; ofi_auth.cpp): a handshake not finished within this fails
+/// the sends waiting for it (unreachable); a refusal fails sends to that peer at once for
+/// kAuthRefusedFor, then the next send tries again; challenges waiting for their response are
+/// kept at most kMaxAuthPending (the oldest goes) and for at most kAuthTimeout.
+inline constexpr Duration kAuthTimeout = std::chrono::seconds(10);
+inline constexpr Duration kAuthRefusedFor = std::chrono::seconds(1);
+inline constexpr std::size_t kMaxAuthPending = 256;
+/// OfiAddr::auth: our side of the handshake with that process.
+enum class AuthState : uint8_t {
+    none,      ///< not begun (without Options::auth: sends go as they are)
+    dialing,   ///< our request is out: sends wait
+    admitted,  ///< both proved the secret to each other: sends go
+    refused,   ///< it refused us, or failed to prove it holds the secret: sends fail
+};
+/// A challenge we sent, waiting for its response.
+struct AuthPending {
+    std::string raw;  ///< the connector's transport address
+    uint64_t instance = 0;
+    std::array<std::byte, kAuthNonceSize> own{}, peer{};
+    TimePoint since{};
+};
+
 /// What a libfabric operation context points at (the first member of each kind).
 struct FiCtx {
     enum class Kind : uint8_t { op, rx, ctl };
@@ -105,6 +129,13 @@ struct OfiAddr final : AddrImpl {
     int pid = 0;      ///< shm: the owner's pid (from the name), 0 if unknown
     std::atomic<uint64_t> instance{0};  ///< the peer's endpoint instance, once heard from
     std::atomic<bool> dead{false};      ///< declared dead: every op on it fails (disconnected)
+    /// Options::auth: it proved the secret to us (its messages are delivered); our side of
+    /// the handshake (AuthState). What follows is under OfiTransport::auth_mu_.
+    std::atomic<bool> proved{false};
+    std::atomic<AuthState> auth{AuthState::none};
+    std::array<std::byte, kAuthNonceSize> auth_nonce{};  ///< ours, in our request
+    TimePoint auth_since{};                              ///< when we asked, or were refused
+    std::string auth_refusal;                            ///< why it refused us
     /// Bytes of its unexpected messages queued for receives on any of our contexts
     /// (QueuedMsg::charge; kMaxQueuedUnexpectedPerPeer).
     std::atomic<std::size_t> unexpected_bytes{0};
@@ -151,6 +182,8 @@ struct Route {
     TimePoint since{};      ///< when that locate was sent
     int tries = 0;          ///< locates sent
     bool locating = false;  ///< a locate is due or in flight (counted in OfiLane::locating)
+    /// Options::auth: its sends wait for the handshake with its peer (counted in locating).
+    bool authing = false;
 };
 using RouteKey = std::tuple<const OfiAddr*, uint8_t, bool>;
 
@@ -361,6 +394,7 @@ class OfiTransport final : public Transport {
     Result<void> init(std::string_view sub, std::string_view rest);
 
     std::string_view name() const noexcept override { return scheme_; }
+    PeerIdentity peer_identity(const Addr& a) override;
     using Transport::context_create;
     Result<std::unique_ptr<Context>> context_create(uint8_t id,
                                                     const ContextOptions& opts) override;
@@ -499,8 +533,27 @@ class OfiTransport final : public Transport {
     void repost_rx(OfiLane& l, RxBuf* rb);
     void on_message(OfiLane& l, std::span<const std::byte> msg);
     /// The sender of a received header, as this lane keeps it; empty (and logged) when the
-    /// header names no endpoint of this transport.
-    Source* source_locked(OfiLane& l, const MsgHeader& h);
+    /// header names no endpoint of this transport. With Options::auth, also empty for a sender
+    /// that has not proved the secret, unless `admit` (it just did).
+    Source* source_locked(OfiLane& l, const MsgHeader& h, bool admit = false);
+    // authentication (ofi_auth.cpp; Options::auth)
+    /// Sends to `a` may not go yet (its handshake is not done, or it refused us): `op` waits on
+    /// `route`, or fails at once when `a` refused us. True if the op was taken.
+    bool auth_hold_locked(OfiLane& l, OfiAddr* a, Route& route, OfiOp* op);
+    /// Begin our handshake with `a` from lane `l` unless one is under way.
+    void dial_locked(OfiLane& l, OfiAddr* a, TimePoint now);
+    /// Routes waiting for a handshake: go on, fail, or time out.
+    void check_auth_locked(OfiLane& l, TimePoint now);
+    void on_auth_locked(OfiLane& l, const MsgHeader& h, std::span<const std::byte> payload);
+    /// An unauthenticated sender's message arrived: drop it, and tell the sender why (both
+    /// rate-limited).
+    void refuse_stranger_locked(OfiLane& l, const MsgHeader& h);
+    /// The process at `raw` to answer an auth message (found, or interned without taking the
+    /// header's instance: that waits until it proves the secret); empty if not ours.
+    Addr auth_peer_locked(std::span<const std::byte> raw);
+    /// Send one auth message of `step` to `to` (its lane endpoint).
+    void send_auth_locked(OfiLane& l, Remote* to, AuthStep step, std::span<const std::byte> body);
+    void send_refusal_locked(OfiLane& l, Remote* to, std::string_view why);
     /// The live process interned under raw address `raw` (or none); its instance becomes
     /// `instance` if it had none yet (0: leave it).
     Addr find_raw(std::string_view raw, uint64_t instance);
@@ -548,6 +601,12 @@ class OfiTransport final : public Transport {
 
     uint64_t instance_ = 0;
     Addr self_;
+    /// Options::auth: the handshakes' state on OfiAddr, and challenges waiting for their
+    /// response (a leaf lock, taken under a lane's).
+    std::mutex auth_mu_;
+    std::vector<AuthPending> auth_pending_;
+    TimePoint auth_refusal_logged_{};  ///< under auth_mu_: refusals of strangers, one a second
+    std::size_t auth_refusals_unlogged_ = 0;
     std::string shm_base_;  ///< shm: our region names' stem (lane k adds ".k" for k > 0)
     const pid_t self_pid_ = ::getpid();  ///< read once: getpid() is a system call per send
     std::string raw_prefix_;  ///< FI_ADDR_STR providers: "fi_shm://" (from lane 0's address)

@@ -230,7 +230,7 @@ Ctl* OfiTransport::ctl_alloc_locked(OfiLane& l) {
         }
     auto c = std::make_unique<Ctl>();
     c->fi_kind = FiCtx::Kind::ctl;
-    auto b = msg_buf_alloc(kLocatedFixedSize + kMaxRawAddr);
+    auto b = msg_buf_alloc(std::max(kLocatedFixedSize + kMaxRawAddr, kAuthMaxPayload));
     if (!b) {
         TALARIA_LOG(ofi, warn, "{}: no buffer for an internal message: {}", scheme_,
                     b.error().describe());
@@ -324,7 +324,9 @@ void OfiTransport::route_found_locked(OfiLane& l, Route& r, Remote* rem) {
 
 void OfiTransport::route_failed_locked(OfiLane& l, Route& r, Errc status, const std::string& why) {
     if (r.locating) --l.locating;
+    if (r.authing) --l.locating;
     r.locating = false;
+    r.authing = false;
     r.tries = 0;
     r.token = 0;
     // Warn: the failed operations carry only the code; this says why and what to do.
@@ -339,6 +341,7 @@ void OfiTransport::route_failed_locked(OfiLane& l, Route& r, Errc status, const 
 }
 
 void OfiTransport::check_locates_locked(OfiLane& l, TimePoint now) {
+    check_auth_locked(l, now);
     // What is due first: acting on a route may declare its peer dead, which erases routes.
     std::vector<RouteKey> due;
     for (auto& [key, r] : l.routes)
@@ -525,6 +528,12 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
     op->desc = desc;
     op->peer = dest;
     OpId id = op->id();
+    if (const AuthState st = peer->auth.load(std::memory_order_acquire);
+        st != AuthState::admitted && (st == AuthState::refused || opts_.auth.enabled()))
+        [[unlikely]] {
+        // Options::auth: not before both proved the secret (or fail at once: it refused us).
+        if (auth_hold_locked(l, peer, *route, op)) return id;
+    }
     if (!route->rem) {
         // Where that context lives is not known yet: wait for the locate, in order.
         op->state = OpState::routing;
@@ -906,12 +915,28 @@ Addr OfiTransport::find_raw(std::string_view raw, uint64_t instance) {
     return a;
 }
 
-Source* OfiTransport::source_locked(OfiLane& l, const MsgHeader& h) {
+Source* OfiTransport::source_locked(OfiLane& l, const MsgHeader& h, bool admit) {
     std::string_view raw(reinterpret_cast<const char*>(h.raw_addr.data()), h.raw_addr.size());
     if (Source* s = l.last_source; s && s->instance == h.instance && l.last_source_raw == raw &&
                                    !ofi_addr(s->addr)->dead.load(std::memory_order_relaxed))
-        return s;
+        return s;  // (a lane keeps sources only of senders that proved the secret, if asked)
     auto it = l.sources.find(raw);
+    if (opts_.auth.enabled() && !admit) {
+        // Only a sender that proved the secret is delivered; a new process at the address of
+        // one that did must prove it again (on_auth_locked admits it then).
+        bool proved = it != l.sources.end() && it->second.instance == h.instance &&
+                      ofi_addr(it->second.addr)->proved.load(std::memory_order_acquire);
+        if (!proved) {
+            Addr known = find_raw(raw, 0);
+            proved = known &&
+                     ofi_addr(known)->instance.load(std::memory_order_relaxed) == h.instance &&
+                     ofi_addr(known)->proved.load(std::memory_order_acquire);
+        }
+        if (!proved) {
+            refuse_stranger_locked(l, h);
+            return nullptr;
+        }
+    }
     if (it != l.sources.end() && it->second.instance == h.instance) {
         if (!ofi_addr(it->second.addr)->dead.load(std::memory_order_relaxed)) {
             l.last_source = &it->second;
@@ -968,6 +993,10 @@ void OfiTransport::on_message(OfiLane& l, std::span<const std::byte> msg) {
     auto h = decode_msg_header(msg);
     if (!h) {
         TALARIA_LOG(ofi, warn, "{}: dropping a message: {}", scheme_, h.error().message());
+        return;
+    }
+    if (h->kind == MsgKind::auth) {
+        on_auth_locked(l, *h, msg.subspan(h->header_size));
         return;
     }
     Source* s = source_locked(l, *h);

@@ -501,6 +501,9 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
         std::lock_guard g(intern_mu_);
         self_ = intern_locked(canonical, l0->raw);
         ofi_addr(self_)->instance.store(instance_, std::memory_order_relaxed);
+        // Our own messages need no proof (Options::auth).
+        ofi_addr(self_)->proved.store(true, std::memory_order_relaxed);
+        ofi_addr(self_)->auth.store(AuthState::admitted, std::memory_order_relaxed);
     }
     TALARIA_LOG(ofi, debug, "{} open on {} (fabric {}, domain {}, mr_mode 0x{:x}, inject {}, {})",
                 ofi_addr(self_)->str, prov_.prov_name, prov_.fabric, prov_.domain, prov_.mr_mode,

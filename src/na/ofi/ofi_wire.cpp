@@ -50,7 +50,7 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
                                  uint8_t(in[0]), kMsgMagic));
     MsgHeader h;
     uint8_t kind = uint8_t(in[1]);
-    if (kind < 1 || kind > 5)
+    if (kind < 1 || kind > uint8_t(MsgKind::auth))
         return Error(Errc::protocol_error, fmt::format("ofi message of unknown kind {}", kind));
     h.kind = MsgKind(kind);
     h.context_id = uint8_t(in[2]);
@@ -84,6 +84,54 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
         return Error(Errc::protocol_error, fmt::format("ofi message payload of {} bytes exceeds {}",
                                                        in.size() - h.header_size, kMaxMessageSize));
     return h;
+}
+
+std::size_t encode_auth_request(std::string_view key_id, std::span<const std::byte> nonce,
+                                std::byte* out) noexcept {
+    out[0] = std::byte(uint8_t(key_id.size()));
+    std::memcpy(out + 1, key_id.data(), key_id.size());
+    std::memcpy(out + 1 + key_id.size(), nonce.data(), kAuthNonceSize);
+    return 1 + key_id.size() + kAuthNonceSize;
+}
+
+Result<AuthMsg> decode_auth(uint32_t tag, std::span<const std::byte> in) {
+    AuthMsg m;
+    m.step = AuthStep(tag);
+    auto bad = [&](std::string_view what) {
+        return Error(
+            Errc::protocol_error,
+            fmt::format("ofi auth step {} with a {}-byte payload: {}", tag, in.size(), what));
+    };
+    switch (m.step) {
+        case AuthStep::request: {
+            if (in.empty()) return bad("no key id");
+            std::size_t k = uint8_t(in[0]);
+            if (k == 0 || in.size() != 1 + k + kAuthNonceSize)
+                return bad("not a key id and a nonce");
+            m.key_id = std::string_view(reinterpret_cast<const char*>(in.data() + 1), k);
+            m.nonce = in.subspan(1 + k, kAuthNonceSize);
+            return m;
+        }
+        case AuthStep::challenge:
+            if (in.size() != kAuthNonceSize + kAuthProofSize) return bad("not a nonce and a proof");
+            m.nonce = in.first(kAuthNonceSize);
+            m.proof = in.subspan(kAuthNonceSize);
+            return m;
+        case AuthStep::response:
+            if (in.size() != kAuthProofSize) return bad("not a proof");
+            m.proof = in;
+            return m;
+        case AuthStep::ok:
+            if (!in.empty()) return bad("an ok carries nothing");
+            return m;
+        case AuthStep::refused:
+            if (in.empty() || in.size() > kAuthMaxReason) return bad("no reason, or too long");
+            for (std::byte b : in)
+                if (uint8_t(b) < 0x20 || uint8_t(b) > 0x7e) return bad("a reason not printable");
+            m.reason = std::string_view(reinterpret_cast<const char*>(in.data()), in.size());
+            return m;
+    }
+    return bad("unknown step");
 }
 
 void encode_locate(const Locate& l, std::byte* out) noexcept {

@@ -28,7 +28,14 @@ inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 /// Longest address string ("ofi+<provider>://...") in a serialized address or memory handle.
 inline constexpr std::size_t kMaxAddrString = 255;
 
-enum class MsgKind : uint8_t { unexpected = 1, expected = 2, probe = 3, locate = 4, located = 5 };
+enum class MsgKind : uint8_t {
+    unexpected = 1,
+    expected = 2,
+    probe = 3,
+    locate = 4,
+    located = 5,
+    auth = 6,  ///< authentication (Options::auth): the step is in the tag (AuthStep)
+};
 /// MsgHeader::flags: the sending context takes unexpected messages.
 inline constexpr uint8_t kFlagServes = 1;
 
@@ -73,6 +80,30 @@ struct Located {
 inline constexpr std::size_t kLocatedFixedSize = 5;
 std::size_t encode_located(const Located& l, std::byte* out) noexcept;
 Result<Located> decode_located(std::span<const std::byte> in);
+
+/// Authentication (Options::auth; docs/protocol.md, ofi "auth"): the steps of the handshake
+/// between two processes, in the header's tag. Payloads: request: u8 key id length (1..255),
+/// key id, the connector's nonce (32); challenge: the acceptor's nonce (32), its proof (32);
+/// response: the connector's proof (32); ok: empty; refused: why, printable ASCII (1..255).
+enum class AuthStep : uint32_t { request = 1, challenge = 2, response = 3, ok = 4, refused = 5 };
+inline constexpr std::size_t kAuthNonceSize = 32;
+inline constexpr std::size_t kAuthProofSize = 32;
+inline constexpr std::size_t kAuthMaxReason = 255;
+/// Largest authentication payload: a request with a key id of 255 bytes.
+inline constexpr std::size_t kAuthMaxPayload = 1 + 255 + kAuthNonceSize;
+struct AuthMsg {
+    AuthStep step = AuthStep::request;
+    std::string_view key_id;           ///< request
+    std::span<const std::byte> nonce;  ///< request, challenge
+    std::span<const std::byte> proof;  ///< challenge, response
+    std::string_view reason;           ///< refused
+};
+/// Encode a request's payload; returns its size.
+std::size_t encode_auth_request(std::string_view key_id, std::span<const std::byte> nonce,
+                                std::byte* out) noexcept;
+/// The payload of an auth message of step `tag` (views `in`); protocol_error on an unknown step
+/// or a payload that is not that step's.
+Result<AuthMsg> decode_auth(uint32_t tag, std::span<const std::byte> in);
 
 /// Serialized address: u16 length, then that many bytes of the address string.
 std::size_t addr_blob_size(std::string_view s) noexcept;

@@ -406,8 +406,8 @@ TEST(OfiShm, FullAddressVectorFailsTheSendLoudly) {
 
 // --- contexts as lanes: an endpoint each; expected messages matched by the receiving lane --------
 
-TEST_P(OfiProviders, EveryContextHasAnEndpointOfItsOwnAndPeersFindIt) {
-    Peer a = make_peer(GetParam()), b = make_peer(GetParam());
+void every_context_has_an_endpoint(const std::string& address, const Options& o) {
+    Peer a = make_peer(address, o), b = make_peer(address, o);
     ASSERT_TRUE(a.ctx && b.ctx);
     auto a1 = a.t->context_create(1);
     auto b1 = b.t->context_create(1);
@@ -454,6 +454,98 @@ TEST_P(OfiProviders, EveryContextHasAnEndpointOfItsOwnAndPeersFindIt) {
     EXPECT_EQ(re.last.context_id, 2);
     r1.last.source.reset();
     r0.last.source.reset();
+}
+
+TEST_P(OfiProviders, EveryContextHasAnEndpointOfItsOwnAndPeersFindIt) {
+    every_context_has_an_endpoint(GetParam(), {});
+}
+
+// --- authentication (Options::auth) --------------------------------------------------------------
+
+Options with_auth(std::string key, char fill) {
+    Options o;
+    o.auth.key_id = std::move(key);
+    o.auth.secret.assign(32, std::byte(fill));
+    return o;
+}
+
+TEST_P(OfiProviders, AuthenticatedPeersTalkOnEveryContextBothWays) {
+    // Locates, replies learned from headers, and sends from the acceptor to the connector's
+    // contexts: all after one handshake between the two processes.
+    every_context_has_an_endpoint(GetParam(), with_auth("cluster-1", 'k'));
+    Peer a = make_peer(GetParam(), with_auth("cluster-1", 'k'));
+    Peer b = make_peer(GetParam(), with_auth("cluster-1", 'k'));
+    ASSERT_TRUE(a.ctx && b.ctx);
+    auto to_b = a.t->addr_lookup(b.self());
+    ASSERT_TRUE(to_b);
+    MsgBuffer sb = alloc_buf(*a.t, 8), rb = alloc_buf(*b.t, 8);
+    Recorder rr;
+    ASSERT_TRUE(b.t->post_recv_unexpected(*b.ctx, record(rr), rb));
+    // Several sends queued while the handshake runs: they wait for it, in order (a buffer
+    // carries one send at a time: its header is in front of it).
+    std::vector<Recorder> sent(3);
+    std::vector<MsgBuffer> bufs;
+    for (int i = 0; i < 3; ++i) {
+        bufs.push_back(alloc_buf(*a.t, 8));
+        ASSERT_TRUE(
+            a.t->post_send_unexpected(*a.ctx, record(sent[i]), bufs.back(), 8, *to_b, 0, 10 + i));
+    }
+    ASSERT_TRUE(progress_until({a.ctx.get(), b.ctx.get()}, [&] {
+        return rr.done() && sent[0].done() && sent[1].done() && sent[2].done();
+    }));
+    EXPECT_EQ(rr.last.status, Errc::ok);
+    EXPECT_EQ(rr.last.tag, 10u) << "the first send did not arrive first";
+    for (auto& r : sent)
+        EXPECT_EQ(r.last.status, Errc::ok);
+    EXPECT_EQ(b.t->peer_identity(rr.last.source).key_id, "cluster-1");
+    EXPECT_EQ(a.t->peer_identity(*to_b).key_id, "cluster-1");
+    // Sends to ourselves need no handshake.
+    auto me = a.t->addr_lookup(a.self());
+    ASSERT_TRUE(me);
+    MsgBuffer mine = alloc_buf(*a.t, 8);
+    Recorder self_r, self_s;
+    ASSERT_TRUE(a.t->post_recv_unexpected(*a.ctx, record(self_r), mine));
+    ASSERT_TRUE(a.t->post_send_unexpected(*a.ctx, record(self_s), sb, 8, *me, 0, 3));
+    ASSERT_TRUE(progress_until({a.ctx.get()}, [&] { return self_r.done() && self_s.done(); }));
+    EXPECT_EQ(self_r.last.status, Errc::ok);
+    rr.last.source.reset();
+    self_r.last.source.reset();
+}
+
+TEST_P(OfiProviders, StrangersAreRefusedWithAccessDenied) {
+    struct Case {
+        const char* what;
+        Options server, client;
+    };
+    const Case cases[] = {
+        {"a different secret", with_auth("k", 'a'), with_auth("k", 'b')},
+        {"another key id", with_auth("k", 'a'), with_auth("other", 'a')},
+        {"a client without a secret", with_auth("k", 'a'), Options{}},
+        {"a server without a secret", Options{}, with_auth("k", 'a')},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.what);
+        Peer srv = make_peer(GetParam(), c.server), cli = make_peer(GetParam(), c.client);
+        ASSERT_TRUE(srv.ctx && cli.ctx);
+        auto dest = cli.t->addr_lookup(srv.self());
+        ASSERT_TRUE(dest);
+        MsgBuffer sb = alloc_buf(*cli.t, 8), sb2 = alloc_buf(*cli.t, 8), rb = alloc_buf(*srv.t, 8);
+        Recorder rr, first, second;
+        ASSERT_TRUE(srv.t->post_recv_unexpected(*srv.ctx, record(rr), rb));
+        ASSERT_TRUE(cli.t->post_send_unexpected(*cli.ctx, record(first), sb, 8, *dest, 0, 1));
+        progress_until(
+            {cli.ctx.get(), srv.ctx.get()}, [&] { return rr.done(); }, 500ms);
+        EXPECT_FALSE(rr.done()) << "the server delivered a stranger's message";
+        // A client without a secret learns from the server's refusal: its next send fails.
+        ASSERT_TRUE(cli.t->post_send_unexpected(*cli.ctx, record(second), sb2, 8, *dest, 0, 2));
+        ASSERT_TRUE(progress_until({cli.ctx.get(), srv.ctx.get()},
+                                   [&] { return first.done() && second.done(); }));
+        if (c.client.auth.enabled()) {
+            EXPECT_EQ(first.last.status, Errc::access_denied) << errc_name(first.last.status);
+        }
+        EXPECT_EQ(second.last.status, Errc::access_denied) << errc_name(second.last.status);
+        EXPECT_FALSE(rr.done());
+    }
 }
 
 TEST_P(OfiProviders, ExpectedMessageToAContextThePeerDoesNotHaveFailsWithNotFound) {

@@ -1,7 +1,10 @@
 // ofi wire format: header, serialized address and memory handle round trips and rejections.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "na/ofi/ofi_wire.hpp"
@@ -50,7 +53,8 @@ TEST(OfiWire, HeaderRejections) {
     };
     EXPECT_FALSE(bad(0, 0xa7)) << "magic of version 1";
     EXPECT_FALSE(bad(1, 0)) << "kind 0";
-    EXPECT_FALSE(bad(1, 6)) << "kind 6";
+    EXPECT_TRUE(bad(1, 6)) << "kind 6 (auth)";
+    EXPECT_FALSE(bad(1, 7)) << "kind 7";
     EXPECT_FALSE(bad(17, 65)) << "lane address length above the maximum";
     EXPECT_FALSE(bad(17, 1)) << "lane address longer than the message";
     EXPECT_FALSE(bad(18, 2)) << "unknown flag";
@@ -141,6 +145,42 @@ TEST(OfiWire, LocateAndLocated) {
     EXPECT_FALSE(d->found);
     b[3] = std::byte{1};
     EXPECT_FALSE(decode_located(std::span(b, n))) << "none naming a lane";
+}
+
+TEST(OfiWire, AuthStepsAndTheirBounds) {
+    std::array<std::byte, kAuthNonceSize> nonce{};
+    nonce.fill(std::byte{9});
+    std::byte b[kAuthMaxPayload + 1];
+    std::size_t n = encode_auth_request("cluster-1", nonce, b);
+    EXPECT_EQ(n, 1 + 9 + kAuthNonceSize);
+    auto r = decode_auth(uint32_t(AuthStep::request), std::span(b, n));
+    ASSERT_TRUE(r) << r.error().describe();
+    EXPECT_EQ(r->key_id, "cluster-1");
+    EXPECT_EQ(r->nonce.size(), kAuthNonceSize);
+    for (std::size_t cut = 0; cut < n; ++cut)
+        EXPECT_FALSE(decode_auth(uint32_t(AuthStep::request), std::span(b, cut))) << cut;
+    EXPECT_FALSE(decode_auth(uint32_t(AuthStep::request), std::span(b, n + 1)));
+    b[0] = std::byte{0};
+    EXPECT_FALSE(decode_auth(uint32_t(AuthStep::request), std::span(b, n))) << "empty key id";
+    // Fixed sizes: a challenge of 64, a response of 32, an ok of nothing; one byte off fails.
+    for (auto [step, size] : {std::pair{AuthStep::challenge, std::size_t{64}},
+                              std::pair{AuthStep::response, std::size_t{32}},
+                              std::pair{AuthStep::ok, std::size_t{0}}}) {
+        EXPECT_TRUE(decode_auth(uint32_t(step), std::span(b, size))) << int(step);
+        EXPECT_FALSE(decode_auth(uint32_t(step), std::span(b, size + 1))) << int(step);
+        if (size > 0) {
+            EXPECT_FALSE(decode_auth(uint32_t(step), std::span(b, size - 1))) << int(step);
+        }
+    }
+    std::string why = "refused: key 'k'";
+    auto ok = decode_auth(uint32_t(AuthStep::refused), std::as_bytes(std::span(why)));
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->reason, why);
+    why[2] = '\x01';
+    EXPECT_FALSE(decode_auth(uint32_t(AuthStep::refused), std::as_bytes(std::span(why))));
+    EXPECT_FALSE(decode_auth(uint32_t(AuthStep::refused), {})) << "no reason";
+    EXPECT_FALSE(decode_auth(0, {})) << "step 0";
+    EXPECT_FALSE(decode_auth(6, {})) << "step 6";
 }
 
 TEST(OfiWire, AddrBlob) {

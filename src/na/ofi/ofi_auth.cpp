@@ -1,0 +1,404 @@
+// The ofi transport's shared-secret authentication (na::Options::auth; docs/protocol.md, ofi
+// "auth"). Endpoints are connectionless and every message names its sender in its header, so
+// two processes prove the secret to each other once, by messages of kind `auth` between the
+// connector's lane and the acceptor's context 0: request (key id, nonce), challenge (nonce,
+// proof), response (proof), ok. The proofs are tcp's (na/base/auth.hpp). Until the acceptor has
+// checked the response, nothing the connector sends is delivered there (source_locked refuses
+// senders that have not proved the secret); until the connector has the ok, its sends wait on
+// their routes (Route::authing). A refusal says why, to both sides' logs and to the sends it
+// fails with access_denied.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "na/base/auth.hpp"
+#include "na/ofi/ofi.hpp"
+#include "talaria/util/log.hpp"
+
+namespace talaria::na::ofi {
+
+Addr OfiTransport::auth_peer_locked(std::span<const std::byte> raw) {
+    std::string_view r(reinterpret_cast<const char*>(raw.data()), raw.size());
+    if (Addr a = find_raw(r, 0)) return a;
+    std::string canonical = canonical_of(raw);
+    if (canonical.empty()) return {};
+    std::lock_guard g(intern_mu_);
+    return intern_locked(canonical, std::string(r));
+}
+
+void OfiTransport::send_auth_locked(OfiLane& l, Remote* to, AuthStep step,
+                                    std::span<const std::byte> body) {
+    if (auto ins = av_insert_locked(l, to); !ins) {
+        TALARIA_LOG(ofi, debug, "{}: cannot send an auth message to {}: {}", scheme_,
+                    ofi_addr(to->peer)->str, ins.error().message());
+        return;
+    }
+    Ctl* c = ctl_alloc_locked(l);
+    if (!c) return;
+    std::byte* start = c->buf.data() - l.header_size;
+    std::memcpy(start, l.header, l.header_size);
+    start[1] = std::byte(uint8_t(MsgKind::auth));
+    start[2] = std::byte(0);
+    detail::store_le(start + 4, uint32_t(step), 4);
+    if (!body.empty()) std::memcpy(c->buf.data(), body.data(), body.size());
+    const std::size_t total = l.header_size + body.size();
+    ssize_t rc = ctl_send_locked(l, c, total, to);
+    if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
+        // rxm still connecting: sent again from progress.
+        l.ctl_retry.push_back(CtlRetry{c, to, total});
+        return;
+    }
+    if (rc != 0) {
+        c->in_use = false;
+        TALARIA_LOG(ofi, debug, "{}: auth message (step {}) to {} failed to post: {}", scheme_,
+                    uint32_t(step), ofi_addr(to->peer)->str, fi_strerror(int(-rc)));
+    }
+}
+
+void OfiTransport::send_refusal_locked(OfiLane& l, Remote* to, std::string_view why) {
+    TALARIA_LOG(ofi, warn, "{}: refusing {}: {}", scheme_, ofi_addr(to->peer)->str, why);
+    if (why.size() > kAuthMaxReason) why = why.substr(0, kAuthMaxReason);
+    send_auth_locked(l, to, AuthStep::refused, std::as_bytes(std::span(why)));
+}
+
+bool OfiTransport::auth_hold_locked(OfiLane& l, OfiAddr* a, Route& route, OfiOp* op) {
+    const auto now = Clock::now();
+    if (a->auth.load(std::memory_order_acquire) == AuthState::refused) {
+        std::string why;
+        {
+            std::lock_guard g(auth_mu_);
+            if (now - a->auth_since < kAuthRefusedFor) why = a->auth_refusal;
+        }
+        if (!why.empty()) {
+            TALARIA_LOG(ofi, debug, "{}: a send to {} fails: {}", scheme_, a->str, why);
+            op_finished(l, op, Errc::access_denied);
+            return true;
+        }
+        if (!opts_.auth.enabled()) {
+            // Without a secret of ours, a refusal only says why sends failed a while.
+            AuthState st = AuthState::refused;
+            a->auth.compare_exchange_strong(st, AuthState::none, std::memory_order_acq_rel);
+            return false;
+        }
+    }
+    if (!opts_.auth.enabled()) return false;
+    op->state = OpState::routing;
+    op->route = &route;
+    route.waiting.push_back(*op);
+    if (!route.authing) {
+        route.authing = true;
+        ++l.locating;  // progress does not sleep long while it waits
+    }
+    dial_locked(l, a, now);
+    return true;
+}
+
+void OfiTransport::dial_locked(OfiLane& l, OfiAddr* a, TimePoint now) {
+    const Auth& au = opts_.auth;
+    std::byte body[kAuthMaxPayload];
+    std::size_t n = 0;
+    {
+        std::lock_guard g(auth_mu_);
+        const AuthState st = a->auth.load(std::memory_order_acquire);
+        if (st == AuthState::admitted) return;
+        if (st == AuthState::dialing && now - a->auth_since < kAuthTimeout) return;
+        if (st == AuthState::refused && now - a->auth_since < kAuthRefusedFor) return;
+        auto nonce = auth::random_nonce();
+        if (!nonce) {
+            a->auth_refusal = nonce.error().describe();
+            a->auth_since = now;
+            a->auth.store(AuthState::refused, std::memory_order_release);
+            return;
+        }
+        a->auth_nonce = *nonce;
+        a->auth_since = now;
+        a->auth.store(AuthState::dialing, std::memory_order_release);
+        n = encode_auth_request(au.key_id, *nonce, body);
+    }
+    TALARIA_LOG(ofi, debug, "{}: context {} authenticates to {}", scheme_, l.id, a->str);
+    // To its context 0 (its transport address); the answers come back to this lane.
+    send_auth_locked(l, remote_locked(l, a->raw, Addr(a)), AuthStep::request,
+                     std::span<const std::byte>(body, n));
+}
+
+void OfiTransport::check_auth_locked(OfiLane& l, TimePoint now) {
+    // What is due first: acting on a route may declare its peer dead, which erases routes.
+    // Also routes locating at a peer that refused us (we hold no secret, it wants one): its
+    // refusal fails them now rather than their locates' timeout.
+    auto due_now = [](const Route& r) {
+        return r.authing || (r.locating && ofi_addr(r.peer)->auth.load(std::memory_order_acquire) ==
+                                               AuthState::refused);
+    };
+    std::vector<RouteKey> due;
+    for (auto& [key, r] : l.routes)
+        if (due_now(r)) due.push_back(key);
+    for (const RouteKey& key : due) {
+        auto it = l.routes.find(key);
+        if (it == l.routes.end() || !due_now(it->second)) continue;
+        Route& r = it->second;
+        OfiAddr* a = ofi_addr(r.peer);
+        if (a->dead.load(std::memory_order_relaxed)) {
+            route_failed_locked(l, r, Errc::disconnected, "the peer was declared dead");
+            continue;
+        }
+        switch (a->auth.load(std::memory_order_acquire)) {
+            case AuthState::admitted:
+                if (!r.authing) break;
+                r.authing = false;
+                --l.locating;
+                if (r.rem)
+                    route_found_locked(l, r, r.rem);
+                else
+                    send_locate_locked(l, r, now);
+                break;
+            case AuthState::refused: {
+                std::string why;
+                {
+                    std::lock_guard g(auth_mu_);
+                    why = a->auth_refusal;
+                }
+                route_failed_locked(l, r, Errc::access_denied, why);
+                break;
+            }
+            case AuthState::dialing: {
+                bool late = false;
+                {
+                    std::lock_guard g(auth_mu_);
+                    if (now - a->auth_since >= kAuthTimeout) {
+                        late = true;
+                        a->auth.store(AuthState::none, std::memory_order_release);
+                    }
+                }
+                if (late)
+                    route_failed_locked(
+                        l, r, Errc::unreachable,
+                        fmt::format("{} did not finish authenticating within {} s: its context 0 "
+                                    "answers, so it must exist and be progressed (and hold "
+                                    "na::Options::auth)",
+                                    a->str,
+                                    std::chrono::duration_cast<std::chrono::seconds>(kAuthTimeout)
+                                        .count()));
+                break;
+            }
+            case AuthState::none:
+                if (r.authing) dial_locked(l, a, now);  // another lane's timed out: ours now
+                break;
+        }
+    }
+}
+
+void OfiTransport::refuse_stranger_locked(OfiLane& l, const MsgHeader& h) {
+    std::size_t unlogged = 0;
+    {
+        std::lock_guard g(auth_mu_);
+        const auto now = Clock::now();
+        if (auth_refusal_logged_ != TimePoint{} &&
+            now - auth_refusal_logged_ < std::chrono::seconds(1)) {
+            ++auth_refusals_unlogged_;
+            return;
+        }
+        unlogged = auth_refusals_unlogged_;
+        auth_refusals_unlogged_ = 0;
+        auth_refusal_logged_ = now;
+    }
+    Addr who = auth_peer_locked(h.raw_addr);
+    if (!who) return;
+    auto lane_raw = h.lane_addr.empty() ? h.raw_addr : h.lane_addr;
+    if (!h.lane_addr.empty() && canonical_of(h.lane_addr).empty()) return;
+    std::string_view lraw(reinterpret_cast<const char*>(lane_raw.data()), lane_raw.size());
+    TALARIA_LOG(ofi, warn,
+                "{}: context {} drops a message from {} (instance {:016x}), which has not proved "
+                "the shared secret{}",
+                scheme_, l.id, ofi_addr(who)->str, h.instance, unlogged_note(unlogged));
+    send_refusal_locked(l, remote_locked(l, lraw, who),
+                        fmt::format("this server admits only peers that authenticate with the "
+                                    "secret of key '{}': set na::Options::auth on the client",
+                                    opts_.auth.key_id));
+}
+
+void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
+                                  std::span<const std::byte> payload) {
+    auto m = decode_auth(h.tag, payload);
+    if (!m) {
+        TALARIA_LOG(ofi, warn, "{}: dropping an auth message: {}", scheme_, m.error().message());
+        return;
+    }
+    // Answers go to the lane the sender names (one of its endpoints: checked).
+    if (!h.lane_addr.empty() && canonical_of(h.lane_addr).empty()) {
+        TALARIA_LOG(ofi, warn,
+                    "{}: dropping an auth message: its lane address is not an {} "
+                    "endpoint",
+                    scheme_, scheme_);
+        return;
+    }
+    Addr who = auth_peer_locked(h.raw_addr);
+    if (!who) {
+        TALARIA_LOG(ofi, warn,
+                    "{}: dropping an auth message from an address that is not an {} "
+                    "endpoint",
+                    scheme_, scheme_);
+        return;
+    }
+    OfiAddr* pa = ofi_addr(who);
+    auto lane_raw = h.lane_addr.empty() ? h.raw_addr : h.lane_addr;
+    std::string_view lraw(reinterpret_cast<const char*>(lane_raw.data()), lane_raw.size());
+    std::string_view raw(reinterpret_cast<const char*>(h.raw_addr.data()), h.raw_addr.size());
+    const Auth& a = opts_.auth;
+    const auto now = Clock::now();
+    switch (m->step) {
+        case AuthStep::request: {
+            Remote* to = remote_locked(l, lraw, who);
+            if (!a.enabled()) {
+                send_refusal_locked(l, to,
+                                    "the client asked to authenticate, but this server has no "
+                                    "shared secret (na::Options::auth): configure the same key id "
+                                    "and secret on both sides");
+                return;
+            }
+            if (m->key_id != a.key_id) {
+                // Escaped ({:?}): the peer's bytes go to our log and back to it.
+                send_refusal_locked(l, to,
+                                    fmt::format("the client names key {:?}, this server holds key "
+                                                "'{}'",
+                                                m->key_id, a.key_id));
+                return;
+            }
+            auto nonce = auth::random_nonce();
+            if (!nonce) return;
+            AuthPending p;
+            p.raw.assign(raw);
+            p.instance = h.instance;
+            p.own = *nonce;
+            std::memcpy(p.peer.data(), m->nonce.data(), kAuthNonceSize);
+            p.since = now;
+            {
+                std::lock_guard g(auth_mu_);
+                std::erase_if(auth_pending_, [&](const AuthPending& o) {
+                    return now - o.since >= kAuthTimeout ||
+                           (o.raw == p.raw && o.instance == p.instance);
+                });
+                if (auth_pending_.size() >= kMaxAuthPending)
+                    auth_pending_.erase(auth_pending_.begin());
+                auth_pending_.push_back(p);
+            }
+            const auth::Proof proof =
+                auth::prove(a.secret, auth::Role::acceptor, p.own, p.peer, a.key_id);
+            std::byte body[kAuthNonceSize + kAuthProofSize];
+            std::memcpy(body, p.own.data(), kAuthNonceSize);
+            std::memcpy(body + kAuthNonceSize, proof.data(), kAuthProofSize);
+            send_auth_locked(l, to, AuthStep::challenge, body);
+            return;
+        }
+        case AuthStep::challenge: {
+            if (!a.enabled()) return;  // we never asked
+            auth::Proof reply{};
+            bool replaced = false;
+            {
+                std::lock_guard g(auth_mu_);
+                if (pa->auth.load(std::memory_order_acquire) != AuthState::dialing) return;
+                if (!auth::matches(auth::prove(a.secret, auth::Role::acceptor, m->nonce,
+                                               pa->auth_nonce, a.key_id),
+                                   m->proof)) {
+                    pa->auth_refusal = fmt::format(
+                        "{} could not prove that it holds the secret of key '{}' (a different "
+                        "secret, or not the server meant)",
+                        pa->str, a.key_id);
+                    pa->auth_since = now;
+                    pa->auth.store(AuthState::refused, std::memory_order_release);
+                    TALARIA_LOG(ofi, warn, "{}: {}", scheme_, pa->auth_refusal);
+                    return;
+                }
+                uint64_t known = 0;
+                if (!pa->instance.compare_exchange_strong(known, h.instance,
+                                                          std::memory_order_relaxed) &&
+                    known != h.instance) {
+                    // Another process answers at that address now: the one we knew is gone.
+                    pa->auth.store(AuthState::none, std::memory_order_release);
+                    replaced = true;
+                } else {
+                    pa->proved.store(true, std::memory_order_release);
+                    reply = auth::prove(a.secret, auth::Role::connector, pa->auth_nonce, m->nonce,
+                                        a.key_id);
+                }
+            }
+            if (replaced) {
+                peer_failed_locked(l, pa, Errc::disconnected,
+                                   "a new endpoint now uses its address");
+                return;
+            }
+            send_auth_locked(l, remote_locked(l, lraw, who), AuthStep::response, reply);
+            return;
+        }
+        case AuthStep::response: {
+            if (!a.enabled()) return;
+            std::optional<AuthPending> p;
+            {
+                std::lock_guard g(auth_mu_);
+                auto it = std::find_if(
+                    auth_pending_.begin(), auth_pending_.end(),
+                    [&](const AuthPending& o) { return o.raw == raw && o.instance == h.instance; });
+                if (it != auth_pending_.end() && now - it->since < kAuthTimeout) p = *it;
+                if (it != auth_pending_.end()) auth_pending_.erase(it);
+            }
+            if (!p) {
+                TALARIA_LOG(ofi, debug, "{}: an auth response from {} answers no challenge of ours",
+                            scheme_, pa->str);
+                return;
+            }
+            if (!auth::matches(
+                    auth::prove(a.secret, auth::Role::connector, p->peer, p->own, a.key_id),
+                    m->proof)) {
+                send_refusal_locked(l, remote_locked(l, lraw, who),
+                                    fmt::format("the client's proof does not match the secret of "
+                                                "key '{}' (a different secret)",
+                                                a.key_id));
+                return;
+            }
+            // It proved the secret: from here its messages are delivered (a new process at the
+            // address of an old one replaces it now, not before).
+            Source* s = source_locked(l, h, true);
+            if (!s) return;
+            OfiAddr* np = ofi_addr(s->addr);
+            np->proved.store(true, std::memory_order_release);
+            np->auth.store(AuthState::admitted, std::memory_order_release);
+            TALARIA_LOG(ofi, debug, "{}: {} authenticated (key '{}')", scheme_, np->str, a.key_id);
+            send_auth_locked(l, remote_locked(l, lraw, s->addr), AuthStep::ok, {});
+            return;
+        }
+        case AuthStep::ok: {
+            std::lock_guard g(auth_mu_);
+            if (pa->auth.load(std::memory_order_acquire) == AuthState::dialing &&
+                pa->proved.load(std::memory_order_acquire) &&
+                pa->instance.load(std::memory_order_relaxed) == h.instance) {
+                pa->auth.store(AuthState::admitted, std::memory_order_release);
+                TALARIA_LOG(ofi, debug, "{}: {} admits us (key '{}')", scheme_, pa->str, a.key_id);
+            }
+            return;
+        }
+        case AuthStep::refused: {
+            std::lock_guard g(auth_mu_);
+            // From the process we know at that address (a stranger naming its address with
+            // another instance cannot stop our sends to it).
+            uint64_t known = pa->instance.load(std::memory_order_relaxed);
+            if (known != 0 && known != h.instance) return;
+            pa->auth_refusal = fmt::format("{} refused us: {}", pa->str, m->reason);
+            pa->auth_since = now;
+            pa->auth.store(AuthState::refused, std::memory_order_release);
+            TALARIA_LOG(ofi, warn, "{}: {}", scheme_, pa->auth_refusal);
+            return;
+        }
+    }
+}
+
+PeerIdentity OfiTransport::peer_identity(const Addr& a) {
+    PeerIdentity id;
+    if (!a || a.impl()->transport() != this || !opts_.auth.enabled()) return id;
+    // With a secret, only the messages of peers that proved it are delivered; one secret per
+    // transport.
+    if (ofi_addr(a)->proved.load(std::memory_order_acquire)) id.key_id = opts_.auth.key_id;
+    return id;
+}
+
+}  // namespace talaria::na::ofi
