@@ -198,8 +198,8 @@ class Request {
     /// The caller.
     [[nodiscard]] Endpoint source() const { return Endpoint(engine_, req_.source()); }
     /// What the caller proved about itself (na::PeerIdentity): the key id of the shared secret
-    /// on tcp with EngineOptions::core.na.auth, its uid and pid on sm, nothing on ofi and ucx. A
-    /// handler can refuse a call with it (respond_error(Errc::access_denied, ...)).
+    /// on tcp, ofi and ucx+tcp with EngineOptions::core.na.auth, its uid and pid on sm, nothing
+    /// otherwise. A handler can refuse a call with it (respond_error(Errc::access_denied, ...)).
     [[nodiscard]] na::PeerIdentity peer_identity() const { return req_.peer_identity(); }
     /// The context that received the call (the handler runs on its thread).
     [[nodiscard]] uint8_t context_id() const noexcept { return req_.context().id(); }

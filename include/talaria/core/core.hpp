@@ -196,8 +196,9 @@ class Request {
     [[nodiscard]] const na::Addr& source() const noexcept {
         return lent_source_ ? *lent_source_ : source_;
     }
-    /// What the caller proved about itself: the key id of the shared secret on tcp with
-    /// na::Options::auth, its uid and pid on sm, nothing on ofi and ucx (na::PeerIdentity).
+    /// What the caller proved about itself: the key id of the shared secret on tcp, ofi and
+    /// ucx+tcp with na::Options::auth, its uid and pid on sm, nothing otherwise
+    /// (na::PeerIdentity).
     [[nodiscard]] na::PeerIdentity peer_identity() const {
         const na::Addr& s = source();
         return s ? s.impl()->transport()->peer_identity(s) : na::PeerIdentity{};

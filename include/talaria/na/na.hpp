@@ -267,11 +267,11 @@ struct OpId {
 /// reaches a context, and both sides' operations on that connection fail with
 /// Errc::access_denied (the reason is logged on both sides). ucx in host:port mode
 /// ("ucx+tcp://host:port") runs the same exchange at its bootstrap port and signs every hello
-/// with the session key it leaves (docs/protocol.md, ucx). Both ends must agree: a server
-/// with a secret refuses clients without one, and a client with one refuses a server without.
-/// sm needs none (only processes of the same user connect, or of Options::sm_group:
-/// SO_PEERCRED); ofi, and ucx with a worker address, do not support it and refuse to open with
-/// it.
+/// with the session key it leaves; ofi runs it as messages between the two processes before
+/// any other (docs/protocol.md). Both ends must agree: a server with a secret refuses clients
+/// without one, and a client with one refuses a server without. sm needs none (only processes
+/// of the same user connect, or of Options::sm_group: SO_PEERCRED); ucx with a worker address
+/// has no set-up to prove it in and refuses to open with it.
 struct Auth {
     std::string key_id;             ///< names the secret (at most 255 bytes; sent in clear)
     std::vector<std::byte> secret;  ///< at least 16 bytes (read_secret_file); empty: off
@@ -282,8 +282,8 @@ struct Auth {
 /// handler asks with core::Request::peer_identity()).
 struct PeerIdentity {
     /// The key id of the secret the peer proved at connection set-up that it holds (tcp with
-    /// Options::auth, and ucx+tcp with it: every peer whose messages arrive did); empty when it
-    /// proved none.
+    /// Options::auth, ofi and ucx+tcp with it: every peer whose messages arrive did); empty
+    /// when it proved none.
     std::string key_id;
     /// The peer process's user and process ids as the kernel reported them (sm: SO_PEERCRED at
     /// connect, checked against its handshake); -1 when not known.
@@ -313,7 +313,7 @@ struct Options {
     /// tcp: an accepted connection that has not said hello within this is closed (a peer
     /// cannot hold descriptors with connections that never speak).
     Duration hello_timeout = std::chrono::seconds(10);
-    /// Authenticate every connection with a shared secret (tcp, ucx+tcp://host:port); off by
+    /// Authenticate every peer with a shared secret (tcp, ofi, ucx+tcp://host:port); off by
     /// default.
     Auth auth;
     /// sm: also admit peers whose effective group id is this one (SO_PEERCRED; run such a peer
