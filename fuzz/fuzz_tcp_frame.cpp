@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <span>
+#include <vector>
 
+#include "na/base/seal.hpp"
 #include "na/tcp/frame.hpp"
 
 namespace {
@@ -83,6 +85,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         if (h->length >= avail) break;
         pos += std::size_t(h->length);
+    }
+    // A protected record (Auth::protect): a header decodes only within bounds, and bytes that
+    // nobody sealed never open (under a key of ours, in either mode).
+    if (auto n = talaria::na::seal::record_length(in)) {
+        if (*n == 0 || *n > talaria::na::seal::kMaxRecordBody) fail("record length bounds");
+        if (in.size() >= *n + talaria::na::seal::kRecordOverhead) {
+            for (auto mode : {talaria::na::Protect::integrity, talaria::na::Protect::encryption}) {
+                std::byte key[talaria::na::seal::kKeySize] = {};
+                talaria::na::seal::Direction d;
+                if (!d.init(key, 0, mode)) fail("seal set-up");
+                std::vector<std::byte> out(*n);
+                if (d.open(in.data(), *n, out.data())) fail("a record nobody sealed opened");
+            }
+        }
     }
     if (auto m = decode_mem_blob(in)) {
         if (m->base + m->length < m->base) fail("memory handle wraps around");

@@ -35,6 +35,7 @@ struct ClientOptions {
     bool no_baseline = false;  ///< measure the layer only (for profiling one side)
     int realtime = 0;          ///< SCHED_FIFO priority for client and spawned server (0: off)
     std::string auth_file;     ///< --auth-secret-file: na::Options::auth on both sides
+    std::string protect;       ///< --protect: na::Auth::protect on both sides
     BaselineOptions baseline;
     std::string command_line;  ///< for the report
 };
@@ -49,6 +50,7 @@ struct ServeOptions {
     bool once = false;  ///< exit after one client session (used for the spawned server)
     bool thread_safe = true;
     std::string auth_file;  ///< --auth-secret-file
+    std::string protect;    ///< --protect
 };
 
 /// Returns the process exit code.
@@ -64,6 +66,7 @@ struct ApiWorkerOptions {
     unsigned contexts = 1;
     unsigned first = 0;
     std::string auth_file;
+    std::string protect;
 };
 int run_api_worker(const ApiWorkerOptions& opt);
 

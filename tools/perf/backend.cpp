@@ -5,13 +5,39 @@
 
 namespace talaria::perf {
 
-Result<na::Auth> perf_auth(const std::string& path) {
-    if (path.empty()) return na::Auth{};
+Result<na::Auth> perf_auth(const std::string& path, const std::string& protect) {
+    na::Auth a;
+    if (protect == "integrity")
+        a.protect = na::Protect::integrity;
+    else if (protect == "encryption")
+        a.protect = na::Protect::encryption;
+    else if (!protect.empty() && protect != "none")
+        return Error(Errc::invalid_argument,
+                     fmt::format("--protect {}: none, integrity or encryption", protect));
+    if (path.empty()) {
+        if (a.protect != na::Protect::none)
+            return Error(Errc::invalid_argument, "--protect needs --auth-secret-file");
+        return a;
+    }
     auto secret = na::read_secret_file(path);
     if (!secret)
         return Error(secret.error().code(),
                      fmt::format("--auth-secret-file: {}", secret.error().describe()));
-    return na::Auth{std::string(kPerfAuthKeyId), std::move(*secret)};
+    a.key_id = std::string(kPerfAuthKeyId);
+    a.secret = std::move(*secret);
+    return a;
+}
+
+void push_auth_args(std::vector<std::string>& args, const std::string& path,
+                    const std::string& protect) {
+    if (!path.empty()) {
+        args.push_back("--auth-secret-file");
+        args.push_back(path);
+    }
+    if (!protect.empty()) {
+        args.push_back("--protect");
+        args.push_back(protect);
+    }
 }
 
 namespace {

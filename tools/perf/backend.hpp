@@ -18,15 +18,20 @@ namespace talaria::perf {
 struct LayerOptions {
     bool thread_safe = true;  ///< na::Options::thread_safe on both sides
     std::string url;          ///< address to open the transport with ("" = the default)
-    /// Shared-secret authentication on both sides (--auth-secret-file; tcp only).
+    /// Shared-secret authentication on both sides (--auth-secret-file, --protect).
     na::Auth auth;
     std::string auth_file;  ///< where the secret was read, passed on to the processes we start
+    std::string protect;    ///< --protect, passed on likewise
 };
 
 /// The key id talaria-perf's processes name their shared secret with.
 inline constexpr std::string_view kPerfAuthKeyId = "talaria-perf";
-/// na::Options::auth from --auth-secret-file (off when `path` is empty).
-Result<na::Auth> perf_auth(const std::string& path);
+/// na::Options::auth from --auth-secret-file (off when `path` is empty) and --protect ("",
+/// "none", "integrity" or "encryption"; tcp only, needs the secret).
+Result<na::Auth> perf_auth(const std::string& path, const std::string& protect = {});
+/// The --auth-secret-file and --protect arguments of a process we start, as ours.
+void push_auth_args(std::vector<std::string>& args, const std::string& path,
+                    const std::string& protect);
 
 /// The server half of a layer.
 class LayerServer {

@@ -365,10 +365,7 @@ class ApiClient final : public Runner {
                                           std::to_string(s.contexts),
                                           "--first",
                                           std::to_string(p * s.contexts)};
-            if (!s_->options().auth_file.empty()) {
-                args.push_back("--auth-secret-file");
-                args.push_back(s_->options().auth_file);
-            }
+            push_auth_args(args, s_->options().auth_file, s_->options().protect);
             TALARIA_CHECK(w->start(args, -1, true));
             TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(30)));
             if (line != "ready")
@@ -402,7 +399,7 @@ int run_api_worker(const ApiWorkerOptions& o) {
     std::array<Track, 64> track{};  // outlives the engine's last callback
     EngineOptions eo;
     eo.contexts = static_cast<uint8_t>(o.contexts);
-    auto auth = perf_auth(o.auth_file);
+    auto auth = perf_auth(o.auth_file, o.protect);
     if (!auth) return fail(auth.error().describe());
     eo.core.na.auth = std::move(*auth);
     auto e = Engine::open(o.url, false, eo);

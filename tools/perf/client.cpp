@@ -252,10 +252,7 @@ class TransportRun {
             std::vector<std::string> args{"serve", server_layer(), "--transport", transport_,
                                           "--once"};
             if (!o_.thread_safe) args.push_back("--single-thread");
-            if (!o_.auth_file.empty()) {
-                args.push_back("--auth-secret-file");
-                args.push_back(o_.auth_file);
-            }
+            push_auth_args(args, o_.auth_file, o_.protect);
             if (o_.realtime > 0) {
                 args.push_back("--realtime");
                 args.push_back(std::to_string(o_.realtime));
@@ -303,9 +300,10 @@ class TransportRun {
             LayerOptions lo;
             lo.thread_safe = o_.thread_safe;
             lo.url = o_.url;
-            TALARIA_TRY(auth, perf_auth(o_.auth_file));
+            TALARIA_TRY(auth, perf_auth(o_.auth_file, o_.protect));
             lo.auth = std::move(auth);
             lo.auth_file = o_.auth_file;
+            lo.protect = o_.protect;
             if (lo.url.empty() && is_ip_transport(transport_) && !o_.connect.empty()) {
                 auto shp = host_port_of_url(o_.connect);
                 bool loop = shp && (shp->host == "127.0.0.1" || shp->host == "localhost" ||

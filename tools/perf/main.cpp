@@ -112,8 +112,13 @@ int main(int argc, char** argv) {
                  "Skip the raw baselines (to profile the layer alone)");
     app.add_option("--log", log_spec, "Log levels, like TALARIA_LOG (e.g. warn,perf=info)");
     app.add_option("--auth-secret-file", c.auth_file,
-                   "Authenticate tcp connections with this secret (na::Options::auth, key id "
+                   "Authenticate peers with this secret (na::Options::auth on tcp, ofi and "
+                   "ucx+tcp host:port, key id "
                    "'talaria-perf'; a file of 16+ bytes only its owner can read), on both sides");
+    app.add_option("--protect", c.protect,
+                   "With --auth-secret-file on tcp: protect every record after the handshake "
+                   "(na::Auth::protect): none, integrity or encryption")
+        ->check(CLI::IsMember({"none", "integrity", "encryption"}));
 
     std::vector<CLI::App*> layer_cmds;
     for (const auto& layer : layers()) {
@@ -149,6 +154,7 @@ int main(int argc, char** argv) {
     serve->add_flag("--single-thread", serve_single, "Open the transport with thread_safe=false");
     serve->add_option("--log", log_spec, "Log levels, like TALARIA_LOG");
     serve->add_option("--auth-secret-file", s.auth_file, "As for the client");
+    serve->add_option("--protect", s.protect, "As for the client");
     std::vector<CLI::App*> serve_layers;
     for (const auto& layer : layers()) {
         auto* sub = serve->add_subcommand(std::string(layer.name),
@@ -187,6 +193,7 @@ int main(int argc, char** argv) {
     api_worker->add_option("--contexts", worker.contexts)->check(CLI::Range(1u, 64u));
     api_worker->add_option("--first", worker.first)->check(CLI::Range(0u, 63u));
     api_worker->add_option("--auth-secret-file", worker.auth_file);
+    api_worker->add_option("--protect", worker.protect);
 
     OverloadOptions ov;
     auto* overload = app.add_subcommand(

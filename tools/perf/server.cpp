@@ -123,9 +123,10 @@ int run_serve(const ServeOptions& opt) {
     LayerOptions lo;
     lo.thread_safe = opt.thread_safe;
     lo.url = opt.listen;
-    if (auto auth = perf_auth(opt.auth_file); auth) {
+    if (auto auth = perf_auth(opt.auth_file, opt.protect); auth) {
         lo.auth = std::move(*auth);
         lo.auth_file = opt.auth_file;
+        lo.protect = opt.protect;
     } else {
         fmt::print(stderr, "talaria-perf serve: {}\n", auth.error().describe());
         return 2;

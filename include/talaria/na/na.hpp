@@ -272,9 +272,19 @@ struct OpId {
 /// without one, and a client with one refuses a server without. sm needs none (only processes
 /// of the same user connect, or of Options::sm_group: SO_PEERCRED); ucx with a worker address
 /// has no set-up to prove it in and refuses to open with it.
+/// What protects a tcp connection's bytes after authentication (Auth::protect): nothing; a tag
+/// on every record of the stream (integrity: a byte changed, dropped, replayed or injected on
+/// the path closes the connection); or that and encryption (AES-256-GCM with keys of the
+/// session; docs/protocol.md, tcp "records").
+enum class Protect : uint8_t { none, integrity, encryption };
+
 struct Auth {
     std::string key_id;             ///< names the secret (at most 255 bytes; sent in clear)
     std::vector<std::byte> secret;  ///< at least 16 bytes (read_secret_file); empty: off
+    /// tcp: protect what follows the handshake (both ends must set the same; a mismatch closes
+    /// the connection with a message naming this setting). Needs a secret; other transports
+    /// refuse it.
+    Protect protect = Protect::none;
     [[nodiscard]] bool enabled() const noexcept { return !secret.empty(); }
 };
 

@@ -32,8 +32,14 @@ Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::b
     std::string_view label = role == Role::acceptor    ? "talaria auth v1 acceptor"
                              : role == Role::connector ? "talaria auth v1 connector"
                                                        : "talaria auth v1 session";
+    return derive(secret, label, own_nonce, peer_nonce, key_id);
+}
+
+Proof derive(std::span<const std::byte> secret, std::string_view label,
+             std::span<const std::byte> own_nonce, std::span<const std::byte> peer_nonce,
+             std::string_view key_id) {
     // label || own nonce || peer nonce || key id length || key id
-    std::array<unsigned char, 32 + kNonceSize * 2 + 1 + 255> msg{};
+    std::array<unsigned char, 64 + kNonceSize * 2 + 1 + 255> msg{};
     std::size_t n = 0;
     std::memcpy(msg.data() + n, label.data(), label.size());
     n += label.size();
@@ -74,6 +80,9 @@ bool matches(const Proof& expected, std::span<const std::byte> received) noexcep
 }
 
 Result<void> check(const Auth& a) {
+    if (a.protect != Protect::none && !a.enabled())
+        return Error(Errc::invalid_argument,
+                     "Options::auth: protect needs a shared secret (its keys come from it)");
     if (!a.enabled()) return ok();
     if (a.key_id.size() > 255)
         return Error(

@@ -29,6 +29,11 @@ Result<Nonce> random_nonce();
 /// the other side's nonce, and the key id.
 Proof prove(std::span<const std::byte> secret, Role role, std::span<const std::byte> own_nonce,
             std::span<const std::byte> peer_nonce, std::string_view key_id);
+/// HMAC-SHA256 under `secret` of `label` (at most 64 bytes), nonce `a`, nonce `b`, key id length
+/// and key id: a key both sides of a handshake derive (what prove() computes, under a label of
+/// the caller's).
+Proof derive(std::span<const std::byte> secret, std::string_view label,
+             std::span<const std::byte> a, std::span<const std::byte> b, std::string_view key_id);
 /// HMAC-SHA256 under `key` of the concatenation of `parts` (a message authentication code).
 Proof mac(std::span<const std::byte> key, std::initializer_list<std::span<const std::byte>> parts);
 /// Compares a received proof with the expected one in constant time.

@@ -68,6 +68,13 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
     auto plus = url.scheme.find('+');
     std::string_view family = url.scheme.substr(0, plus);
     TALARIA_CHECK(auth::check(options.auth));
+    if (options.auth.protect != Protect::none && family != "tcp")
+        return Error(
+            Errc::not_supported,
+            fmt::format("'{}': na::Auth::protect (integrity or encryption of every record "
+                        "after the handshake) is implemented on tcp only; the {} transport "
+                        "authenticates its peers but does not protect its messages",
+                        address, family));
     for (const auto& e : kTransports) {
         if (e.scheme != family) continue;
         if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);

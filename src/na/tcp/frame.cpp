@@ -17,9 +17,14 @@ Result<FrameHeader> decode_frame_header(std::span<const std::byte> in) {
     uint32_t magic = uint32_t(load_le(p, 4));
     if (magic != kFrameMagic)
         return Error(Errc::protocol_error,
-                     fmt::format("bad frame magic {:#010x} (expected {:#010x}): the peer is not a "
-                                 "talaria tcp endpoint or the stream is out of sync",
-                                 magic, kFrameMagic));
+                     magic == 0x53524c54u  // "TLRS": a protected record (na/base/seal.hpp)
+                         ? std::string("a protected record where a frame belongs: the peer "
+                                       "protects its stream and this side does not (set the "
+                                       "same na::Auth::protect on both sides)")
+                         : fmt::format("bad frame magic {:#010x} (expected {:#010x}): the peer "
+                                       "is not a talaria tcp endpoint or the stream is out of "
+                                       "sync",
+                                       magic, kFrameMagic));
     uint8_t version = uint8_t(p[4]);
     if (version != kFrameVersion)
         return Error(Errc::protocol_error,

@@ -21,6 +21,7 @@
 #include "na/base/auth.hpp"
 #include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
+#include "na/base/seal.hpp"
 #include "na/base/url.hpp"
 #include "na/tcp/frame.hpp"
 #include "talaria/na/na.hpp"
@@ -34,6 +35,9 @@ namespace talaria::na::tcp {
 inline constexpr std::size_t kMaxRepliesPerConn = 65536;
 /// Size of each connection's receive buffer (headers and small payloads land here).
 inline constexpr std::size_t kRxBufferSize = 64 * 1024;
+/// Protected connections: records sealed per write at most, and the buffers of sealed bytes
+/// each way (four records of the largest size).
+inline constexpr std::size_t kSealedBufferSize = 4 * (seal::kMaxRecordBody + seal::kRecordOverhead);
 /// The receive buffer of an accepted connection until its hello is read: a frame header and a
 /// hello fit, and a storm of connections that never say hello costs little (grown to
 /// kRxBufferSize when the connection joins its lane).
@@ -207,6 +211,17 @@ struct Conn : ListHook<ConnTag> {
     bool auth_wait = false;
     auth::Nonce own_nonce{};
     auth::Nonce peer_nonce{};
+
+    // Protection (Auth::protect; docs/protocol.md, tcp "records"), from the end of the
+    // handshake: both directions carry sealed records. Sending: the send queue is sealed into
+    // [tx_sealed_pos, tx_sealed_len) of tx_sealed, then written. Receiving: bytes read go to
+    // [rx_sealed_pos, rx_sealed_len) of rx_sealed; each whole record is opened into rx, where
+    // process_rx parses frames as without protection.
+    std::unique_ptr<seal::Direction> seal_tx, seal_rx;
+    std::unique_ptr<std::byte[]> tx_sealed, rx_sealed;
+    std::size_t tx_sealed_pos = 0, tx_sealed_len = 0;
+    std::size_t rx_sealed_pos = 0, rx_sealed_len = 0;
+    bool opened_any = false;  ///< a record was opened (an unprotected refusal can come before)
 };
 
 class TcpContext;
@@ -417,6 +432,17 @@ class TcpTransport final : public Transport {
     /// an auth frame was read (Sink::auth). False when the connection was closed.
     bool auth_hello(Conn* c, const Hello& hello);
     bool auth_frame(Conn* c);
+    // Protection (tcp_seal.cpp)
+    /// Both directions of `c` carry sealed records from here (keys from the handshake's
+    /// nonces); what was read past the handshake is a record's. False when it was closed.
+    bool start_protection(Conn* c);
+    /// flush() of a protected connection: seal what is queued, write what is sealed.
+    void flush_sealed(Conn* c);
+    /// read_ready() of a protected connection.
+    void read_sealed(Conn* c);
+    /// Open the whole records read so far into rx as it has room, parsing frames as they come;
+    /// false when the connection was closed.
+    bool open_records(Conn* c);
     /// Refuse `c` during set-up: log, tell the peer why (best effort), close it.
     void refuse_conn(Conn* c, const std::string& why);
     /// Write one auth frame straight to the socket (set-up only: nothing else is queued or

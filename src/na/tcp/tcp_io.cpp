@@ -385,6 +385,10 @@ bool TcpTransport::sendable(Conn* c) noexcept {
 }
 
 void TcpTransport::flush(Conn* c) {
+    if (c->seal_tx) {
+        flush_sealed(c);
+        return;
+    }
     while (c->state == Conn::State::open && sendable(c)) {
         iovec iov[kMaxIov];
         int n = 0;
@@ -440,7 +444,8 @@ void TcpTransport::flush(Conn* c) {
 void TcpTransport::update_events(Conn* c) {
     if (c->state == Conn::State::closed) return;
     uint32_t want = c->paused ? 0u : uint32_t(EPOLLIN);
-    if (c->state == Conn::State::connecting || sendable(c)) want |= EPOLLOUT;
+    if (c->state == Conn::State::connecting || sendable(c) || c->tx_sealed_pos < c->tx_sealed_len)
+        want |= EPOLLOUT;
     if (want != c->events) {
         if (auto w = watch(c, want); !w) close_conn(c, Errc::io_error, w.error().describe());
     }
@@ -888,6 +893,10 @@ bool TcpTransport::process_rx(Conn* c) {
 }
 
 void TcpTransport::read_ready(Conn* c) {
+    if (c->seal_rx) {
+        read_sealed(c);
+        return;
+    }
     // Bounded so that one busy peer cannot starve the others.
     for (int round = 0; round < 16 && c->state != Conn::State::closed; ++round) {
         // An accepted connection reads nothing past its hello before it has a lane.
@@ -937,6 +946,10 @@ void TcpTransport::read_ready(Conn* c) {
             return;
         }
         if (!process_rx(c)) return;
+        if (c->seal_rx) {  // the handshake ended in what was read: records from here
+            read_sealed(c);
+            return;
+        }
         if (std::size_t(n) < asked) break;  // drained (level-triggered epoll tells us if not)
     }
     // Responses queued while parsing go out now.

@@ -736,8 +736,10 @@ void TcpTransport::adopt_locked(Conn* c) {
     }
     TALARIA_LOG(tcp, debug, "connection fd={} from context {} of {} joins context {}", c->fd,
                 c->remote_ctx, peer_of(c->peer)->str, to->id);
-    // What followed the hello in the same read is the lane's to parse now.
-    if (process_rx(c) && c->state == Conn::State::open && !c->sendq.empty()) flush(c);
+    // What followed the hello in the same read is the lane's to parse now (on a protected
+    // connection: records, read past the handshake).
+    if (!(c->seal_rx ? open_records(c) : process_rx(c))) return;
+    if (c->state == Conn::State::open && !c->sendq.empty()) flush(c);
 }
 
 void TcpTransport::poll_setup(bool wait) {
@@ -904,7 +906,9 @@ bool TcpTransport::auth_frame(Conn* c) {
             return false;
         }
         c->auth_wait = false;  // what waited behind the hello goes out (process_rx flushes)
-        TALARIA_LOG(tcp, debug, "authenticated {} (key '{}')", who, a.key_id);
+        if (a.protect != Protect::none && !start_protection(c)) return false;
+        TALARIA_LOG(tcp, debug, "authenticated {} (key '{}'{})", who, a.key_id,
+                    a.protect == Protect::none ? "" : ", protected");
         return true;
     }
     // Accepted: the connector's proof.
@@ -918,7 +922,9 @@ bool TcpTransport::auth_frame(Conn* c) {
     }
     c->auth_wait = false;
     c->state = Conn::State::open;  // poll_setup() hands it to its lane now
-    TALARIA_LOG(tcp, debug, "authenticated a connection from {} (key '{}')", who, a.key_id);
+    if (a.protect != Protect::none && !start_protection(c)) return false;
+    TALARIA_LOG(tcp, debug, "authenticated a connection from {} (key '{}'{})", who, a.key_id,
+                a.protect == Protect::none ? "" : ", protected");
     return true;
 }
 

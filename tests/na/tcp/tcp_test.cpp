@@ -401,9 +401,13 @@ MemHandle ship(Transport& from, const MemHandle& h, Transport& to) {
 }
 
 struct RmaPair {
-    Peer s = make_peer("tcp://127.0.0.1:0");
-    Peer c = make_peer("tcp://", Options{.listen = false});
-    Addr server = lookup(*c.t, s.self());
+    explicit RmaPair(Options so = {}, Options co = Options{.listen = false})
+        : s(make_peer("tcp://127.0.0.1:0", so)), c(make_peer("tcp://", co)) {
+        server = lookup(*c.t, s.self());
+    }
+    Peer s;
+    Peer c;
+    Addr server;
 
     /// Serialize `h` at the server, let `edit` forge bytes, deserialize at the client.
     MemHandle ship(const MemHandle& h,
@@ -435,8 +439,7 @@ void set_u64(std::vector<std::byte>& b, std::size_t off, uint64_t v) {
         b[off + i] = std::byte(uint8_t(v >> (8 * i)));
 }
 
-TEST(Tcp, PutGetLarge) {
-    RmaPair p;
+void put_get_large(RmaPair& p) {
     constexpr std::size_t kLen = 8u << 20;
     std::vector<uint8_t> target(kLen, 0), src(kLen), dst(kLen, 0);
     for (std::size_t i = 0; i < kLen; ++i)
@@ -456,6 +459,11 @@ TEST(Tcp, PutGetLarge) {
     EXPECT_EQ(dst[0], 0);
     // Zero-length transfers complete too.
     EXPECT_EQ(p.run(true, *sh, 0, remote, kLen, 0), Errc::ok);
+}
+
+TEST(Tcp, PutGetLarge) {
+    RmaPair p;
+    put_get_large(p);
 }
 
 TEST(Tcp, OriginChecksWhatTheHandleSays) {
@@ -1403,6 +1411,83 @@ TEST(TcpAuth, ForgedResponsesAndSilenceAreRefused) {
         *s.ctx, [&](const Completion& cp) { got = cp.status == Errc::ok; }, rb));
     ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, 2, dest, 0, 3));
     EXPECT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return got; }));
+}
+
+// --- protection of the stream after the handshake (Auth::protect) ---------------------------
+
+TEST(TcpProtect, BothModesCarryMessagesRepliesAndBulk) {
+    for (Protect mode : {Protect::integrity, Protect::encryption}) {
+        SCOPED_TRACE(mode == Protect::integrity ? "integrity" : "encryption");
+        Options so;
+        so.auth = auth_with("k", 'p');
+        so.auth.protect = mode;
+        Options co = so;
+        co.listen = false;
+        {
+            Peer s = make_peer("tcp://127.0.0.1:0", so);
+            Peer c = make_peer("tcp://", co);
+            Addr dest = lookup(*c.t, s.self());
+            // Messages of every size up to the largest: several records each.
+            for (std::size_t len : {std::size_t{1}, std::size_t{4000}, tcp::kMaxMessageSize}) {
+                auto m = buf_with(*c.t, "", len);
+                for (std::size_t i = 0; i < len; ++i)
+                    m.data()[i] = std::byte(uint8_t(i * 13 + len));
+                auto r = buf_with(*s.t, "", tcp::kMaxMessageSize);
+                std::size_t got = 0;
+                Addr from;
+                ASSERT_TRUE(s.t->post_recv_unexpected(
+                    *s.ctx,
+                    [&](const Completion& cp) {
+                        got = cp.status == Errc::ok ? cp.size : 1;
+                        from = cp.source;
+                    },
+                    r));
+                ASSERT_TRUE(c.t->post_send_unexpected(*c.ctx, {}, m, len, dest, 0, 1));
+                ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return got != 0; }));
+                ASSERT_EQ(got, len);
+                EXPECT_EQ(std::memcmp(r.data(), m.data(), len), 0);
+                // The reply comes back protected too.
+                auto back = buf_with(*s.t, "pong");
+                auto cr = buf_with(*c.t, "", 8);
+                std::size_t back_got = 0;
+                ASSERT_TRUE(c.t->post_recv_unexpected(
+                    *c.ctx, [&](const Completion& cp) { back_got = cp.size; }, cr));
+                ASSERT_TRUE(s.t->post_send_unexpected(*s.ctx, {}, back, 4, from, 0, 2));
+                ASSERT_TRUE(drive({c.ctx.get(), s.ctx.get()}, [&] { return back_got != 0; }));
+                EXPECT_EQ(as_string(cr, back_got), "pong");
+            }
+        }
+        RmaPair p(so, co);
+        put_get_large(p);
+    }
+}
+
+TEST(TcpProtect, MismatchedSettingsCloseTheConnectionWithTheSettingNamed) {
+    for (bool server_protects : {true, false}) {
+        SCOPED_TRACE(server_protects ? "only the server protects" : "only the client protects");
+        Options so;
+        so.auth = auth_with("k", 'm');
+        Options co = so;
+        co.listen = false;
+        (server_protects ? so : co).auth.protect = Protect::encryption;
+        auto o = send_with_auth(so.auth, co.auth);
+        // (The send itself may complete: it left this process before the peer refused it.)
+        EXPECT_FALSE(o.received) << "a message crossed a mismatched protection";
+    }
+}
+
+TEST(TcpProtect, ProtectionNeedsASecretAndTcp) {
+    Options o;
+    o.auth.protect = Protect::integrity;
+    auto t = open("tcp://127.0.0.1:0", o);
+    ASSERT_FALSE(t);
+    EXPECT_EQ(t.code(), Errc::invalid_argument);
+    o.auth = auth_with("k", 'a');
+    o.auth.protect = Protect::encryption;
+    auto sm = open("sm://", o);
+    ASSERT_FALSE(sm);
+    EXPECT_EQ(sm.code(), Errc::not_supported);
+    EXPECT_NE(sm.error().message().find("protect"), std::string::npos) << sm.error().message();
 }
 
 TEST(TcpAuth, BadSecretsAndSecretFilesAreRefusedWithTheReason) {
