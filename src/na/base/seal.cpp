@@ -68,25 +68,47 @@ void Direction::nonce(unsigned char iv[12]) const noexcept {
     store_le(b + 4, seq_, 8);
 }
 
-std::size_t Direction::seal(std::byte* rec, std::size_t n) {
+void Direction::begin(std::byte* rec, std::size_t n) {
     store_le(rec, kRecordMagic, 4);
     store_le(rec + 4, n, 4);
+    rec_ = rec;
+    n_ = n;
+    added_ = 0;
     unsigned char iv[12];
     nonce(iv);
     ++seq_;
-    std::byte* body = rec + kRecordHeaderSize;
     int len = 0;
     // Failures of these calls would be bugs of ours (wrong sizes), not conditions of the
     // input: every argument is fixed here.
     (void)EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, iv);
     (void)EVP_EncryptUpdate(ctx_, nullptr, &len, uc(rec), int(kRecordHeaderSize));
-    if (mode_ == Protect::encryption)
-        (void)EVP_EncryptUpdate(ctx_, uc(body), &len, uc(body), int(n));
-    else
-        (void)EVP_EncryptUpdate(ctx_, nullptr, &len, uc(body), int(n));
-    (void)EVP_EncryptFinal_ex(ctx_, uc(body + n), &len);
-    (void)EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, int(kRecordTagSize), uc(body + n));
-    return n + kRecordOverhead;
+}
+
+void Direction::add(const std::byte* src, std::size_t len) {
+    std::byte* out = rec_ + kRecordHeaderSize + added_;
+    int l = 0;
+    if (mode_ == Protect::encryption) {
+        (void)EVP_EncryptUpdate(ctx_, uc(out), &l, uc(src), int(len));
+    } else {
+        if (out != src) std::memcpy(out, src, len);
+        (void)EVP_EncryptUpdate(ctx_, nullptr, &l, uc(src), int(len));
+    }
+    added_ += len;
+}
+
+std::size_t Direction::finish() {
+    std::byte* tag = rec_ + kRecordHeaderSize + n_;
+    int len = 0;
+    (void)EVP_EncryptFinal_ex(ctx_, uc(tag), &len);
+    (void)EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, int(kRecordTagSize), uc(tag));
+    rec_ = nullptr;
+    return n_ + kRecordOverhead;
+}
+
+std::size_t Direction::seal(std::byte* rec, std::size_t n) {
+    begin(rec, n);
+    add(rec + kRecordHeaderSize, n);
+    return finish();
 }
 
 bool Direction::open(const std::byte* rec, std::size_t n, std::byte* out) {

@@ -23,7 +23,7 @@ inline constexpr uint32_t kRecordMagic = 0x53524c54u;  // "TLRS"
 inline constexpr std::size_t kRecordHeaderSize = 8;
 inline constexpr std::size_t kRecordTagSize = 16;
 inline constexpr std::size_t kRecordOverhead = kRecordHeaderSize + kRecordTagSize;
-inline constexpr std::size_t kMaxRecordBody = 16 * 1024;
+inline constexpr std::size_t kMaxRecordBody = 32 * 1024;
 inline constexpr std::size_t kKeySize = 32;
 
 /// The body length a record header announces; protocol_error unless it is a record's (magic,
@@ -46,6 +46,11 @@ class Direction {
     /// Seal the `n` body bytes at rec + kRecordHeaderSize in place: writes the header in front
     /// and the tag behind. Returns the record's size (n + kRecordOverhead).
     std::size_t seal(std::byte* rec, std::size_t n);
+    /// The same, gathering the body from wherever it is (no copy before the cipher): begin a
+    /// record of `n` body bytes at `rec`, add() exactly `n` bytes in pieces, finish() it.
+    void begin(std::byte* rec, std::size_t n);
+    void add(const std::byte* src, std::size_t len);
+    std::size_t finish();
     /// Verify the whole record at `rec` (its body `n` bytes, as record_length said) and write
     /// its plaintext body to `out`; false (and nothing trustworthy in `out`) when its tag does
     /// not match: a changed, dropped, replayed or misdirected record, or another key or mode.
@@ -55,6 +60,8 @@ class Direction {
     void nonce(unsigned char iv[12]) const noexcept;
 
     EVP_CIPHER_CTX* ctx_ = nullptr;
+    std::byte* rec_ = nullptr;  ///< the record being sealed (begin .. finish)
+    std::size_t n_ = 0, added_ = 0;
     uint32_t dir_ = 0;
     uint64_t seq_ = 0;
     Protect mode_ = Protect::none;

@@ -25,8 +25,9 @@ std::string_view label(bool to_acceptor, Protect p) {
                        : "talaria tcp v1 to connector integrity";
 }
 
-/// Copy up to `room` bytes of `it` from where it was left (it->sent) to `out`; returns how many.
-std::size_t copy_item(SendItem* it, std::byte* out, std::size_t room) {
+/// Feed up to `room` bytes of `it`, from where it was left (it->sent), to the record `d` is
+/// sealing (the cipher reads them where they are); returns how many.
+std::size_t seal_item(seal::Direction& d, SendItem* it, std::size_t room) {
     std::size_t skip = it->sent, n = 0;
     for (int i = 0; i < it->iovcnt && n < room; ++i) {
         const std::size_t len = it->iov[i].iov_len;
@@ -35,7 +36,7 @@ std::size_t copy_item(SendItem* it, std::byte* out, std::size_t room) {
             continue;
         }
         const std::size_t take = std::min(len - skip, room - n);
-        std::memcpy(out + n, static_cast<const std::byte*>(it->iov[i].iov_base) + skip, take);
+        d.add(static_cast<const std::byte*>(it->iov[i].iov_base) + skip, take);
         n += take;
         skip = 0;
     }
@@ -104,20 +105,25 @@ void TcpTransport::flush_sealed(Conn* c) {
         while (!c->sendq.empty() &&
                c->tx_sealed_len + seal::kMaxRecordBody + seal::kRecordOverhead <=
                    kSealedBufferSize) {
-            std::byte* rec = buf + c->tx_sealed_len;
-            std::byte* body = rec + seal::kRecordHeaderSize;
+            // The record's size first (its header is authenticated before its body).
             std::size_t n = 0;
-            while (n < seal::kMaxRecordBody && !c->sendq.empty()) {
+            for (SendItem& it : c->sendq) {
+                n += it.total - it.sent;
+                if (n >= seal::kMaxRecordBody) break;
+            }
+            n = std::min(n, seal::kMaxRecordBody);
+            if (n == 0) break;
+            c->seal_tx->begin(buf + c->tx_sealed_len, n);
+            for (std::size_t done = 0; done < n;) {
                 SendItem* it = c->sendq.front();
-                const std::size_t took = copy_item(it, body + n, seal::kMaxRecordBody - n);
-                n += took;
+                const std::size_t took = seal_item(*c->seal_tx, it, n - done);
+                done += took;
                 c->queued_bytes -= took;
                 if (it->sent < it->total) break;  // the record is full
                 c->sendq.pop_front();
                 item_done(c, it);
             }
-            if (n == 0) break;
-            c->tx_sealed_len += c->seal_tx->seal(rec, n);
+            c->tx_sealed_len += c->seal_tx->finish();
         }
         if (c->tx_sealed_len == 0) break;
     }
@@ -157,13 +163,18 @@ bool TcpTransport::open_records(Conn* c) {
             return false;
         }
         if (avail < *n + seal::kRecordOverhead) return true;
-        if (c->rx_pos > 0) {
+        // A record that is all payload of the frame being read opens straight into its
+        // destination (the user's buffer or a registered region), as a plain connection reads
+        // it there; other records open into rx, for the frame parser.
+        const bool direct = c->in_payload && c->dest && c->rx_pos == c->rx_len &&
+                            c->remaining >= *n;
+        if (!direct && c->rx_pos > 0) {
             std::memmove(c->rx.get(), c->rx.get() + c->rx_pos, c->rx_len - c->rx_pos);
             c->rx_len -= c->rx_pos;
             c->rx_pos = 0;
         }
-        if (c->rx_cap - c->rx_len < *n) return true;  // parsed as it frees up
-        if (!c->seal_rx->open(rec, *n, c->rx.get() + c->rx_len)) {
+        if (!direct && c->rx_cap - c->rx_len < *n) return true;  // parsed as it frees up
+        if (!c->seal_rx->open(rec, *n, direct ? c->dest : c->rx.get() + c->rx_len)) {
             close_conn(c, Errc::protocol_error,
                        fmt::format("a record from {} failed its integrity check: changed on the "
                                    "way, or sealed with another key or mode (do both sides set "
@@ -171,7 +182,12 @@ bool TcpTransport::open_records(Conn* c) {
                                    c->peer ? peer_of(c->peer)->str : std::string("the peer")));
             return false;
         }
-        c->rx_len += *n;
+        if (direct) {
+            c->dest += *n;
+            c->remaining -= *n;
+        } else {
+            c->rx_len += *n;
+        }
         c->rx_sealed_pos += *n + seal::kRecordOverhead;
         c->opened_any = true;
     }
