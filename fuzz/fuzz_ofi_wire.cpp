@@ -22,7 +22,8 @@ void check(bool ok) {
 void header(std::span<const std::byte> in) {
     auto h = decode_msg_header(in);
     if (!h) return;
-    check(h->header_size == kMsgFixedSize + h->raw_addr.size() + h->lane_addr.size());
+    check(h->header_size == kMsgFixedSize + ((h->flags & kFlagToken) ? kTokenSize : 0) +
+                                h->raw_addr.size() + h->lane_addr.size());
     check(h->header_size <= in.size());
     check(!h->raw_addr.empty() && h->raw_addr.size() <= kMaxRawAddr);
     check(h->lane_addr.size() <= kMaxRawAddr);

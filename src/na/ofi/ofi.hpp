@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "na/base/addr_table.hpp"
+#include "na/base/auth.hpp"
 #include "na/base/matcher.hpp"
 #include "na/base/op.hpp"
 #include "na/base/url.hpp"
@@ -96,6 +97,7 @@ enum class AuthState : uint8_t {
 struct AuthPending {
     std::string raw;  ///< the connector's transport address
     uint64_t instance = 0;
+    /// The nonces bound to both ends (addresses and instances): ours, the connector's.
     std::array<std::byte, kAuthNonceSize> own{}, peer{};
     TimePoint since{};
 };
@@ -134,8 +136,13 @@ struct OfiAddr final : AddrImpl {
     std::atomic<bool> proved{false};
     std::atomic<AuthState> auth{AuthState::none};
     std::array<std::byte, kAuthNonceSize> auth_nonce{};  ///< ours, in our request
-    TimePoint auth_since{};                              ///< when we asked, or were refused
-    std::string auth_refusal;                            ///< why it refused us
+    /// The session's tokens (Options::auth): what our messages to it carry, and what its
+    /// messages to us must carry (the latest two sessions': two handshakes may cross).
+    std::atomic<uint64_t> send_token{0};
+    std::atomic<uint64_t> recv_token{0};
+    std::atomic<uint64_t> recv_token_prev{0};
+    TimePoint auth_since{};    ///< when we asked, or were refused
+    std::string auth_refusal;  ///< why it refused us
     /// Bytes of its unexpected messages queued for receives on any of our contexts
     /// (QueuedMsg::charge; kMaxQueuedUnexpectedPerPeer).
     std::atomic<std::size_t> unexpected_bytes{0};
@@ -554,6 +561,24 @@ class OfiTransport final : public Transport {
     /// Send one auth message of `step` to `to` (its lane endpoint).
     void send_auth_locked(OfiLane& l, Remote* to, AuthStep step, std::span<const std::byte> body);
     void send_refusal_locked(OfiLane& l, Remote* to, std::string_view why);
+    /// Write the session token of `to` into a header copied from the lane's template.
+    void stamp_token(std::byte* start, const OfiAddr* to) const noexcept {
+        if (opts_.auth.enabled())
+            detail::store_le(start + kMsgFixedSize, to->send_token.load(std::memory_order_acquire),
+                             int(kTokenSize));
+    }
+    /// A message of `src` carries a token of its session with us.
+    [[nodiscard]] static bool token_ok(const OfiAddr* src, uint64_t token) noexcept {
+        return token != 0 && (token == src->recv_token.load(std::memory_order_acquire) ||
+                              token == src->recv_token_prev.load(std::memory_order_acquire));
+    }
+    /// A nonce bound to the two ends of a handshake (their transport addresses and instances),
+    /// so that a proof made for one pair of processes proves nothing between another pair.
+    auth::Proof bind(std::span<const std::byte> nonce, std::span<const std::byte> raw_c,
+                     uint64_t inst_c, std::span<const std::byte> raw_a, uint64_t inst_a) const;
+    /// Both sides' tokens once the handshake is done (to the acceptor, to the connector).
+    std::pair<uint64_t, uint64_t> tokens(const auth::Proof& bound_c,
+                                         const auth::Proof& bound_a) const;
     /// The live process interned under raw address `raw` (or none); its instance becomes
     /// `instance` if it had none yet (0: leave it).
     Addr find_raw(std::string_view raw, uint64_t instance);

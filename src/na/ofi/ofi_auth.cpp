@@ -83,7 +83,7 @@ bool OfiTransport::auth_hold_locked(OfiLane& l, OfiAddr* a, Route& route, OfiOp*
             return false;
         }
     }
-    if (!opts_.auth.enabled()) return false;
+    if (!opts_.auth.enabled() && !route.authing) return false;
     op->state = OpState::routing;
     op->route = &route;
     route.waiting.push_back(*op);
@@ -91,8 +91,32 @@ bool OfiTransport::auth_hold_locked(OfiLane& l, OfiAddr* a, Route& route, OfiOp*
         route.authing = true;
         ++l.locating;  // progress does not sleep long while it waits
     }
-    dial_locked(l, a, now);
+    // (Admitted already, its route not yet released: behind the sends that wait, in order.)
+    if (a->auth.load(std::memory_order_acquire) != AuthState::admitted) dial_locked(l, a, now);
     return true;
+}
+
+auth::Proof OfiTransport::bind(std::span<const std::byte> nonce, std::span<const std::byte> raw_c,
+                               uint64_t inst_c, std::span<const std::byte> raw_a,
+                               uint64_t inst_a) const {
+    std::byte ic[8], ia[8];
+    detail::store_le(ic, inst_c, 8);
+    detail::store_le(ia, inst_a, 8);
+    std::byte lc = std::byte(uint8_t(raw_c.size())), la = std::byte(uint8_t(raw_a.size()));
+    return auth::mac(nonce, {std::span(&lc, 1), raw_c, ic, std::span(&la, 1), raw_a, ia});
+}
+
+std::pair<uint64_t, uint64_t> OfiTransport::tokens(const auth::Proof& bound_c,
+                                                   const auth::Proof& bound_a) const {
+    const Auth& a = opts_.auth;
+    auto first8 = [](const auth::Proof& p) {
+        uint64_t t = detail::load_le(p.data(), 8);
+        return t == 0 ? uint64_t{1} : t;
+    };
+    return {first8(auth::derive(a.secret, "talaria ofi v1 token to acceptor", bound_c, bound_a,
+                                a.key_id)),
+            first8(auth::derive(a.secret, "talaria ofi v1 token to connector", bound_c, bound_a,
+                                a.key_id))};
 }
 
 void OfiTransport::dial_locked(OfiLane& l, OfiAddr* a, TimePoint now) {
@@ -267,11 +291,14 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             }
             auto nonce = auth::random_nonce();
             if (!nonce) return;
+            // Both nonces bound to the two ends: the connector as its header names it, and us
+            // as our headers name us.
+            const auto own_raw = std::as_bytes(std::span(lane_at(0)->raw));
             AuthPending p;
             p.raw.assign(raw);
             p.instance = h.instance;
-            p.own = *nonce;
-            std::memcpy(p.peer.data(), m->nonce.data(), kAuthNonceSize);
+            p.own = bind(*nonce, h.raw_addr, h.instance, own_raw, instance_);
+            p.peer = bind(m->nonce, h.raw_addr, h.instance, own_raw, instance_);
             p.since = now;
             {
                 std::lock_guard g(auth_mu_);
@@ -286,7 +313,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             const auth::Proof proof =
                 auth::prove(a.secret, auth::Role::acceptor, p.own, p.peer, a.key_id);
             std::byte body[kAuthNonceSize + kAuthProofSize];
-            std::memcpy(body, p.own.data(), kAuthNonceSize);
+            std::memcpy(body, nonce->data(), kAuthNonceSize);
             std::memcpy(body + kAuthNonceSize, proof.data(), kAuthProofSize);
             send_auth_locked(l, to, AuthStep::challenge, body);
             return;
@@ -298,8 +325,13 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             {
                 std::lock_guard g(auth_mu_);
                 if (pa->auth.load(std::memory_order_acquire) != AuthState::dialing) return;
-                if (!auth::matches(auth::prove(a.secret, auth::Role::acceptor, m->nonce,
-                                               pa->auth_nonce, a.key_id),
+                // Both nonces bound to the two ends: us as our headers name us, the acceptor as
+                // its header names it (a relay between two other processes proves nothing).
+                const auto own_raw = std::as_bytes(std::span(lane_at(0)->raw));
+                const auth::Proof bc =
+                    bind(pa->auth_nonce, own_raw, instance_, h.raw_addr, h.instance);
+                const auth::Proof ba = bind(m->nonce, own_raw, instance_, h.raw_addr, h.instance);
+                if (!auth::matches(auth::prove(a.secret, auth::Role::acceptor, ba, bc, a.key_id),
                                    m->proof)) {
                     pa->auth_refusal = fmt::format(
                         "{} could not prove that it holds the secret of key '{}' (a different "
@@ -318,9 +350,13 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
                     pa->auth.store(AuthState::none, std::memory_order_release);
                     replaced = true;
                 } else {
+                    const auto [to_acceptor, to_connector] = tokens(bc, ba);
+                    pa->send_token.store(to_acceptor, std::memory_order_release);
+                    pa->recv_token_prev.store(pa->recv_token.load(std::memory_order_acquire),
+                                              std::memory_order_release);
+                    pa->recv_token.store(to_connector, std::memory_order_release);
                     pa->proved.store(true, std::memory_order_release);
-                    reply = auth::prove(a.secret, auth::Role::connector, pa->auth_nonce, m->nonce,
-                                        a.key_id);
+                    reply = auth::prove(a.secret, auth::Role::connector, bc, ba, a.key_id);
                 }
             }
             if (replaced) {
@@ -361,6 +397,11 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             Source* s = source_locked(l, h, true);
             if (!s) return;
             OfiAddr* np = ofi_addr(s->addr);
+            const auto [to_acceptor, to_connector] = tokens(p->peer, p->own);
+            np->send_token.store(to_connector, std::memory_order_release);
+            np->recv_token_prev.store(np->recv_token.load(std::memory_order_acquire),
+                                      std::memory_order_release);
+            np->recv_token.store(to_acceptor, std::memory_order_release);
             np->proved.store(true, std::memory_order_release);
             np->auth.store(AuthState::admitted, std::memory_order_release);
             TALARIA_LOG(ofi, debug, "{}: {} authenticated (key '{}')", scheme_, np->str, a.key_id);
@@ -379,8 +420,12 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
         }
         case AuthStep::refused: {
             std::lock_guard g(auth_mu_);
-            // From the process we know at that address (a stranger naming its address with
-            // another instance cannot stop our sends to it).
+            // Only an answer to our request (or, without a secret of ours, a server's word that
+            // it wants one): a refusal is not authenticated, so it never stops sends to a peer
+            // both sides admitted, and one naming another instance than the one we know is not
+            // that peer's.
+            const AuthState st = pa->auth.load(std::memory_order_acquire);
+            if (!(st == AuthState::dialing || (st == AuthState::none && !a.enabled()))) return;
             uint64_t known = pa->instance.load(std::memory_order_relaxed);
             if (known != 0 && known != h.instance) return;
             pa->auth_refusal = fmt::format("{} refused us: {}", pa->str, m->reason);

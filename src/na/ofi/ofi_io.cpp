@@ -276,6 +276,7 @@ void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
     start[1] = std::byte(uint8_t(MsgKind::locate));
     start[2] = std::byte(0);
     detail::store_le(start + 4, r.token, 4);
+    stamp_token(start, a);
     encode_locate(Locate{r.ctx, r.unexpected}, c->buf.data());
     // One attempt: polling the CQ here could fail the peer and erase this route under us.
     ssize_t rc = ctl_send_locked(l, c, l.header_size + kLocateSize, r0);
@@ -412,6 +413,7 @@ void OfiTransport::answer_locate_locked(OfiLane& l, Remote* to, uint32_t token,
     std::memcpy(start, l.header, l.header_size);
     start[1] = std::byte(uint8_t(MsgKind::located));
     detail::store_le(start + 4, token, 4);
+    stamp_token(start, ofi_addr(to->peer));
     std::size_t n = encode_located(ans, c->buf.data());
     ssize_t rc = ctl_send_locked(l, c, l.header_size + n, to);
     if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
@@ -522,15 +524,16 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
     start[1] = std::byte(uint8_t(expected ? MsgKind::expected : MsgKind::unexpected));
     start[2] = std::byte(dest_ctx);
     detail::store_le(start + 4, tag, 4);
-    start[18] = std::byte(l.serves.load(std::memory_order_relaxed) ? kFlagServes : 0);
+    start[18] = std::byte(uint8_t(l.header[18]) |
+                          (l.serves.load(std::memory_order_relaxed) ? kFlagServes : 0));
     op->buf = start;
     op->cap = hdr + len;
     op->desc = desc;
     op->peer = dest;
     OpId id = op->id();
     if (const AuthState st = peer->auth.load(std::memory_order_acquire);
-        st != AuthState::admitted && (st == AuthState::refused || opts_.auth.enabled()))
-        [[unlikely]] {
+        (st != AuthState::admitted && (st == AuthState::refused || opts_.auth.enabled())) ||
+        route->authing) [[unlikely]] {
         // Options::auth: not before both proved the secret (or fail at once: it refused us).
         if (auth_hold_locked(l, peer, *route, op)) return id;
     }
@@ -554,6 +557,8 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
         op_finished(l, op, Errc::disconnected);
         return;
     }
+    // The session's token as it is now (a send held for the handshake was posted before).
+    stamp_token(op->buf, peer);
     if (auto r = av_insert_locked(l, rem); !r) {
         TALARIA_LOG(ofi, debug, "{}: a send fails: {}", scheme_, r.error().message());
         op_finished(l, op,
@@ -1001,6 +1006,12 @@ void OfiTransport::on_message(OfiLane& l, std::span<const std::byte> msg) {
     }
     Source* s = source_locked(l, *h);
     if (!s) return;
+    if (opts_.auth.enabled() && !token_ok(ofi_addr(s->addr), h->token)) [[unlikely]] {
+        // Its header names a process that proved the secret, but not the token of their
+        // session: someone else wrote it.
+        refuse_stranger_locked(l, *h);
+        return;
+    }
     if (!l.watched.empty()) s->heard = Clock::now();
     const Addr& src = s->addr;
     std::span<const std::byte> lane_raw = h->lane_addr.empty() ? h->raw_addr : h->lane_addr;
@@ -1329,6 +1340,7 @@ void OfiTransport::send_probe_locked(OfiLane& l, Remote* r, TimePoint now) {
     std::byte* start = c->buf.data() - l.header_size;
     std::memcpy(start, l.header, l.header_size);
     start[1] = std::byte(uint8_t(MsgKind::probe));
+    stamp_token(start, ofi_addr(r->peer));
     ssize_t rc = ctl_send_locked(l, c, l.header_size, r);
     if (rc == -FI_EAGAIN) {
         // rxm answers -FI_EAGAIN while it (re)connects, forever if the peer is gone. A peer

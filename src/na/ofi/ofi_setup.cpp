@@ -358,6 +358,8 @@ Result<void> OfiTransport::lane_open(OfiLane& l) {
     h.source_ctx = l.id;
     h.raw_addr = std::as_bytes(std::span(self_raw));
     if (l.id != 0) h.lane_addr = std::as_bytes(std::span(l.raw));
+    // With Options::auth every message carries its session's token (stamped per send).
+    if (opts_.auth.enabled()) h.flags = kFlagToken;
     l.header_size = encode_msg_header(h, l.header);
 
     TALARIA_CHECK(post_rx_buffers(l));
@@ -501,9 +503,15 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
         std::lock_guard g(intern_mu_);
         self_ = intern_locked(canonical, l0->raw);
         ofi_addr(self_)->instance.store(instance_, std::memory_order_relaxed);
-        // Our own messages need no proof (Options::auth).
-        ofi_addr(self_)->proved.store(true, std::memory_order_relaxed);
-        ofi_addr(self_)->auth.store(AuthState::admitted, std::memory_order_relaxed);
+        // Our own messages need no proof (Options::auth), only a token nobody else knows.
+        OfiAddr* me = ofi_addr(self_);
+        me->proved.store(true, std::memory_order_relaxed);
+        me->auth.store(AuthState::admitted, std::memory_order_relaxed);
+        uint64_t t = 0;
+        while (t == 0)
+            t = random_u64();
+        me->send_token.store(t, std::memory_order_relaxed);
+        me->recv_token.store(t, std::memory_order_relaxed);
     }
     TALARIA_LOG(ofi, debug, "{} open on {} (fabric {}, domain {}, mr_mode 0x{:x}, inject {}, {})",
                 ofi_addr(self_)->str, prov_.prov_name, prov_.fabric, prov_.domain, prov_.mr_mode,

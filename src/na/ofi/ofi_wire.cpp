@@ -32,6 +32,10 @@ std::size_t encode_msg_header(const MsgHeader& h, std::byte* out) noexcept {
     out[18] = std::byte(h.flags);
     out[19] = std::byte(0);
     std::size_t n = kMsgFixedSize;
+    if (h.flags & kFlagToken) {
+        store_le(out + n, h.token, kTokenSize);
+        n += kTokenSize;
+    }
     if (!h.raw_addr.empty()) std::memcpy(out + n, h.raw_addr.data(), h.raw_addr.size());
     n += h.raw_addr.size();
     if (!h.lane_addr.empty()) std::memcpy(out + n, h.lane_addr.data(), h.lane_addr.size());
@@ -61,7 +65,7 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
     std::size_t llen = uint8_t(in[17]);
     h.flags = uint8_t(in[18]);
     if (h.instance == 0) return Error(Errc::protocol_error, "ofi message with instance id 0");
-    if ((h.flags & ~kFlagServes) != 0 || uint8_t(in[19]) != 0)
+    if ((h.flags & ~(kFlagServes | kFlagToken)) != 0 || uint8_t(in[19]) != 0)
         return Error(
             Errc::protocol_error,
             fmt::format("ofi message with unknown flags 0x{:02x} or reserved byte 0x{:02x}",
@@ -71,13 +75,15 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
                      fmt::format("ofi message with a {}-byte sender address and a {}-byte lane "
                                  "address (1..{} and 0..{} allowed)",
                                  alen, llen, kMaxRawAddr, kMaxRawAddr));
-    if (in.size() < kMsgFixedSize + alen + llen)
+    const std::size_t tok = (h.flags & kFlagToken) ? kTokenSize : 0;
+    if (in.size() < kMsgFixedSize + tok + alen + llen)
         return Error(Errc::protocol_error,
                      fmt::format("ofi message of {} bytes truncated inside its sender addresses",
                                  in.size()));
-    h.raw_addr = in.subspan(kMsgFixedSize, alen);
-    h.lane_addr = in.subspan(kMsgFixedSize + alen, llen);
-    h.header_size = kMsgFixedSize + alen + llen;
+    if (tok) h.token = load_le(in.data() + kMsgFixedSize, kTokenSize);
+    h.raw_addr = in.subspan(kMsgFixedSize + tok, alen);
+    h.lane_addr = in.subspan(kMsgFixedSize + tok + alen, llen);
+    h.header_size = kMsgFixedSize + tok + alen + llen;
     if (h.kind == MsgKind::probe && in.size() != h.header_size)
         return Error(Errc::protocol_error, "ofi probe message with a payload");
     if (in.size() - h.header_size > kMaxMessageSize)

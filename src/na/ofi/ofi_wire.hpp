@@ -22,7 +22,6 @@ inline constexpr std::size_t kMaxRawAddr = 64;
 /// Room reserved in front of every message buffer for the header (fixed part + the sender's
 /// two raw addresses, rounded up to a cache line so the payload stays aligned).
 inline constexpr std::size_t kHeaderRoom = 192;
-static_assert(kMsgFixedSize + 2 * kMaxRawAddr <= kHeaderRoom);
 /// Largest message payload (unexpected and expected).
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 /// Longest address string ("ofi+<provider>://...") in a serialized address or memory handle.
@@ -36,19 +35,26 @@ enum class MsgKind : uint8_t {
     located = 5,
     auth = 6,  ///< authentication (Options::auth): the step is in the tag (AuthStep)
 };
-/// MsgHeader::flags: the sending context takes unexpected messages.
+/// MsgHeader::flags: the sending context takes unexpected messages; the header carries the
+/// token of the sender's authenticated session with the receiver (Options::auth), 8 bytes after
+/// the fixed part.
 inline constexpr uint8_t kFlagServes = 1;
+inline constexpr uint8_t kFlagToken = 2;
+inline constexpr std::size_t kTokenSize = 8;
+static_assert(kMsgFixedSize + kTokenSize + 2 * kMaxRawAddr <= kHeaderRoom);
 
 struct MsgHeader {
     MsgKind kind = MsgKind::unexpected;
     uint8_t context_id = 0;                ///< the destination context
     uint8_t source_ctx = 0;                ///< the sender's context (the lane it sent from)
-    uint8_t flags = 0;                     ///< kFlagServes
+    uint8_t flags = 0;                     ///< kFlagServes, kFlagToken
+    uint64_t token = 0;                    ///< with kFlagToken
     uint32_t tag = 0;                      ///< na tag; locate/located: the token
     uint64_t instance = 0;                 ///< the sender's random transport instance (nonzero)
     std::span<const std::byte> raw_addr;   ///< the sender's transport address (its context 0)
     std::span<const std::byte> lane_addr;  ///< the sending lane's address; empty: raw_addr
-    std::size_t header_size = 0;           ///< kMsgFixedSize + raw_addr.size() + lane_addr.size()
+    /// kMsgFixedSize (+ kTokenSize with kFlagToken) + raw_addr.size() + lane_addr.size()
+    std::size_t header_size = 0;
 };
 
 /// Encode into `out` (at least header_size bytes); returns the size.

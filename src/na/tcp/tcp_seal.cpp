@@ -164,10 +164,13 @@ bool TcpTransport::open_records(Conn* c) {
         }
         if (avail < *n + seal::kRecordOverhead) return true;
         // A record that is all payload of the frame being read opens straight into its
-        // destination (the user's buffer or a registered region), as a plain connection reads
-        // it there; other records open into rx, for the frame parser.
-        const bool direct = c->in_payload && c->dest && c->rx_pos == c->rx_len &&
-                            c->remaining >= *n;
+        // destination, as a plain connection reads it there; other records open into rx, for
+        // the frame parser. Not a put's into our registered region with encryption: the
+        // cipher writes its plaintext before the tag is checked, and a put that fails there
+        // tells nobody here (into a receive's or a get's buffer it does: their op fails).
+        const bool direct =
+            c->in_payload && c->dest && c->rx_pos == c->rx_len && c->remaining >= *n &&
+            (opts_.auth.protect == Protect::integrity || c->sink != Conn::Sink::put);
         if (!direct && c->rx_pos > 0) {
             std::memmove(c->rx.get(), c->rx.get() + c->rx_pos, c->rx_len - c->rx_pos);
             c->rx_len -= c->rx_pos;

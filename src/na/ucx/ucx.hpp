@@ -116,7 +116,7 @@ inline constexpr Duration kBootDefaultTimeout = std::chrono::seconds(10);
 /// Authenticated sessions (Options::auth) kept at most, in all and per peer instance (the
 /// oldest goes). Only peers that proved the secret make them.
 inline constexpr std::size_t kMaxSessions = 4096;
-inline constexpr std::size_t kMaxSessionsPerPeer = 8;
+inline constexpr std::size_t kMaxSessionsPerPeer = 256;  // one per context it may bootstrap from
 
 /// What an authenticated bootstrap leaves both sides with (Options::auth): the key that signs
 /// the hellos between this process and the peer instance, named by an id both know (the first
@@ -420,6 +420,8 @@ class UcxTransport final : public Transport {
     bool boot_refuse(BootConn& c, const std::string& why);
     /// Log a warning of the bootstrap thread, at most one line a second.
     void boot_warn(const std::string& what);
+    /// A fresh nonzero value for the instance field of a challenge or a refusal.
+    uint64_t boot_alias() noexcept;
     /// Connect to `peer`'s bootstrap port, authenticate both ways where Options::auth says so,
     /// and return its context-0 worker address (blocks the calling thread for one TCP round
     /// trip, two with authentication, at most boot_timeout()).

@@ -252,7 +252,7 @@ bool UcxTransport::boot_handle(BootConn& c, const BootFixed& f, std::span<const 
             auth::prove(a.secret, auth::Role::acceptor, c.own, c.peer, a.key_id);
         std::byte out[kBootFixedSize + kBootNonceSize + kBootProofSize];
         encode_boot_fixed(
-            BootFixed{BootKind::challenge, kBootNonceSize + kBootProofSize, instance_}, out);
+            BootFixed{BootKind::challenge, kBootNonceSize + kBootProofSize, boot_alias()}, out);
         std::memcpy(out + kBootFixedSize, c.own.data(), kBootNonceSize);
         std::memcpy(out + kBootFixedSize + kBootNonceSize, proof.data(), kBootProofSize);
         if (!send_whole(c.fd, out)) return true;
@@ -303,12 +303,21 @@ void UcxTransport::boot_warn(const std::string& what) {
     boot_logged_ = now;
 }
 
+uint64_t UcxTransport::boot_alias() noexcept {
+    // What a challenge or a refusal names as its sender: not our instance, which names our
+    // streams in every message, and which only a peer that proved the secret learns (in the
+    // answer).
+    auto n = auth::random_nonce();
+    uint64_t v = n ? detail::load_le(n->data(), 8) : 0;
+    return v != 0 ? v : 1;
+}
+
 bool UcxTransport::boot_refuse(BootConn& c, const std::string& why) {
     boot_warn(fmt::format("refusing the bootstrap of instance {:016x}: {}", c.instance, why));
     std::string_view reason(why);
     if (reason.size() > kBootMaxReason) reason = reason.substr(0, kBootMaxReason);
     std::byte out[kBootFixedSize + kBootMaxReason];
-    encode_boot_fixed(BootFixed{BootKind::refused, reason.size(), instance_}, out);
+    encode_boot_fixed(BootFixed{BootKind::refused, reason.size(), boot_alias()}, out);
     std::memcpy(out + kBootFixedSize, reason.data(), reason.size());
     (void)send_whole(c.fd, std::span<const std::byte>(out, kBootFixedSize + reason.size()));
     // Read what the client already sent, so that closing sends a FIN after the refusal rather
@@ -505,8 +514,7 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
                         fmt::format("the server could not prove that it holds the secret of key "
                                     "'{}' (a different secret, or not the server meant)",
                                     a.key_id));
-        Session sess;
-        sess.instance = f.instance;
+        Session sess;  // its instance is the answer's (the challenge does not name it)
         sess.id = detail::load_le(nonce.data(), 8);
         sess.key = auth::prove(a.secret, auth::Role::session, own, nonce, a.key_id);
         const auth::Proof proof =
@@ -515,13 +523,11 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
         encode_boot_fixed(BootFixed{BootKind::response, kBootProofSize, instance_}, resp);
         std::memcpy(resp + kBootFixedSize, proof.data(), kBootProofSize);
         TALARIA_CHECK(send_all(resp));
-        const uint64_t challenger = f.instance;
         TALARIA_TRY(f2, read_frame());
-        if (f2.kind != BootKind::answer || f2.instance != challenger)
-            return fail(Errc::protocol_error,
-                        "the server's answer to our response is not an answer from the instance "
-                        "that challenged us");
+        if (f2.kind != BootKind::answer)
+            return fail(Errc::protocol_error, "the server's answer to our response is not one");
         f = f2;
+        sess.instance = f.instance;
         session = sess;
     } else if (f.kind != BootKind::answer) {
         return fail(Errc::access_denied,

@@ -57,7 +57,7 @@ TEST(OfiWire, HeaderRejections) {
     EXPECT_FALSE(bad(1, 7)) << "kind 7";
     EXPECT_FALSE(bad(17, 65)) << "lane address length above the maximum";
     EXPECT_FALSE(bad(17, 1)) << "lane address longer than the message";
-    EXPECT_FALSE(bad(18, 2)) << "unknown flag";
+    EXPECT_FALSE(bad(18, 4)) << "unknown flag";
     EXPECT_FALSE(bad(19, 1)) << "reserved byte";
     EXPECT_FALSE(bad(3, 0)) << "address length 0";
     EXPECT_FALSE(bad(3, 65)) << "address length above the maximum";
@@ -145,6 +145,30 @@ TEST(OfiWire, LocateAndLocated) {
     EXPECT_FALSE(d->found);
     b[3] = std::byte{1};
     EXPECT_FALSE(decode_located(std::span(b, n))) << "none naming a lane";
+}
+
+TEST(OfiWire, HeaderWithASessionToken) {
+    std::byte raw[16], lane[16];
+    std::memset(raw, 0x11, sizeof raw);
+    std::memset(lane, 0x22, sizeof lane);
+    MsgHeader h;
+    h.kind = MsgKind::expected;
+    h.instance = 9;
+    h.flags = kFlagToken | kFlagServes;
+    h.token = 0x0102030405060708ull;
+    h.raw_addr = raw;
+    h.lane_addr = lane;
+    std::byte b[kHeaderRoom];
+    std::size_t n = encode_msg_header(h, b);
+    EXPECT_EQ(n, kMsgFixedSize + kTokenSize + 32);
+    auto d = decode_msg_header(std::span(b, n));
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->token, h.token);
+    EXPECT_EQ(d->header_size, n);
+    EXPECT_EQ(std::memcmp(d->raw_addr.data(), raw, 16), 0);
+    EXPECT_EQ(std::memcmp(d->lane_addr.data(), lane, 16), 0);
+    for (std::size_t cut = 0; cut < n; ++cut)
+        EXPECT_FALSE(decode_msg_header(std::span(b, cut))) << cut;
 }
 
 TEST(OfiWire, AuthStepsAndTheirBounds) {
