@@ -436,6 +436,11 @@ class TcpTransport final : public Transport {
     /// Both directions of `c` carry sealed records from here (keys from the handshake's
     /// nonces); what was read past the handshake is a record's. False when it was closed.
     bool start_protection(Conn* c);
+    /// What a read's result `n` on `c` means: bytes to parse, try again (EINTR), nothing more
+    /// now (EAGAIN), or the connection is closed (closed here, with the reason; `mid_frame`:
+    /// the peer left a frame unfinished).
+    enum class ReadResult : uint8_t { data, retry, drained, closed };
+    ReadResult read_result(Conn* c, ssize_t n, bool mid_frame);
     /// flush() of a protected connection: seal what is queued, write what is sealed.
     void flush_sealed(Conn* c);
     /// read_ready() of a protected connection.

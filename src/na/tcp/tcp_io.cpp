@@ -892,6 +892,20 @@ bool TcpTransport::process_rx(Conn* c) {
     }
 }
 
+TcpTransport::ReadResult TcpTransport::read_result(Conn* c, ssize_t n, bool mid_frame) {
+    if (n > 0) return ReadResult::data;
+    if (n == 0) {
+        close_conn(c, Errc::disconnected,
+                   mid_frame ? std::string("peer closed the connection in the middle of a frame")
+                             : std::string("peer closed the connection"));
+        return ReadResult::closed;
+    }
+    if (errno == EINTR) return ReadResult::retry;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return ReadResult::drained;
+    close_conn(c, Errc::disconnected, fmt::format("receive failed: {}", std::strerror(errno)));
+    return ReadResult::closed;
+}
+
 void TcpTransport::read_ready(Conn* c) {
     if (c->seal_rx) {
         read_sealed(c);
@@ -931,20 +945,10 @@ void TcpTransport::read_ready(Conn* c) {
             n = ::recv(c->fd, c->rx.get() + c->rx_len, asked, MSG_DONTWAIT);
             if (n > 0) c->rx_len += std::size_t(n);
         }
-        if (n == 0) {
-            bool clean = !c->in_payload && c->rx_len == c->rx_pos;
-            close_conn(c, Errc::disconnected,
-                       clean ? std::string("peer closed the connection")
-                             : fmt::format("peer closed the connection in the middle of a frame"));
-            return;
-        }
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            close_conn(c, Errc::disconnected,
-                       fmt::format("receive failed: {}", std::strerror(errno)));
-            return;
-        }
+        const ReadResult r = read_result(c, n, c->in_payload || c->rx_len != c->rx_pos);
+        if (r == ReadResult::retry) continue;
+        if (r == ReadResult::drained) break;
+        if (r == ReadResult::closed) return;
         if (!process_rx(c)) return;
         if (c->seal_rx) {  // the handshake ended in what was read: records from here
             read_sealed(c);

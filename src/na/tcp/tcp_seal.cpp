@@ -213,17 +213,11 @@ void TcpTransport::read_sealed(Conn* c) {
         const std::size_t asked = kSealedBufferSize - c->rx_sealed_len;
         if (asked == 0) break;  // records wait for room in rx
         ssize_t n = ::recv(c->fd, c->rx_sealed.get() + c->rx_sealed_len, asked, MSG_DONTWAIT);
-        if (n == 0) {
-            close_conn(c, Errc::disconnected, "peer closed the connection");
-            return;
-        }
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            close_conn(c, Errc::disconnected,
-                       fmt::format("receive failed: {}", std::strerror(errno)));
-            return;
-        }
+        const ReadResult r = read_result(
+            c, n, c->in_payload || c->rx_len != c->rx_pos || c->rx_sealed_len != c->rx_sealed_pos);
+        if (r == ReadResult::retry) continue;
+        if (r == ReadResult::drained) break;
+        if (r == ReadResult::closed) return;
         c->rx_sealed_len += std::size_t(n);
         if (!open_records(c)) return;
         if (std::size_t(n) < asked) break;
