@@ -73,6 +73,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 if (auto k = decode_locate(payload); k && payload.size() != kLocateSize)
                     fail("a locate of the wrong size decoded");
             }
+            if (is_rma_kind(h->kind) && payload.size() >= kRmaHeaderSize) {
+                const bool request = h->kind == MsgKind::rma_put || h->kind == MsgKind::rma_get;
+                if (auto r = decode_rma_header(payload.first(kRmaHeaderSize), request)) {
+                    if (r->length > kRmaChunk) fail("put/get request longer than a chunk");
+                    if (r->status > uint8_t(talaria::kLastErrc) || (request && r->status != 0))
+                        fail("put/get status");
+                    std::byte re[kRmaHeaderSize];
+                    encode_rma_header(*r, re);
+                    if (std::memcmp(re, payload.data(), kRmaHeaderSize) != 0)
+                        fail("a decoded put/get header does not re-encode to the same bytes");
+                }
+            }
             if (h->kind == MsgKind::located) {
                 if (auto l = decode_located(payload)) {
                     check_worker(payload, l->worker, "located worker size or position");
@@ -133,7 +145,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (m->base + m->length < m->base) fail("memory handle wraps around");
         if (m->access < 1 || m->access > 3) fail("memory handle access");
         if (m->rkey.size() > kMaxRkeySize) fail("rkey too long");
-        if ((m->rkey.size() == 0) != (m->length == 0)) fail("rkey presence");
+        if (m->length == 0 ? (!m->rkey.empty() || m->key != 0)
+                           : (m->rkey.empty() == (m->key == 0)))
+            fail("rkey or served key presence");
         if (m->owner.empty() || m->owner.size() > kMaxAddrString) fail("owner size");
         if ((m->pid == 0) != (m->pidns == 0) || m->pid > 0x7fffffffu) fail("owner process");
         if (!inside(in, m->rkey.data(), m->rkey.size())) fail("rkey outside the input");

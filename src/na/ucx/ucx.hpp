@@ -5,8 +5,11 @@
 // address; to its other contexts by their worker addresses, learned from hellos or asked for
 // with locate); one active-message id carrying hello, unexpected and expected messages,
 // matched in software per lane;
-// put/get with ucp_put_nbx/ucp_get_nbx on ucp_mem_map'ed regions whose packed rkeys travel in
-// the serialized memory handle (ucx+sm: process_vm_readv/writev, see init_direct_rma()). Setup
+// put/get served by the target over active messages wherever UCX would only emulate them
+// (ucx+tcp, ucx+all, ...: the target checks key, bounds, access and liveness, see serves_rma()),
+// else with ucp_put_nbx/ucp_get_nbx on ucp_mem_map'ed regions whose packed rkeys travel in the
+// serialized memory handle (NIC-checked keys on rc/dc; ucx+sm: process_vm_readv/writev, see
+// init_direct_rma()). Setup
 // (config, worker, listener, addresses, endpoints, registration) is in ucx_setup.cpp; the data path
 // (posting, the AM handler, completions, endpoint failure, progress) in ucx_io.cpp. Wire format:
 // wire.hpp and docs/protocol.md (ucx).
@@ -59,6 +62,12 @@ struct Spec {
 /// Parse `sub` and `rest` of "ucx+<sub>://<rest>": rest = [devices "/"] [host[:port]].
 /// Worker mode when there is no host, or for sub "sm" (no IP to listen on); sockaddr otherwise.
 Result<Spec> parse_spec(std::string_view sub, std::string_view rest);
+/// Whether a transport of this spec serves put/get itself (MsgKind::rma_*, the target checks
+/// every request) and leaves UCP's RMA feature off: unless the list names a transport whose
+/// NIC checks remote keys (rc*, dc*, ib, mlx*, ugni*, gdr*, cuda*, rocm*) or is "sm" alone
+/// (same host: process_vm_* or UCX's copies, docs/architecture.md "Trust model"). UCX emulates
+/// put/get on tcp and ud over active messages whose handler writes wherever it is told.
+bool serves_rma(const Spec& s);
 
 struct InflightTag {};
 struct EpTag {};
@@ -68,7 +77,10 @@ enum class OpState : uint8_t {
     recv_posted,  ///< on a posted-receive list (software matching), cancelable
     routing,      ///< a send waiting for its route (a locate in flight), cancelable
     inflight,     ///< a UCX request is pending (send, put/flush, get)
+    served,       ///< a put/get the target serves (UcxOp::xfer), cancelable
 };
+
+struct RmaXfer;
 
 /// A user operation. Its Op hook links it on a posted-receive list or on a route's list of
 /// sends waiting for the route (routing).
@@ -81,6 +93,7 @@ struct UcxOp : Op, ListHook<InflightTag> {
     Tag match_tag = 0;         ///< recv_expected
     Lane* lane = nullptr;      ///< the lane (context) it was posted on
     Route* route = nullptr;    ///< routing: the route it waits for
+    RmaXfer* xfer = nullptr;   ///< served: its transfer
     MsgHeader hdr;             ///< send: what goes in the header (seq set when it leaves)
     alignas(8) std::byte header[kMsgHeaderSize]{};  ///< send: the AM header (UCX may keep it)
 };
@@ -246,7 +259,48 @@ struct RkeyOnEp {
     ucp_rkey_h h = nullptr;
 };
 
-/// A registration (local: ucp_mem_map'ed here) or a deserialized peer's handle (remote).
+/// One request of a served put or get in flight (RmaXfer::slots): its AM header, its payload's
+/// header and the iov the send reads, kept until UCX completes the send.
+struct RmaSlot {
+    RmaXfer* x = nullptr;
+    uint8_t index = 0;
+    bool used = false;    ///< its request went out and its answer has not come
+    bool in_ucx = false;  ///< UCX has not completed its send
+    bool retry = false;   ///< answered busy: goes again at retry_at
+    uint8_t tries = 0;    ///< busy answers so far (the wait doubles, up to 64 ms)
+    uint32_t length = 0;
+    uint64_t offset = 0;  ///< into the transfer
+    TimePoint retry_at{};
+    alignas(8) std::byte header[kMsgHeaderSize]{};
+    alignas(8) std::byte rma[kRmaHeaderSize]{};
+    ucp_dt_iov_t iov[2]{};
+};
+
+/// A put or get the target serves (served RMA: MsgKind::rma_*): the transfer of one user op,
+/// cut into kRmaChunk requests, at most kRmaWindow in flight. Owned by its lane (Lane::xfers,
+/// reused); `op` is null while free. Its cookie names index, slot and generation, so a late or
+/// forged answer finds nothing.
+struct RmaXfer {
+    Lane* lane = nullptr;
+    uint32_t index = 0;  ///< in Lane::xfers
+    uint32_t gen = 0;    ///< changes when it finishes
+    UcxOp* op = nullptr;
+    Addr peer;
+    bool put = false;
+    uint64_t key = 0;      ///< the target's registration
+    uint64_t address = 0;  ///< the target's address of the transfer's first byte
+    std::byte* local = nullptr;
+    std::size_t length = 0;
+    std::size_t next = 0;  ///< bytes handed to requests so far
+    std::size_t done = 0;  ///< bytes answered ok
+    Errc status = Errc::ok;  ///< the first failure
+    std::string why;
+    unsigned in_ucx = 0;  ///< slots whose send UCX has not completed
+    RmaSlot slots[kRmaWindow];
+};
+
+/// A registration (local: ucp_mem_map'ed here, or served: in UcxTransport::regions_) or a
+/// deserialized peer's handle (remote).
 struct UcxMem final : MemImpl {
     UcxMem(UcxTransport* t, uint64_t base, uint64_t length, Access access, bool local,
            bool thread_safe);
@@ -260,6 +314,7 @@ struct UcxMem final : MemImpl {
     std::vector<RkeyOnEp> rkeys;  ///< remote: unpacked per (lane, endpoint), destroyed with it
     uint32_t pid = 0;             ///< remote: owner's process for process_vm_* (0: use ucp_put/get)
     uint32_t pidns = 0;           ///< remote: owner's pid namespace
+    uint64_t key = 0;             ///< served regions: the owner's key (local: ours); else 0
 };
 
 /// One context's progress domain: its UCP worker and everything its progress and posts touch,
@@ -302,7 +357,19 @@ struct Lane {
     Stream* last_stream = nullptr;  ///< cache of the last stream a message came on
     uint64_t last_instance = 0;     ///< ... and its key
     uint32_t last_stream_id = 0;
+    /// Served put/get this lane started (RmaXfer), the free ones to reuse, how many run, and
+    /// how many slots wait to be sent again after a busy answer.
+    std::vector<std::unique_ptr<RmaXfer>> xfers;
+    std::vector<uint32_t> free_xfers;
+    std::size_t xfers_active = 0;
+    std::size_t rma_retrying = 0;
+    /// Target side: bytes of get answers UCX has not sent yet (kRmaAnswerBudget).
+    std::size_t rma_answer_bytes = 0;
 };
+
+/// Target side of served RMA: bytes of get answers (copies of a region) one lane keeps queued
+/// at most; a get beyond is answered busy, and the origin asks again shortly.
+inline constexpr std::size_t kRmaAnswerBudget = std::size_t{64} << 20;
 
 class UcxContext final : public Context {
   public:
@@ -386,6 +453,9 @@ class UcxTransport final : public Transport {
     /// True if put/get to handles of ucx+sm peers copy with process_vm_readv/writev (the
     /// owner's pid travels in the handle) instead of ucp_put_nbx/ucp_get_nbx.
     [[nodiscard]] bool direct_rma() const noexcept { return pidns_ != 0; }
+    /// True if this transport serves put/get to its regions itself (served RMA) rather than
+    /// letting UCX move the bytes (see serves_rma()).
+    [[nodiscard]] bool served_rma() const noexcept { return served_rma_; }
 
     // --- used by UcxContext / UcxMem / UcxAddr and the UCX callbacks ---------------------------
     void context_destroyed(UcxContext* ctx) noexcept;
@@ -393,6 +463,8 @@ class UcxTransport final : public Transport {
     void addr_destroyed(UcxAddr* a) noexcept;
     void on_ep_error(Ep* e, ucs_status_t status);
     void on_op_done(UcxOp* op, ucs_status_t status);
+    /// A served put/get request's send completed (its lane's lock held).
+    void on_rma_sent(RmaXfer& x, RmaSlot& s, ucs_status_t status);
     ucs_status_t on_am(Lane& l, const void* header, std::size_t header_len, void* data,
                        std::size_t len, const ucp_am_recv_param_t* param);
 
@@ -464,6 +536,27 @@ class UcxTransport final : public Transport {
     Result<OpId> post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
                           std::size_t len, const Addr& remote_addr);
+    /// Served put/get (the handle names a key): start the transfer.
+    Result<OpId> post_served_locked(Lane& l, Context& ctx, Callback&& cb, OpType type,
+                                    std::byte* local, const UcxMem& remote, std::size_t remote_off,
+                                    std::size_t len, UcxAddr* target);
+    /// Send the requests the window of `x` has room for.
+    void rma_pump_locked(Lane& l, RmaXfer& x);
+    /// Send slot `s` of `x` (its offset and length set).
+    void rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s);
+    /// After an answer, a completed send or a failure: more requests, or finish.
+    void rma_settle_locked(Lane& l, RmaXfer& x);
+    /// Fail `x` (the first failure counts); it finishes once UCX holds none of its sends.
+    void rma_fail_locked(Lane& l, RmaXfer& x, Errc st, std::string why);
+    void rma_finish_locked(Lane& l, RmaXfer& x);
+    /// Slots answered busy whose wait is over go again.
+    void rma_retry_locked(Lane& l);
+    /// Target: serve an rma_put or rma_get from stream `s`.
+    void on_rma_request_locked(Lane& l, const MsgHeader& h, Stream& s,
+                               std::span<const std::byte> payload);
+    /// Origin: an rma_ack or rma_data for one of this lane's transfers.
+    void on_rma_answer_locked(Lane& l, const MsgHeader& h, Stream& s,
+                              std::span<const std::byte> payload);
     /// put/get by process_vm_writev/readv into the owner process `pid`: ok, or why not.
     static Errc copy_direct(bool is_put, uint32_t pid, void* local, uint64_t remote,
                             std::size_t len, std::string& why) noexcept;
@@ -489,9 +582,10 @@ class UcxTransport final : public Transport {
     Result<Ep*> any_ep_locked(Lane& l, UcxAddr* peer);
     /// Send `op` (hdr set) on `e` now.
     void send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* data, std::size_t len);
-    /// A control message (locate, located, bye) on `e`, in its stream.
+    /// A control message (locate, located, rma answers) on `e`, in its stream; `charge` bytes
+    /// count against the lane's kRmaAnswerBudget until UCX has sent it.
     void send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx, uint32_t tag,
-                             std::vector<std::byte> payload);
+                             std::vector<std::byte> payload, std::size_t charge = 0);
     /// Finish a just-issued UCX operation: complete at once, fail, or track its request.
     void track_locked(Lane& l, UcxOp* op, ucs_status_ptr_t r, const char* call);
     void complete_recv(UcxOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,
@@ -533,6 +627,11 @@ class UcxTransport final : public Transport {
     AddrTable addrs_;
     Options opts_;
     Spec spec_;
+    bool served_rma_ = false;  ///< serves_rma(spec_): put/get as rma_* messages, no UCP RMA
+    /// Served regions by key (a leaf lock, held while a region's bytes are copied, so that a
+    /// region deregistered is never touched again).
+    MaybeMutex regions_mu_;
+    std::unordered_map<uint64_t, UcxMem*> regions_;
     bool counted_ = false;  ///< counted in the process's live ucx transports (ucx_setup.cpp)
     std::string scheme_;    ///< "ucx+tcp"
     /// Setup lock: making lanes, attaching and detaching contexts. Taken before a lane's lock,

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -34,15 +35,35 @@ void op_done_cb(void* req, ucs_status_t st, void* user) {
     op->lane->t->on_op_done(op, st);
 }
 
-/// A control message (locate, located): its header and payload, kept until UCX is done.
+/// A control message (locate, located, rma_ack, rma_data): its header and payload, kept until
+/// UCX is done; a get answer counts its bytes against its lane's kRmaAnswerBudget until then.
 struct ControlMsg {
     alignas(8) std::byte header[kMsgHeaderSize]{};
     std::vector<std::byte> payload;
+    Lane* charged_lane = nullptr;
+    std::size_t charged = 0;
+    void uncharge() noexcept {
+        if (charged_lane) charged_lane->rma_answer_bytes -= charged;
+        charged_lane = nullptr;
+    }
 };
 
 void control_sent_cb(void* req, ucs_status_t, void* user) {
+    // From ucp_worker_progress or a forced close of its lane: under the lane's lock.
     ucp_request_free(req);
-    delete static_cast<ControlMsg*>(user);
+    auto* m = static_cast<ControlMsg*>(user);
+    m->uncharge();
+    delete m;
+}
+
+/// A served put/get request's send completed (under its lane's lock, as control_sent_cb).
+void rma_sent_cb(void* req, ucs_status_t st, void* user) {
+    ucp_request_free(req);
+    auto* slot = static_cast<RmaSlot*>(user);
+    RmaXfer& x = *slot->x;
+    slot->in_ucx = false;
+    --x.in_ucx;
+    x.lane->t->on_rma_sent(x, *slot, st);
 }
 
 /// The parameters of an eager active-message send whose completion calls `cb(req, st, user)`.
@@ -167,9 +188,14 @@ void UcxTransport::send_on_locked(Lane& l, Ep* e, UcxOp* op, const std::byte* da
 }
 
 void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx, uint32_t tag,
-                                       std::vector<std::byte> payload) {
+                                       std::vector<std::byte> payload, std::size_t charge) {
     auto* m = new ControlMsg;
     m->payload = std::move(payload);
+    if (charge) {
+        m->charged_lane = &l;
+        m->charged = charge;
+        l.rma_answer_bytes += charge;
+    }
     MsgHeader h;
     h.kind = kind;
     h.context_id = ctx;
@@ -186,6 +212,7 @@ void UcxTransport::send_control_locked(Lane& l, Ep* e, MsgKind kind, uint8_t ctx
     if (UCS_PTR_IS_ERR(r))
         TALARIA_LOG(ucx, debug, "{}: control message {} to {} failed: {}", scheme_, int(kind),
                     ucx_addr(e->peer)->str, ucs_status_string(UCS_PTR_STATUS(r)));
+    m->uncharge();
     delete m;
 }
 
@@ -505,8 +532,9 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     UcxAddr* target = ucx_addr(remote_addr);
 
     std::lock_guard g(l.mu);
-    // One-sided: the target never sees the request, so the handle's access mode and bounds are
-    // all there is to check, here (see docs/architecture.md (ucx)).
+    // What the handle says is checked here first. A served region's target checks again
+    // (served RMA); elsewhere the NIC checks the remote key (rc, dc), or nobody does (ucx+sm,
+    // same user: docs/architecture.md "Trust model").
     bool allowed = is_put ? (uint8_t(rm->access()) & uint8_t(Access::write_only))
                           : (uint8_t(rm->access()) & uint8_t(Access::read_only));
     if (!allowed)
@@ -531,6 +559,16 @@ Result<OpId> UcxTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     if (!e) return fail_async(l, ctx, std::move(cb), type, e.code(), e.error().message());
     Ep* ep = *e;
     if (len == 0) return fail_async(l, ctx, std::move(cb), type, Errc::ok, {});
+    if (rm->key != 0)
+        return post_served_locked(l, ctx, std::move(cb), type,
+                                  reinterpret_cast<std::byte*>(local->base()) + local_off, *rm,
+                                  remote_off, len, target);
+    if (served_rma_)
+        return fail_async(l, ctx, std::move(cb), type, Errc::not_supported,
+                          fmt::format("{} {}: the remote handle carries a UCX remote key, but "
+                                      "this transport serves put/get itself and has UCP's RMA "
+                                      "off; both sides must use the same ucx+<transports>",
+                                      scheme_, what));
     if (uint32_t pid = rm->local() ? pid_ : rm->pid; pid != 0) {
         // ucx+sm, same pid namespace: copy now, as UCX's cma would (see init_direct_rma).
         UcxOp* op = l.ops.acquire(ctx, std::move(cb), type);
@@ -639,6 +677,335 @@ Errc UcxTransport::copy_direct(bool is_put, uint32_t pid, void* local, uint64_t 
     return Errc::ok;
 }
 
+// --- served put/get -----------------------------------------------------------------------------
+//
+// The origin cuts a transfer into kRmaChunk requests, kRmaWindow in flight; each names the
+// registration's key and the target address, and the target checks both against what it
+// registered before it copies a byte (under regions_mu_, so a deregistered region is never
+// touched again). Answers carry the request's cookie: (generation << 32) | (index << 4) | slot.
+
+namespace {
+uint64_t rma_cookie(const RmaXfer& x, const RmaSlot& s) noexcept {
+    return (uint64_t(x.gen) << 32) | (uint64_t(x.index) << 4) | s.index;
+}
+}  // namespace
+
+Result<OpId> UcxTransport::post_served_locked(Lane& l, Context& ctx, Callback&& cb, OpType type,
+                                              std::byte* local, const UcxMem& remote,
+                                              std::size_t remote_off, std::size_t len,
+                                              UcxAddr* target) {
+    static_assert(kRmaWindow <= 16, "the cookie has 4 bits for the slot");
+    if (l.free_xfers.empty() && l.xfers.size() >= (std::size_t{1} << 28))
+        return fail_async(l, ctx, std::move(cb), type, Errc::again,
+                          "too many served put/get in flight on this context");
+    UcxOp* op = l.ops.acquire(ctx, std::move(cb), type);
+    if (!op)
+        return ops_exhausted(
+            fmt::format("{} {}", scheme_, type == OpType::put ? "post_put" : "post_get"),
+            opts_.max_ops);
+    op->lane = &l;
+    op->completion.size = len;
+    RmaXfer* x;
+    if (!l.free_xfers.empty()) {
+        x = l.xfers[l.free_xfers.back()].get();
+        l.free_xfers.pop_back();
+    } else {
+        auto fresh = std::make_unique<RmaXfer>();
+        fresh->lane = &l;
+        fresh->index = uint32_t(l.xfers.size());
+        fresh->gen = uint32_t(mix64(instance_ ^ (uint64_t(l.id) << 40) ^ fresh->index));
+        for (std::size_t i = 0; i < kRmaWindow; ++i) {
+            fresh->slots[i].x = fresh.get();
+            fresh->slots[i].index = uint8_t(i);
+        }
+        x = fresh.get();
+        l.xfers.push_back(std::move(fresh));
+    }
+    x->op = op;
+    x->peer = Addr(target);
+    x->put = type == OpType::put;
+    x->key = remote.key;
+    x->address = remote.base() + remote_off;
+    x->local = local;
+    x->length = len;
+    x->next = x->done = 0;
+    x->status = Errc::ok;
+    x->why.clear();
+    op->xfer = x;
+    op->state = OpState::served;
+    ++l.xfers_active;
+    OpId id = op->id();
+    rma_pump_locked(l, *x);
+    return id;
+}
+
+void UcxTransport::rma_pump_locked(Lane& l, RmaXfer& x) {
+    for (RmaSlot& s : x.slots) {
+        if (x.status != Errc::ok || x.next >= x.length) return;
+        if (s.used || s.in_ucx) continue;
+        s.offset = x.next;
+        s.length = uint32_t(std::min(kRmaChunk, x.length - x.next));
+        s.tries = 0;
+        x.next += s.length;
+        rma_send_locked(l, x, s);
+    }
+}
+
+void UcxTransport::rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s) {
+    UcxAddr* pa = ucx_addr(x.peer);
+    if (pa->dead.load(std::memory_order_acquire)) {
+        std::string why;
+        Errc st = dead_status(pa, why);
+        rma_fail_locked(l, x, st, why);
+        return;
+    }
+    auto e = any_ep_locked(l, pa);
+    if (!e) {
+        rma_fail_locked(l, x, e.code(), e.error().describe());
+        return;
+    }
+    Ep* ep = *e;
+    MsgHeader h;
+    h.kind = x.put ? MsgKind::rma_put : MsgKind::rma_get;
+    h.context_id = ep->peer_lane;
+    h.source_ctx = l.id;
+    h.instance = instance_;
+    h.seq = ep->tx_seq++;
+    h.stream = ep->stream_id();
+    encode_msg_header(h, s.header);
+    RmaHeader r;
+    r.key = x.key;
+    r.address = x.address + s.offset;
+    r.cookie = rma_cookie(x, s);
+    r.length = s.length;
+    encode_rma_header(r, s.rma);
+    s.iov[0] = {s.rma, kRmaHeaderSize};
+    s.iov[1] = {x.local + s.offset, x.put ? s.length : 0};
+    ucp_request_param_t p = eager_send(&rma_sent_cb, &s);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_iov();
+    s.used = true;
+    ucs_status_ptr_t q =
+        ucp_am_send_nbx(ep->h, kAmId, s.header, kMsgHeaderSize, s.iov, x.put ? 2 : 1, &p);
+    if (UCS_PTR_IS_PTR(q)) {
+        s.in_ucx = true;
+        ++x.in_ucx;
+    } else if (UCS_PTR_IS_ERR(q)) {
+        s.used = false;
+        rma_fail_locked(l, x, errc_of(UCS_PTR_STATUS(q)),
+                        fmt::format("ucp_am_send_nbx of a {} request to {} failed: {}",
+                                    x.put ? "put" : "get", pa->str,
+                                    ucs_status_string(UCS_PTR_STATUS(q))));
+    }
+}
+
+void UcxTransport::on_rma_sent(RmaXfer& x, RmaSlot& s, ucs_status_t st) {
+    Lane& l = *x.lane;
+    if (x.op == nullptr) return;  // finished already (cannot happen while in_ucx counted it)
+    if (st != UCS_OK && st != UCS_ERR_CANCELED) {
+        s.used = false;  // no answer will come
+        rma_fail_locked(l, x, errc_of(st),
+                        fmt::format("a {} request to {} failed in UCX: {}", x.put ? "put" : "get",
+                                    ucx_addr(x.peer)->str, ucs_status_string(st)));
+        return;
+    }
+    if (st == UCS_ERR_CANCELED) s.used = false;
+    rma_settle_locked(l, x);
+}
+
+void UcxTransport::rma_fail_locked(Lane& l, RmaXfer& x, Errc st, std::string why) {
+    if (x.status == Errc::ok) {
+        x.status = st == Errc::ok ? Errc::internal : st;
+        x.why = std::move(why);
+    }
+    rma_settle_locked(l, x);
+}
+
+void UcxTransport::rma_settle_locked(Lane& l, RmaXfer& x) {
+    if (x.op == nullptr) return;
+    if (x.status != Errc::ok) {
+        // Whatever is still answered is dropped (its cookie goes stale); only UCX's hold on
+        // the local buffer is waited for.
+        if (x.in_ucx == 0) rma_finish_locked(l, x);
+        return;
+    }
+    if (x.done == x.length) {
+        if (x.in_ucx == 0) rma_finish_locked(l, x);
+        return;
+    }
+    rma_pump_locked(l, x);
+}
+
+void UcxTransport::rma_finish_locked(Lane& l, RmaXfer& x) {
+    UcxOp* op = x.op;
+    x.op = nullptr;
+    ++x.gen;
+    for (RmaSlot& s : x.slots) {
+        if (s.retry) --l.rma_retrying;
+        s.used = s.retry = false;
+    }
+    x.peer.reset();
+    --l.xfers_active;
+    l.free_xfers.push_back(x.index);
+    op->xfer = nullptr;
+    op->state = OpState::idle;
+    if (closing_.load(std::memory_order_relaxed) || op->ctx == nullptr) {
+        op->releaser->release(op);
+        return;
+    }
+    if (x.status != Errc::ok) {
+        op->completion.size = 0;
+        if (x.status != Errc::canceled)
+            TALARIA_LOG(ucx, debug, "{} {} failed: {}: {}", scheme_,
+                        op_type_name(op->completion.type), errc_name(x.status), x.why);
+    }
+    complete_op(op, x.status);
+}
+
+void UcxTransport::rma_retry_locked(Lane& l) {
+    const TimePoint now = Clock::now();
+    for (auto& xp : l.xfers) {
+        RmaXfer& x = *xp;
+        if (x.op == nullptr) continue;
+        for (RmaSlot& s : x.slots) {
+            if (!s.retry || now < s.retry_at) continue;
+            if (x.status == Errc::ok && s.in_ucx) {
+                // Its first send is still UCX's (the answer overtook its completion): soon.
+                s.retry_at = now + std::chrono::milliseconds(1);
+                continue;
+            }
+            s.retry = false;
+            s.used = false;
+            --l.rma_retrying;
+            if (x.status == Errc::ok) rma_send_locked(l, x, s);
+        }
+        rma_settle_locked(l, x);
+        if (l.rma_retrying == 0) return;
+    }
+}
+
+void UcxTransport::on_rma_request_locked(Lane& l, const MsgHeader& h, Stream& s,
+                                         std::span<const std::byte> payload) {
+    const bool put = h.kind == MsgKind::rma_put;
+    std::optional<RmaHeader> r;
+    std::string bad;
+    std::span<const std::byte> data;
+    if (payload.size() < kRmaHeaderSize) {
+        bad = fmt::format("a {}-byte payload", payload.size());
+    } else if (auto d = decode_rma_header(payload.first(kRmaHeaderSize), true); !d) {
+        bad = d.error().describe();
+    } else {
+        data = payload.subspan(kRmaHeaderSize);
+        if (data.size() != (put ? d->length : 0))
+            bad = fmt::format("a {}-byte request carries {} bytes", d->length, data.size());
+        else
+            r = *d;
+    }
+    if (!r) {
+        // Not from a peer speaking our protocol: nothing to answer (no cookie to trust).
+        std::size_t unlogged = 0;
+        if (l.match.log_refusal(&unlogged))
+            TALARIA_LOG(ucx, warn, "{}: dropping a bad {} request from {}: {}{}", scheme_,
+                        put ? "put" : "get", s.peer->str, bad, unlogged_note(unlogged));
+        return;
+    }
+    Errc st = Errc::ok;
+    std::vector<std::byte> out(kRmaHeaderSize);
+    if (!put && l.rma_answer_bytes + r->length > kRmaAnswerBudget) {
+        st = Errc::busy;  // the origin asks again shortly
+    } else {
+        std::lock_guard g(regions_mu_);
+        auto it = regions_.find(r->key);
+        if (it == regions_.end()) {
+            st = Errc::invalid_argument;  // deregistered, or never ours
+        } else {
+            const UcxMem& m = *it->second;
+            uint8_t need = put ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
+            if (!(uint8_t(m.access()) & need))
+                st = Errc::access_denied;
+            else if (r->address < m.base() || r->address - m.base() > m.length() ||
+                     r->length > m.length() - (r->address - m.base()))
+                st = Errc::out_of_range;
+            else if (r->length == 0)
+                ;
+            else if (put)
+                std::memcpy(reinterpret_cast<void*>(uintptr_t(r->address)), data.data(),
+                            r->length);
+            else
+                out.insert(out.end(), reinterpret_cast<const std::byte*>(uintptr_t(r->address)),
+                           reinterpret_cast<const std::byte*>(uintptr_t(r->address)) +
+                               r->length);
+        }
+    }
+    if (st != Errc::ok && st != Errc::busy) {
+        std::size_t unlogged = 0;
+        if (l.match.log_refusal(&unlogged))
+            TALARIA_LOG(ucx, warn,
+                        "{}: refusing a {}-byte {} at {:#x} (key {:#x}) from {}: {}{}", scheme_,
+                        r->length, put ? "put" : "get", r->address, r->key, s.peer->str,
+                        errc_name(st), unlogged_note(unlogged));
+    }
+    RmaHeader a = *r;
+    a.status = uint8_t(st);
+    encode_rma_header(a, out.data());
+    auto e = ep_to_context_locked(l, s.peer, h.source_ctx);
+    if (!e) {
+        TALARIA_LOG(ucx, debug, "{}: cannot answer a {} request of {}: {}", scheme_,
+                    put ? "put" : "get", s.peer->str, e.error().describe());
+        return;
+    }
+    const std::size_t bytes = out.size() - kRmaHeaderSize;
+    send_control_locked(l, *e, put ? MsgKind::rma_ack : MsgKind::rma_data, h.source_ctx, 0,
+                        std::move(out), bytes);
+}
+
+void UcxTransport::on_rma_answer_locked(Lane& l, const MsgHeader& h, Stream& s,
+                                        std::span<const std::byte> payload) {
+    const bool ack = h.kind == MsgKind::rma_ack;
+    if (payload.size() < kRmaHeaderSize) return;
+    auto r = decode_rma_header(payload.first(kRmaHeaderSize), false);
+    if (!r) return;
+    auto data = payload.subspan(kRmaHeaderSize);
+    const uint64_t index = (r->cookie >> 4) & 0x0fffffffu;
+    const uint64_t slot = r->cookie & 0xf;
+    if (index >= l.xfers.size() || slot >= kRmaWindow) return;
+    RmaXfer& x = *l.xfers[index];
+    RmaSlot& sl = x.slots[slot];
+    // Only the answer its request waits for, from the peer it went to, counts.
+    UcxAddr* pa = x.op ? ucx_addr(x.peer) : nullptr;
+    if (!pa || uint32_t(r->cookie >> 32) != x.gen || !sl.used || sl.retry || x.put != ack || r->address != x.address + sl.offset ||
+        r->length != sl.length ||
+        (s.peer != pa && pa->instance.load(std::memory_order_relaxed) != h.instance))
+        return;
+    const auto st = Errc(r->status);
+    if (st == Errc::busy && !x.put && x.status == Errc::ok) {
+        sl.retry = true;
+        sl.retry_at = Clock::now() + std::chrono::milliseconds(1 << std::min<int>(sl.tries, 6));
+        if (sl.tries < 255) ++sl.tries;
+        ++l.rma_retrying;
+        return;
+    }
+    sl.used = false;
+    if (st != Errc::ok) {
+        rma_fail_locked(l, x, st,
+                        fmt::format("{} refused a {}-byte {} at {:#x}: {}", s.peer->str,
+                                    r->length, x.put ? "put" : "get", r->address, errc_name(st)));
+        return;
+    }
+    if (!ack) {
+        if (data.size() != sl.length) {
+            rma_fail_locked(l, x, Errc::protocol_error,
+                            fmt::format("{} answered a {}-byte get with {} bytes", s.peer->str,
+                                        sl.length, data.size()));
+            return;
+        }
+        if (x.status == Errc::ok && !data.empty())
+            std::memcpy(x.local + sl.offset, data.data(), data.size());
+    }
+    x.done += sl.length;
+    rma_settle_locked(l, x);
+}
+
 Result<OpId> UcxTransport::post_put(Context& ctx, Callback cb, const MemHandle& local,
                                     std::size_t local_off, const MemHandle& remote,
                                     std::size_t remote_off, std::size_t len,
@@ -694,6 +1061,11 @@ Result<void> UcxTransport::cancel(OpId id) {
                 (op->completion.type == OpType::put || op->completion.type == OpType::get))
                 ucp_request_cancel(l->worker, op->req);
             break;
+        case OpState::served:
+            // Answers still on the way are dropped; it completes once UCX holds none of its
+            // sends (they read the caller's buffer).
+            rma_fail_locked(*l, *op->xfer, Errc::canceled, "canceled");
+            break;
         case OpState::idle:
             break;
     }
@@ -721,6 +1093,14 @@ void UcxTransport::deliver_locked(Lane& l, const MsgHeader& h, Stream& s, const 
             return;
         case MsgKind::located:
             on_located_locked(l, h, s, {data, len});
+            return;
+        case MsgKind::rma_put:
+        case MsgKind::rma_get:
+            on_rma_request_locked(l, h, s, {data, len});
+            return;
+        case MsgKind::rma_ack:
+        case MsgKind::rma_data:
+            on_rma_answer_locked(l, h, s, {data, len});
             return;
         default:
             break;
@@ -1006,9 +1386,10 @@ ucs_status_t UcxTransport::on_am(Lane& l, const void* header, std::size_t header
         on_hello_locked(l, *h, payload);
         return UCS_OK;
     }
-    if (len > kMaxMessageSize) {
-        TALARIA_LOG(ucx, warn, "{}: dropping a {}-byte message (limit {})", scheme_, len,
-                    kMaxMessageSize);
+    if (const std::size_t limit =
+            is_rma_kind(h->kind) ? kRmaHeaderSize + kRmaChunk : kMaxMessageSize;
+        len > limit) {
+        TALARIA_LOG(ucx, warn, "{}: dropping a {}-byte message (limit {})", scheme_, len, limit);
         return UCS_OK;
     }
     // The last sender's stream, cached, spares the map lookup on a busy stream.
@@ -1097,6 +1478,10 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
         }
         it = l.routes.erase(it);
     }
+    // Its served put/get: answers will not come.
+    if (l.xfers_active > 0)
+        for (auto& xp : l.xfers)
+            if (xp->op && ucx_addr(xp->peer) == pa) rma_fail_locked(l, *xp, dst, dwhy);
     // Every endpoint of this lane to it: forced closes fail the UCX requests still pending.
     l.eps.for_each_safe([&](Ep& o) {
         if (o.peer && ucx_addr(o.peer) == pa) close_ep_locked(l, &o);
@@ -1246,6 +1631,8 @@ void UcxTransport::progress_locked(Lane& l) {
     }
     if (l.locating > 0) [[unlikely]]
         check_locates_locked(l);
+    if (l.rma_retrying > 0) [[unlikely]]
+        rma_retry_locked(l);
 }
 
 Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
@@ -1290,6 +1677,8 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
                     auto age = now - TimePoint(Duration(at));
                     if (age <= kConnectGiveUp) hold(age < kConnectSpin);
                 }
+            // A get answered busy goes again within a few ms.
+            if (l.rma_retrying > 0) hold(false);
             // A route waiting for a locate answer: the same, and at least once per retry.
             if (l.locating > 0)
                 for (const auto& [key, r] : l.routes) {

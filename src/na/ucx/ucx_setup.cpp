@@ -204,6 +204,19 @@ Result<Spec> parse_spec(std::string_view sub, std::string_view rest) {
     return s;
 }
 
+bool serves_rma(const Spec& s) {
+    if (s.sub == "sm") return false;
+    std::string_view rest = s.tls;
+    while (!rest.empty()) {
+        auto comma = rest.find(',');
+        std::string_view tl = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+        for (std::string_view hw : {"rc", "dc", "ib", "mlx", "ugni", "gdr", "cuda", "rocm"})
+            if (tl.substr(0, hw.size()) == hw) return false;
+    }
+    return true;
+}
+
 Error UcxTransport::ucs_error(Errc code, std::string_view call, ucs_status_t st,
                               std::string_view detail) const {
     return Error(code, fmt::format("{}: {} failed: {}{}{}", scheme_, call, ucs_status_string(st),
@@ -348,6 +361,12 @@ void UcxTransport::context_destroyed(UcxContext* ctx) noexcept {
     }
     for (UcxOp& op : l.inflight)
         if (op.ctx == ctx) op.ctx = nullptr;
+    // Served put/get: orphaned too, released once UCX holds none of their sends.
+    for (auto& xp : l.xfers)
+        if (xp->op && xp->op->ctx == ctx) {
+            xp->op->ctx = nullptr;
+            rma_fail_locked(l, *xp, Errc::canceled, "its context was destroyed");
+        }
     l.ctx = nullptr;
     l.serves.store(false, std::memory_order_release);
     l.attached.store(false, std::memory_order_release);
@@ -358,6 +377,7 @@ void UcxTransport::context_destroyed(UcxContext* ctx) noexcept {
 UcxTransport::UcxTransport(const Options& o)
     : addrs_(o.thread_safe),
       opts_(o),
+      regions_mu_(o.thread_safe),
       setup_mu_(o.thread_safe),
       intern_mu_(o.thread_safe),
       lane_ptr_(std::make_unique<std::atomic<Lane*>[]>(o.max_contexts)) {
@@ -480,7 +500,9 @@ Result<void> UcxTransport::init_context() {
     ucp_params_t p{};
     p.field_mask =
         UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
-    p.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    // Served RMA leaves UCP's RMA feature off: UCX then installs no handler for its emulated
+    // put/get, which would write wherever a peer's message says (serves_rma()).
+    p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (served_rma_ ? 0 : UCP_FEATURE_RMA);
     // One worker per context, driven by different threads: the context's own state (memory
     // registration, its caches) is then shared by them and must be thread safe.
     p.mt_workers_shared = opts_.thread_safe ? 1 : 0;
@@ -504,6 +526,7 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     scheme_ = fmt::format("ucx+{}", sub);
     TALARIA_TRY(spec, parse_spec(sub, rest));
     spec_ = std::move(spec);
+    served_rma_ = serves_rma(spec_);
     {
         UcxProcessUse& u = process_use();
         std::lock_guard g(u.mu);
@@ -894,6 +917,11 @@ UcxMem::~UcxMem() {
 }
 
 void UcxTransport::mem_release(UcxMem* m) noexcept {
+    if (m->key != 0 && m->local()) {
+        // Served: once erased, no request touches the region again (they copy under the lock).
+        std::lock_guard g(regions_mu_);
+        regions_.erase(m->key);
+    }
     // Remote keys go on the lane they were unpacked on (the worker's pools hold them).
     std::vector<RkeyOnEp> rkeys;
     {
@@ -919,6 +947,16 @@ Result<MemHandle> UcxTransport::mem_register(void* buf, std::size_t len, Access 
     auto m = std::make_unique<UcxMem>(this, reinterpret_cast<uintptr_t>(buf), len, access, true,
                                       opts_.thread_safe);
     if (len == 0) return MemHandle(std::move(m));  // nothing to map: no rkey, no put/get bytes
+    if (served_rma_) {
+        // Served: peers name it by a key we check; UCX never sees it.
+        std::lock_guard g(regions_mu_);
+        uint64_t key = random_u64();
+        while (key == 0 || regions_.count(key))
+            key = random_u64();
+        m->key = key;
+        regions_.emplace(key, m.get());
+        return MemHandle(std::move(m));
+    }
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                     UCP_MEM_MAP_PARAM_FIELD_PROT;
@@ -965,6 +1003,7 @@ Result<std::size_t> UcxTransport::mem_serialize(const MemHandle& h, std::span<st
     b.length = m->length();
     b.access = uint8_t(m->access());
     b.rkey = m->rkey;
+    b.key = m->key;
     b.owner = m->local() ? std::string_view(self_.as<UcxAddr>()->str) : m->owner;
     b.pid = m->local() ? pid_ : m->pid;
     b.pidns = m->local() ? pidns_ : m->pidns;
@@ -987,6 +1026,7 @@ Result<MemHandle> UcxTransport::mem_deserialize(std::span<const std::byte> in) {
     auto m = std::make_unique<UcxMem>(this, b.base, b.length, Access(b.access), false,
                                       opts_.thread_safe);
     m->rkey.assign(b.rkey.begin(), b.rkey.end());
+    m->key = b.key;
     m->owner = std::string(b.owner);
     if (owner) m->owner_addr = *owner;
     // Direct copies only between ucx+sm transports in one pid namespace.

@@ -21,7 +21,7 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
                      fmt::format("ucx message header version {} (expected {})", uint8_t(p[0]),
                                  kWireVersion));
     uint8_t kind = uint8_t(p[1]);
-    if (kind < uint8_t(MsgKind::hello) || kind > uint8_t(MsgKind::located))
+    if (kind < uint8_t(MsgKind::hello) || kind > uint8_t(MsgKind::rma_data))
         return Error(Errc::protocol_error, fmt::format("ucx message kind {} is unknown", kind));
     MsgHeader h;
     h.kind = MsgKind(kind);
@@ -33,6 +33,38 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in) {
     h.seq = uint32_t(load_le(p + 16, 4));
     h.stream = uint32_t(load_le(p + 20, 4));
     return h;
+}
+
+void encode_rma_header(const RmaHeader& r, std::byte* out) noexcept {
+    store_le(out, r.key, 8);
+    store_le(out + 8, r.address, 8);
+    store_le(out + 16, r.cookie, 8);
+    store_le(out + 24, r.length, 4);
+    out[28] = std::byte(r.status);
+    out[29] = out[30] = out[31] = std::byte{0};
+}
+
+Result<RmaHeader> decode_rma_header(std::span<const std::byte> in, bool is_request) {
+    if (in.size() != kRmaHeaderSize)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx put/get header of {} bytes (expected {})", in.size(),
+                                 kRmaHeaderSize));
+    const std::byte* p = in.data();
+    RmaHeader r;
+    r.key = load_le(p, 8);
+    r.address = load_le(p + 8, 8);
+    r.cookie = load_le(p + 16, 8);
+    r.length = uint32_t(load_le(p + 24, 4));
+    r.status = uint8_t(p[28]);
+    if (r.length > kRmaChunk)
+        return Error(Errc::protocol_error,
+                     fmt::format("ucx put/get of {} bytes in one request (limit {})", r.length,
+                                 kRmaChunk));
+    if (r.status > uint8_t(kLastErrc) || (is_request && r.status != 0))
+        return Error(Errc::protocol_error, fmt::format("ucx put/get status {}", r.status));
+    if (load_le(p + 29, 3) != 0)
+        return Error(Errc::protocol_error, "ucx put/get header: reserved bytes are not zero");
+    return r;
 }
 
 void encode_hello(std::string_view address, std::span<const std::byte> worker,
@@ -223,6 +255,7 @@ void encode_mem_blob(const MemBlob& m, std::byte* out) noexcept {
     store_le(out + 28, m.owner.size(), 4);
     store_le(out + 32, m.pid, 4);
     store_le(out + 36, m.pidns, 4);
+    store_le(out + 40, m.key, 8);
     if (!m.rkey.empty()) std::memcpy(out + kMemBlobFixedSize, m.rkey.data(), m.rkey.size());
     if (!m.owner.empty())
         std::memcpy(out + kMemBlobFixedSize + m.rkey.size(), m.owner.data(), m.owner.size());
@@ -255,6 +288,7 @@ Result<MemBlob> decode_mem_blob(std::span<const std::byte> in) {
     uint64_t owner_len = load_le(p + 28, 4);
     m.pid = uint32_t(load_le(p + 32, 4));
     m.pidns = uint32_t(load_le(p + 36, 4));
+    m.key = load_le(p + 40, 8);
     if ((m.pid == 0) != (m.pidns == 0) || m.pid > 0x7fffffffu)
         return Error(Errc::invalid_argument,
                      fmt::format("ucx memory handle owner process {} in pid namespace {} is "
@@ -267,10 +301,13 @@ Result<MemBlob> decode_mem_blob(std::span<const std::byte> in) {
         return Error(Errc::invalid_argument,
                      fmt::format("ucx memory handle remote key of {} bytes exceeds {}", rkey_len,
                                  kMaxRkeySize));
-    if ((rkey_len == 0) != (m.length == 0))
+    // A region has either a remote key (UCX moves the bytes) or a key its owner serves it by;
+    // an empty one has neither.
+    if (m.length == 0 ? (rkey_len != 0 || m.key != 0) : ((rkey_len == 0) == (m.key == 0)))
         return Error(Errc::invalid_argument,
-                     fmt::format("ucx memory handle of {} bytes with a {}-byte remote key",
-                                 m.length, rkey_len));
+                     fmt::format("ucx memory handle of {} bytes with a {}-byte remote key and "
+                                 "key {:#x}",
+                                 m.length, rkey_len, m.key));
     if (owner_len == 0 || owner_len > kMaxAddrString)
         return Error(Errc::invalid_argument,
                      fmt::format("ucx memory handle owner string of {} bytes", owner_len));

@@ -15,8 +15,8 @@
 namespace talaria::na::ucx {
 
 /// 2: per-context workers (the header names the sending context; hello carries the sending
-/// worker's address; locate/located).
-inline constexpr uint8_t kWireVersion = 2;
+/// worker's address; locate/located). 3: put/get served by the target (rma_*).
+inline constexpr uint8_t kWireVersion = 3;
 /// The one UCP active-message id this transport registers (hello and both message kinds).
 inline constexpr unsigned kAmId = 0x54;
 inline constexpr std::size_t kMsgHeaderSize = 24;
@@ -37,6 +37,12 @@ enum class MsgKind : uint8_t {
     bye = 4,         ///< the sender's transport is closing: fail what waits for it
     locate = 5,      ///< which of your workers serves context `context_id`? (tag: a token)
     located = 6,     ///< answer to locate: the worker serving context `context_id` (same tag)
+    // Put and get served by the target (docs/protocol.md, ucx served RMA): the payload starts
+    // with an RmaHeader (kRmaHeaderSize bytes), followed by the data for rma_put and rma_data.
+    rma_put = 7,    ///< write the data at `address` of registration `key` (at most kRmaChunk)
+    rma_get = 8,    ///< read `length` bytes at `address` of registration `key`
+    rma_ack = 9,    ///< answer to rma_put: its status (same cookie, address and length)
+    rma_data = 10,  ///< answer to rma_get: its status, and the bytes when it is ok
 };
 
 struct MsgHeader {
@@ -56,6 +62,31 @@ struct MsgHeader {
     /// each endpoint is one stream, which its hello starts.
     uint32_t stream = 0;
 };
+
+/// The start of a served put or get's payload: which registration and where, the origin's
+/// cookie (echoed in the answer: it names the transfer and its window slot), and in answers the
+/// target's verdict. Layout: u64 key, u64 address, u64 cookie, u32 length, u8
+/// status (an Errc; 0 in requests), 3 reserved zero bytes.
+struct RmaHeader {
+    uint64_t key = 0;
+    uint64_t address = 0;
+    uint64_t cookie = 0;
+    uint32_t length = 0;
+    uint8_t status = 0;
+};
+inline constexpr std::size_t kRmaHeaderSize = 32;
+/// Bytes per served put or get request, and requests of one transfer in flight at most.
+inline constexpr std::size_t kRmaChunk = 256 * 1024;
+inline constexpr std::size_t kRmaWindow = 8;
+/// True for the kinds whose payload starts with an RmaHeader.
+inline constexpr bool is_rma_kind(MsgKind k) noexcept {
+    return k == MsgKind::rma_put || k == MsgKind::rma_get || k == MsgKind::rma_ack ||
+           k == MsgKind::rma_data;
+}
+void encode_rma_header(const RmaHeader& r, std::byte* out) noexcept;
+/// Decode exactly kRmaHeaderSize bytes: length at most kRmaChunk, status a known Errc (0 in
+/// requests: `is_request`), reserved bytes zero; protocol_error otherwise.
+Result<RmaHeader> decode_rma_header(std::span<const std::byte> in, bool is_request);
 
 namespace detail {
 inline void store_le(std::byte* p, uint64_t v, int n) noexcept {
@@ -184,8 +215,9 @@ Result<std::string_view> decode_boot_refused(std::span<const std::byte> body);
 /// Serialized address: u16 length, then the address string (as for tcp).
 Result<std::string_view> decode_addr_blob(std::span<const std::byte> in);
 
-/// Serialized memory handle: what the origin checks locally, the packed UCP remote key, the
-/// owner's address, and (ucx+sm only) the owner's process id and pid namespace, with which an
+/// Serialized memory handle: what the origin checks locally, the packed UCP remote key (or, for
+/// a region its owner serves itself, the registration's key and no remote key), the owner's
+/// address, and (ucx+sm only) the owner's process id and pid namespace, with which an
 /// origin on the same host copies with process_vm_readv/writev (UCX 1.13 runs ucp_put/get on
 /// user memory as active-message emulation over shared memory: see docs/architecture.md).
 struct MemBlob {
@@ -194,12 +226,15 @@ struct MemBlob {
     uint8_t access = 0;
     uint32_t pid = 0;    ///< owner's process id; 0: no direct copy
     uint32_t pidns = 0;  ///< owner's pid namespace (inode of /proc/self/ns/pid); 0 with pid 0
+    /// Served regions (no rkey): the owner's key for rma_put/rma_get; 0 otherwise.
+    uint64_t key = 0;
     std::span<const std::byte> rkey;  ///< packed rkey (views the input when decoded)
     std::string_view owner;           ///< owner's address string (views the input when decoded)
 };
 inline constexpr uint32_t kMemMagic = 0x55524c54u;  // "TLRU"
-inline constexpr uint8_t kMemVersion = 2;
-inline constexpr std::size_t kMemBlobFixedSize = 40;
+/// 3: u64 key at offset 40 (served regions).
+inline constexpr uint8_t kMemVersion = 3;
+inline constexpr std::size_t kMemBlobFixedSize = 48;
 inline std::size_t mem_blob_size(std::size_t rkey_len, std::size_t owner_len) noexcept {
     return kMemBlobFixedSize + rkey_len + owner_len;
 }

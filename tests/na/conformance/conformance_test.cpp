@@ -737,11 +737,10 @@ TEST_P(Conformance, StaleHandleFailsAloneAndThePeerStaysUsable) {
     gone.local_handle.reset();              // the target drops the registration
     Errc st = get(gone.remote);
     std::printf("get through a dropped registration: %s\n", errc_name(st).data());
-    // tcp and ofi+tcp check at the target. The others copy from the peer's process (sm,
-    // ofi+shm, ucx+sm) or check only at the caller (ucx+tcp, issue 10 item 3): docs/
-    // architecture.md, "Trust model".
+    // tcp, ofi+tcp and ucx+tcp (served put/get) check at the target. The others copy from the
+    // peer's process (sm, ofi+shm, ucx+sm): docs/architecture.md, "Trust model".
     const std::string& label = GetParam().label;
-    if (label.rfind("tcp", 0) == 0 || label == "ofi_tcp") {
+    if (label.rfind("tcp", 0) == 0 || label == "ofi_tcp" || label == "ucx_tcp") {
         EXPECT_NE(st, Errc::ok) << "the target served a dropped registration";
     }
     // A message still goes through, and so does RMA to the live region.

@@ -297,6 +297,204 @@ TEST(UcxSharedMemory, SmPutGetCopyDirectlyToAnotherProcess) {
         << errc_name(c.status);
 }
 
+// --- put/get served by the target (ucx+tcp) ---------------------------------------------------
+
+/// A client and a server ucx+tcp transport in this process, the client holding handles the
+/// server serialized (optionally edited on the way, as a hostile peer would).
+struct ServedPair {
+    Endpoint s{"ucx+tcp://127.0.0.1:0"};
+    Endpoint c{"ucx+tcp://127.0.0.1:0"};
+    Addr server;
+    ServedPair() {
+        auto a = c.t->addr_lookup(s.self());
+        EXPECT_TRUE(a) << a.error().describe();
+        if (a) server = *a;
+    }
+    MemHandle ship(const MemHandle& h,
+                   const std::function<void(std::vector<std::byte>&)>& edit = {}) {
+        std::vector<std::byte> b(s.t->mem_serialize_size(h));
+        EXPECT_TRUE(s.t->mem_serialize(h, b));
+        if (edit) edit(b);
+        auto r = c.t->mem_deserialize(b);
+        EXPECT_TRUE(r) << r.error().describe();
+        return r ? std::move(*r) : MemHandle();
+    }
+    Errc run(bool put, const MemHandle& local, std::size_t loff, const MemHandle& remote,
+             std::size_t roff, std::size_t len, std::size_t* moved = nullptr) {
+        Recorder r;
+        auto id = put ? c.t->post_put(*c.ctx, record(r), local, loff, remote, roff, len, server)
+                      : c.t->post_get(*c.ctx, record(r), local, loff, remote, roff, len, server);
+        if (!id) return id.code();
+        EXPECT_TRUE(progress_until({c.ctx.get(), s.ctx.get()}, [&] { return r.done(); }, 20s));
+        if (moved) *moved = r.last.size;
+        return r.done() ? r.last.status : Errc::timeout;
+    }
+};
+
+void set_u64(std::vector<std::byte>& b, std::size_t off, uint64_t v) {
+    for (int i = 0; i < 8; ++i)
+        b[off + i] = std::byte(uint8_t(v >> (8 * i)));
+}
+
+bool all_are(const std::vector<uint8_t>& v, uint8_t x) {
+    return std::all_of(v.begin(), v.end(), [x](uint8_t b) { return b == x; });
+}
+
+TEST(UcxServedRma, NetworkTransportsServePutGetThemselves) {
+    Endpoint t("ucx+tcp://127.0.0.1:0"), sm("ucx+sm://");
+    ASSERT_TRUE(t.impl && sm.impl);
+    EXPECT_TRUE(t.impl->served_rma());
+    EXPECT_FALSE(sm.impl->served_rma());  // same host, same user: process_vm_* (Trust model)
+    for (const char* sub : {"tcp", "all", "ud", "tcp,sm"}) {
+        auto spec = ucx::parse_spec(sub, "");
+        ASSERT_TRUE(spec);
+        EXPECT_TRUE(ucx::serves_rma(*spec)) << sub;
+    }
+    for (const char* sub : {"sm", "rc", "rc_x", "dc_mlx5", "tcp,rc", "ib"}) {
+        auto spec = ucx::parse_spec(sub, "");
+        ASSERT_TRUE(spec);
+        EXPECT_FALSE(ucx::serves_rma(*spec)) << sub;
+    }
+}
+
+TEST(UcxServedRma, PutGetLargeAtOffsets) {
+    ServedPair p;
+    constexpr std::size_t kLen = (8u << 20) + 12345;  // not a whole number of chunks
+    std::vector<uint8_t> target(kLen, 0), src(kLen), dst(kLen, 0);
+    for (std::size_t i = 0; i < kLen; ++i)
+        src[i] = uint8_t(i * 7 + 3);
+    auto th = p.s.t->mem_register(target.data(), kLen, Access::read_write);
+    auto sh = p.c.t->mem_register(src.data(), kLen, Access::read_only);
+    auto dh = p.c.t->mem_register(dst.data(), kLen, Access::write_only);
+    ASSERT_TRUE(th && sh && dh);
+    MemHandle remote = p.ship(*th);
+    EXPECT_TRUE(remote.as<ucx::UcxMem>()->rkey.empty());
+    EXPECT_NE(remote.as<ucx::UcxMem>()->key, 0u);
+    std::size_t moved = 0;
+    EXPECT_EQ(p.run(true, *sh, 0, remote, 0, kLen, &moved), Errc::ok);
+    EXPECT_EQ(moved, kLen);
+    EXPECT_TRUE(target == src);
+    EXPECT_EQ(p.run(false, *dh, 16, remote, 32, kLen - 64, &moved), Errc::ok);
+    EXPECT_EQ(moved, kLen - 64);
+    EXPECT_TRUE(std::equal(dst.begin() + 16, dst.begin() + 16 + (kLen - 64), src.begin() + 32));
+    EXPECT_EQ(dst[0], 0);
+    EXPECT_EQ(p.run(true, *sh, 0, remote, kLen, 0), Errc::ok);
+}
+
+// Issue 10, item 3: a peer that edits a handle's bytes (access, base, length, key) or keeps one
+// whose registration was dropped reads and writes nothing at the target.
+TEST(UcxServedRma, TargetRejectsForgedHandlesAndChangesNothing) {
+    ServedPair p;
+    std::vector<uint8_t> ro_mem(4096, 0xaa), rw_mem(8192, 0xbb), local(16384, 0x11);
+    auto ro = p.s.t->mem_register(ro_mem.data(), 4096, Access::read_only);
+    auto wo = p.s.t->mem_register(rw_mem.data(), 4096, Access::write_only);  // first half only
+    auto lh = p.c.t->mem_register(local.data(), local.size(), Access::read_write);
+    ASSERT_TRUE(ro && wo && lh);
+    // Blob layout (docs/protocol.md, ucx memory handle): access at 5, base at 8, length at 16,
+    // key at 40.
+    MemHandle forged_ro = p.ship(*ro, [](auto& b) { b[5] = std::byte{3}; });
+    EXPECT_EQ(p.run(true, *lh, 0, forged_ro, 0, 4096), Errc::access_denied);
+    EXPECT_TRUE(all_are(ro_mem, 0xaa));
+    MemHandle forged_wo = p.ship(*wo, [](auto& b) { b[5] = std::byte{3}; });
+    EXPECT_EQ(p.run(false, *lh, 0, forged_wo, 0, 64), Errc::access_denied);
+    EXPECT_EQ(local[0], 0x11);
+    // Past the end of the real registration: by 8 KiB, and by one byte.
+    MemHandle forged_len = p.ship(*wo, [](auto& b) { set_u64(b, 16, 16384); });
+    EXPECT_EQ(p.run(true, *lh, 0, forged_len, 4000, 200), Errc::out_of_range);
+    EXPECT_EQ(p.run(true, *lh, 0, forged_len, 4096, 8192), Errc::out_of_range);
+    EXPECT_EQ(p.run(false, *lh, 0, forged_len, 4096, 8192), Errc::access_denied);
+    EXPECT_TRUE(all_are(rw_mem, 0xbb));
+    MemHandle forged_ro_len = p.ship(*ro, [](auto& b) { set_u64(b, 16, 12288); });
+    EXPECT_EQ(p.run(false, *lh, 0, forged_ro_len, 0, 12288), Errc::out_of_range);
+    EXPECT_EQ(local[0], 0x11) << "a refused get wrote nothing";
+    // Below the region.
+    MemHandle forged_base = p.ship(
+        *wo, [&](auto& b) { set_u64(b, 8, reinterpret_cast<uintptr_t>(rw_mem.data()) - 64); });
+    EXPECT_EQ(p.run(true, *lh, 0, forged_base, 0, 128), Errc::out_of_range);
+    // A key the target never issued.
+    MemHandle forged_key = p.ship(*wo, [](auto& b) { b[40] = std::byte(uint8_t(b[40]) ^ 1); });
+    EXPECT_EQ(p.run(true, *lh, 0, forged_key, 0, 16), Errc::invalid_argument);
+    EXPECT_TRUE(all_are(rw_mem, 0xbb));
+    // After every refusal the peer is still usable: a legal put works, exactly where it should.
+    MemHandle good = p.ship(*wo);
+    EXPECT_EQ(p.run(true, *lh, 0, good, 100, 50), Errc::ok);
+    EXPECT_EQ(rw_mem[99], 0xbb);
+    EXPECT_EQ(rw_mem[100], 0x11);
+    EXPECT_EQ(rw_mem[149], 0x11);
+    EXPECT_EQ(rw_mem[150], 0xbb);
+    // Deregistered at the target: the key is gone there.
+    std::fill(rw_mem.begin(), rw_mem.end(), 0xbb);
+    wo->reset();
+    EXPECT_EQ(p.run(true, *lh, 0, good, 0, 16), Errc::invalid_argument);
+    MemHandle ro_good = p.ship(*ro);
+    ro->reset();
+    EXPECT_EQ(p.run(false, *lh, 0, ro_good, 0, 16), Errc::invalid_argument);
+    EXPECT_EQ(local[0], 0x11);
+    EXPECT_TRUE(all_are(rw_mem, 0xbb));
+}
+
+TEST(UcxServedRma, ManyLargeGetsBeyondTheAnswerBudgetAllComplete) {
+    // 40 gets of 4 MiB while the client does not progress: their windows (2 MiB each) exceed
+    // the server's 64 MiB budget of queued get answers, the rest are answered busy and asked
+    // again.
+    ServedPair p;
+    constexpr std::size_t kLen = 4u << 20;
+    constexpr int kGets = 40;
+    std::vector<uint8_t> target(kLen);
+    for (std::size_t i = 0; i < kLen; ++i)
+        target[i] = uint8_t(i * 5 + 1);
+    auto th = p.s.t->mem_register(target.data(), kLen, Access::read_only);
+    ASSERT_TRUE(th);
+    MemHandle remote = p.ship(*th);
+    std::vector<std::vector<uint8_t>> dst(kGets, std::vector<uint8_t>(kLen, 0));
+    std::vector<MemHandle> dh;
+    std::vector<Recorder> rec(kGets);
+    for (int i = 0; i < kGets; ++i) {
+        auto h = p.c.t->mem_register(dst[i].data(), kLen, Access::write_only);
+        ASSERT_TRUE(h);
+        dh.push_back(std::move(*h));
+        ASSERT_TRUE(p.c.t->post_get(*p.c.ctx, record(rec[i]), dh[i], 0, remote, 0, kLen,
+                                    p.server));
+    }
+    for (int i = 0; i < 50; ++i)
+        (void)p.s.ctx->progress(2ms);
+    ASSERT_TRUE(progress_until(
+        {p.c.ctx.get(), p.s.ctx.get()},
+        [&] { return std::all_of(rec.begin(), rec.end(), [](auto& r) { return r.done(); }); },
+        60s));
+    for (int i = 0; i < kGets; ++i) {
+        EXPECT_EQ(rec[i].last.status, Errc::ok) << i;
+        EXPECT_TRUE(dst[i] == target) << i;
+    }
+}
+
+TEST(UcxServedRma, CancelAndPeerDeathFinishServedTransfers) {
+    ServedPair p;
+    constexpr std::size_t kLen = 16u << 20;
+    std::vector<uint8_t> target(kLen, 1), local(kLen, 0);
+    auto th = p.s.t->mem_register(target.data(), kLen, Access::read_write);
+    auto lh = p.c.t->mem_register(local.data(), kLen, Access::read_write);
+    ASSERT_TRUE(th && lh);
+    MemHandle remote = p.ship(*th);
+    ASSERT_EQ(p.run(false, *lh, 0, remote, 0, 4096), Errc::ok);  // wired up
+    // Canceled before the server answers: completes canceled, and a later get still works.
+    Recorder r;
+    auto id = p.c.t->post_get(*p.c.ctx, record(r), *lh, 0, remote, 0, kLen, p.server);
+    ASSERT_TRUE(id);
+    ASSERT_TRUE(p.c.t->cancel(*id));
+    ASSERT_TRUE(progress_until({p.c.ctx.get()}, [&] { return r.done(); }, 10s));
+    EXPECT_EQ(r.last.status, Errc::canceled);
+    EXPECT_EQ(p.run(false, *lh, 0, remote, 0, kLen), Errc::ok);
+    // The server goes while a get waits for it: the get fails, it does not hang.
+    Recorder d;
+    ASSERT_TRUE(p.c.t->post_get(*p.c.ctx, record(d), *lh, 0, remote, 0, kLen, p.server));
+    th->reset();  // a handle must not outlive its transport
+    p.s.ctx.reset();
+    p.s.t.reset();
+    ASSERT_TRUE(progress_until({p.c.ctx.get()}, [&] { return d.done(); }, 15s));
+    EXPECT_NE(d.last.status, Errc::ok);
+}
+
 // --- peer death
 // -----------------------------------------------------------------------------------
 

@@ -63,9 +63,10 @@ TEST(UcxWire, HeaderRejectsEveryBadField) {
     };
     bad(0, 0);     // version
     bad(0, 1);     // version (before contexts had workers of their own)
-    bad(0, 3);     // version
+    bad(0, 2);     // version (before served put/get)
+    bad(0, 4);     // version
     bad(1, 0);     // kind
-    bad(1, 7);     // kind
+    bad(1, 11);    // kind
     bad(1, 0xff);  // kind
     auto zero_instance = sample();
     zero_instance.instance = 0;
@@ -263,7 +264,8 @@ TEST(UcxWire, AddrBlobBounds) {
 }
 
 std::vector<std::byte> mem(uint64_t base, uint64_t len, uint8_t access, std::size_t rkey_len,
-                           std::string_view owner, uint32_t pid = 0, uint32_t pidns = 0) {
+                           std::string_view owner, uint32_t pid = 0, uint32_t pidns = 0,
+                           uint64_t key = 0) {
     std::vector<std::byte> rkey(rkey_len, std::byte{0x5a});
     MemBlob m;
     m.base = base;
@@ -273,6 +275,7 @@ std::vector<std::byte> mem(uint64_t base, uint64_t len, uint8_t access, std::siz
     m.owner = owner;
     m.pid = pid;
     m.pidns = pidns;
+    m.key = key;
     std::vector<std::byte> out(mem_blob_size(rkey.size(), owner.size()));
     encode_mem_blob(m, out.data());
     return out;
@@ -297,6 +300,11 @@ TEST(UcxWire, MemBlobRoundTrip) {
     EXPECT_EQ(p->pidns, 0xeffffffcu);
     // A zero-length region carries no key.
     EXPECT_TRUE(decode_mem_blob(mem(0x1000, 0, 1, 0, "o")));
+    // A served region: its owner's key instead of a remote key.
+    auto k = decode_mem_blob(mem(0x1000, 64, 2, 0, "ucx+tcp://1.2.3.4:5", 0, 0, 0xfeedu));
+    ASSERT_TRUE(k) << k.error().describe();
+    EXPECT_EQ(k->key, 0xfeedu);
+    EXPECT_TRUE(k->rkey.empty());
 }
 
 TEST(UcxWire, MemBlobRejectsEveryBadField) {
@@ -314,6 +322,10 @@ TEST(UcxWire, MemBlobRejectsEveryBadField) {
     EXPECT_FALSE(decode_mem_blob(with(5, 4))) << "access 4";
     EXPECT_FALSE(decode_mem_blob(with(6, 1))) << "reserved";
     EXPECT_FALSE(decode_mem_blob(with(4, 1))) << "version 1 (no owner process fields)";
+    EXPECT_FALSE(decode_mem_blob(with(4, 2))) << "version 2 (no key)";
+    // Both a remote key and a served key, or a served key for an empty region.
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "o", 0, 0, 5)));
+    EXPECT_FALSE(decode_mem_blob(mem(0x1000, 0, 3, 0, "o", 0, 0, 5)));
     // Owner process: a pid without a namespace, a namespace without a pid, a negative pid.
     EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "o", 7, 0)));
     EXPECT_FALSE(decode_mem_blob(mem(0x1000, 64, 3, 8, "o", 0, 7)));
@@ -335,6 +347,40 @@ TEST(UcxWire, MemBlobRejectsEveryBadField) {
     EXPECT_FALSE(decode_mem_blob(b));
     // A region that wraps around the address space.
     EXPECT_FALSE(decode_mem_blob(mem(~uint64_t(0) - 10, 64, 3, 8, "o")));
+}
+
+TEST(UcxWire, RmaHeaderRoundTripAndBadFields) {
+    RmaHeader r;
+    r.key = 0x1122334455667788u;
+    r.address = 0x7f0000001000u;
+    r.cookie = 0xabcdef0123456789u;
+    r.length = uint32_t(kRmaChunk);
+    std::byte b[kRmaHeaderSize];
+    encode_rma_header(r, b);
+    auto d = decode_rma_header(b, true);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->key, r.key);
+    EXPECT_EQ(d->address, r.address);
+    EXPECT_EQ(d->cookie, r.cookie);
+    EXPECT_EQ(d->length, r.length);
+    EXPECT_EQ(d->status, 0);
+    // An answer's status; a request must carry none.
+    r.status = uint8_t(Errc::access_denied);
+    encode_rma_header(r, b);
+    EXPECT_TRUE(decode_rma_header(b, false));
+    EXPECT_FALSE(decode_rma_header(b, true));
+    r.status = uint8_t(kLastErrc) + 1;
+    encode_rma_header(r, b);
+    EXPECT_FALSE(decode_rma_header(b, false)) << "unknown status";
+    r.status = 0;
+    r.length = uint32_t(kRmaChunk) + 1;
+    encode_rma_header(r, b);
+    EXPECT_FALSE(decode_rma_header(b, true)) << "longer than a chunk";
+    r.length = 1;
+    encode_rma_header(r, b);
+    b[30] = std::byte{1};
+    EXPECT_FALSE(decode_rma_header(b, true)) << "reserved";
+    EXPECT_FALSE(decode_rma_header(std::span(b, kRmaHeaderSize - 1), true)) << "short";
 }
 
 TEST(UcxWire, IsHex) {
