@@ -145,8 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (m->base + m->length < m->base) fail("memory handle wraps around");
         if (m->access < 1 || m->access > 3) fail("memory handle access");
         if (m->rkey.size() > kMaxRkeySize) fail("rkey too long");
-        if (m->length == 0 ? (!m->rkey.empty() || m->key != 0)
-                           : (m->rkey.empty() == (m->key == 0)))
+        if (m->length == 0 ? (!m->rkey.empty() || m->key != 0) : (m->rkey.empty() == (m->key == 0)))
             fail("rkey or served key presence");
         if (m->owner.empty() || m->owner.size() > kMaxAddrString) fail("owner size");
         if ((m->pid == 0) != (m->pidns == 0) || m->pid > 0x7fffffffu) fail("owner process");

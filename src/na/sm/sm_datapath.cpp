@@ -785,8 +785,9 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
             fmt::format("sm {}: the address or the context is not of this transport", what));
     Peer* peer = peer_of(remote_addr);
     const auto* rm = remote.as<SmMem>();
-    // Bounds and access are checked here, at the origin: the target is never touched when
-    // they fail. The status is the completion's, like a target-side check would give.
+    // Bounds and access are checked here against the handle, and again against the owner's
+    // registration table before the copy (exec_rma): the target is never touched when either
+    // fails. The status is the completion's, like a target-side check would give.
     Errc st = Errc::ok;
     if (local_off > local->length() || len > local->length() - local_off) {
         TALARIA_LOG(sm, debug, "sm {}: local [{}, +{}) outside the {}-byte region", what, local_off,
@@ -815,6 +816,8 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
     op->len = len;
     op->remote_pid = rm->pid;
     op->remote_instance = rm->instance;
+    op->remote_slot = rm->slot;
+    op->remote_key = rm->key;
     OpId id = op->id();
     if (st == Errc::ok && peer->dead.load(std::memory_order_acquire)) st = Errc::disconnected;
     if (st != Errc::ok || len == 0) {
@@ -862,7 +865,49 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
     return id;
 }
 
+Errc SmTransport::check_region(const SmOp& op, std::string& why) noexcept {
+    // The owner's entry (its table is mapped here: ours, or the one its handshake gave),
+    // read as the owner writes it: the key, the region, the key again (a slot deregistered
+    // and reused meanwhile shows another key).
+    const RegEntry* table = op.peer->regs;
+    if (table == nullptr || op.remote_slot >= kMaxRegistrations) {
+        why = "no registration table of that peer";
+        return Errc::protocol_error;
+    }
+    const RegEntry& src = table[op.remote_slot];
+    RegEntry e{};
+    e.key = __atomic_load_n(&src.key, __ATOMIC_ACQUIRE);
+    e.base = __atomic_load_n(&src.base, __ATOMIC_RELAXED);
+    e.length = __atomic_load_n(&src.length, __ATOMIC_RELAXED);
+    e.access = __atomic_load_n(&src.access, __ATOMIC_RELAXED);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (__atomic_load_n(&src.key, __ATOMIC_RELAXED) != e.key) e.key = 0;
+    const uint8_t need = op.is_put ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
+    if (e.key != op.remote_key) {
+        why = "the handle names no live registration there (deregistered, or never made)";
+        return Errc::invalid_argument;
+    }
+    if (!(uint8_t(e.access) & need)) {
+        why = fmt::format("the registration does not allow {}", op.is_put ? "writes" : "reads");
+        return Errc::access_denied;
+    }
+    if (op.remote < e.base || op.remote - e.base > e.length ||
+        op.len > e.length - (op.remote - e.base)) {
+        why = fmt::format("[{:#x}, +{}) is outside the registered [{:#x}, +{})", op.remote, op.len,
+                          e.base, e.length);
+        return Errc::out_of_range;
+    }
+    return Errc::ok;
+}
+
 Errc SmTransport::exec_rma(SmOp& op) noexcept {
+    std::string why;
+    if (Errc st = check_region(op, why); st != Errc::ok) {
+        TALARIA_LOG(sm, debug, "sm {} of {} bytes with sm://{} refused: {}",
+                    op.is_put ? "put" : "get", op.len, op.peer->name, why);
+        op.completion.size = 0;
+        return st;
+    }
     if (op.peer->self) {
         auto* remote = reinterpret_cast<std::byte*>(op.remote);
         if (op.is_put)
@@ -874,6 +919,15 @@ Errc SmTransport::exec_rma(SmOp& op) noexcept {
     }
     std::size_t done = 0;
     while (done < op.len) {
+        // Again before each batch (a memory read): a long copy stops at a deregistration.
+        if (done > 0) {
+            if (Errc st = check_region(op, why); st != Errc::ok) {
+                TALARIA_LOG(sm, debug, "sm {} with sm://{} stopped after {} bytes: {}",
+                            op.is_put ? "put" : "get", op.peer->name, done, why);
+                op.completion.size = done;
+                return st;
+            }
+        }
         iovec l[kIovBatch];
         iovec r[kIovBatch];
         std::size_t k = 0;

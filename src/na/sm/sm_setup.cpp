@@ -3,6 +3,7 @@
 // is in sm_datapath.cpp.
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -10,6 +11,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -67,7 +70,8 @@ bool send_packet(int sock, const Handshake& m, const int* fds, int nfds, int fla
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 2)] = {};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 3)] = {};
+    if (nfds > 3) return false;
     if (nfds > 0) {
         mh.msg_control = ctl;
         mh.msg_controllen = CMSG_SPACE(sizeof(int) * std::size_t(nfds));
@@ -88,6 +92,44 @@ bool send_packet(int sock, const Handshake& m, const int* fds, int nfds, int fla
 bool peer_cred(int sock, ucred& cr) noexcept {
     socklen_t len = sizeof cr;
     return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0;
+}
+
+/// A peer's registration table, mapped read-only (unmapped with it unless released).
+struct RegsMap {
+    const RegEntry* p = nullptr;
+    RegsMap() = default;
+    RegsMap(const RegsMap&) = delete;
+    RegsMap& operator=(const RegsMap&) = delete;
+    ~RegsMap() {
+        if (p) ::munmap(const_cast<RegEntry*>(p), kRegsBytes);
+    }
+    const RegEntry* release() noexcept { return std::exchange(p, nullptr); }
+};
+
+/// Map the registration table `fd` a peer of uid `uid` sent: a regular file of kRegsBytes,
+/// its own, sealed against shrinking (a shrink under our mapping would be a SIGBUS here).
+bool map_regs(int fd, uid_t uid, RegsMap& out, std::string& why) {
+    struct stat st {};
+    struct statfs fs {};
+    // tmpfs (a plain memfd): a hugetlbfs one could fault (SIGBUS) once its pages are gone.
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != off_t(kRegsBytes) ||
+        st.st_uid != uid || ::fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+        why = fmt::format("registration table is not a tmpfs file of the peer's of {} bytes",
+                          kRegsBytes);
+        return false;
+    }
+    int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) {
+        why = "registration table is not a memfd sealed against shrinking (F_SEAL_SHRINK)";
+        return false;
+    }
+    void* m = ::mmap(nullptr, kRegsBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        why = fmt::format("mmap of its registration table: {}", errno_text(errno));
+        return false;
+    }
+    out.p = static_cast<const RegEntry*>(m);
+    return true;
 }
 
 /// Who holds the abstract name-lock socket `a` (bind said EADDRINUSE), for the error. Abstract
@@ -179,6 +221,7 @@ SmTransport::SmTransport(const Options& o, std::string name)
     : addrs_(o.thread_safe),
       opts_(o),
       name_(std::move(name)),
+      regs_mu_(o.thread_safe),
       setup_mu_(o.thread_safe),
       route_mu_(o.thread_safe),
       lanes_(o.max_contexts),
@@ -210,6 +253,24 @@ Result<void> SmTransport::init() {
         if (::getrandom(&instance_, sizeof instance_, 0) != ssize_t(sizeof instance_))
             instance_ = (uint64_t(pid_) << 32) ^ now_ns();
     probe_word_ = instance_;
+    // The registration table: a memfd every peer maps read-only (pages committed as slots
+    // are used), sealed so that nobody can shrink it under their mappings.
+    // Our mapping is the only writable one: F_SEAL_FUTURE_WRITE, added once it exists, makes
+    // the fd peers receive good for reading only (no write(), no writable mapping, no hole).
+    regs_fd_ = ::memfd_create("talaria-sm-regs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (regs_fd_ < 0) return errno_error("sm: memfd_create for the registration table", errno);
+    if (::fchmod(regs_fd_, 0600) != 0 || ::ftruncate(regs_fd_, off_t(kRegsBytes)) != 0 ||
+        ::fcntl(regs_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+        return errno_error("sm: sizing and sealing the registration table", errno);
+    void* regs = ::mmap(nullptr, kRegsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, regs_fd_, 0);
+    if (regs == MAP_FAILED) return errno_error("sm: mmap of the registration table", errno);
+    regs_ = static_cast<RegEntry*>(regs);
+    if (::fcntl(regs_fd_, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0)
+        return errno_error(
+            "sm: sealing the registration table against writes (F_SEAL_FUTURE_WRITE, "
+            "Linux 5.1)",
+            errno);
+    free_regs_.reserve(kMaxRegistrations);  // mem_unregister() never allocates
 
     remove_stale_files(kShmDir);
 
@@ -291,6 +352,7 @@ Result<void> SmTransport::init() {
     self->probed = true;
     self->pid = uint32_t(pid_);
     self->instance = instance_;
+    self->regs = regs_;
     self->rma_ready.store(true, std::memory_order_release);
     self_ = Addr(self);
     pins_.push_back(self_);
@@ -336,6 +398,8 @@ SmTransport::~SmTransport() {
     if (lock_fd_ >= 0) ::close(lock_fd_);
     self_.reset();
     pins_.clear();  // peers still held by a user (against the contract) stay in addrs_
+    if (regs_) ::munmap(regs_, kRegsBytes);
+    if (regs_fd_ >= 0) ::close(regs_fd_);
 }
 
 // --- contexts ------------------------------------------------------------------------------------
@@ -555,7 +619,58 @@ Result<MemHandle> SmTransport::mem_register(void* buf, std::size_t len, Access a
     w.instance = instance_;
     w.base = reinterpret_cast<uint64_t>(buf);
     w.length = len;
+    if (len > 0) {
+        // An entry in the table peers check before each put/get: the region first, the key
+        // (random, never 0) last, so that a reader never sees the key over another region.
+        uint64_t key = 0;
+        while (key == 0)
+            if (::getrandom(&key, sizeof key, 0) != ssize_t(sizeof key))
+                key = (uint64_t(now_ns()) * 0x9e3779b97f4a7c15ull) ^ instance_;
+        {
+            std::lock_guard g(regs_mu_);
+            if (!free_regs_.empty()) {
+                w.slot = free_regs_.back();
+                free_regs_.pop_back();
+            } else if (regs_top_ < kMaxRegistrations) {
+                w.slot = regs_top_++;
+            } else {
+                return Error(Errc::no_memory,
+                             fmt::format("sm mem_register: {} registrations are live in this "
+                                         "transport, the most its table holds; deregister some "
+                                         "(drop their MemHandles) first",
+                                         kMaxRegistrations));
+            }
+        }
+        RegEntry& e = regs_[w.slot];
+        // After the zero key of the slot's last deregistration (a reader sees that or ours).
+        std::atomic_thread_fence(std::memory_order_release);
+        __atomic_store_n(&e.base, w.base, __ATOMIC_RELAXED);
+        __atomic_store_n(&e.length, w.length, __ATOMIC_RELAXED);
+        __atomic_store_n(&e.access, uint64_t(access), __ATOMIC_RELAXED);
+        __atomic_store_n(&e.key, key, __ATOMIC_RELEASE);
+        w.key = key;
+    }
     return MemHandle(std::make_unique<SmMem>(this, w, true));
+}
+
+SmMem::SmMem(SmTransport* t, const MemWire& w, bool local) noexcept
+    : MemImpl(t, w.base, w.length, w.access, local),
+      pid(w.pid),
+      instance(w.instance),
+      slot(w.slot),
+      key(w.key),
+      owner_(t) {}
+
+SmMem::~SmMem() {
+    if (local() && key != 0) owner_->mem_unregister(slot);
+}
+
+void SmTransport::mem_unregister(uint32_t slot) noexcept {
+    // From here on a peer's check fails (a put/get it checked just before may still copy: a
+    // peer is the same user, docs/architecture.md "Trust model").
+    __atomic_store_n(&regs_[slot].key, uint64_t{0}, __ATOMIC_RELEASE);
+    std::lock_guard g(regs_mu_);
+    free_regs_.push_back(slot);
 }
 
 std::size_t SmTransport::mem_serialize_size(const MemHandle& h) {
@@ -570,7 +685,7 @@ Result<std::size_t> SmTransport::mem_serialize(const MemHandle& h, std::span<std
             Errc::invalid_argument,
             fmt::format("sm mem_serialize: buffer of {} bytes, need {}", out.size(), kMemWireSize));
     const auto* m = h.as<SmMem>();
-    MemWire w{m->access(), m->pid, m->instance, m->base(), m->length()};
+    MemWire w{m->access(), m->pid, m->instance, m->base(), m->length(), m->slot, m->key};
     encode_mem(w, std::span<std::byte, kMemWireSize>(out.data(), kMemWireSize));
     return kMemWireSize;
 }
@@ -697,8 +812,8 @@ Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ct
     m.name = name_;
     m.src_ctx = l.id;
     m.dst_ctx = remote_ctx;
-    int fds[2] = {seg_fd.fd, l.bell_fd};
-    if (!send_packet(sock.fd, m, fds, 2, MSG_DONTWAIT)) {
+    int fds[3] = {seg_fd.fd, l.bell_fd, regs_fd_};
+    if (!send_packet(sock.fd, m, fds, 3, MSG_DONTWAIT)) {
         int err = errno;
         ::munmap(seg, kSegmentSize);
         return Error(Errc::unreachable, fmt::format("sm: sending the handshake to sm://{} failed:"
@@ -870,9 +985,13 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
             ::close(fds[i]);
         fail_conn_later(c, Errc::protocol_error, fmt::format("hello from '{}': {}", m.name, why));
     };
-    if (nfds != 2) return reject(fmt::format("{} fds attached, expected 2", nfds));
+    if (nfds != 3) return reject(fmt::format("{} fds attached, expected 3", nfds));
     if (pid_t(m.pid) != c->cred_pid)
         return reject(fmt::format("claims pid {} but the kernel says {}", m.pid, c->cred_pid));
+    RegsMap regs;
+    if (std::string why; !map_regs(fds[2], c->cred_uid, regs, why)) return reject(why);
+    ::close(fds[2]);
+    fds[2] = -1;
     struct stat st {};
     if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != off_t(kSegmentSize) ||
         st.st_uid != c->cred_uid || (st.st_mode & 077) != 0)
@@ -928,6 +1047,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         p->pid = m.pid;
         p->uid = uint32_t(c->cred_uid);
         p->instance = m.instance;
+        if (!p->self) p->regs = regs.release();
         p->identified = true;
     }
     c->peer = p;
@@ -971,7 +1091,8 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
         return;
     }
     ack.src_ctx = l->id;
-    if (!send_packet(c->sock, ack, &l->bell_fd, 1, MSG_DONTWAIT)) {
+    const int ack_fds[2] = {l->bell_fd, regs_fd_};
+    if (!send_packet(c->sock, ack, ack_fds, 2, MSG_DONTWAIT)) {
         fail_conn_later(c, Errc::disconnected, fmt::format("sending ack: {}", errno_text(errno)));
         return;
     }
@@ -1011,7 +1132,7 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
                                                                       : errc_name(Errc(m.status))));
         return;
     }
-    if (nfds != 1) return reject(Errc::protocol_error, fmt::format("{} fds, expected 1", nfds));
+    if (nfds != 2) return reject(Errc::protocol_error, fmt::format("{} fds, expected 2", nfds));
     if (m.name != c->peer->name)
         return reject(Errc::protocol_error, fmt::format("the endpoint is named '{}'", m.name));
     if (pid_t(m.pid) != c->cred_pid)
@@ -1023,10 +1144,16 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
                       fmt::format("pid {} instance {:#x} differs from the pid {} instance {:#x} "
                                   "seen on another connection",
                                   m.pid, m.instance, p->pid, p->instance));
+    RegsMap regs;
+    if (std::string why; !map_regs(fds[1], c->cred_uid, regs, why))
+        return reject(Errc::protocol_error, why);
+    ::close(fds[1]);
+    fds[1] = -1;
     if (!p->identified) {  // written once: lanes read them without a lock after rma_ready
         p->pid = m.pid;
         p->uid = uint32_t(c->cred_uid);
         p->instance = m.instance;
+        if (!p->self) p->regs = regs.release();
         p->identified = true;
     }
     {

@@ -8,6 +8,7 @@
 // (send, receive, rings, progress, put/get, cancel) in sm_datapath.cpp; bytes in sm_wire.*.
 #pragma once
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -55,6 +56,8 @@ struct SmOp : Op {
     uint64_t remote = 0;
     uint32_t remote_pid = 0;
     uint64_t remote_instance = 0;
+    uint32_t remote_slot = 0;  ///< the handle's entry in the owner's registration table
+    uint64_t remote_key = 0;   ///< ... and the key it must hold
 };
 
 /// A peer endpoint, interned by name: one Peer per live peer, so Addr equality is identity.
@@ -71,7 +74,10 @@ struct SmOp : Op {
 struct Peer final : AddrImpl {
     Peer(Transport* t, AddrTable* table, std::string n)
         : AddrImpl(t), name(std::move(n)), table_(table) {}
-    ~Peer() override { table_->remove(name, this); }
+    ~Peer() override {
+        if (regs && !self) ::munmap(const_cast<RegEntry*>(regs), kRegsBytes);
+        table_->remove(name, this);
+    }
     Peer(const Peer&) = delete;
     Peer& operator=(const Peer&) = delete;
     std::string name;
@@ -84,6 +90,8 @@ struct Peer final : AddrImpl {
     uint32_t pid = 0;
     uint32_t uid = 0;  ///< as the kernel reported it (SO_PEERCRED), with pid
     uint64_t instance = 0;
+    /// Its registration table, mapped read-only (identity field; ours for self).
+    const RegEntry* regs = nullptr;
     /// put/get must fail with this (e.g. the kernel forbids process_vm_* to this peer).
     Errc rma_errc = Errc::ok;
     std::string rma_error;
@@ -212,13 +220,22 @@ struct Lane {
     std::atomic<bool> has_inbox{false};
 };
 
-/// A registered (local) or deserialized (remote) region; pid and instance name its owner.
+/// A registered (local) or deserialized (remote) region; pid and instance name its owner,
+/// slot and key its entry in the owner's registration table (a local one leaves it when
+/// destroyed).
 class SmMem final : public MemImpl {
   public:
-    SmMem(Transport* t, const MemWire& w, bool local) noexcept
-        : MemImpl(t, w.base, w.length, w.access, local), pid(w.pid), instance(w.instance) {}
+    SmMem(SmTransport* t, const MemWire& w, bool local) noexcept;
+    ~SmMem() override;
+    SmMem(const SmMem&) = delete;
+    SmMem& operator=(const SmMem&) = delete;
     uint32_t pid;
     uint64_t instance;
+    uint32_t slot;
+    uint64_t key;
+
+  private:
+    SmTransport* owner_;
 };
 
 class SmTransport final : public Transport {
@@ -317,8 +334,19 @@ class SmTransport final : public Transport {
     /// close_conn_locked() from the setup lock: takes c's lane lock when it has a lane.
     void close_conn(Conn* c, Errc why, bool complete) noexcept;
     void run_pending_rma_locked(Peer* p);
-    /// The copy of a put/get (no lock needed); a status, with the cause logged.
+    /// The copy of a put/get (no lock needed), once the owner's registration table says the
+    /// handle names a live registration that allows it (check_region); a status, with the
+    /// cause logged.
     Errc exec_rma(SmOp& op) noexcept;
+    /// Read the entry `op` names in its owner's table (ours directly, a peer's with
+    /// the mapping its handshake gave) and check key, access and bounds: ok, or the status and why.
+    Errc check_region(const SmOp& op, std::string& why) noexcept;
+
+  public:
+    /// A local registration is dropped: its entry is freed (SmMem's destructor).
+    void mem_unregister(uint32_t slot) noexcept;
+
+  private:
     void handle_event_locked(uint64_t key, uint32_t events);
     /// Look at the sockets (accepts, handshakes, hang-ups) and fail broken connections. Takes
     /// setup_mu_ (only if free when !wait); never called with a lane lock held.
@@ -383,6 +411,14 @@ class SmTransport final : public Transport {
     std::string name_;
     uint64_t instance_ = 0;
     alignas(8) uint64_t probe_word_ = 0;  ///< holds instance_: peers read it to check us
+    /// The registration table: a sealed memfd (regs_fd_, passed to every peer in the
+    /// handshake) of kMaxRegistrations entries, pages committed as used; its free slots and
+    /// the high-water mark under regs_mu_ (a leaf lock).
+    RegEntry* regs_ = nullptr;
+    int regs_fd_ = -1;
+    MaybeSpinLock regs_mu_;
+    std::vector<uint32_t> free_regs_;
+    uint32_t regs_top_ = 0;
     pid_t pid_ = 0;
     /// Guards what the contexts share: the connection table, sockets and handshakes, peers,
     /// failures. Taken on first contact, when sockets need attention (every 100 µs while busy,

@@ -147,9 +147,11 @@ void encode_mem(const MemWire& m, std::span<std::byte, kMemWireSize> out) noexce
     store<uint8_t>(p + 4, uint8_t(kVersion));
     store<uint8_t>(p + 5, uint8_t(m.access));
     store<uint32_t>(p + 8, m.pid);
+    store<uint32_t>(p + 12, m.slot);
     store<uint64_t>(p + 16, m.instance);
     store<uint64_t>(p + 24, m.base);
     store<uint64_t>(p + 32, m.length);
+    store<uint64_t>(p + 40, m.key);
 }
 
 Result<MemWire> decode_mem(std::span<const std::byte> in) {
@@ -166,7 +168,7 @@ Result<MemWire> decode_mem(std::span<const std::byte> in) {
     if (access < 1 || access > 3)
         return Error(Errc::invalid_argument,
                      fmt::format("serialized sm memory handle: access {} is not 1-3", access));
-    if (load<uint16_t>(p + 6) != 0 || load<uint32_t>(p + 12) != 0)
+    if (load<uint16_t>(p + 6) != 0)
         return Error(Errc::invalid_argument, "serialized sm memory handle: reserved bytes set");
     MemWire m;
     m.access = Access(access);
@@ -174,6 +176,13 @@ Result<MemWire> decode_mem(std::span<const std::byte> in) {
     m.instance = load<uint64_t>(p + 16);
     m.base = load<uint64_t>(p + 24);
     m.length = load<uint64_t>(p + 32);
+    m.slot = load<uint32_t>(p + 12);
+    m.key = load<uint64_t>(p + 40);
+    if (m.length == 0 ? (m.slot != 0 || m.key != 0) : (m.key == 0 || m.slot >= kMaxRegistrations))
+        return Error(Errc::invalid_argument,
+                     fmt::format("serialized sm memory handle: registration slot {} key {:#x} for "
+                                 "{} bytes",
+                                 m.slot, m.key, m.length));
     if (m.pid == 0 || m.instance == 0)
         return Error(Errc::invalid_argument, "serialized sm memory handle: zero pid or instance");
     if (m.base + m.length < m.base)

@@ -57,8 +57,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 inline constexpr uint32_t kSegMagic = 0x47534d54;  // "TMSG" little-endian: 'T','M','S','G'
 /// 3: a connection joins one context of each side (hello names both), RingCtl::waiting is a
-/// flag again (one consumer context per ring).
-inline constexpr uint32_t kVersion = 3;
+/// flag again (one consumer context per ring). 4: registrations live in a table peers map and
+/// check before each put/get (its memfd travels with hello and ack; memory handle slot and key).
+inline constexpr uint32_t kVersion = 4;
 
 /// First cache line of a segment (written once by the connecting side before the handshake).
 struct SegHeader {
@@ -153,9 +154,10 @@ inline constexpr std::size_t kHsFixedSize = 48;
 inline constexpr std::size_t kHsMaxSize = kHsFixedSize + kMaxNameLen;
 
 /// A handshake message. hello: connector -> acceptor with fds [segment, doorbell eventfd of
-/// the connector's context]; ack: acceptor -> connector with fd [doorbell of the acceptor's
-/// context] (none when refused); wake: either way, no fds, only makes the receiver poll its
-/// rings (used while the peer's eventfd is not known yet).
+/// the connector's context, its registration table]; ack: acceptor -> connector with fds
+/// [doorbell of the acceptor's context, its registration table] (none when refused); wake: either
+/// way, no fds, only makes the receiver poll its rings (used while the peer's eventfd is not known
+/// yet).
 struct Handshake {
     HsType type = HsType::wake;
     uint8_t status = 0;   ///< ack: 0 accepted, otherwise the Errc of the refusal
@@ -185,17 +187,35 @@ std::size_t encode_addr(std::string_view name, std::span<std::byte> out) noexcep
 Result<std::string_view> decode_addr(std::span<const std::byte> in);
 
 inline constexpr uint32_t kMemMagic = 0x524d4d54;  // 'T','M','M','R'
-inline constexpr std::size_t kMemWireSize = 40;
+inline constexpr std::size_t kMemWireSize = 48;
+/// Registrations one sm transport holds at most (its table: kMaxRegistrations RegEntry).
+inline constexpr uint32_t kMaxRegistrations = 1u << 16;
 struct MemWire {
     Access access = Access::read_only;
     uint32_t pid = 0;
     uint64_t instance = 0;
     uint64_t base = 0;
     uint64_t length = 0;
+    uint32_t slot = 0;  ///< its entry in the owner's registration table
+    uint64_t key = 0;   ///< what that entry holds while the registration lives (0: empty region)
 };
-/// Memory handle: 0 u32 magic | 4 u8 version | 5 u8 access | 6 u16 0 | 8 u32 pid | 12 u32 0 |
-/// 16 u64 instance | 24 u64 base | 32 u64 length.
+/// Memory handle: 0 u32 magic | 4 u8 version | 5 u8 access | 6 u16 0 | 8 u32 pid | 12 u32 slot
+/// | 16 u64 instance | 24 u64 base | 32 u64 length | 40 u64 key. A non-empty region has a
+/// nonzero key and a slot below kMaxRegistrations; an empty one has neither.
 void encode_mem(const MemWire& m, std::span<std::byte, kMemWireSize> out) noexcept;
 Result<MemWire> decode_mem(std::span<const std::byte> in);
+
+/// One entry of a transport's registration table (a sealed memfd of kRegsBytes that its
+/// peers map read-only and check before each put/get, docs/protocol.md sm). `key` is 0 while
+/// the slot is free; the owner writes base, length and access first and the key last, and
+/// zeroes the key first when it deregisters. Read and written with atomic builtins.
+struct RegEntry {
+    uint64_t key;
+    uint64_t base;
+    uint64_t length;
+    uint64_t access;
+};
+static_assert(sizeof(RegEntry) == 32);
+inline constexpr std::size_t kRegsBytes = std::size_t(kMaxRegistrations) * sizeof(RegEntry);
 
 }  // namespace talaria::na::sm

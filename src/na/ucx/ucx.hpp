@@ -63,10 +63,10 @@ struct Spec {
 /// Worker mode when there is no host, or for sub "sm" (no IP to listen on); sockaddr otherwise.
 Result<Spec> parse_spec(std::string_view sub, std::string_view rest);
 /// Whether a transport of this spec serves put/get itself (MsgKind::rma_*, the target checks
-/// every request) and leaves UCP's RMA feature off: unless the list names a transport whose
-/// NIC checks remote keys (rc*, dc*, ib, mlx*, ugni*, gdr*, cuda*, rocm*) or is "sm" alone
-/// (same host: process_vm_* or UCX's copies, docs/architecture.md "Trust model"). UCX emulates
-/// put/get on tcp and ud over active messages whose handler writes wherever it is told.
+/// every request) and leaves UCP's RMA feature off: unless the list is "sm" alone (same host:
+/// process_vm_* or UCX's copies) or made of rc* and dc* entries alone (the NIC checks remote
+/// keys), docs/architecture.md "Trust model". UCX emulates put/get over active messages
+/// wherever a transport lacks RDMA, and its handler writes wherever it is told.
 bool serves_rma(const Spec& s);
 
 struct InflightTag {};
@@ -216,6 +216,10 @@ struct Ep : ListHook<EpTag> {
     /// A hello from the peer context at its other end reached this lane: the connection is up
     /// (until then, a blocked progress() does not sleep long: see progress()).
     bool established = false;
+    /// A served put/get sent on it was answered: the peer's stream from it is up, so a
+    /// transfer may keep kRmaWindow requests in flight (one before: a request that arrives
+    /// ahead of our hello is held at the peer, and held bytes are bounded).
+    bool rma_answered = false;
     bool failed = false;   ///< its error callback ran
     bool closing = false;  ///< ucp_ep_close_nbx called; `close_req` may be pending
     ucs_status_t fail_status = UCS_OK;
@@ -291,8 +295,9 @@ struct RmaXfer {
     uint64_t address = 0;  ///< the target's address of the transfer's first byte
     std::byte* local = nullptr;
     std::size_t length = 0;
-    std::size_t next = 0;  ///< bytes handed to requests so far
-    std::size_t done = 0;  ///< bytes answered ok
+    std::size_t next = 0;    ///< bytes handed to requests so far
+    std::size_t done = 0;    ///< bytes answered ok
+    uint64_t ep_serial = 0;  ///< the endpoint its requests went on last
     Errc status = Errc::ok;  ///< the first failure
     std::string why;
     unsigned in_ucx = 0;  ///< slots whose send UCX has not completed
@@ -542,8 +547,9 @@ class UcxTransport final : public Transport {
                                     std::size_t len, UcxAddr* target);
     /// Send the requests the window of `x` has room for.
     void rma_pump_locked(Lane& l, RmaXfer& x);
-    /// Send slot `s` of `x` (its offset and length set).
-    void rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s);
+    /// Send slot `s` of `x` (its offset and length set) on `e` (null: the peer's endpoint,
+    /// made if absent); false if `x` failed.
+    bool rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s, Ep* e = nullptr);
     /// After an answer, a completed send or a failure: more requests, or finish.
     void rma_settle_locked(Lane& l, RmaXfer& x);
     /// Fail `x` (the first failure counts); it finishes once UCX holds none of its sends.

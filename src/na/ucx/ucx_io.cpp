@@ -2,6 +2,7 @@
 // software matching, completions of UCX requests, endpoint failure, cancel and progress. Every
 // function named *_locked runs under the lock of the lane (context) it is given.
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -713,7 +714,11 @@ Result<OpId> UcxTransport::post_served_locked(Lane& l, Context& ctx, Callback&& 
         auto fresh = std::make_unique<RmaXfer>();
         fresh->lane = &l;
         fresh->index = uint32_t(l.xfers.size());
-        fresh->gen = uint32_t(mix64(instance_ ^ (uint64_t(l.id) << 40) ^ fresh->index));
+        // Unpredictable: an answer must name its request's generation to count.
+        uint32_t g = 0;
+        if (::getrandom(&g, sizeof g, 0) != ssize_t(sizeof g))
+            g = uint32_t(mix64(uint64_t(now_ns()) ^ fresh->index));
+        fresh->gen = g;
         for (std::size_t i = 0; i < kRmaWindow; ++i) {
             fresh->slots[i].x = fresh.get();
             fresh->slots[i].index = uint8_t(i);
@@ -740,31 +745,47 @@ Result<OpId> UcxTransport::post_served_locked(Lane& l, Context& ctx, Callback&& 
 }
 
 void UcxTransport::rma_pump_locked(Lane& l, RmaXfer& x) {
-    for (RmaSlot& s : x.slots) {
-        if (x.status != Errc::ok || x.next >= x.length) return;
-        if (s.used || s.in_ucx) continue;
-        s.offset = x.next;
-        s.length = uint32_t(std::min(kRmaChunk, x.length - x.next));
-        s.tries = 0;
-        x.next += s.length;
-        rma_send_locked(l, x, s);
-    }
-}
-
-void UcxTransport::rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s) {
+    if (x.status != Errc::ok || x.next >= x.length) return;
     UcxAddr* pa = ucx_addr(x.peer);
-    if (pa->dead.load(std::memory_order_acquire)) {
-        std::string why;
-        Errc st = dead_status(pa, why);
-        rma_fail_locked(l, x, st, why);
-        return;
-    }
     auto e = any_ep_locked(l, pa);
     if (!e) {
         rma_fail_locked(l, x, e.code(), e.error().describe());
         return;
     }
-    Ep* ep = *e;
+    // One request until the peer answered one on this endpoint (Ep::rma_answered).
+    std::size_t busy = 0;
+    for (const RmaSlot& s : x.slots)
+        busy += s.used || s.in_ucx;
+    const std::size_t window = (*e)->rma_answered ? kRmaWindow : 1;
+    for (RmaSlot& s : x.slots) {
+        if (x.status != Errc::ok || x.next >= x.length || busy >= window) return;
+        if (s.used || s.in_ucx) continue;
+        s.offset = x.next;
+        s.length = uint32_t(std::min(kRmaChunk, x.length - x.next));
+        s.tries = 0;
+        x.next += s.length;
+        ++busy;
+        if (!rma_send_locked(l, x, s, *e)) return;
+    }
+}
+
+bool UcxTransport::rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s, Ep* ep) {
+    UcxAddr* pa = ucx_addr(x.peer);
+    if (pa->dead.load(std::memory_order_acquire)) {
+        std::string why;
+        Errc st = dead_status(pa, why);
+        rma_fail_locked(l, x, st, why);
+        return false;
+    }
+    if (ep == nullptr) {
+        auto e = any_ep_locked(l, pa);
+        if (!e) {
+            rma_fail_locked(l, x, e.code(), e.error().describe());
+            return false;
+        }
+        ep = *e;
+    }
+    x.ep_serial = ep->serial;
     MsgHeader h;
     h.kind = x.put ? MsgKind::rma_put : MsgKind::rma_get;
     h.context_id = ep->peer_lane;
@@ -792,24 +813,27 @@ void UcxTransport::rma_send_locked(Lane& l, RmaXfer& x, RmaSlot& s) {
         ++x.in_ucx;
     } else if (UCS_PTR_IS_ERR(q)) {
         s.used = false;
-        rma_fail_locked(l, x, errc_of(UCS_PTR_STATUS(q)),
-                        fmt::format("ucp_am_send_nbx of a {} request to {} failed: {}",
-                                    x.put ? "put" : "get", pa->str,
-                                    ucs_status_string(UCS_PTR_STATUS(q))));
+        rma_fail_locked(
+            l, x, errc_of(UCS_PTR_STATUS(q)),
+            fmt::format("ucp_am_send_nbx of a {} request to {} failed: {}", x.put ? "put" : "get",
+                        pa->str, ucs_status_string(UCS_PTR_STATUS(q))));
+        return false;
     }
+    return true;
 }
 
 void UcxTransport::on_rma_sent(RmaXfer& x, RmaSlot& s, ucs_status_t st) {
     Lane& l = *x.lane;
     if (x.op == nullptr) return;  // finished already (cannot happen while in_ucx counted it)
-    if (st != UCS_OK && st != UCS_ERR_CANCELED) {
-        s.used = false;  // no answer will come
-        rma_fail_locked(l, x, errc_of(st),
+    if (st != UCS_OK && s.used) {
+        // Not sent (failed, or canceled by a forced close of its endpoint): no answer will
+        // come, and its bytes are not moved.
+        s.used = false;
+        rma_fail_locked(l, x, st == UCS_ERR_CANCELED ? Errc::disconnected : errc_of(st),
                         fmt::format("a {} request to {} failed in UCX: {}", x.put ? "put" : "get",
                                     ucx_addr(x.peer)->str, ucs_status_string(st)));
         return;
     }
-    if (st == UCS_ERR_CANCELED) s.used = false;
     rma_settle_locked(l, x);
 }
 
@@ -929,20 +953,17 @@ void UcxTransport::on_rma_request_locked(Lane& l, const MsgHeader& h, Stream& s,
             else if (r->length == 0)
                 ;
             else if (put)
-                std::memcpy(reinterpret_cast<void*>(uintptr_t(r->address)), data.data(),
-                            r->length);
+                std::memcpy(reinterpret_cast<void*>(uintptr_t(r->address)), data.data(), r->length);
             else
                 out.insert(out.end(), reinterpret_cast<const std::byte*>(uintptr_t(r->address)),
-                           reinterpret_cast<const std::byte*>(uintptr_t(r->address)) +
-                               r->length);
+                           reinterpret_cast<const std::byte*>(uintptr_t(r->address)) + r->length);
         }
     }
     if (st != Errc::ok && st != Errc::busy) {
         std::size_t unlogged = 0;
         if (l.match.log_refusal(&unlogged))
-            TALARIA_LOG(ucx, warn,
-                        "{}: refusing a {}-byte {} at {:#x} (key {:#x}) from {}: {}{}", scheme_,
-                        r->length, put ? "put" : "get", r->address, r->key, s.peer->str,
+            TALARIA_LOG(ucx, warn, "{}: refusing a {}-byte {} at {:#x} (key {:#x}) from {}: {}{}",
+                        scheme_, r->length, put ? "put" : "get", r->address, r->key, s.peer->str,
                         errc_name(st), unlogged_note(unlogged));
     }
     RmaHeader a = *r;
@@ -971,12 +992,14 @@ void UcxTransport::on_rma_answer_locked(Lane& l, const MsgHeader& h, Stream& s,
     if (index >= l.xfers.size() || slot >= kRmaWindow) return;
     RmaXfer& x = *l.xfers[index];
     RmaSlot& sl = x.slots[slot];
-    // Only the answer its request waits for, from the peer it went to, counts.
-    UcxAddr* pa = x.op ? ucx_addr(x.peer) : nullptr;
-    if (!pa || uint32_t(r->cookie >> 32) != x.gen || !sl.used || sl.retry || x.put != ack || r->address != x.address + sl.offset ||
-        r->length != sl.length ||
-        (s.peer != pa && pa->instance.load(std::memory_order_relaxed) != h.instance))
+    // Only the answer its request waits for counts: the cookie names the transfer's current
+    // generation (random), and address and length are the request's. (The peer may answer
+    // under another name than the one the caller used, e.g. a wildcard listener's.)
+    if (!x.op || uint32_t(r->cookie >> 32) != x.gen || !sl.used || sl.retry || x.put != ack ||
+        r->address != x.address + sl.offset || r->length != sl.length)
         return;
+    for (Ep& e : l.eps)
+        if (e.serial == x.ep_serial) e.rma_answered = true;
     const auto st = Errc(r->status);
     if (st == Errc::busy && !x.put && x.status == Errc::ok) {
         sl.retry = true;
@@ -988,8 +1011,8 @@ void UcxTransport::on_rma_answer_locked(Lane& l, const MsgHeader& h, Stream& s,
     sl.used = false;
     if (st != Errc::ok) {
         rma_fail_locked(l, x, st,
-                        fmt::format("{} refused a {}-byte {} at {:#x}: {}", s.peer->str,
-                                    r->length, x.put ? "put" : "get", r->address, errc_name(st)));
+                        fmt::format("{} refused a {}-byte {} at {:#x}: {}", s.peer->str, r->length,
+                                    x.put ? "put" : "get", r->address, errc_name(st)));
         return;
     }
     if (!ack) {
@@ -1702,6 +1725,8 @@ bool UcxTransport::try_wait_for(Context& ctx) {
     Lane& l = lane_of(ctx);
     std::lock_guard g(l.mu);
     if (!l.failed.empty() || !l.byes.empty()) return false;
+    // A locate or a busy get is retried from progress(), on a timer no fd signals.
+    if (l.locating > 0 || l.rma_retrying > 0) return false;
     if (l.id == 0)
         if (int64_t at = boot_answered_at_.load(std::memory_order_acquire);
             at != 0 && Clock::now() - TimePoint(Duration(at)) < kConnectSpin)

@@ -206,15 +206,18 @@ Result<Spec> parse_spec(std::string_view sub, std::string_view rest) {
 
 bool serves_rma(const Spec& s) {
     if (s.sub == "sm") return false;
+    // Only a list made of RDMA transports alone (rc, dc: the NIC checks remote keys) keeps
+    // UCP's RMA; any other entry (tcp, ud, sm, cuda, ...) would carry UCX's emulated put/get.
     std::string_view rest = s.tls;
+    bool any = false;
     while (!rest.empty()) {
         auto comma = rest.find(',');
         std::string_view tl = rest.substr(0, comma);
         rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-        for (std::string_view hw : {"rc", "dc", "ib", "mlx", "ugni", "gdr", "cuda", "rocm"})
-            if (tl.substr(0, hw.size()) == hw) return false;
+        if (tl.substr(0, 2) != "rc" && tl.substr(0, 2) != "dc") return true;
+        any = true;
     }
-    return true;
+    return !any;
 }
 
 Error UcxTransport::ucs_error(Errc code, std::string_view call, ucs_status_t st,

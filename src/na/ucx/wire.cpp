@@ -46,9 +46,9 @@ void encode_rma_header(const RmaHeader& r, std::byte* out) noexcept {
 
 Result<RmaHeader> decode_rma_header(std::span<const std::byte> in, bool is_request) {
     if (in.size() != kRmaHeaderSize)
-        return Error(Errc::protocol_error,
-                     fmt::format("ucx put/get header of {} bytes (expected {})", in.size(),
-                                 kRmaHeaderSize));
+        return Error(
+            Errc::protocol_error,
+            fmt::format("ucx put/get header of {} bytes (expected {})", in.size(), kRmaHeaderSize));
     const std::byte* p = in.data();
     RmaHeader r;
     r.key = load_le(p, 8);
@@ -57,9 +57,9 @@ Result<RmaHeader> decode_rma_header(std::span<const std::byte> in, bool is_reque
     r.length = uint32_t(load_le(p + 24, 4));
     r.status = uint8_t(p[28]);
     if (r.length > kRmaChunk)
-        return Error(Errc::protocol_error,
-                     fmt::format("ucx put/get of {} bytes in one request (limit {})", r.length,
-                                 kRmaChunk));
+        return Error(
+            Errc::protocol_error,
+            fmt::format("ucx put/get of {} bytes in one request (limit {})", r.length, kRmaChunk));
     if (r.status > uint8_t(kLastErrc) || (is_request && r.status != 0))
         return Error(Errc::protocol_error, fmt::format("ucx put/get status {}", r.status));
     if (load_le(p + 29, 3) != 0)

@@ -737,10 +737,11 @@ TEST_P(Conformance, StaleHandleFailsAloneAndThePeerStaysUsable) {
     gone.local_handle.reset();              // the target drops the registration
     Errc st = get(gone.remote);
     std::printf("get through a dropped registration: %s\n", errc_name(st).data());
-    // tcp, ofi+tcp and ucx+tcp (served put/get) check at the target. The others copy from the
-    // peer's process (sm, ofi+shm, ucx+sm): docs/architecture.md, "Trust model".
+    // tcp, ofi+tcp and ucx+tcp (served put/get) check at the target, sm against the target's
+    // registration table. The others copy from the peer's process unchecked (ofi+shm, ucx+sm):
+    // docs/architecture.md, "Trust model".
     const std::string& label = GetParam().label;
-    if (label.rfind("tcp", 0) == 0 || label == "ofi_tcp" || label == "ucx_tcp") {
+    if (label.rfind("tcp", 0) == 0 || label == "ofi_tcp" || label == "ucx_tcp" || label == "sm") {
         EXPECT_NE(st, Errc::ok) << "the target served a dropped registration";
     }
     // A message still goes through, and so does RMA to the live region.

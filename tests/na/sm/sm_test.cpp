@@ -1132,6 +1132,96 @@ TEST(SmTwoProc, PutGetOneMiBWithBoundsAndAccessChecks) {
     EXPECT_EQ(wait_exit(child), 0) << "the child checks what we put";
 }
 
+// Issue 10, item 3: a handle whose bytes were edited (access, base, length, key) or whose
+// registration the owner dropped is refused by the check against the owner's registration
+// table, and nothing of the owner's memory changes. (Two transports in this process: the check
+// reads the owner's table through the mapping its handshake gave, as in another process.)
+TEST(SmRma, ForgedAndStaleHandlesAreRefusedByTheOwnersTable) {
+    Ep srv = Ep::open(uniq("tbl-s")), cli = Ep::open(uniq("tbl-c"));
+    ASSERT_TRUE(srv.ok() && cli.ok());
+    auto server = *cli.t->addr_lookup(srv.t->addr_to_string(srv.t->addr_self()));
+    std::vector<uint8_t> ro_mem(4096, 0xaa), rw_mem(8192, 0xbb), local(16384, 0x11);
+    auto ro = *srv.t->mem_register(ro_mem.data(), 4096, Access::read_only);
+    auto wo = *srv.t->mem_register(rw_mem.data(), 4096, Access::write_only);  // first half
+    auto lh = *cli.t->mem_register(local.data(), local.size(), Access::read_write);
+    auto ship = [&](const MemHandle& h, const std::function<void(std::byte*)>& edit = {}) {
+        std::byte w[sm::kMemWireSize];
+        EXPECT_TRUE(srv.t->mem_serialize(h, w));
+        if (edit) edit(w);
+        auto r = cli.t->mem_deserialize(w);
+        EXPECT_TRUE(r) << r.error().describe();
+        return r ? std::move(*r) : MemHandle();
+    };
+    auto set_u64 = [](std::byte* b, std::size_t off, uint64_t v) { std::memcpy(b + off, &v, 8); };
+    auto run = [&](bool put, const MemHandle& remote, std::size_t roff, std::size_t len) {
+        Done d;
+        auto id = put ? cli.t->post_put(*cli.ctx, on(&d), lh, 0, remote, roff, len, server)
+                      : cli.t->post_get(*cli.ctx, on(&d), lh, 0, remote, roff, len, server);
+        if (!id) return id.code();
+        auto end = Clock::now() + 10s;
+        while (!d.done && Clock::now() < end) {
+            (void)cli.ctx->progress(1ms);
+            cli.ctx->trigger();
+            (void)srv.ctx->progress(1ms);
+            srv.ctx->trigger();
+        }
+        return d.done ? d.c.status : Errc::timeout;
+    };
+    auto all_are = [](const std::vector<uint8_t>& v, uint8_t x) {
+        return std::all_of(v.begin(), v.end(), [x](uint8_t b) { return b == x; });
+    };
+    // Handle layout (docs/protocol.md, sm): access at 5, slot at 12, base at 24, length at 32,
+    // key at 40.
+    EXPECT_EQ(run(true, ship(ro, [](std::byte* b) { b[5] = std::byte{3}; }), 0, 4096),
+              Errc::access_denied);
+    EXPECT_TRUE(all_are(ro_mem, 0xaa));
+    EXPECT_EQ(run(false, ship(wo, [](std::byte* b) { b[5] = std::byte{3}; }), 0, 64),
+              Errc::access_denied);
+    EXPECT_EQ(local[0], 0x11);
+    // Past the end of the registration: by 8 KiB, by one byte; and a get of more than it holds.
+    MemHandle longer = ship(wo, [&](std::byte* b) { set_u64(b, 32, 16384); });
+    EXPECT_EQ(run(true, longer, 4000, 200), Errc::out_of_range);
+    EXPECT_EQ(run(true, longer, 4096, 8192), Errc::out_of_range);
+    EXPECT_TRUE(all_are(rw_mem, 0xbb));
+    EXPECT_EQ(run(false, ship(ro, [&](std::byte* b) { set_u64(b, 32, 12288); }), 0, 12288),
+              Errc::out_of_range);
+    EXPECT_EQ(local[0], 0x11) << "a refused get wrote nothing";
+    // Below the region.
+    EXPECT_EQ(run(true,
+                  ship(wo,
+                       [&](std::byte* b) {
+                           set_u64(b, 24, reinterpret_cast<uintptr_t>(rw_mem.data()) - 64);
+                       }),
+                  0, 128),
+              Errc::out_of_range);
+    // Another slot's entry, or a key the owner never issued.
+    EXPECT_EQ(
+        run(true, ship(wo, [](std::byte* b) { b[12] = std::byte(uint8_t(b[12]) ^ 1); }), 0, 16),
+        Errc::invalid_argument);
+    EXPECT_EQ(
+        run(true, ship(wo, [](std::byte* b) { b[40] = std::byte(uint8_t(b[40]) ^ 1); }), 0, 16),
+        Errc::invalid_argument);
+    EXPECT_TRUE(all_are(rw_mem, 0xbb));
+    // After the refusals a legal put lands exactly where it should.
+    MemHandle good = ship(wo);
+    EXPECT_EQ(run(true, good, 100, 50), Errc::ok);
+    EXPECT_EQ(rw_mem[99], 0xbb);
+    EXPECT_EQ(rw_mem[100], 0x11);
+    EXPECT_EQ(rw_mem[149], 0x11);
+    EXPECT_EQ(rw_mem[150], 0xbb);
+    // Deregistered by the owner: refused, also once the slot holds a new registration.
+    std::fill(rw_mem.begin(), rw_mem.end(), 0xbb);
+    wo.reset();
+    EXPECT_EQ(run(true, good, 0, 16), Errc::invalid_argument);
+    std::vector<uint8_t> other(4096, 0xcc);
+    auto again = *srv.t->mem_register(other.data(), other.size(), Access::read_write);
+    EXPECT_EQ(run(true, good, 0, 16), Errc::invalid_argument);
+    EXPECT_TRUE(all_are(rw_mem, 0xbb));
+    EXPECT_TRUE(all_are(other, 0xcc));
+    EXPECT_EQ(run(true, ship(again), 0, 16), Errc::ok);
+    EXPECT_EQ(other[0], 0x11);
+}
+
 TEST(SmTwoProc, PutGetBeforeAnyMessageWaitsForTheHandshake) {
     std::string srv = uniq("rma0-s");
     Pipe ready, done_pipe;
@@ -1485,7 +1575,7 @@ struct FakePeer {
     int evfd = -1;
     std::byte* seg = nullptr;
     std::string seg_path;
-    enum class Seg { good, world_readable, unsealed };
+    enum class Seg { good, world_readable, unsealed, table_unsealed, table_short };
     bool connect(const std::string& target_sock, const std::string& my_name, Seg kind,
                  uint64_t* probe) {
         sock = raw_connect(target_sock);
@@ -1497,7 +1587,7 @@ struct FakePeer {
             ::unlink(seg_path.c_str());
         } else {
             fd = ::memfd_create("fake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-            ::fchmod(fd, kind == Seg::good ? 0600 : 0644);
+            ::fchmod(fd, kind == Seg::world_readable ? 0644 : 0600);
         }
         if (fd < 0) return false;
         if (::ftruncate(fd, off_t(sm::kSegmentSize)) != 0) return false;
@@ -1528,17 +1618,24 @@ struct FakePeer {
         msghdr mh{};
         mh.msg_iov = &iov;
         mh.msg_iovlen = 1;
-        alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
+        // A registration table as a real peer sends it: a sealed memfd of the table's size.
+        int regs = ::memfd_create("fake-regs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        const std::size_t regs_size = kind == Seg::table_short ? 4096 : sm::kRegsBytes;
+        if (regs < 0 || ::ftruncate(regs, off_t(regs_size)) != 0) return false;
+        if (kind != Seg::table_unsealed)
+            ::fcntl(regs, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+        alignas(cmsghdr) char ctl[CMSG_SPACE(3 * sizeof(int))] = {};
         mh.msg_control = ctl;
         mh.msg_controllen = sizeof ctl;
         cmsghdr* cm = CMSG_FIRSTHDR(&mh);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        int fds[2] = {fd, evfd};
+        cm->cmsg_len = CMSG_LEN(3 * sizeof(int));
+        int fds[3] = {fd, evfd, regs};
         std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
         bool ok = ::sendmsg(sock, &mh, MSG_NOSIGNAL) == ssize_t(n);
         ::close(fd);
+        ::close(regs);
         return ok;
     }
     sm::RingCtl* ring(int i) { return reinterpret_cast<sm::RingCtl*>(seg + sm::kRingCtlOffset[i]); }
@@ -1556,7 +1653,10 @@ TEST(SmHostile, SegmentNotOwnerOnlyOrNotSealedIsRefused) {
     std::string name = uniq("v2");
     Ep e = Ep::open(name);
     ASSERT_TRUE(e.ok());
-    for (auto kind : {FakePeer::Seg::world_readable, FakePeer::Seg::unsealed}) {
+    // Its registration table too: one we could be made to read past the end of (shrunk under
+    // our mapping: SIGBUS) is refused.
+    for (auto kind : {FakePeer::Seg::world_readable, FakePeer::Seg::unsealed,
+                      FakePeer::Seg::table_unsealed, FakePeer::Seg::table_short}) {
         FakePeer f;
         uint64_t probe = 0;
         ASSERT_TRUE(f.connect(sock_path(::getpid(), name), uniq("fake"), kind, &probe));
@@ -1624,9 +1724,12 @@ TEST(SmHostile, CorruptRingIsDisconnectedWithoutCrashing) {
         mh.msg_controllen = sizeof ctl;
         ASSERT_GT(::recvmsg(f.sock, &mh, MSG_CMSG_CLOEXEC), 0) << c.what;
         for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-            int fd;
-            std::memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-            ::close(fd);
+            const std::size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (std::size_t i = 0; i < n; ++i) {
+                int fd;
+                std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof fd, sizeof fd);
+                ::close(fd);
+            }
         }
         c.corrupt(f);
         EXPECT_TRUE(hung_up(e, f.sock)) << c.what;

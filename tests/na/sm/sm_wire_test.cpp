@@ -140,7 +140,7 @@ TEST(SmWire, AddrRoundTripAndRejects) {
 }
 
 TEST(SmWire, MemRoundTripAndRejects) {
-    MemWire w{Access::read_write, 42, 7, 0x1000, 0x2000};
+    MemWire w{Access::read_write, 42, 7, 0x1000, 0x2000, 9, 0xfeed};
     std::array<std::byte, kMemWireSize> b{};
     encode_mem(w, b);
     auto d = decode_mem(b);
@@ -150,10 +150,27 @@ TEST(SmWire, MemRoundTripAndRejects) {
     EXPECT_EQ(d->instance, 7u);
     EXPECT_EQ(d->base, 0x1000u);
     EXPECT_EQ(d->length, 0x2000u);
+    EXPECT_EQ(d->slot, 9u);
+    EXPECT_EQ(d->key, 0xfeedu);
+    // A registration's slot and key: both for a region, neither for an empty one.
+    for (MemWire x : {MemWire{Access::read_only, 1, 1, 0x1000, 64, 0, 0},
+                      MemWire{Access::read_only, 1, 1, 0x1000, 64, kMaxRegistrations, 5},
+                      MemWire{Access::read_only, 1, 1, 0x1000, 0, 0, 5},
+                      MemWire{Access::read_only, 1, 1, 0x1000, 0, 3, 0}}) {
+        std::array<std::byte, kMemWireSize> y{};
+        encode_mem(x, y);
+        EXPECT_FALSE(decode_mem(y))
+            << "slot " << x.slot << " key " << x.key << " length " << x.length;
+    }
+    EXPECT_TRUE(decode_mem([] {
+        std::array<std::byte, kMemWireSize> y{};
+        encode_mem(MemWire{Access::read_only, 1, 1, 0x1000, 0, 0, 0}, y);
+        return y;
+    }()));
     auto bad = b;
     bad[5] = std::byte{4};
     EXPECT_FALSE(decode_mem(bad)) << "access 4";
-    MemWire over{Access::read_only, 1, 1, UINT64_MAX - 10, 100};
+    MemWire over{Access::read_only, 1, 1, UINT64_MAX - 10, 100, 1, 1};
     encode_mem(over, bad);
     EXPECT_FALSE(decode_mem(bad)) << "base + length overflows";
     EXPECT_FALSE(decode_mem(std::span<const std::byte>(b.data(), kMemWireSize - 1)));

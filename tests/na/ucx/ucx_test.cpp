@@ -325,7 +325,8 @@ struct ServedPair {
         auto id = put ? c.t->post_put(*c.ctx, record(r), local, loff, remote, roff, len, server)
                       : c.t->post_get(*c.ctx, record(r), local, loff, remote, roff, len, server);
         if (!id) return id.code();
-        EXPECT_TRUE(progress_until({c.ctx.get(), s.ctx.get()}, [&] { return r.done(); }, 20s));
+        EXPECT_TRUE(progress_until(
+            {c.ctx.get(), s.ctx.get()}, [&] { return r.done(); }, 20s));
         if (moved) *moved = r.last.size;
         return r.done() ? r.last.status : Errc::timeout;
     }
@@ -345,12 +346,13 @@ TEST(UcxServedRma, NetworkTransportsServePutGetThemselves) {
     ASSERT_TRUE(t.impl && sm.impl);
     EXPECT_TRUE(t.impl->served_rma());
     EXPECT_FALSE(sm.impl->served_rma());  // same host, same user: process_vm_* (Trust model)
-    for (const char* sub : {"tcp", "all", "ud", "tcp,sm"}) {
+    for (const char* sub :
+         {"tcp", "all", "ud", "tcp,sm", "rc,ud", "tcp,rc", "ib", "cuda_copy,rc"}) {
         auto spec = ucx::parse_spec(sub, "");
         ASSERT_TRUE(spec);
         EXPECT_TRUE(ucx::serves_rma(*spec)) << sub;
     }
-    for (const char* sub : {"sm", "rc", "rc_x", "dc_mlx5", "tcp,rc", "ib"}) {
+    for (const char* sub : {"sm", "rc", "rc_x", "dc_mlx5", "rc,dc_x"}) {
         auto spec = ucx::parse_spec(sub, "");
         ASSERT_TRUE(spec);
         EXPECT_FALSE(ucx::serves_rma(*spec)) << sub;
@@ -453,8 +455,7 @@ TEST(UcxServedRma, ManyLargeGetsBeyondTheAnswerBudgetAllComplete) {
         auto h = p.c.t->mem_register(dst[i].data(), kLen, Access::write_only);
         ASSERT_TRUE(h);
         dh.push_back(std::move(*h));
-        ASSERT_TRUE(p.c.t->post_get(*p.c.ctx, record(rec[i]), dh[i], 0, remote, 0, kLen,
-                                    p.server));
+        ASSERT_TRUE(p.c.t->post_get(*p.c.ctx, record(rec[i]), dh[i], 0, remote, 0, kLen, p.server));
     }
     for (int i = 0; i < 50; ++i)
         (void)p.s.ctx->progress(2ms);
@@ -482,7 +483,8 @@ TEST(UcxServedRma, CancelAndPeerDeathFinishServedTransfers) {
     auto id = p.c.t->post_get(*p.c.ctx, record(r), *lh, 0, remote, 0, kLen, p.server);
     ASSERT_TRUE(id);
     ASSERT_TRUE(p.c.t->cancel(*id));
-    ASSERT_TRUE(progress_until({p.c.ctx.get()}, [&] { return r.done(); }, 10s));
+    ASSERT_TRUE(progress_until(
+        {p.c.ctx.get()}, [&] { return r.done(); }, 10s));
     EXPECT_EQ(r.last.status, Errc::canceled);
     EXPECT_EQ(p.run(false, *lh, 0, remote, 0, kLen), Errc::ok);
     // The server goes while a get waits for it: the get fails, it does not hang.
@@ -491,7 +493,8 @@ TEST(UcxServedRma, CancelAndPeerDeathFinishServedTransfers) {
     th->reset();  // a handle must not outlive its transport
     p.s.ctx.reset();
     p.s.t.reset();
-    ASSERT_TRUE(progress_until({p.c.ctx.get()}, [&] { return d.done(); }, 15s));
+    ASSERT_TRUE(progress_until(
+        {p.c.ctx.get()}, [&] { return d.done(); }, 15s));
     EXPECT_NE(d.last.status, Errc::ok);
 }
 
