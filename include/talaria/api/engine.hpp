@@ -315,11 +315,12 @@ class Engine {
     /// valid while the handle (or a copy, or a transfer using it) exists.
     ///
     /// Who enforces `access`, the bounds and the handle's lifetime depends on the transport
-    /// (docs/architecture.md, "Trust model"): on tcp and ofi+tcp the target checks each
-    /// transfer; on sm, ofi+shm and ucx+sm a peer of the same user copies from this process
-    /// itself, and on ucx+tcp the checks are the caller's, so a peer that edits a handle's
-    /// bytes can reach memory outside it. Expose memory to such peers only if you trust them
-    /// as you trust the processes of your own user.
+    /// (docs/architecture.md, "Trust model"): on tcp, ofi+tcp and ucx+tcp the target checks
+    /// each transfer; on sm, ofi+shm and ucx+sm a peer of the same user copies from this
+    /// process itself (on sm after checking this process's registration table, which refuses
+    /// edited and stale handles; a peer running its own code could skip that), so a peer can
+    /// reach memory outside what was exposed. Expose memory to such peers only if you trust
+    /// them as you trust the processes of your own user.
     Bulk expose(Segment segment, Access access);
     Bulk expose(const std::vector<Segment>& segments, Access access);
     template <class T>

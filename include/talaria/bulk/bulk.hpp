@@ -38,9 +38,10 @@ inline constexpr std::size_t kInlineMax = 512;
 
 /// A bulk handle: local (registered here) or remote (decoded from a peer's encoding).
 /// Copyable: copies share the registration (a reference count), like a file descriptor dup.
-/// The access, bounds and liveness a handle states are checked at the target on tcp and
-/// ofi+tcp only; sm, ofi+shm and ucx+sm peers copy from the owner's process, and ucx+tcp
-/// checks at the caller (docs/architecture.md, "Trust model").
+/// The access, bounds and liveness a handle states are checked at the target on tcp, ofi+tcp
+/// and ucx+tcp; on sm the caller checks them against the owner's registration table before
+/// each copy (a peer's own code could skip that: it is the same user); ofi+shm and ucx+sm peers
+/// copy from the owner's process on the handle's word (docs/architecture.md, "Trust model").
 class Handle {
   public:
     Handle() noexcept = default;
