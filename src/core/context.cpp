@@ -473,16 +473,28 @@ void Context::Impl::on_response(const wire::Header& h, std::span<const std::byte
         }
         return;
     }
-    if (h.status == uint16_t(Errc::busy) && schedule_retry(h.seq, source)) [[unlikely]]
+    Duration hint = Duration::zero();
+    if (h.flags & wire::kRetryAfter) [[unlikely]] {
+        uint32_t ms = 0;
+        for (int i = 0; i < 4; ++i)
+            ms |= uint32_t(uint8_t(payload[std::size_t(i)])) << (8 * i);
+        hint = std::chrono::milliseconds(ms);
+        payload = payload.subspan(4);  // the decoder made sure the 4 bytes are there
+    }
+    if (h.status == uint16_t(Errc::busy) && schedule_retry(h.seq, source, hint)) [[unlikely]]
         return;
     bool matched;
     if (h.status == 0) {
         CtxCounters::bump(counters.bytes_received, payload.size());
         matched = complete_call(h.seq, &source, payload, true);
     } else {
-        std::string_view text(reinterpret_cast<const char*>(payload.data()), payload.size());
-        matched = complete_call(h.seq, &source,
-                                Error{static_cast<Errc>(h.status), std::string(text)}, true);
+        std::string text(reinterpret_cast<const char*>(payload.data()), payload.size());
+        if (h.flags & wire::kRetryAfter)
+            text +=
+                fmt::format(" (the target asks to retry after {} ms)",
+                            std::chrono::duration_cast<std::chrono::milliseconds>(hint).count());
+        matched = complete_call(h.seq, &source, Error{static_cast<Errc>(h.status), std::move(text)},
+                                true);
     }
     if (!matched) release_held(h.seq, source);
     if (!matched)
@@ -701,7 +713,7 @@ unsigned Context::Impl::expire_timers() {
 
 // --- housekeeping -----------------------------------------------------------------------------
 
-bool Context::Impl::schedule_retry(uint32_t seq, const na::Addr& source) {
+bool Context::Impl::schedule_retry(uint32_t seq, const na::Addr& source, Duration hint) {
     uint32_t idx = seq & 0xFFFF;
     std::lock_guard g(mu);
     if (idx >= slots.size() || slots[idx].seq != seq) return false;
@@ -714,7 +726,9 @@ bool Context::Impl::schedule_retry(uint32_t seq, const na::Addr& source) {
     rng ^= rng >> 7;
     rng ^= rng << 17;
     const auto base = std::chrono::duration_cast<std::chrono::nanoseconds>(s.retry->backoff);
-    const auto wait = base * 3 / 4 + std::chrono::nanoseconds(rng % uint64_t(base.count() / 2 + 1));
+    auto wait = base * 3 / 4 + std::chrono::nanoseconds(rng % uint64_t(base.count() / 2 + 1));
+    if (const auto h = std::chrono::duration_cast<std::chrono::nanoseconds>(hint); wait < h)
+        wait = h + std::chrono::nanoseconds(rng % uint64_t(h.count() / 4 + 1));  // never sooner
     const TimePoint at = Clock::now() + wait;
     if (s.deadline != TimePoint{} && at >= s.deadline) return false;  // busy it is
     --s.retry->left;

@@ -372,7 +372,9 @@ struct Context::Impl {
     void trim_loads();
     /// A busy answer to call `seq` from `source`: if the call may be sent again, schedule it
     /// and return true (the call stays in flight).
-    bool schedule_retry(uint32_t seq, const na::Addr& source);
+    /// Send call `seq` again after a busy answer from `source`, not before `hint` (the target's
+    /// retry-after, 0: none): false if it is not to be retried (then it fails with busy).
+    bool schedule_retry(uint32_t seq, const na::Addr& source, Duration hint);
     /// Under mu: a call to `p` ended; hand its credit to the oldest call waiting for one.
     void pass_credit_locked(Peer* p);
     /// Send the calls that got a credit (trigger thread).

@@ -163,6 +163,18 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
     h.reply_ctx = id;
     h.status = static_cast<uint16_t>(status);
     if (status != Errc::ok && out.size() > eng->eager) out = out.first(eng->eager);
+    // A busy answer carries the retry-after hint first (the error path: a copy is fine).
+    std::vector<std::byte> hinted;
+    if (status == Errc::busy && eng->opts.busy_retry_after > Duration::zero()) [[unlikely]] {
+        const auto ms = std::chrono::ceil<std::chrono::milliseconds>(eng->opts.busy_retry_after);
+        const auto hint = uint32_t(std::min<int64_t>(ms.count(), UINT32_MAX));
+        hinted.resize(4 + std::min(out.size(), eng->eager - 4));
+        for (int i = 0; i < 4; ++i)
+            hinted[std::size_t(i)] = std::byte(uint8_t(hint >> (8 * i)));
+        std::copy_n(out.begin(), hinted.size() - 4, hinted.begin() + 4);
+        out = hinted;
+        h.flags |= wire::kRetryAfter;
+    }
     const uint64_t counted = status == Errc::ok ? out.size() : 0;
     if (out.size() <= eng->eager) {
         auto r = send_message(dest, h, out, SendInfo{0, false, SendInfo::response}, guard.take());

@@ -77,6 +77,12 @@ Result<Header> decode_header(std::span<const std::byte> msg) {
                                  msg.size() - kHeaderSize)};
     if (h.status > static_cast<uint16_t>(kLastErrc))
         return Error{Errc::protocol_error, fmt::format("rpc status {} is unknown", h.status)};
+    if ((h.flags & kRetryAfter) &&
+        (!(h.flags & kResponse) || (h.flags & kMore) ||
+         h.status != static_cast<uint16_t>(Errc::busy) || h.payload_len < 4))
+        return Error{Errc::protocol_error,
+                     "rpc retry-after hint on a message other than a busy response with room "
+                     "for it"};
     if (h.flags & kChecksum) {
         uint32_t want = message_crc(p, msg.subspan(kHeaderSize));
         if (want != h.crc)

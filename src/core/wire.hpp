@@ -22,8 +22,11 @@ enum : uint8_t {
     kMore = 0x04,      ///< the payload is a MoreDescriptor: pull the real bytes
     kChecksum = 0x08,  ///< crc holds crc32c of the header (crc = 0) and the payload
     kAck = 0x10,       ///< the receiver of a kMore payload has pulled it
+    /// A busy response whose payload starts with a u32: how many milliseconds the caller
+    /// should wait at least before it sends the call again (Options::busy_retry_after).
+    kRetryAfter = 0x20,
 };
-inline constexpr uint8_t kKnownFlags = 0x1F;
+inline constexpr uint8_t kKnownFlags = 0x3F;
 
 /// The na tag of every core message, and the tag of the peer watch (never sent).
 inline constexpr na::Tag kMessageTag = 0x54520001;

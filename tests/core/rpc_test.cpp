@@ -30,6 +30,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/wire.hpp"
 #include "harness.hpp"
 #include "peer_process.hpp"
 #include "rpc_common.hpp"
@@ -1686,6 +1687,66 @@ TEST_P(Rpc, BusyAnswersAreRetriedWithinTheDeadline) {
     ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return h2.second->done(); }));
 }
 
+TEST(RpcWire, RetryAfterOnlyOnBusyResponsesWithRoomForIt) {
+    auto msg = [](uint8_t flags, Errc status, std::size_t payload) {
+        wire::Header h;
+        h.flags = flags;
+        h.status = uint16_t(status);
+        h.payload_len = uint32_t(payload);
+        std::vector<std::byte> m(wire::kHeaderSize + payload);
+        wire::encode_header(h, m.data(), std::span(m).subspan(wire::kHeaderSize));
+        return wire::decode_header(m);
+    };
+    const uint8_t hint = wire::kResponse | wire::kRetryAfter;
+    EXPECT_TRUE(msg(hint, Errc::busy, 4));
+    EXPECT_TRUE(msg(hint, Errc::busy, 40));
+    EXPECT_FALSE(msg(hint, Errc::busy, 3)) << "no room for the hint";
+    EXPECT_FALSE(msg(hint, Errc::timeout, 4)) << "not busy";
+    EXPECT_FALSE(msg(wire::kRetryAfter, Errc::ok, 4)) << "a request";
+    EXPECT_FALSE(msg(hint | wire::kMore, Errc::busy, 20)) << "a large payload";
+    EXPECT_FALSE(msg(0x40, Errc::ok, 0)) << "unknown flag";
+}
+
+TEST_P(Rpc, BusyAnswersCarryTheRetryAfterHint) {
+    // Options::busy_retry_after: the busy answer says how long to wait; a caller that retries
+    // waits at least that long (a lower bound, not a timing measurement), one that does not
+    // reads it in the error.
+    Options s;
+    s.max_requests = 1;
+    s.busy_retry_after = 150ms;
+    ASSERT_TRUE(start(s));
+    auto h1 = call(*client_, 0, server_addr_, kHold, {});
+    ASSERT_TRUE(h1.first);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
+    auto refused = call(*client_, 0, server_addr_, kEcho, bytes_of("no room"));
+    ASSERT_TRUE(refused.first);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return refused.second->done(); }));
+    EXPECT_EQ(refused.second->code, Errc::busy);
+    EXPECT_NE(refused.second->message.find("max_requests"), std::string::npos)
+        << refused.second->message;
+    EXPECT_NE(refused.second->message.find("retry after 150 ms"), std::string::npos)
+        << refused.second->message;
+    // With retries from 1 ms: the first retry waits for the hint, so after 100 ms one busy
+    // answer at most has come back.
+    CallOptions o;
+    o.busy_retries = 20;
+    o.busy_backoff = 1ms;
+    o.timeout = 20s;
+    const uint64_t refused_before = server_->counters().busy_refused;
+    auto retried = call(*client_, 0, server_addr_, kEcho, bytes_of("again"), o);
+    ASSERT_TRUE(retried.first);
+    drive_for({client_.get(), server_.get()}, 100ms);
+    EXPECT_FALSE(retried.second->done());
+    EXPECT_EQ(server_->counters().busy_refused - refused_before, 1u)
+        << "the caller came back before the 150 ms it was asked to wait";
+    ASSERT_TRUE(take_held(0).respond({}));
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return retried.second->done(); }));
+    EXPECT_EQ(retried.second->code, Errc::ok) << retried.second->message;
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(retried.second->data.data()),
+                          retried.second->data.size()),
+              "again");
+}
+
 TEST_P(Rpc, MaxPayloadIsEnforced) {
     // Options::max_payload bounds what an engine pulls into memory for a peer: past it the call
     // fails (the handler never runs), up to it the call works.
@@ -2033,7 +2094,7 @@ TEST_P(Rpc, GarbageMessagesAreDropped) {
             m[0] = std::byte{'T'};
             m[1] = std::byte{'R'};
             m[2] = std::byte{1};
-            m[3] = std::byte(rng() % 0x20);
+            m[3] = std::byte(rng() % 0x40);
             if (i % 6 == 0) store<uint32_t>(m, 4, kEcho);
             m[12] = std::byte(rng() % 3 == 0 ? rng() : 0);
             store<uint16_t>(m, 14, uint16_t(rng() % 4 == 0 ? rng() % 24 : 0));

@@ -98,6 +98,11 @@ struct Options {
     /// the order of forward(). A caller whose windows toward a server add up to no more than
     /// that server's max_requests_per_peer is never refused by it. 0: no window.
     uint32_t peer_window = 0;
+    /// A hint sent with every busy answer (admission limits, large-argument budget): a caller
+    /// that retries (CallOptions::busy_retries) waits at least this long before it sends the
+    /// call again, and one that does not sees it in the error's message. Whole milliseconds,
+    /// at most about 49 days; 0: no hint (callers back off on their own).
+    Duration busy_retry_after = Duration::zero();
 };
 
 /// Per-engine counters (sums over contexts). Bulk counters are fed by the bulk layer through
@@ -128,9 +133,11 @@ struct CallOptions {
     bool one_way = false;        ///< no response: completes once sent (or once pulled, if large)
     /// Times the call is sent again when the target answers Errc::busy (its admission limits
     /// or its large-argument budget), after a wait that starts at busy_backoff and doubles
-    /// each time (up to 1 s), each randomized by +-25%. A retry that would start past the
-    /// call's deadline is not made: the call then fails with busy. The arguments are copied
-    /// and kept for this (only when this is not 0). Not for one-way calls (nothing answers).
+    /// each time (up to 1 s), each randomized by +-25%; when the answer carries the target's
+    /// retry-after hint (Options::busy_retry_after), the wait is at least that (up to +25%). A
+    /// retry that would start past the call's deadline is not made: the call then fails with busy.
+    /// The arguments are copied and kept for this (only when this is not 0). Not for one-way calls
+    /// (nothing answers).
     uint8_t busy_retries = 0;
     Duration busy_backoff = std::chrono::milliseconds(1);
 };

@@ -86,6 +86,10 @@ inline constexpr std::size_t kMaxCtlRetry = 64;
 inline constexpr Duration kAuthTimeout = std::chrono::seconds(10);
 inline constexpr Duration kAuthRefusedFor = std::chrono::seconds(1);
 inline constexpr std::size_t kMaxAuthPending = 256;
+/// Remote endpoints a lane keeps (each an AV entry, kept for the lane's life) past which an
+/// endpoint it does not know yet gets no answer to an auth request or to a message refused
+/// for want of one: strangers cannot grow the AV without bound.
+inline constexpr std::size_t kMaxStrangerRemotes = 16384;
 /// OfiAddr::auth: our side of the handshake with that process.
 enum class AuthState : uint8_t {
     none,      ///< not begun (without Options::auth: sends go as they are)
@@ -558,9 +562,17 @@ class OfiTransport final : public Transport {
     /// The process at `raw` to answer an auth message (found, or interned without taking the
     /// header's instance: that waits until it proves the secret); empty if not ours.
     Addr auth_peer_locked(std::span<const std::byte> raw);
+    /// Post control message `c` (`total` bytes with the header) to `to`; while rxm is still
+    /// connecting (-FI_EAGAIN) it is sent again from progress (kMaxCtlRetry at most), other
+    /// failures free it and are logged naming `what`.
+    void send_ctl_or_retry_locked(OfiLane& l, Ctl* c, std::size_t total, Remote* to,
+                                  std::string_view what);
     /// Send one auth message of `step` to `to` (its lane endpoint).
     void send_auth_locked(OfiLane& l, Remote* to, AuthStep step, std::span<const std::byte> body);
     void send_refusal_locked(OfiLane& l, Remote* to, std::string_view why);
+    /// The remote endpoint `lraw` of `who`, to answer an auth message or a stranger's message:
+    /// null (logged, rate-limited) when it is new and the lane holds kMaxStrangerRemotes.
+    Remote* stranger_remote_locked(OfiLane& l, std::string_view lraw, const Addr& who);
     /// Write the session token of `to` into a header copied from the lane's template.
     void stamp_token(std::byte* start, const OfiAddr* to) const noexcept {
         if (opts_.auth.enabled())

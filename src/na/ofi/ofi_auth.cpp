@@ -43,21 +43,35 @@ void OfiTransport::send_auth_locked(OfiLane& l, Remote* to, AuthStep step,
     start[2] = std::byte(0);
     detail::store_le(start + 4, uint32_t(step), 4);
     if (!body.empty()) std::memcpy(c->buf.data(), body.data(), body.size());
-    const std::size_t total = l.header_size + body.size();
-    ssize_t rc = ctl_send_locked(l, c, total, to);
-    if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
-        // rxm still connecting: sent again from progress.
-        l.ctl_retry.push_back(CtlRetry{c, to, total});
-        return;
+    send_ctl_or_retry_locked(l, c, l.header_size + body.size(), to,
+                             fmt::format("an auth message (step {})", uint32_t(step)));
+}
+
+Remote* OfiTransport::stranger_remote_locked(OfiLane& l, std::string_view lraw, const Addr& who) {
+    if (l.remotes.size() < kMaxStrangerRemotes || l.remotes.find(lraw) != l.remotes.end())
+        return remote_locked(l, lraw, who);
+    std::size_t unlogged = 0;
+    {
+        std::lock_guard g(auth_mu_);
+        const auto now = Clock::now();
+        if (auth_refusal_logged_ != TimePoint{} &&
+            now - auth_refusal_logged_ < std::chrono::seconds(1)) {
+            ++auth_refusals_unlogged_;
+            return nullptr;
+        }
+        unlogged = auth_refusals_unlogged_;
+        auth_refusals_unlogged_ = 0;
+        auth_refusal_logged_ = now;
     }
-    if (rc != 0) {
-        c->in_use = false;
-        TALARIA_LOG(ofi, debug, "{}: auth message (step {}) to {} failed to post: {}", scheme_,
-                    uint32_t(step), ofi_addr(to->peer)->str, fi_strerror(int(-rc)));
-    }
+    TALARIA_LOG(ofi, warn,
+                "{}: context {} knows {} endpoints already: {} goes unanswered until it proves "
+                "the shared secret from an endpoint we know{}",
+                scheme_, l.id, l.remotes.size(), ofi_addr(who)->str, unlogged_note(unlogged));
+    return nullptr;
 }
 
 void OfiTransport::send_refusal_locked(OfiLane& l, Remote* to, std::string_view why) {
+    if (to == nullptr) return;  // a stranger past kMaxStrangerRemotes: no answer
     TALARIA_LOG(ofi, warn, "{}: refusing {}: {}", scheme_, ofi_addr(to->peer)->str, why);
     if (why.size() > kAuthMaxReason) why = why.substr(0, kAuthMaxReason);
     send_auth_locked(l, to, AuthStep::refused, std::as_bytes(std::span(why)));
@@ -236,7 +250,7 @@ void OfiTransport::refuse_stranger_locked(OfiLane& l, const MsgHeader& h) {
                 "{}: context {} drops a message from {} (instance {:016x}), which has not proved "
                 "the shared secret{}",
                 scheme_, l.id, ofi_addr(who)->str, h.instance, unlogged_note(unlogged));
-    send_refusal_locked(l, remote_locked(l, lraw, who),
+    send_refusal_locked(l, stranger_remote_locked(l, lraw, who),
                         fmt::format("this server admits only peers that authenticate with the "
                                     "secret of key '{}': set na::Options::auth on the client",
                                     opts_.auth.key_id));
@@ -273,7 +287,8 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
     const auto now = Clock::now();
     switch (m->step) {
         case AuthStep::request: {
-            Remote* to = remote_locked(l, lraw, who);
+            Remote* to = stranger_remote_locked(l, lraw, who);
+            if (to == nullptr) return;
             if (!a.enabled()) {
                 send_refusal_locked(l, to,
                                     "the client asked to authenticate, but this server has no "
@@ -386,7 +401,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             if (!auth::matches(
                     auth::prove(a.secret, auth::Role::connector, p->peer, p->own, a.key_id),
                     m->proof)) {
-                send_refusal_locked(l, remote_locked(l, lraw, who),
+                send_refusal_locked(l, stranger_remote_locked(l, lraw, who),
                                     fmt::format("the client's proof does not match the secret of "
                                                 "key '{}' (a different secret)",
                                                 a.key_id));

@@ -249,6 +249,21 @@ ssize_t OfiTransport::ctl_send_locked(OfiLane& l, Ctl* c, std::size_t total, Rem
     return fi_send(l.ep, start, total, desc, to->fi, static_cast<FiCtx*>(c));
 }
 
+void OfiTransport::send_ctl_or_retry_locked(OfiLane& l, Ctl* c, std::size_t total, Remote* to,
+                                            std::string_view what) {
+    ssize_t rc = ctl_send_locked(l, c, total, to);
+    if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
+        // rxm still connecting to it: sent again from progress.
+        l.ctl_retry.push_back(CtlRetry{c, to, total});
+        return;
+    }
+    if (rc != 0) {
+        c->in_use = false;
+        TALARIA_LOG(ofi, debug, "{}: {} to {} failed to post: {}", scheme_, what,
+                    ofi_addr(to->peer)->str, fi_strerror(int(-rc)));
+    }
+}
+
 void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
     OfiAddr* a = ofi_addr(r.peer);
     if (!r.locating) {
@@ -415,17 +430,7 @@ void OfiTransport::answer_locate_locked(OfiLane& l, Remote* to, uint32_t token,
     detail::store_le(start + 4, token, 4);
     stamp_token(start, ofi_addr(to->peer));
     std::size_t n = encode_located(ans, c->buf.data());
-    ssize_t rc = ctl_send_locked(l, c, l.header_size + n, to);
-    if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
-        // rxm connecting back to the asking lane: sent again from progress.
-        l.ctl_retry.push_back(CtlRetry{c, to, l.header_size + n});
-        return;
-    }
-    if (rc != 0) {
-        c->in_use = false;
-        TALARIA_LOG(ofi, debug, "{}: answering a locate from {} failed: {} (it asks again)",
-                    scheme_, ofi_addr(to->peer)->str, fi_strerror(int(-rc)));
-    }
+    send_ctl_or_retry_locked(l, c, l.header_size + n, to, "a located answer (it asks again)");
 }
 
 void OfiTransport::on_located_locked(OfiLane& l, const Addr& peer, uint32_t token,
