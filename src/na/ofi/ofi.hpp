@@ -573,6 +573,9 @@ class OfiTransport final : public Transport {
     /// The remote endpoint `lraw` of `who`, to answer an auth message or a stranger's message:
     /// null (logged, rate-limited) when it is new and the lane holds kMaxStrangerRemotes.
     Remote* stranger_remote_locked(OfiLane& l, std::string_view lraw, const Addr& who);
+    /// Whether a stranger's refusal (or silence) is logged now: one line a second, which then
+    /// counts in `unlogged` those kept out since.
+    bool stranger_log_due(std::size_t* unlogged);
     /// Write the session token of `to` into a header copied from the lane's template.
     void stamp_token(std::byte* start, const OfiAddr* to) const noexcept {
         if (opts_.auth.enabled())

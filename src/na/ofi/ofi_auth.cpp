@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "na/base/auth.hpp"
 #include "na/ofi/ofi.hpp"
@@ -47,22 +48,24 @@ void OfiTransport::send_auth_locked(OfiLane& l, Remote* to, AuthStep step,
                              fmt::format("an auth message (step {})", uint32_t(step)));
 }
 
+bool OfiTransport::stranger_log_due(std::size_t* unlogged) {
+    std::lock_guard g(auth_mu_);
+    const auto now = Clock::now();
+    if (auth_refusal_logged_ != TimePoint{} &&
+        now - auth_refusal_logged_ < std::chrono::seconds(1)) {
+        ++auth_refusals_unlogged_;
+        return false;
+    }
+    *unlogged = std::exchange(auth_refusals_unlogged_, 0);
+    auth_refusal_logged_ = now;
+    return true;
+}
+
 Remote* OfiTransport::stranger_remote_locked(OfiLane& l, std::string_view lraw, const Addr& who) {
     if (l.remotes.size() < kMaxStrangerRemotes || l.remotes.find(lraw) != l.remotes.end())
         return remote_locked(l, lraw, who);
     std::size_t unlogged = 0;
-    {
-        std::lock_guard g(auth_mu_);
-        const auto now = Clock::now();
-        if (auth_refusal_logged_ != TimePoint{} &&
-            now - auth_refusal_logged_ < std::chrono::seconds(1)) {
-            ++auth_refusals_unlogged_;
-            return nullptr;
-        }
-        unlogged = auth_refusals_unlogged_;
-        auth_refusals_unlogged_ = 0;
-        auth_refusal_logged_ = now;
-    }
+    if (!stranger_log_due(&unlogged)) return nullptr;
     TALARIA_LOG(ofi, warn,
                 "{}: context {} knows {} endpoints already: {} goes unanswered until it proves "
                 "the shared secret from an endpoint we know{}",
@@ -229,18 +232,7 @@ void OfiTransport::check_auth_locked(OfiLane& l, TimePoint now) {
 
 void OfiTransport::refuse_stranger_locked(OfiLane& l, const MsgHeader& h) {
     std::size_t unlogged = 0;
-    {
-        std::lock_guard g(auth_mu_);
-        const auto now = Clock::now();
-        if (auth_refusal_logged_ != TimePoint{} &&
-            now - auth_refusal_logged_ < std::chrono::seconds(1)) {
-            ++auth_refusals_unlogged_;
-            return;
-        }
-        unlogged = auth_refusals_unlogged_;
-        auth_refusals_unlogged_ = 0;
-        auth_refusal_logged_ = now;
-    }
+    if (!stranger_log_due(&unlogged)) return;
     Addr who = auth_peer_locked(h.raw_addr);
     if (!who) return;
     auto lane_raw = h.lane_addr.empty() ? h.raw_addr : h.lane_addr;
