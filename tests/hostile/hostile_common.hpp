@@ -28,6 +28,21 @@ inline constexpr auto kHelloTimeout = std::chrono::seconds(2);
 /// took this one (4 bytes, little-endian): a handler that answers later, as API coroutines do.
 inline constexpr std::string_view kHoldProc = "hold";
 inline constexpr auto kHold = std::chrono::milliseconds(100);
+/// Exposed memory (issue 10, item 3): `expose` registers two regions of one kExposedSize
+/// buffer, filled with exposed_byte(i): [kReadOnlyAt, +kRegionSize) read-only and
+/// [kWriteOnlyAt, +kRegionSize) write-only, and replies u64 base of each, then each handle
+/// (u16 length, na::mem_serialize bytes); `peek` replies with the whole buffer; `drop`
+/// deregisters the write-only region.
+inline constexpr std::string_view kExpose = "expose";
+inline constexpr std::string_view kPeek = "peek";
+inline constexpr std::string_view kDrop = "drop";
+inline constexpr std::size_t kExposedSize = 16384;
+inline constexpr std::size_t kRegionSize = 4096;
+inline constexpr std::size_t kReadOnlyAt = 4096;
+inline constexpr std::size_t kWriteOnlyAt = 8192;
+inline constexpr std::byte exposed_byte(std::size_t i) noexcept {
+    return std::byte(uint8_t(i * 7 + 3));
+}
 /// core::Options::max_requests and max_requests_per_peer of the server.
 inline constexpr uint32_t kMaxRequests = 256;
 inline constexpr uint32_t kMaxRequestsPerPeer = 64;

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "hostile_common.hpp"
 #include "peer_process.hpp"
@@ -54,6 +56,45 @@ int main(int argc, char** argv) {
         const auto n = uint32_t(held.size() + 1);
         held.push_back(Held{std::move(req), Clock::now() + hostile::kHold, n});
     });
+    // Exposed memory (kExpose): handles dropped before the engine below.
+    std::vector<std::byte> exposed(hostile::kExposedSize);
+    for (std::size_t i = 0; i < exposed.size(); ++i)
+        exposed[i] = hostile::exposed_byte(i);
+    na::MemHandle ro, wo;
+    reg(hostile::kExpose, [&](Request& req) {
+        na::Transport& t = engine->transport();
+        if (!ro) {
+            auto r = t.mem_register(exposed.data() + hostile::kReadOnlyAt, hostile::kRegionSize,
+                                    na::Access::read_only);
+            auto w = t.mem_register(exposed.data() + hostile::kWriteOnlyAt, hostile::kRegionSize,
+                                    na::Access::write_only);
+            if (!r || !w) {
+                (void)req.respond_error(Errc::internal, "mem_register failed");
+                return;
+            }
+            ro = std::move(*r);
+            wo = std::move(*w);
+        }
+        std::vector<std::byte> out(16);
+        for (int i = 0; i < 8; ++i) {
+            out[std::size_t(i)] = std::byte(uint8_t(ro->base() >> (8 * i)));
+            out[std::size_t(8 + i)] = std::byte(uint8_t(wo->base() >> (8 * i)));
+        }
+        for (const na::MemHandle* h : {&ro, &wo}) {
+            const std::size_t n = t.mem_serialize_size(*h);
+            const std::size_t at = out.size();
+            out.resize(at + 2 + n);
+            out[at] = std::byte(uint8_t(n));
+            out[at + 1] = std::byte(uint8_t(n >> 8));
+            (void)t.mem_serialize(*h, std::span(out).subspan(at + 2, n));
+        }
+        (void)req.respond(out);
+    });
+    reg(hostile::kPeek, [&](Request& req) { (void)req.respond(exposed); });
+    reg(hostile::kDrop, [&](Request& req) {
+        wo = na::MemHandle();
+        (void)req.respond({});
+    });
     if (errors) return 1;
     na::test::print_line(engine->self_string());
     bool ok = na::test::serve_until_stdin_closed(
@@ -71,6 +112,8 @@ int main(int argc, char** argv) {
                                 : std::max<Duration>(held.front().due - now, Duration(0));
         });
     held.clear();
+    ro = na::MemHandle();
+    wo = na::MemHandle();
     engine.reset();
     return ok ? 0 : 1;
 }

@@ -877,11 +877,12 @@ Errc SmTransport::check_region(const SmOp& op, std::string& why) noexcept {
     const RegEntry& src = table[op.remote_slot];
     RegEntry e{};
     e.key = __atomic_load_n(&src.key, __ATOMIC_ACQUIRE);
-    e.base = __atomic_load_n(&src.base, __ATOMIC_RELAXED);
-    e.length = __atomic_load_n(&src.length, __ATOMIC_RELAXED);
-    e.access = __atomic_load_n(&src.access, __ATOMIC_RELAXED);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (__atomic_load_n(&src.key, __ATOMIC_RELAXED) != e.key) e.key = 0;
+    // Acquire loads (no fences: ThreadSanitizer does not model them): the second key load
+    // cannot move before the field loads.
+    e.base = __atomic_load_n(&src.base, __ATOMIC_ACQUIRE);
+    e.length = __atomic_load_n(&src.length, __ATOMIC_ACQUIRE);
+    e.access = __atomic_load_n(&src.access, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&src.key, __ATOMIC_ACQUIRE) != e.key) e.key = 0;
     const uint8_t need = op.is_put ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
     if (e.key != op.remote_key) {
         why = "the handle names no live registration there (deregistered, or never made)";
