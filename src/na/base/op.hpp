@@ -18,6 +18,18 @@
 
 namespace talaria::na {
 
+/// A target's verdict on a put (`write`) or get of `len` bytes at `addr` against a registration
+/// [base, +length) with `access`, as every transport that checks gives it: the access first
+/// (access_denied), then the bounds (out_of_range, without overflow), else ok.
+inline Errc check_region(Access access, uint64_t base, uint64_t length, bool write, uint64_t addr,
+                         uint64_t len) noexcept {
+    const uint8_t need = write ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
+    if (!(uint8_t(access) & need)) return Errc::access_denied;
+    if (addr < base || addr - base > length || len > length - (addr - base))
+        return Errc::out_of_range;
+    return Errc::ok;
+}
+
 /// Where an unexpected message naming context `id` goes (docs/architecture.md, "Messages"):
 /// slot `id` when its context exists and takes unexpected messages, else the lowest slot whose
 /// context does; nullptr when none does. `slots` is indexable by id and iterable in id order;

@@ -883,22 +883,18 @@ Errc SmTransport::check_region(const SmOp& op, std::string& why) noexcept {
     e.length = __atomic_load_n(&src.length, __ATOMIC_ACQUIRE);
     e.access = __atomic_load_n(&src.access, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&src.key, __ATOMIC_ACQUIRE) != e.key) e.key = 0;
-    const uint8_t need = op.is_put ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
     if (e.key != op.remote_key) {
         why = "the handle names no live registration there (deregistered, or never made)";
         return Errc::invalid_argument;
     }
-    if (!(uint8_t(e.access) & need)) {
+    const Errc st =
+        na::check_region(Access(uint8_t(e.access)), e.base, e.length, op.is_put, op.remote, op.len);
+    if (st == Errc::access_denied)
         why = fmt::format("the registration does not allow {}", op.is_put ? "writes" : "reads");
-        return Errc::access_denied;
-    }
-    if (op.remote < e.base || op.remote - e.base > e.length ||
-        op.len > e.length - (op.remote - e.base)) {
+    else if (st == Errc::out_of_range)
         why = fmt::format("[{:#x}, +{}) is outside the registered [{:#x}, +{})", op.remote, op.len,
                           e.base, e.length);
-        return Errc::out_of_range;
-    }
-    return Errc::ok;
+    return st;
 }
 
 Errc SmTransport::exec_rma(SmOp& op) noexcept {

@@ -486,11 +486,9 @@ Errc TcpTransport::validate_target(const FrameHeader& h, bool write, std::byte**
     auto it = regions_.find(h.key);
     if (it == regions_.end()) return Errc::invalid_argument;  // deregistered or forged
     const TcpMem* m = it->second;
-    uint8_t need = write ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
-    if (!(uint8_t(m->access()) & need)) return Errc::access_denied;
-    if (h.address < m->base() || h.address - m->base() > m->length() ||
-        h.rma_length > m->length() - (h.address - m->base()))
-        return Errc::out_of_range;
+    if (Errc st = check_region(m->access(), m->base(), m->length(), write, h.address, h.rma_length);
+        st != Errc::ok)
+        return st;
     *where = reinterpret_cast<std::byte*>(uintptr_t(h.address));
     return Errc::ok;
 }

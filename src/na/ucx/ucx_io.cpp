@@ -944,19 +944,14 @@ void UcxTransport::on_rma_request_locked(Lane& l, const MsgHeader& h, Stream& s,
             st = Errc::invalid_argument;  // deregistered, or never ours
         } else {
             const UcxMem& m = *it->second;
-            uint8_t need = put ? uint8_t(Access::write_only) : uint8_t(Access::read_only);
-            if (!(uint8_t(m.access()) & need))
-                st = Errc::access_denied;
-            else if (r->address < m.base() || r->address - m.base() > m.length() ||
-                     r->length > m.length() - (r->address - m.base()))
-                st = Errc::out_of_range;
-            else if (r->length == 0)
-                ;
-            else if (put)
-                std::memcpy(reinterpret_cast<void*>(uintptr_t(r->address)), data.data(), r->length);
-            else
-                out.insert(out.end(), reinterpret_cast<const std::byte*>(uintptr_t(r->address)),
-                           reinterpret_cast<const std::byte*>(uintptr_t(r->address)) + r->length);
+            st = na::check_region(m.access(), m.base(), m.length(), put, r->address, r->length);
+            if (st == Errc::ok && r->length > 0) {
+                auto* at = reinterpret_cast<std::byte*>(uintptr_t(r->address));
+                if (put)
+                    std::memcpy(at, data.data(), r->length);
+                else
+                    out.insert(out.end(), at, at + r->length);
+            }
         }
     }
     if (st != Errc::ok && st != Errc::busy) {
