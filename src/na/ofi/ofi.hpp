@@ -61,6 +61,16 @@ inline constexpr Duration kProbeAfterSilence = std::chrono::milliseconds(300);
 /// A probe not completed, or refused by the provider (-FI_EAGAIN: rxm reconnecting to a peer
 /// that refuses connections), for this long declares the peer dead.
 inline constexpr Duration kProbeTimeout = std::chrono::milliseconds(2500);
+/// A connection that broke under an operation (the tcp provider closes one when its target
+/// refuses a put/get: an unknown key, a range outside the region, the wrong access) is made
+/// again by rxm on the next post. A put/get (idempotent) or a send of at most kResendMax bytes
+/// (sent whole by rxm's eager protocol, so never delivered when it failed) is posted again,
+/// at most kResends times, after kResendDelay, 10x it, 100x it, one at a time (Remote::solo);
+/// only then is the peer dead. A put/get that breaks the connection while alone on it is the
+/// one the target refused.
+inline constexpr int kResends = 3;
+inline constexpr Duration kResendDelay = std::chrono::milliseconds(20);
+inline constexpr std::size_t kResendMax = 4096;
 /// Where the completion queue has no wait fd (shm), a blocked progress keeps polling for
 /// kPollSpin after the lane's last completion (the next message of a conversation is usually
 /// microseconds away), then sleeps in slices that start at kPollSliceMin and double up to
@@ -171,10 +181,15 @@ struct Remote : ListHook<WatchTag> {
     int pid = 0;                      ///< shm: the owner's pid (from the name)
     uint32_t pending = 0;             ///< our ops in flight on it (watched while nonzero)
     bool probing = false;             ///< a probe is in flight
-    bool connected = false;           ///< a send to it completed (so injects may be used)
-    uint32_t deferred = 0;            ///< its ops on the deferred list (later sends queue behind)
-    uint64_t stalled_pass = 0;        ///< the retry pass in which the provider refused it
-    TimePoint heard{};                ///< last message or successful probe from it
+    uint8_t probe_breaks = 0;         ///< probes in a row that met a broken connection
+    /// Its connection broke under ops of ours (kResends): they go again one at a time, so that
+    /// one the target refuses fails alone; cleared once nothing of ours waits or is posted.
+    bool solo = false;
+    uint32_t in_provider = 0;   ///< our ops on it that the provider holds
+    bool connected = false;     ///< a send to it completed (so injects may be used)
+    uint32_t deferred = 0;      ///< its ops on the deferred list (later sends queue behind)
+    uint64_t stalled_pass = 0;  ///< the retry pass in which the provider refused it
+    TimePoint heard{};          ///< last message or successful probe from it
     TimePoint probe_sent{};
     TimePoint refused_since{};      ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
     TimePoint listen_checked_at{};  ///< last listener_gone_locked look (rate limit)
@@ -270,6 +285,12 @@ struct OfiOp : Op, FiCtx {
     std::byte* bounce = nullptr;  ///< send of a foreign buffer: our copy (freed on completion)
     bool counted = false;         ///< counted in rem->pending
     bool cancel_asked = false;    ///< cancel() called fi_cancel on it
+    /// put/get: a fragment failed with its connection; the whole op is posted again once the
+    /// rest are back (kResends).
+    bool resend = false;
+    bool solo_post = false;  ///< posted alone (Remote::solo): its failure is its own
+    uint8_t resends = 0;     ///< times posted again after its connection broke
+    TimePoint retry_at{};    ///< deferred after a broken connection: not posted before
 };
 
 /// A receive buffer posted to the provider (multi-recv, or one message each).
@@ -317,6 +338,20 @@ class OfiLane {
     MaybeMutex mu;  ///< guards everything below and every call on ep, cq and av
     OpPool<OfiOp> ops;
     fid_ep* ep = nullptr;
+    /// rxm-based providers: the endpoint put/get go out on, so they never share a connection
+    /// with messages. The tcp provider closes a connection whose target refuses a put/get,
+    /// discarding what followed it there: a message already reported sent would be lost,
+    /// while a put/get behind it fails and goes again (kResends). Posts no receives. Null elsewhere (put/get go out on `ep`). Its CQ, `rma_cq`, is read
+    /// only while put/get are in the provider (`rma_inflight`) or after fi_trywait found
+    /// something on it (`rma_poke`): a lane that only sends messages pays nothing for it.
+    /// Same AV as `ep`.
+    fid_ep* rma_ep = nullptr;
+    fid_cq* rma_cq = nullptr;
+    int rma_cq_fd = -1;
+    uint32_t rma_inflight = 0;
+    bool rma_poke = false;
+    uint32_t rma_skip = 0;
+    bool cq_busy = false;  ///< the last read of `cq` found something
     fid_cq* cq = nullptr;
     fid_av* av = nullptr;
     int cq_fd = -1;        ///< the CQ's wait fd, or -1
@@ -352,6 +387,7 @@ class OfiLane {
     IntrusiveList<OfiOp> deferred;
     IntrusiveList<OfiOp> inflight;  ///< ops the provider holds (released at teardown)
     uint64_t pass = 0;
+    TimePoint resend_due = TimePoint::max();  ///< earliest retry_at on the deferred list
     uint64_t rx_buffer_messages = 0;
     IntrusiveList<Remote, WatchTag> watched;
     TimePoint next_check{};
@@ -533,13 +569,24 @@ class OfiTransport final : public Transport {
     void on_located_locked(OfiLane& l, const Addr& peer, uint32_t token,
                            std::span<const std::byte> payload);
     void poll_cq_locked(OfiLane& l);
+    /// Reads `cq`; true when it held something.
+    bool poll_one_cq_locked(OfiLane& l, fid_cq* cq);
+    /// fi_trywait over the lane's CQs (rma_cq too, which is then read once).
+    bool trywait_locked(OfiLane& l);
     /// Post (the rest of) a send or put/get: 0 when all of it is in the provider.
     ssize_t try_post_locked(OfiLane& l, OfiOp* op);
     void defer_locked(OfiLane& l, OfiOp* op);
     void to_provider_locked(OfiLane& l, OfiOp* op);
     void retry_deferred_locked(OfiLane& l);
+    /// `op` leaves the provider (off the inflight list, uncounted on its Remote).
+    void from_provider_locked(OfiLane& l, OfiOp* op);
+    /// `op` failed with its connection (the peer may be fine: rxm connects again on the next
+    /// post). True when it was put back on the deferred list to be posted again (kResends).
+    bool resend_locked(OfiLane& l, OfiOp* op);
+    /// A put/get fragment came back: once none is left, the op finishes or is posted again.
+    void rma_fragment_done_locked(OfiLane& l, OfiOp* op);
     void on_completion(OfiLane& l, const fi_cq_tagged_entry& e);
-    void on_error(OfiLane& l, const fi_cq_err_entry& e);
+    void on_error(OfiLane& l, fid_cq* cq, const fi_cq_err_entry& e);
     void on_rx(OfiLane& l, RxBuf* rb, const fi_cq_tagged_entry& e);
     void repost_rx(OfiLane& l, RxBuf* rb);
     void on_message(OfiLane& l, std::span<const std::byte> msg);

@@ -75,6 +75,14 @@ bool refused_by_target(int prov_errno) {
            pe == EFAULT || pe == FI_EKEYREJECTED;
 }
 
+/// The connection under an operation broke (rxm flushes what it held with FI_ECANCELED; a
+/// write into a socket the peer closed fails with FI_ENOTCONN, FI_EPIPE or FI_ECONNRESET):
+/// the peer may be fine, and rxm connects again on the next post. Not a refusal to connect.
+bool connection_broke(int err) {
+    return err == FI_ECANCELED || err == FI_ENOTCONN || err == EPIPE || err == FI_ECONNRESET ||
+           err == FI_ECONNABORTED;
+}
+
 bool peer_lost(Errc e) {
     return e == Errc::disconnected || e == Errc::unreachable;
 }
@@ -119,10 +127,23 @@ void OfiTransport::watch_dec(OfiLane& l, Remote* r) {
 void OfiTransport::to_provider_locked(OfiLane& l, OfiOp* op) {
     op->state = OpState::in_provider;
     l.inflight.push_back(*op);
+    if (op->rem) {
+        op->solo_post = op->rem->solo;
+        ++op->rem->in_provider;
+    }
+    if (op->completion.type == OpType::put || op->completion.type == OpType::get) ++l.rma_inflight;
+}
+
+void OfiTransport::from_provider_locked(OfiLane& l, OfiOp* op) {
+    l.inflight.erase(*op);
+    if (op->rem) --op->rem->in_provider;
+    if (op->completion.type == OpType::put || op->completion.type == OpType::get) --l.rma_inflight;
 }
 
 void OfiTransport::op_finished(OfiLane& l, OfiOp* op, Errc status) {
-    if (op->state == OpState::in_provider) l.inflight.erase(*op);
+    if (op->state == OpState::in_provider) from_provider_locked(l, op);
+    if (Remote* rem = op->rem; rem && rem->solo && rem->deferred == 0 && rem->in_provider == 0)
+        rem->solo = false;  // everything went again: back to posting freely
     if (op->bounce) {
         bounce_free(op->bounce);
         op->bounce = nullptr;
@@ -571,7 +592,7 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
         return;
     }
     if (op->cap <= prov_.inject_size && !op->bounce && rem->connected && rem->deferred == 0 &&
-        shm_local_peer_ok_locked(l, rem)) {
+        !rem->solo && shm_local_peer_ok_locked(l, rem)) {
         // Small: the provider copies it at once and reports no completion. (Not before the
         // first send to the endpoint completed: rxm refuses injects while it connects.)
         ssize_t rc = fi_inject(l.ep, op->buf, op->cap, rem->fi);
@@ -589,7 +610,7 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
     }
     op->counted = true;
     watch_inc(l, rem);
-    if (rem->deferred > 0) {
+    if (rem->deferred > 0 || (rem->solo && rem->in_provider > 0)) {
         defer_locked(l, op);  // behind the sends already waiting: messages stay in order
         return;
     }
@@ -639,10 +660,11 @@ ssize_t OfiTransport::try_post_locked(OfiLane& l, OfiOp* op) {
             msg.rma_iov = &riov;
             msg.rma_iov_count = 1;
             msg.context = static_cast<FiCtx*>(op);
-            rc = fi_writemsg(l.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+            rc =
+                fi_writemsg(l.rma_ep ? l.rma_ep : l.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
         } else {
-            rc = fi_read(l.ep, op->buf + off, n, op->desc, rem->fi, op->raddr + off, op->rkey,
-                         static_cast<FiCtx*>(op));
+            rc = fi_read(l.rma_ep ? l.rma_ep : l.ep, op->buf + off, n, op->desc, rem->fi,
+                         op->raddr + off, op->rkey, static_cast<FiCtx*>(op));
         }
         if (rc != 0) return rc;
         op->posted_bytes += n;
@@ -657,11 +679,58 @@ void OfiTransport::defer_locked(OfiLane& l, OfiOp* op) {
     ++op->rem->deferred;
 }
 
+bool OfiTransport::resend_locked(OfiLane& l, OfiOp* op) {
+    const bool rma = op->completion.type == OpType::put || op->completion.type == OpType::get;
+    if (op->resends >= kResends || (!rma && op->cap > kResendMax) || !op->ctx) return false;
+    Duration delay = kResendDelay;
+    for (uint8_t i = 0; i < op->resends; ++i)
+        delay *= 10;
+    ++op->resends;
+    TALARIA_LOG(ofi, debug, "{}: the connection to {} broke under a {}: posting it again in {} ms",
+                scheme_, ofi_addr(op->peer)->str, op_type_name(op->completion.type),
+                std::chrono::duration_cast<std::chrono::milliseconds>(delay).count());
+    if (op->state == OpState::in_provider) from_provider_locked(l, op);
+    op->rem->connected = false;  // no inject until a send on the new connection completes
+    op->rem->solo = true;
+    op->posted_bytes = 0;
+    op->resend = false;
+    op->retry_at = Clock::now() + delay;
+    l.resend_due = std::min(l.resend_due, op->retry_at);
+    defer_locked(l, op);
+    return true;
+}
+
+void OfiTransport::rma_fragment_done_locked(OfiLane& l, OfiOp* op) {
+    if (op->fragments > 0 || op->state == OpState::deferred) return;
+    if (op->resend && op->first_error == Errc::ok && !op->cancel_asked && resend_locked(l, op))
+        return;
+    if (op->resend && op->first_error == Errc::ok)
+        op->first_error = op->cancel_asked ? Errc::canceled : Errc::disconnected;
+    const Errc st = op->first_error;
+    Addr peer = op->resend && st == Errc::disconnected ? op->peer : Addr{};
+    op_finished(l, op, st);
+    if (peer) peer_failed_locked(l, ofi_addr(peer), st, "its connection broke again and again");
+}
+
 void OfiTransport::retry_deferred_locked(OfiLane& l) {
     ++l.pass;
+    const TimePoint now = l.resend_due != TimePoint::max() ? Clock::now() : TimePoint{};
+    l.resend_due = TimePoint::max();
     l.deferred.for_each_safe([&](OfiOp& op) {
         Remote* rem = op.rem;
         if (rem->stalled_pass == l.pass) return;  // keep its order: try again next pass
+        if (rem->solo && rem->in_provider > 0) {
+            rem->stalled_pass = l.pass;  // one at a time after its connection broke
+            return;
+        }
+        if (op.retry_at != TimePoint{}) {
+            if (now < op.retry_at) {
+                rem->stalled_pass = l.pass;
+                l.resend_due = std::min(l.resend_due, op.retry_at);
+                return;
+            }
+            op.retry_at = TimePoint{};
+        }
         ssize_t rc = try_post_locked(l, &op);
         if (rc == -FI_EAGAIN) {
             rem->stalled_pass = l.pass;
@@ -783,13 +852,22 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
                           fmt::format("remote range [{}, +{}) is outside the {}-byte region",
                                       remote_off, len, rm->length()));
     Addr owner = rm->local() ? self_ : rm->owner_addr;
-    if (owner && owner != remote_addr)
-        return fail_async(l, ctx, std::move(cb), type, Errc::invalid_argument,
-                          fmt::format("the remote handle was registered by {}, not by {}",
-                                      ofi_addr(owner)->str, peer->str));
-    if (peer->dead.load(std::memory_order_relaxed))
+    if (peer->dead.load(std::memory_order_relaxed) ||
+        (owner && ofi_addr(owner)->dead.load(std::memory_order_relaxed)))
         return fail_async(l, ctx, std::move(cb), type, Errc::disconnected,
-                          fmt::format("{} was declared dead", peer->str));
+                          fmt::format("{} was declared dead (a handle or address of that process "
+                                      "stays dead; look the peer up again for a new process)",
+                                      owner ? ofi_addr(owner)->str : peer->str));
+    if (owner && owner != remote_addr)
+        return fail_async(
+            l, ctx, std::move(cb), type, Errc::invalid_argument,
+            ofi_addr(owner)->str == peer->str
+                ? fmt::format("the remote handle belongs to an earlier process at {} than the "
+                              "address passed (the peer was looked up again after it was "
+                              "declared dead)",
+                              peer->str)
+                : fmt::format("the remote handle was registered by {}, not by {}",
+                              ofi_addr(owner)->str, peer->str));
     if (len == 0) return fail_async(l, ctx, std::move(cb), type, Errc::ok, "empty transfer");
     // Registrations are the domain's: any endpoint of the owner serves them; its context 0's
     // is the one every peer knows.
@@ -812,7 +890,7 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     op->rem = rem;
     op->counted = true;
     watch_inc(l, rem);
-    if (rem->deferred > 0) {
+    if (rem->deferred > 0 || (rem->solo && rem->in_provider > 0)) {
         defer_locked(l, op);
         return id;
     }
@@ -880,7 +958,8 @@ Result<void> OfiTransport::cancel(OpId id) {
         // Sends and put/get in the provider: ask it; if it cannot stop them they complete
         // normally (fi_cancel reports completion through the CQ either way).
         op->cancel_asked = true;
-        fi_cancel(&l->ep->fid, static_cast<FiCtx*>(op));
+        const bool rma = op->completion.type == OpType::put || op->completion.type == OpType::get;
+        fi_cancel(rma && l->rma_ep ? &l->rma_ep->fid : &l->ep->fid, static_cast<FiCtx*>(op));
     }
     return ok();
 }
@@ -1103,6 +1182,7 @@ void OfiTransport::on_completion(OfiLane& l, const fi_cq_tagged_entry& e) {
             auto* m = static_cast<Ctl*>(c);
             if (m->probe) {
                 m->rem->probing = false;
+                m->rem->probe_breaks = 0;
                 m->rem->connected = true;
                 m->rem->heard = Clock::now();
                 m->rem = nullptr;
@@ -1115,8 +1195,8 @@ void OfiTransport::on_completion(OfiLane& l, const fi_cq_tagged_entry& e) {
         case FiCtx::Kind::op: {
             auto* op = static_cast<OfiOp*>(c);
             if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
-                if (--op->fragments == 0 && op->state != OpState::deferred)
-                    op_finished(l, op, op->first_error);
+                --op->fragments;
+                rma_fragment_done_locked(l, op);
             } else {
                 op->rem->connected = true;
                 op_finished(l, op, Errc::ok);
@@ -1126,10 +1206,10 @@ void OfiTransport::on_completion(OfiLane& l, const fi_cq_tagged_entry& e) {
     }
 }
 
-void OfiTransport::on_error(OfiLane& l, const fi_cq_err_entry& e) {
+void OfiTransport::on_error(OfiLane& l, fid_cq* cq, const fi_cq_err_entry& e) {
     auto* c = static_cast<FiCtx*>(e.op_context);
     char buf[256] = {};
-    const char* perr = fi_cq_strerror(l.cq, e.prov_errno, e.err_data, buf, sizeof buf);
+    const char* perr = fi_cq_strerror(cq, e.prov_errno, e.err_data, buf, sizeof buf);
     std::string why =
         fmt::format("{} (provider {}: {})", fi_strerror(e.err), prov_.prov_name, perr ? perr : "");
     if (!c) {
@@ -1158,9 +1238,18 @@ void OfiTransport::on_error(OfiLane& l, const fi_cq_err_entry& e) {
                 break;
             }
             Addr peer = std::move(m->peer);
-            m->rem->probing = false;
+            Remote* rem = m->rem;
+            rem->probing = false;
             m->rem = nullptr;
             m->probe = false;
+            if (connection_broke(err) && rem->probe_breaks < kResends) {
+                // As for an op (kResends): the next look probes again, on a new connection.
+                ++rem->probe_breaks;
+                rem->heard = TimePoint{};
+                TALARIA_LOG(ofi, debug, "{}: a probe of {} met a broken connection: {}", scheme_,
+                            ofi_addr(peer)->str, why);
+                break;
+            }
             peer_failed_locked(l, ofi_addr(peer), Errc::disconnected, "probe failed: " + why);
             break;
         }
@@ -1171,17 +1260,33 @@ void OfiTransport::on_error(OfiLane& l, const fi_cq_err_entry& e) {
             // a lost peer unless we asked for the cancel.
             const bool rma =
                 op->completion.type == OpType::put || op->completion.type == OpType::get;
+            // The tcp provider closes the connection whose target refused a put/get, and
+            // rxm fails everything it held there alike (FI_ECANCELED): post each again, one
+            // at a time. The one that fails again while alone is the refused one.
+            const bool refused = rma && err == FI_ECANCELED && !op->cancel_asked && op->solo_post &&
+                                 refused_by_target(e.prov_errno);
+            if (!op->cancel_asked && !refused && connection_broke(err) && op->peer &&
+                !ofi_addr(op->peer)->dead.load(std::memory_order_relaxed)) {
+                if (op->rem) op->rem->solo = true;
+                if (rma) {
+                    op->resend = true;
+                    --op->fragments;
+                    rma_fragment_done_locked(l, op);
+                    break;
+                }
+                if (resend_locked(l, op)) break;
+            }
             if (st == Errc::canceled && !op->cancel_asked) {
-                if (rma && refused_by_target(e.prov_errno))
+                if (refused)
                     st = Errc::access_denied;  // this op alone: the peer is fine
                 else
                     st = op->first_error != Errc::ok ? op->first_error : Errc::disconnected;
             }
             Addr peer = op->peer;
-            if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
+            if (rma) {
                 if (op->first_error == Errc::ok) op->first_error = st;
-                if (--op->fragments == 0 && op->state != OpState::deferred)
-                    op_finished(l, op, op->first_error);
+                --op->fragments;
+                rma_fragment_done_locked(l, op);
             } else {
                 op_finished(l, op, st);
             }
@@ -1198,9 +1303,29 @@ void OfiTransport::poll_cq_locked(OfiLane& l) {
         bool& f;
         ~Done() { f = false; }
     } done{l.polling};
+    // While put/get are in flight, a pass that found no message reads the message CQ again
+    // only every 4th pass (on tcp each read is a system call).
+    if (l.rma_inflight == 0 || l.cq_busy || (++l.rma_skip & 3) == 0)
+        l.cq_busy = poll_one_cq_locked(l, l.cq);
+    if (l.rma_cq && (l.rma_inflight > 0 || l.rma_poke || !l.deferred.empty())) {
+        l.rma_poke = false;
+        poll_one_cq_locked(l, l.rma_cq);
+    }
+}
+
+bool OfiTransport::trywait_locked(OfiLane& l) {
+    fid* f[2] = {&l.cq->fid, l.rma_cq ? &l.rma_cq->fid : nullptr};
+    if (fi_trywait(fabric_, f, l.rma_cq ? 2 : 1) == FI_SUCCESS) return true;
+    l.rma_poke = l.rma_cq != nullptr;
+    return false;
+}
+
+bool OfiTransport::poll_one_cq_locked(OfiLane& l, fid_cq* cq) {
     fi_cq_tagged_entry entries[kCqBatch];
+    bool found = false;
     for (int round = 0; round < 4; ++round) {
-        ssize_t n = fi_cq_read(l.cq, entries, kCqBatch);
+        ssize_t n = fi_cq_read(cq, entries, kCqBatch);
+        found = found || n > 0 || n == -FI_EAVAIL;
         if (n > 0) {
             if (!prov_.wait_fd) {
                 l.last_completion = Clock::now();
@@ -1213,7 +1338,7 @@ void OfiTransport::poll_cq_locked(OfiLane& l) {
         }
         if (n == -FI_EAVAIL) {
             fi_cq_err_entry err{};
-            if (fi_cq_readerr(l.cq, &err, 0) > 0) on_error(l, err);
+            if (fi_cq_readerr(cq, &err, 0) > 0) on_error(l, cq, err);
             continue;
         }
         if (n != -FI_EAGAIN)
@@ -1221,6 +1346,7 @@ void OfiTransport::poll_cq_locked(OfiLane& l) {
                         fi_strerror(int(-n)));
         break;
     }
+    return found;
 }
 
 // --- peer death ----------------------------------------------------------------------------------
@@ -1492,6 +1618,7 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
     for (;;) {
         bool block_ok;
         bool watching;
+        TimePoint resend_due;
         {
             std::lock_guard g(l.mu);
             poll_cq_locked(l);
@@ -1509,8 +1636,7 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
             // Block only when the provider says nothing is pending (fi_trywait), else poll.
             block_ok = true;
             if (prov_.wait_fd) {
-                fid* f = &l.cq->fid;
-                block_ok = fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
+                block_ok = trywait_locked(l);
             } else {
                 // Without a wait fd (shm): poll on while the lane was active a moment ago,
                 // else sleep one slice (the timer wakes us; see kPollSpin).
@@ -1518,13 +1644,16 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
             }
             watching =
                 !l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty();
+            resend_due = l.resend_due;
         }
         if (!block_ok) continue;
         if (!ctx.prepare_block()) return ok();
         int ms = ms_until(deadline);
         if (watching) {
-            int cap = int(
-                std::chrono::duration_cast<std::chrono::milliseconds>(kProbeCheckEvery).count());
+            Duration until = kProbeCheckEvery;
+            if (resend_due != TimePoint::max())
+                until = std::clamp<Duration>(resend_due - Clock::now(), Duration::zero(), until);
+            int cap = int(std::chrono::ceil<std::chrono::milliseconds>(until).count());
             if (ms < 0 || ms > cap) ms = cap;
         }
         epoll_event ev;
@@ -1540,10 +1669,7 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
 bool OfiTransport::try_wait_for(Context& ctx) {
     OfiLane& l = lane_of(ctx);
     std::lock_guard g(l.mu);
-    if (prov_.wait_fd) {
-        fid* f = &l.cq->fid;
-        if (fi_trywait(fabric_, &f, 1) != FI_SUCCESS) return false;
-    }
+    if (prov_.wait_fd && !trywait_locked(l)) return false;
     // The timer makes the lane's fd readable for what no fd announces: the poll-sleep without
     // a wait fd, the probing of watched peers, locates and deferred posts to retry.
     if (!prov_.wait_fd) return poll_sleep_armed(l);
@@ -1551,8 +1677,13 @@ bool OfiTransport::try_wait_for(Context& ctx) {
     while (::read(l.timer_fd, &ticks, sizeof ticks) > 0) {
     }
     itimerspec its{};
-    if (!l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty())
-        its.it_value.tv_nsec = long(std::chrono::nanoseconds(kProbeCheckEvery).count());
+    if (!l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty()) {
+        Duration until = kProbeCheckEvery;
+        if (l.resend_due != TimePoint::max())
+            until = std::clamp<Duration>(l.resend_due - Clock::now(), std::chrono::microseconds(1),
+                                         until);
+        its.it_value.tv_nsec = long(std::chrono::nanoseconds(until).count());
+    }
     ::timerfd_settime(l.timer_fd, 0, &its, nullptr);
     return true;
 }

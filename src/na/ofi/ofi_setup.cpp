@@ -341,12 +341,42 @@ Result<void> OfiTransport::lane_open(OfiLane& l) {
                                  "transport carries at most {}",
                                  scheme_, prov_.prov_name, len, kMaxRawAddr));
     l.raw.assign(name, len);
+    if (prov_.prov_name.find("ofi_rxm") != std::string::npos) {
+        // Put/get on a connection of their own (OfiLane::rma_ep), at a port of the system's
+        // choosing.
+        fi_info* rinfo = info;
+        FreeInfo rown;
+        if (info->src_addr &&
+            (prov_.addr_format == FI_SOCKADDR_IN || prov_.addr_format == FI_SOCKADDR_IN6) &&
+            info == info_) {
+            rown.i = fi_dupinfo(info_);
+            if (!rown.i) return Error(Errc::no_memory, "ofi: fi_dupinfo failed");
+            rinfo = rown.i;
+            if (prov_.addr_format == FI_SOCKADDR_IN)
+                static_cast<sockaddr_in*>(rinfo->src_addr)->sin_port = 0;
+            else
+                static_cast<sockaddr_in6*>(rinfo->src_addr)->sin6_port = 0;
+        }
+        if ((rc = fi_cq_open(domain_, &cq_attr, &l.rma_cq, nullptr)) != 0 ||
+            (prov_.wait_fd && (rc = fi_control(&l.rma_cq->fid, FI_GETWAIT, &l.rma_cq_fd)) != 0))
+            return Error(Errc::io_error,
+                         fmt::format("{}: {} for the put/get endpoint of context {}", sub,
+                                     fi_err("fi_cq_open/fi_control(FI_GETWAIT)", rc), l.id));
+        if ((rc = fi_endpoint(domain_, rinfo, &l.rma_ep, nullptr)) != 0 ||
+            (rc = fi_ep_bind(l.rma_ep, &l.rma_cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+            (rc = fi_ep_bind(l.rma_ep, &l.av->fid, 0)) != 0 || (rc = fi_enable(l.rma_ep)) != 0)
+            return Error(Errc::io_error,
+                         fmt::format("{}: {} for the put/get endpoint of context {}", sub,
+                                     fi_err("fi_endpoint/fi_ep_bind/fi_enable", rc), l.id));
+    }
     if (l.id == 0 && prov_.addr_format == FI_ADDR_STR && l.raw.find("://") != std::string::npos)
         raw_prefix_ = l.raw.substr(0, l.raw.find("://") + 3);
 
     l.timer_fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (l.timer_fd < 0) return errno_error("ofi: timerfd_create", errno);
-    l.pfd = l.cq_fd >= 0 ? epoll_set_of({l.timer_fd, l.cq_fd}) : epoll_set_of({l.timer_fd});
+    l.pfd = l.cq_fd < 0       ? epoll_set_of({l.timer_fd})
+            : l.rma_cq_fd < 0 ? epoll_set_of({l.timer_fd, l.cq_fd})
+                              : epoll_set_of({l.timer_fd, l.cq_fd, l.rma_cq_fd});
     if (l.pfd < 0)
         return Error(Errc::io_error, fmt::format("ofi: context {}: {}", l.id, kEpollSetRemedy));
 
@@ -413,7 +443,9 @@ void OfiTransport::lane_close(OfiLane& l) noexcept {
                 ::shm_unlink(raw.substr(raw.find("://") + 3).c_str());
         }
     }
-    // The endpoint first: it stops using every buffer posted to it and every peer.
+    // The endpoints first: they stop using every buffer posted to them and every peer.
+    close_fid(l.rma_ep ? &l.rma_ep->fid : nullptr, "put/get endpoint", prov_.prov_name);
+    l.rma_ep = nullptr;
     close_fid(l.ep ? &l.ep->fid : nullptr, "endpoint", prov_.prov_name);
     l.ep = nullptr;
     // Ops still posted, held by the provider, routing or deferred never complete (destroying
@@ -448,6 +480,10 @@ void OfiTransport::lane_close(OfiLane& l) noexcept {
     l.rx_mr = nullptr;
     close_fid(l.av ? &l.av->fid : nullptr, "address vector", prov_.prov_name);
     l.av = nullptr;
+    close_fid(l.rma_cq ? &l.rma_cq->fid : nullptr, "put/get completion queue", prov_.prov_name);
+    l.rma_cq = nullptr;
+    l.rma_cq_fd = -1;
+    l.rma_inflight = 0;
     close_fid(l.cq ? &l.cq->fid : nullptr, "completion queue", prov_.prov_name);
     l.cq = nullptr;
     if (l.pfd >= 0) ::close(l.pfd);
