@@ -280,24 +280,25 @@ Result<void> OfiTransport::lane_open(OfiLane& l) {
         return Error(Errc::io_error,
                      fmt::format("{}: {} for context {}", sub, fi_err("fi_av_open", rc), l.id));
     // Lane 0 listens where the address asked (its endpoint is the transport's address); the
-    // others on the same interface, at a port of the system's choosing.
-    fi_info* info = info_;
+    // others, and every put/get endpoint (rma_ep), on the same interface, at a port of the
+    // system's choosing.
+    const bool rma_ep = prov_.prov_name.find("ofi_rxm") != std::string::npos;
     struct FreeInfo {
         fi_info* i = nullptr;
         ~FreeInfo() {
             if (i) fi_freeinfo(i);
         }
-    } own;
-    if (l.id != 0 && info_->src_addr &&
+    } any_port;
+    if ((l.id != 0 || rma_ep) && info_->src_addr &&
         (prov_.addr_format == FI_SOCKADDR_IN || prov_.addr_format == FI_SOCKADDR_IN6)) {
-        own.i = fi_dupinfo(info_);
-        if (!own.i) return Error(Errc::no_memory, "ofi: fi_dupinfo failed");
-        info = own.i;
+        any_port.i = fi_dupinfo(info_);
+        if (!any_port.i) return Error(Errc::no_memory, "ofi: fi_dupinfo failed");
         if (prov_.addr_format == FI_SOCKADDR_IN)
-            static_cast<sockaddr_in*>(info->src_addr)->sin_port = 0;
+            static_cast<sockaddr_in*>(any_port.i->src_addr)->sin_port = 0;
         else
-            static_cast<sockaddr_in6*>(info->src_addr)->sin6_port = 0;
+            static_cast<sockaddr_in6*>(any_port.i->src_addr)->sin6_port = 0;
     }
+    fi_info* const info = l.id != 0 && any_port.i ? any_port.i : info_;
     if ((rc = fi_endpoint(domain_, info, &l.ep, nullptr)) != 0)
         return Error(Errc::io_error,
                      fmt::format("{}: {} for context {}", sub, fi_err("fi_endpoint", rc), l.id));
@@ -341,22 +342,9 @@ Result<void> OfiTransport::lane_open(OfiLane& l) {
                                  "transport carries at most {}",
                                  scheme_, prov_.prov_name, len, kMaxRawAddr));
     l.raw.assign(name, len);
-    if (prov_.prov_name.find("ofi_rxm") != std::string::npos) {
-        // Put/get on a connection of their own (OfiLane::rma_ep), at a port of the system's
-        // choosing.
-        fi_info* rinfo = info;
-        FreeInfo rown;
-        if (info->src_addr &&
-            (prov_.addr_format == FI_SOCKADDR_IN || prov_.addr_format == FI_SOCKADDR_IN6) &&
-            info == info_) {
-            rown.i = fi_dupinfo(info_);
-            if (!rown.i) return Error(Errc::no_memory, "ofi: fi_dupinfo failed");
-            rinfo = rown.i;
-            if (prov_.addr_format == FI_SOCKADDR_IN)
-                static_cast<sockaddr_in*>(rinfo->src_addr)->sin_port = 0;
-            else
-                static_cast<sockaddr_in6*>(rinfo->src_addr)->sin6_port = 0;
-        }
+    if (rma_ep) {
+        // Put/get on a connection of their own (OfiLane::rma_ep).
+        fi_info* const rinfo = any_port.i ? any_port.i : info_;
         if ((rc = fi_cq_open(domain_, &cq_attr, &l.rma_cq, nullptr)) != 0 ||
             (prov_.wait_fd && (rc = fi_control(&l.rma_cq->fid, FI_GETWAIT, &l.rma_cq_fd)) != 0))
             return Error(Errc::io_error,
