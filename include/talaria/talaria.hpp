@@ -7,8 +7,8 @@
 //   int sum = client.remote<int(int, int)>("sum").on(ep)(40, 2).get();
 //
 // Engine (engine.hpp), Procedure (procedure.hpp), Future (future.hpp), Task and sync_wait
-// (task.hpp), Endpoint, Request, Bulk. Errors: talaria::Exception, or the try_ twins that
-// return Result<T>. docs/architecture.md explains the layers underneath.
+// (task.hpp), Endpoint, Request, Bulk; version() (version.hpp). Errors: talaria::Exception, or
+// the try_ twins that return Result<T>. docs/architecture.md explains the layers underneath.
 #pragma once
 
 #include "talaria/api/define.hpp"
@@ -18,3 +18,4 @@
 #include "talaria/api/future.hpp"
 #include "talaria/api/procedure.hpp"
 #include "talaria/api/task.hpp"
+#include "talaria/version.hpp"

@@ -15,6 +15,7 @@
 
 #include "info.hpp"
 #include "talaria/config.hpp"
+#include "talaria/version.hpp"
 
 namespace {
 
@@ -79,6 +80,8 @@ int main(int argc, char** argv) {
     CLI::App app{
         "talaria-info: transports built into Talaria, and the libfabric providers and "
         "UCX transports this machine has"};
+    app.set_version_flag("--version",
+                         std::string("talaria-info ") + std::string(talaria::version().string));
     bool json = false;
     std::vector<std::string> only;
     app.add_flag("--json", json, "Print one JSON object instead of tables");

@@ -16,6 +16,7 @@
 #include "app.hpp"
 #include "backend.hpp"
 #include "talaria/config.hpp"
+#include "talaria/version.hpp"
 #if TALARIA_HAVE_OFI
 #include "raw_ofi_rma.hpp"
 #endif
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
         "talaria-perf: Talaria benchmarks with raw baselines measured in the same run.\n"
         "Without arguments: the default set on sm and tcp, against a server it starts itself."};
     app.require_subcommand(0, 0);  // several layers may be named: `rpc bulk`
+    app.set_version_flag("--version",
+                         std::string("talaria-perf ") + std::string(talaria::version().string));
 
     ClientOptions c;
     for (int i = 0; i < argc; ++i)

@@ -10,6 +10,13 @@
 
 int main() {
     std::printf("talaria %s\n", TALARIA_VERSION);
+    // The installed version header and the installed library agree.
+    if (talaria::version().string != TALARIA_VERSION_STRING ||
+        talaria::version().number() != TALARIA_VERSION_NUMBER) {
+        std::printf("headers %s, library %.*s\n", TALARIA_VERSION_STRING,
+                    int(talaria::version().string.size()), talaria::version().string.data());
+        return 1;
+    }
     for (auto scheme : talaria::na::transports_built()) {
         // ofi and ucx are families: name a provider / UCX transports.
         std::string addr = std::string(scheme);
