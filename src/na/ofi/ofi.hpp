@@ -341,22 +341,22 @@ class OfiLane {
     /// rxm-based providers: the endpoint put/get go out on, so they never share a connection
     /// with messages. The tcp provider closes a connection whose target refuses a put/get,
     /// discarding what followed it there: a message already reported sent would be lost,
-    /// while a put/get behind it fails and goes again (kResends). Posts no receives. Null elsewhere (put/get go out on `ep`). Its CQ, `rma_cq`, is read
-    /// only while put/get are in the provider (`rma_inflight`) or after fi_trywait found
-    /// something on it (`rma_poke`): a lane that only sends messages pays nothing for it.
-    /// Same AV as `ep`.
+    /// while a put/get behind it fails and goes again (kResends). Posts no receives. Null elsewhere
+    /// (put/get go out on `ep`). Its CQ, `rma_cq`, is read only while put/get are in the provider
+    /// (`rma_inflight`) or after fi_trywait found something on it (`rma_poke`): a lane that only
+    /// sends messages pays nothing for it. Same AV as `ep`.
     fid_ep* rma_ep = nullptr;
     fid_cq* rma_cq = nullptr;
     int rma_cq_fd = -1;
     uint32_t rma_inflight = 0;
     bool rma_poke = false;
-    uint32_t rma_skip = 0;
-    bool cq_busy = false;  ///< the last read of `cq` found something
+    uint32_t rma_skip = 0;  ///< passes while put/get are in flight (`cq` read every 4th)
+    bool cq_busy = false;   ///< the last read of `cq` found something
     fid_cq* cq = nullptr;
     fid_av* av = nullptr;
     int cq_fd = -1;        ///< the CQ's wait fd, or -1
     int timer_fd = -1;     ///< one-shot timer: poll-sleep without a wait fd, and peer probing
-    int pfd = -1;          ///< epoll over cq_fd and timer_fd (in the context's wait set)
+    int pfd = -1;          ///< epoll over cq_fd, rma_cq_fd and timer_fd (in the context's wait set)
     std::string raw;       ///< our endpoint's provider address (immutable once made)
     std::string shm_name;  ///< shm: our region name (its /dev/shm file)
     std::byte header[kHeaderRoom]{};  ///< header template (kind/ctx/tag/flags patched per send)

@@ -707,14 +707,18 @@ void OfiTransport::rma_fragment_done_locked(OfiLane& l, OfiOp* op) {
     if (op->resend && op->first_error == Errc::ok)
         op->first_error = op->cancel_asked ? Errc::canceled : Errc::disconnected;
     const Errc st = op->first_error;
+    const OpType op_type = op->completion.type;
     Addr peer = op->resend && st == Errc::disconnected ? op->peer : Addr{};
     op_finished(l, op, st);
-    if (peer) peer_failed_locked(l, ofi_addr(peer), st, "its connection broke again and again");
+    if (peer)
+        peer_failed_locked(l, ofi_addr(peer), st,
+                           fmt::format("its connection broke under the same {} {} times in a row",
+                                       op_type_name(op_type), kResends + 1));
 }
 
 void OfiTransport::retry_deferred_locked(OfiLane& l) {
     ++l.pass;
-    const TimePoint now = l.resend_due != TimePoint::max() ? Clock::now() : TimePoint{};
+    TimePoint now{};  // read once, on the first op waiting to be posted again
     l.resend_due = TimePoint::max();
     l.deferred.for_each_safe([&](OfiOp& op) {
         Remote* rem = op.rem;
@@ -724,6 +728,7 @@ void OfiTransport::retry_deferred_locked(OfiLane& l) {
             return;
         }
         if (op.retry_at != TimePoint{}) {
+            if (now == TimePoint{}) now = Clock::now();
             if (now < op.retry_at) {
                 rem->stalled_pass = l.pass;
                 l.resend_due = std::min(l.resend_due, op.retry_at);
