@@ -11,6 +11,8 @@
 // the try_ twins that return Result<T>. docs/architecture.md explains the layers underneath.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include "talaria/api/define.hpp"
 #include "talaria/api/endpoint.hpp"
 #include "talaria/api/engine.hpp"
@@ -18,4 +20,7 @@
 #include "talaria/api/future.hpp"
 #include "talaria/api/procedure.hpp"
 #include "talaria/api/task.hpp"
+#include "talaria/api/when.hpp"
 #include "talaria/version.hpp"
+
+#pragma GCC visibility pop

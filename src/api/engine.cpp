@@ -560,8 +560,14 @@ Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Er
     std::string detail = e.message().empty() ? std::string() : ": " + e.message();
     switch (e.code()) {
         case Errc::not_found:
-            return Error(Errc::not_found, fmt::format("no procedure '{}' (id {:#010x}) at {}{}",
-                                                      name, id, where, detail));
+            // The peer's core answers an id it does not know with "no RPC with id ... is
+            // registered at ...": say that once, with the name the caller used. Any other
+            // not_found (a context the peer lacks, a handler's own) keeps the peer's words.
+            if (e.message().starts_with(core::kNoRpcMessage))
+                return Error(Errc::not_found,
+                             fmt::format("no procedure '{}' (id {:#010x}) is registered at {}",
+                                         name, id, where));
+            return Error(Errc::not_found, fmt::format("rpc '{}' to {}{}", name, where, detail));
         case Errc::timeout:
             return Error(Errc::timeout,
                          fmt::format("rpc '{}' to {} timed out{}", name, where, detail));

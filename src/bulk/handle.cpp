@@ -1,5 +1,5 @@
 // bulk::Handle: registration of local segments, and the encoding peers exchange
-// (docs/fragments/bulk.md, "bulk handle").
+// (docs/protocol.md, "bulk handle").
 #include <algorithm>
 #include <cstring>
 #include <limits>

@@ -14,7 +14,7 @@
 
 namespace talaria::bulk {
 
-/// Encoding constants (docs/fragments/bulk.md, "bulk handle").
+/// Encoding constants (docs/protocol.md, "bulk handle").
 inline constexpr uint8_t kEncodingVersion = 1;  ///< high nibble of the first byte
 inline constexpr uint8_t kFlagInline = 0x01;    ///< segment bytes follow instead of mem handles
 inline constexpr uint8_t kFlagHasOwner = 0x02;  ///< an owner address follows the segments

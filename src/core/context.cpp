@@ -261,14 +261,16 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
         TALARIA_LOG(core, info, "context {}: peer {} failed ({}): {} calls fail", id, who,
                     errc_name(c.status), failed.size());
     Errc code = c.status == Errc::unreachable ? Errc::unreachable : Errc::disconnected;
+    std::string why = failed.empty() ? std::string() : t->peer_failure(p_addr);
     for (auto& fn : failed) {
         CtxCounters::add(counters.errors);
         if (fn)
-            run_response(fn, p_addr,
-                         Error{code, fmt::format("the peer {} {}", who,
-                                                 code == Errc::unreachable
-                                                     ? "cannot be reached"
-                                                     : "disconnected (closed or died)")});
+            run_response(
+                fn, p_addr,
+                Error{code, fmt::format("the peer {} {}{}", who,
+                                        code == Errc::unreachable ? "cannot be reached"
+                                                                  : "disconnected (closed or died)",
+                                        why.empty() ? "" : ": " + why)});
     }
 }
 
@@ -430,10 +432,25 @@ void Context::Impl::on_call_sent(uint32_t seq, bool one_way, Errc status) {
         return;
     }
     if (status == Errc::ok) return;
-    complete_call(seq, nullptr,
-                  Error{status == Errc::canceled ? Errc::canceled : status,
-                        fmt::format("the call could not be sent: {}", errc_name(status))},
-                  false);
+    // The transport's words for why its peer cannot be reached, where it keeps them (a refused
+    // connection, with the remedy), else the status's name.
+    std::string why;
+    if (status == Errc::unreachable || status == Errc::disconnected ||
+        status == Errc::protocol_error || status == Errc::access_denied) {
+        na::Addr dest;
+        {
+            std::lock_guard g(mu);
+            uint32_t idx = seq & 0xFFFF;
+            if (idx < slots.size() && slots[idx].seq == seq && slots[idx].peer)
+                dest = slots[idx].peer->addr;
+        }
+        if (dest.valid()) why = t->peer_failure(dest);
+    }
+    complete_call(
+        seq, nullptr,
+        Error{status == Errc::canceled ? Errc::canceled : status,
+              why.empty() ? fmt::format("the call could not be sent: {}", errc_name(status)) : why},
+        false);
 }
 
 bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,

@@ -61,7 +61,8 @@ Result<void> Registry::add(RpcId id, std::string_view name, Handler h) {
 Result<void> Registry::remove(RpcId id) {
     std::lock_guard g(mu_);
     RpcEntry* e = find(id);
-    if (!e) return Error{Errc::not_found, fmt::format("no RPC with id {:#010x} is registered", id)};
+    if (!e)
+        return Error{Errc::not_found, fmt::format("{} {:#010x} is registered", kNoRpcMessage, id)};
     e->live.store(false, std::memory_order_release);
     return ok();
 }

@@ -114,8 +114,8 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
             return;
         }
         (void)req.respond_error(
-            Errc::not_found,
-            fmt::format("no RPC with id {:#010x} is registered at {}", h.rpc_id, eng->self_string));
+            Errc::not_found, fmt::format("{} {:#010x} is registered at {}", kNoRpcMessage, h.rpc_id,
+                                         eng->self_string));
         return;
     }
     auto load = admit(source);
@@ -351,7 +351,7 @@ Result<void> Context::Impl::admit_large(const wire::Header& h, uint64_t total) {
     // Arguments: nothing is allocated for a procedure this engine does not have...
     RpcEntry* e = eng->registry.find(h.rpc_id);
     if (!e || !e->live.load(std::memory_order_relaxed))
-        return Error{Errc::not_found, fmt::format("no RPC with id {:#010x} is registered at {}",
+        return Error{Errc::not_found, fmt::format("{} {:#010x} is registered at {}", kNoRpcMessage,
                                                   h.rpc_id, eng->self_string)};
     // ...nor past the budget of large arguments held at once.
     if (!eng->reserve_large(total))

@@ -8,6 +8,8 @@
 // std::exception becomes Errc::internal).
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <exception>
 #include <memory>
 #include <string>
@@ -168,3 +170,5 @@ Result<void> Engine::try_define(std::string_view name, F&& f) {
 }
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // Endpoint: a peer as the api layer names it (an na::Addr plus the engine that resolved it).
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <string>
 #include <utility>
 
@@ -40,3 +42,5 @@ class Endpoint {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

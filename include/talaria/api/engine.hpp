@@ -10,6 +10,8 @@
 // trigger(ctx) (Future::get() and sync_wait() drive them while they wait).
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -217,7 +219,7 @@ class Request {
     Result<void> try_respond(const T& v) {
         static_assert(detail::serializable_v<T>,
                       "talaria: a response type must be serializable with proc (see "
-                      "docs/fragments/proc.md)");
+                      "docs/architecture.md, Making a type serializable)");
         // Encoded once, straight into the send buffer (see Procedure::operator()).
         detail::EncodeInPlace<T> write(v);
         auto r = req_.respond_in_place(write);
@@ -372,3 +374,5 @@ class Engine {
 
 #include "talaria/api/define.hpp"
 #include "talaria/api/procedure.hpp"
+
+#pragma GCC visibility pop

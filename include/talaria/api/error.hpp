@@ -2,6 +2,8 @@
 // Only this layer throws; every throwing call has a try_ twin that returns the Result instead.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -38,3 +40,5 @@ inline void value_or_throw(Result<void>&& r) {
 
 }  // namespace detail
 }  // namespace talaria
+
+#pragma GCC visibility pop

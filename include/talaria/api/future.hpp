@@ -13,6 +13,8 @@
 // (the coroutine resumes on the completing thread). Exactly one of them, once.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <atomic>
 #include <chrono>
 #include <coroutine>
@@ -398,3 +400,5 @@ class [[nodiscard]] Future {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

@@ -6,6 +6,8 @@
 // arrives.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -190,3 +192,5 @@ Procedure<Sig> Engine::remote(std::string_view name) {
 }
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

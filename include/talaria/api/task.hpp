@@ -7,6 +7,8 @@
 // is done, driving a manual engine's progress itself when the chain waits on one.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <condition_variable>
 #include <coroutine>
 #include <exception>
@@ -178,3 +180,5 @@ T Task<T>::get() && {
 }
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

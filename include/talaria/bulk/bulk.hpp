@@ -12,6 +12,8 @@
 // decoded handle is a memcpy (no network operation). The bytes are those at serialization time.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -163,3 +165,5 @@ class Context {
 };
 
 }  // namespace talaria::bulk
+
+#pragma GCC visibility pop

@@ -23,6 +23,8 @@
 // forward_in_place() and respond_in_place() let the caller write them into the send buffer.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <atomic>
 #include <climits>
 #include <cstddef>
@@ -56,6 +58,11 @@ constexpr RpcId rpc_id(std::string_view name) noexcept {
     if (h == 0 || h >= 0xFFFFFF00u) h ^= 0x80000001u;  // keep clear of the reserved ids
     return h;
 }
+
+/// How the message of a `not_found` answer to an unregistered id begins ("no RPC with id
+/// 0x........ is registered at <address>"), so that the API can tell it from a handler's own
+/// not_found (docs/protocol.md).
+inline constexpr std::string_view kNoRpcMessage = "no RPC with id";
 
 class Engine;
 class Context;
@@ -368,3 +375,5 @@ class Engine {
 };
 
 }  // namespace talaria::core
+
+#pragma GCC visibility pop

@@ -19,6 +19,8 @@
 // takes no locks.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <atomic>
 #include <climits>
 #include <cstddef>
@@ -386,6 +388,15 @@ class Transport {
         (void)a;
         return {};
     }
+    /// Why the last attempt to connect to `a` failed, in words that name the cause and the
+    /// remedy ("connection refused by 127.0.0.1:5000 (ECONNREFUSED): is the server running,
+    /// and listening on that address?"); empty when none failed or the transport keeps no such
+    /// record. The layer above puts it in the error of a call that could not be sent (operations
+    /// complete with an Errc only). Not for a fast path: it may take a lock.
+    virtual std::string peer_failure(const Addr& a) {
+        (void)a;
+        return {};
+    }
     /// Serialized form (self-contained: a peer deserializes it with addr_deserialize).
     virtual std::size_t addr_serialize_size(const Addr& a) = 0;
     virtual Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) = 0;
@@ -577,3 +588,5 @@ std::span<const EnvSetting> recommended_env() noexcept;
 std::vector<std::string_view> transports_built();
 
 }  // namespace talaria::na
+
+#pragma GCC visibility pop

@@ -16,6 +16,8 @@
 // so hostile input cannot exhaust the stack through a recursive type.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -306,3 +308,5 @@ class Decoder {
 };
 
 }  // namespace talaria::proc
+
+#pragma GCC visibility pop

@@ -18,6 +18,8 @@
 // therefore not modify the object when `Archive::encoding`.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -680,3 +682,5 @@ inline Result<T> decode_as(std::span<const std::byte> in, const DecodeContext& c
 }
 
 }  // namespace talaria::proc
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // Monotonic clock helpers. Durations are std::chrono; deadlines are steady_clock time points.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <chrono>
 #include <cstdint>
 #include <ctime>
@@ -51,3 +53,5 @@ inline int ms_until(TimePoint deadline) noexcept {
 }
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // CPU hints for spin loops.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 namespace talaria {
 
 /// Tell the CPU we are spinning (x86 `pause`, Arm `yield`): saves power and lets the sibling
@@ -14,3 +16,5 @@ inline void cpu_relax() noexcept {
 }
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

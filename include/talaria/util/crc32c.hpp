@@ -1,6 +1,8 @@
 // CRC-32C (Castagnoli), SSE4.2 instructions where the CPU has them, a table otherwise.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstddef>
 #include <cstdint>
 
@@ -16,3 +18,5 @@ uint32_t crc32c_portable(uint32_t crc, const void* data, std::size_t len) noexce
 bool crc32c_hardware() noexcept;
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

@@ -11,6 +11,8 @@
 // process id instead (a system call per check).
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <sys/types.h>
 
 #include <atomic>
@@ -44,3 +46,5 @@ class ForkGuard {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

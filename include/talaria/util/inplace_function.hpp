@@ -2,6 +2,8 @@
 // Completion callbacks use it so that posting an operation never allocates.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstddef>
 #include <cstring>
 #include <new>
@@ -83,3 +85,5 @@ class InplaceFunction<R(Args...), Capacity> {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

@@ -2,6 +2,8 @@
 // allocates. The list does not own its elements.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cassert>
 #include <cstddef>
 
@@ -118,3 +120,5 @@ class IntrusiveList {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

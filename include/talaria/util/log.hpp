@@ -5,6 +5,8 @@
 // not evaluated.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <atomic>
 #include <cstdint>
 #include <string_view>
@@ -62,3 +64,5 @@ void set_level(Subsys s, Level l) noexcept;
                                           ::fmt::format(__VA_ARGS__));                             \
         }                                                                                          \
     } while (0)
+
+#pragma GCC visibility pop

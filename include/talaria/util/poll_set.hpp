@@ -1,6 +1,8 @@
 // A poll set: epoll plus an eventfd for wake-ups from other threads.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstdint>
 #include <span>
 
@@ -50,3 +52,5 @@ class PollSet {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

@@ -3,6 +3,8 @@
 // Not thread-safe: keep one per context (or guard it yourself).
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cassert>
 #include <cstddef>
 #include <memory>
@@ -79,3 +81,5 @@ class ObjectPool {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

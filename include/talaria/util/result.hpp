@@ -1,6 +1,8 @@
 // Errors as values: Errc, Error and Result<T>, shaped like std::expected (which GCC 12 lacks).
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -151,3 +153,5 @@ inline Result<void> ok() {
         if (auto talaria_check_r_ = (expr); !talaria_check_r_) \
             return std::move(talaria_check_r_).error();        \
     } while (0)
+
+#pragma GCC visibility pop

@@ -2,6 +2,8 @@
 // modes of the na transports and the RPC core.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <sched.h>
 
 #include <atomic>
@@ -82,3 +84,5 @@ class MaybeSpinLock {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

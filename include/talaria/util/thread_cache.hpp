@@ -7,6 +7,8 @@
 // growth. A thread's cache is released when the thread exits. No lock, no process-wide state.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <cstddef>
 #include <new>
 
@@ -44,3 +46,5 @@ struct ThreadCacheAllocator {
 };
 
 }  // namespace talaria
+
+#pragma GCC visibility pop

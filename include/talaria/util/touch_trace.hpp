@@ -9,6 +9,8 @@
 // 100 µs) marks itself with a Pause so that it is not counted as the call path.
 #pragma once
 
+#pragma GCC visibility push(default)  // public API: exported from libtalaria.so
+
 #include <algorithm>
 #include <vector>
 
@@ -68,3 +70,5 @@ struct Pause {
 #endif
 
 }  // namespace talaria::touch
+
+#pragma GCC visibility pop

@@ -162,6 +162,10 @@ struct OfiAddr final : AddrImpl {
     std::atomic<std::size_t> unexpected_bytes{0};
     std::vector<std::string> aliases;  ///< other lookup strings interned for it
     bool raw_alias = false;            ///< interned under "\x01" + raw
+    /// Why it could not be reached or was declared dead (Transport::peer_failure), under
+    /// failure_mu: written on those failures, read for error messages; never on a fast path.
+    std::mutex failure_mu;
+    std::string failure;
 
   private:
     OfiTransport* owner_;
@@ -451,6 +455,7 @@ class OfiTransport final : public Transport {
     Addr addr_alias(const Addr& a) override;
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
+    std::string peer_failure(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;

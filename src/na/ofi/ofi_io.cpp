@@ -186,17 +186,38 @@ Remote* OfiTransport::remote_locked(OfiLane& l, std::string_view raw, const Addr
     return p;
 }
 
+static void note_failure(OfiAddr* a, const std::string& why) {
+    std::lock_guard g(a->failure_mu);
+    a->failure = why;
+}
+
 Result<void> OfiTransport::av_insert_locked(OfiLane& l, Remote* r) {
     if (r->fi != FI_ADDR_NOTAVAIL) return ok();
+    auto failed = [&](Error e) {
+        note_failure(ofi_addr(r->peer), e.message());
+        return e;
+    };
     const std::string& who = ofi_addr(r->peer)->str;
+    // A peer on this host whose port nobody listens on: refused now, not after the provider's
+    // connection attempts (rxm retries a refused connect for about a second, then the peer is
+    // declared dead as "disconnected").
+    if (listener_gone_locked(r, Clock::now())) {
+        std::string_view where = who;
+        if (auto p = where.find("://"); p != std::string_view::npos) where.remove_prefix(p + 3);
+        return failed(Error(Errc::unreachable,
+                            fmt::format("connection refused by {}: nothing listens on that port "
+                                        "on this host: is the server running, and listening on "
+                                        "that address?",
+                                        where)));
+    }
     // shm 1.17 crashes (SIGSEGV in fi_av_insert) when the named region does not exist: it
     // maps the entry into our endpoint without the peer's region. So never insert a peer that
     // is gone (a small window remains if it closes between this check and the insertion).
     if (prov_.prov_name == "shm" && shm_peer_gone(r->raw))
-        return Error(Errc::unreachable,
-                     fmt::format("ofi: no shm endpoint {} (its region /dev/shm/{} does not "
-                                 "exist: closed, killed or never opened)",
-                                 who, r->raw.substr(r->raw.find("://") + 3)));
+        return failed(Error(Errc::unreachable,
+                            fmt::format("ofi: no shm endpoint {} (its region /dev/shm/{} does "
+                                        "not exist: closed, killed or never opened)",
+                                        who, r->raw.substr(r->raw.find("://") + 3))));
     std::string raw = r->raw;
     if (prov_.addr_format == FI_ADDR_STR) raw.push_back('\0');
     fi_addr_t fa = FI_ADDR_NOTAVAIL;
@@ -215,12 +236,13 @@ Result<void> OfiTransport::av_insert_locked(OfiLane& l, Remote* r) {
                             "returned {}",
                             who, l.id, in_av, kShmMaxPeers,
                             rc < 0 ? fi_strerror(-rc) : "0 inserted"));
-        return Error(
+        return failed(Error(
             Errc::unreachable,
             fmt::format("ofi: fi_av_insert of {} on {} failed: {} ({} entries in the AV)", who,
-                        prov_.prov_name, rc < 0 ? fi_strerror(-rc) : "not inserted", in_av));
+                        prov_.prov_name, rc < 0 ? fi_strerror(-rc) : "not inserted", in_av)));
     }
     r->fi = fa;
+    note_failure(ofi_addr(r->peer), {});  // an older failure no longer explains
     return ok();
 }
 
@@ -1360,6 +1382,7 @@ void OfiTransport::peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const
     Addr hold(a);  // failing the last op on it must not free it under us
     if (!a->dead.exchange(true)) {
         TALARIA_LOG(ofi, debug, "{}: peer {} is dead: {}", scheme_, a->str, why);
+        note_failure(a, "declared dead: " + why);
         {
             // The next lookup of that name makes a new address (a restarted peer).
             std::lock_guard g(intern_mu_);

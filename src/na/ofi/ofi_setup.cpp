@@ -945,6 +945,13 @@ std::string OfiTransport::addr_to_string(const Addr& a) {
     return ofi_addr(a)->str;
 }
 
+std::string OfiTransport::peer_failure(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    OfiAddr* p = ofi_addr(a);
+    std::lock_guard g(p->failure_mu);
+    return p->failure;
+}
+
 std::size_t OfiTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
     return addr_blob_size(ofi_addr(a)->str);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -130,6 +131,10 @@ struct TcpAddr final : AddrImpl {
     /// Payload bytes of its unexpected messages that wait for receives here, in every lane
     /// (QueuedMsg::charge; kMaxUnexpectedPerPeer).
     std::atomic<std::size_t> unexpected_bytes{0};
+    /// Why the last connect to it failed (Transport::peer_failure), under failure_mu: written
+    /// when a connect fails, read for the layer above's error messages; never on a fast path.
+    std::mutex failure_mu;
+    std::string failure;
 
   private:
     AddrTable* table_;
@@ -139,6 +144,10 @@ struct TcpAddr final : AddrImpl {
 inline TcpAddr* peer_of(const Addr& a) noexcept {
     return static_cast<TcpAddr*>(a.impl()->canonical());
 }
+
+/// Words for a failed connect to `peer` (errno `err`), naming the cause and, for a refused
+/// connection, the remedy; recorded as the peer's failure (TcpTransport::peer_failure).
+std::string connect_failure(TcpAddr* peer, int err);
 
 /// Most aliases remembered per address (more lookups by other names just resolve again).
 inline constexpr std::size_t kMaxAliases = 4;
@@ -329,6 +338,7 @@ class TcpTransport final : public Transport {
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
     PeerIdentity peer_identity(const Addr& a) override;
+    std::string peer_failure(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;

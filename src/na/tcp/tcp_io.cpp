@@ -969,6 +969,13 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     else
         TALARIA_LOG(tcp, debug, "connection to {} (fd {}) closed ({}): {}", who, c->fd,
                     errc_name(status), why);
+    if (status == Errc::protocol_error && c->outgoing && c->peer) {
+        // What the peer sent is not ours to read (not Talaria, another version, a protected
+        // stream met unprotected): the error of the calls it fails says so (peer_failure).
+        TcpAddr* p = peer_of(c->peer);
+        std::lock_guard g(p->failure_mu);
+        p->failure = fmt::format("protocol error from {}: {}", p->str, why);
+    }
     if (was_connecting) status = Errc::unreachable;
     if (status == Errc::protocol_error || status == Errc::io_error) status = Errc::disconnected;
     ::epoll_ctl(c->lane ? c->lane->epfd : setup_epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
@@ -1112,10 +1119,12 @@ void TcpTransport::on_connected(Conn* c) {
     socklen_t len = sizeof err;
     if (::getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
     if (err != 0) {
-        close_conn(
-            c, Errc::unreachable,
-            fmt::format("connect to {} failed: {}", peer_of(c->peer)->str, std::strerror(err)));
+        close_conn(c, Errc::unreachable, connect_failure(peer_of(c->peer), err));
         return;
+    }
+    {
+        std::lock_guard g(peer_of(c->peer)->failure_mu);
+        peer_of(c->peer)->failure.clear();  // reached now: an older failure no longer explains
     }
     c->state = Conn::State::open;
     TALARIA_LOG(tcp, debug, "connected to {} fd={}", peer_of(c->peer)->str, c->fd);

@@ -374,6 +374,30 @@ PeerIdentity TcpTransport::peer_identity(const Addr& a) {
     return id;
 }
 
+std::string TcpTransport::peer_failure(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    TcpAddr* p = peer_of(a);
+    std::lock_guard g(p->failure_mu);
+    return p->failure;
+}
+
+std::string connect_failure(TcpAddr* peer, int err) {
+    std::string_view where = peer->str;
+    if (where.starts_with(kScheme)) where.remove_prefix(kScheme.size());
+    const char* name = ::strerrorname_np(err);
+    std::string why =
+        err == ECONNREFUSED
+            ? fmt::format(
+                  "connection refused by {} ({}): is the server running, and listening "
+                  "on that address?",
+                  where, name ? name : "ECONNREFUSED")
+            : fmt::format("connect to {} failed: {} ({})", where, std::strerror(err),
+                          name ? name : std::to_string(err));
+    std::lock_guard g(peer->failure_mu);
+    peer->failure = why;
+    return why;
+}
+
 std::size_t TcpTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
     return 2 + peer_of(a)->str.size();
@@ -571,8 +595,7 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
     if (rc < 0 && errno != EINPROGRESS) {
         int e = errno;
         ::close(fd);
-        return Error(Errc::unreachable,
-                     fmt::format("tcp: connect to {} failed: {}", peer->str, std::strerror(e)));
+        return Error(Errc::unreachable, "tcp: " + connect_failure(peer, e));
     }
     Conn* c = new_conn(fd, true);
     c->lane = &l;

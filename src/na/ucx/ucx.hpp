@@ -162,6 +162,10 @@ struct UcxAddr final : AddrImpl {
     /// Bytes of its unexpected messages queued for receives on any of our contexts
     /// (QueuedMsg::charge; kMaxQueuedUnexpectedPerPeer).
     std::atomic<std::size_t> unexpected_bytes{0};
+    /// Why the last bootstrap to it failed (Transport::peer_failure), under failure_mu; written
+    /// by bootstrap() (which holds the address const), read for error messages only.
+    mutable std::mutex failure_mu;
+    mutable std::string failure;
 
     /// Where one of its contexts is served: by its context (worker) `lane`, at `worker`, for
     /// unexpected messages or for expected ones (they differ when the context takes no
@@ -408,6 +412,7 @@ class UcxTransport final : public Transport {
     /// Interned addresses alive now (self included); for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
+    std::string peer_failure(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;

@@ -394,7 +394,16 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
     const Duration limit = boot_timeout();
     const TimePoint deadline = Clock::now() + limit;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(limit).count();
+    {
+        std::lock_guard fg(peer.failure_mu);
+        peer.failure.clear();  // a new attempt: an older failure no longer explains
+    }
     auto fail = [&](Errc code, const std::string& why) {
+        {
+            // Kept for the error of the operations that waited on this (peer_failure).
+            std::lock_guard fg(peer.failure_mu);
+            peer.failure = why;
+        }
         return Error(code, fmt::format("{}: reaching {}: {}", scheme_, peer.str, why));
     };
     FdGuard g{::socket(peer.sa.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
@@ -417,12 +426,16 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
             ::getsockopt(g.fd, SOL_SOCKET, SO_ERROR, &err, &len);
         }
     }
-    if (err != 0)
+    if (err != 0) {
+        const char* name = ::strerrorname_np(err);
         return fail(Errc::unreachable,
                     err == ECONNREFUSED
-                        ? std::string("connection refused: nothing listens there (is the server "
-                                      "up, and is this the address it printed?)")
-                        : fmt::format("connect: {}", std::strerror(err)));
+                        ? fmt::format("connection refused by {} ({}): is the server running, and "
+                                      "listening on that address?",
+                                      peer.key, name ? name : "ECONNREFUSED")
+                        : fmt::format("connect to {} failed: {} ({})", peer.key, std::strerror(err),
+                                      name ? name : std::to_string(err)));
+    }
     const Auth& a = opts_.auth;
     auth::Nonce own{};
     if (a.enabled()) {

@@ -718,6 +718,13 @@ std::string UcxTransport::addr_to_string(const Addr& a) {
     return ucx_addr(a)->str;
 }
 
+std::string UcxTransport::peer_failure(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    UcxAddr* p = ucx_addr(a);
+    std::lock_guard g(p->failure_mu);
+    return p->failure;
+}
+
 std::size_t UcxTransport::addr_serialize_size(const Addr& a) {
     if (!a || a.impl()->transport() != this) return 0;
     return 2 + ucx_addr(a)->str.size();

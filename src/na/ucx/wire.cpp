@@ -161,8 +161,9 @@ Result<BootFixed> decode_boot_fixed(std::span<const std::byte> fixed) {
                         fixed.size(), kBootFixedSize));
     if (load_le(fixed.data(), 4) != kBootMagic)
         return Error(Errc::protocol_error,
-                     fmt::format("ucx bootstrap: not this transport's (magic {:08x})",
-                                 uint32_t(load_le(fixed.data(), 4))));
+                     fmt::format("ucx bootstrap: bad magic {:#010x} (expected {:#010x}): the "
+                                 "peer is not a talaria ucx+tcp endpoint",
+                                 uint32_t(load_le(fixed.data(), 4)), kBootMagic));
     if (uint8_t(fixed[4]) != kBootVersion)
         return Error(Errc::protocol_error,
                      fmt::format("ucx bootstrap: version {} (this side speaks {})",

@@ -1,0 +1,42 @@
+# libtalaria.so exports the public API and nothing of src/ (cmake -P, LIBRARY=path):
+# the symbols the public headers declare are there (Engine, na::open, version), the transports'
+# and the wire format's internals (namespaces only src/ declares) are not, and the soname is
+# libtalaria.so.<SOVERSION>.
+find_program(NM nm REQUIRED)
+find_program(OBJDUMP objdump REQUIRED)
+execute_process(COMMAND ${NM} -D --defined-only -C ${LIBRARY} RESULT_VARIABLE rc
+                OUTPUT_VARIABLE symbols ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm -D ${LIBRARY}: ${err}")
+endif()
+string(REPLACE "\n" ";" lines "${symbols}")
+set(internal)
+set(count 0)
+foreach(line ${lines})
+  # "<address> <type> <name>": the name starts with an internal namespace.
+  if(line MATCHES "^[0-9a-f]+ [A-Za-z] (.*)$")
+    math(EXPR count "${count} + 1")
+    set(name "${CMAKE_MATCH_1}")
+    if(name MATCHES "^(typeinfo( name)? for |vtable for |guard variable for )?talaria::(na::(tcp|sm|inproc|ofi|ucx|seal)|core::wire)::")
+      list(APPEND internal "${name}")
+    endif()
+  endif()
+endforeach()
+list(LENGTH internal n_internal)
+message("${count} symbols exported, ${n_internal} internal")
+if(n_internal GREATER 0)
+  list(SUBLIST internal 0 10 shown)
+  list(JOIN shown "\n  " shown)
+  message(FATAL_ERROR "libtalaria.so exports internals (want hidden visibility):\n  ${shown}")
+endif()
+foreach(want "talaria::Engine::Engine(" "talaria::na::open(" "talaria::version()"
+             "typeinfo for talaria::Exception")
+  string(FIND "${symbols}" "${want}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "libtalaria.so does not export ${want}")
+  endif()
+endforeach()
+execute_process(COMMAND ${OBJDUMP} -p ${LIBRARY} OUTPUT_VARIABLE dyn)
+if(NOT dyn MATCHES "SONAME +libtalaria\\.so\\.${SOVERSION}\n")
+  message(FATAL_ERROR "want SONAME libtalaria.so.${SOVERSION} in:\n${dyn}")
+endif()
