@@ -16,13 +16,11 @@ using namespace std::chrono_literals;
 
 static int serve(const std::string& address) {
     talaria::Engine server{address, talaria::listen};
-    std::atomic<bool> done{false};
     server.define("hello", [](const std::string& name) { return "hello, " + name + "!"; });
     server.define("sum", [](int a, int b) { return a + b; });
-    server.define("shutdown", [&] { done = true; });
+    server.enable_remote_shutdown();  // a client may stop it (shutdown_remote)
     example::announce(server.self_address());
-    for (int i = 0; i < 6000 && !done; ++i)
-        std::this_thread::sleep_for(10ms);
+    server.wait_for_shutdown();
     return 0;
 }
 
@@ -41,7 +39,7 @@ static int client(const std::string& server_address) {
     } catch (const talaria::Exception& e) {
         std::printf("as expected: %s\n", e.what());
     }
-    client.remote<void()>("shutdown").on(server)().get();
+    client.shutdown_remote(server).get();
     return greeting == "hello, world!" && sum == 42 ? 0 : 1;
 }
 

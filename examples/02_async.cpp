@@ -22,7 +22,8 @@ static int serve(const std::string& address) {
     talaria::Engine server{address, talaria::listen};
     std::atomic<bool> done{false};
 
-    // A worker thread answers the requests queued by the handler.
+    // A worker thread answers the requests queued by the handler, until the engine shuts
+    // down (its shutdown callback stops and joins the worker while the engine still works).
     std::mutex mu;
     std::deque<std::pair<talaria::Request, long>> queue;
     std::thread worker([&] {
@@ -47,9 +48,13 @@ static int serve(const std::string& address) {
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         return ms;
     });
-    server.define("shutdown", [&] { done = true; });
+    server.on_shutdown([&] {
+        done = true;
+        worker.join();
+    });
+    server.enable_remote_shutdown();
     example::announce(server.self_address());
-    worker.join();
+    server.wait_for_shutdown();
     return 0;
 }
 
@@ -82,7 +87,7 @@ static int client(const std::string& server_address) {
         timed_out = e.code() == talaria::Errc::timeout;
         std::printf("as expected: %s\n", e.what());
     }
-    client.remote<void()>("shutdown").on(server)().get();
+    client.shutdown_remote(server).get();
     return total == 328350 && seen == 144 && timed_out ? 0 : 1;
 }
 

@@ -25,7 +25,6 @@ namespace fs = std::filesystem;
 
 static int serve(const std::string& address) {
     talaria::Engine server{address, talaria::listen};
-    std::atomic<bool> done{false};
     fs::path dir = fs::temp_directory_path() / ("talaria-example-" + std::to_string(::getpid()));
     fs::create_directories(dir);
 
@@ -40,10 +39,9 @@ static int serve(const std::string& address) {
         std::fflush(stdout);
         return talaria::crc32c(0, buf.data(), buf.size());
     });
-    server.define("shutdown", [&] { done = true; });
+    server.enable_remote_shutdown();  // a client may stop it (shutdown_remote)
     example::announce(server.self_address());
-    for (int i = 0; i < 6000 && !done; ++i)
-        std::this_thread::sleep_for(10ms);
+    server.wait_for_shutdown();
     fs::remove_all(dir);
     return 0;
 }
@@ -75,7 +73,7 @@ static int client(const std::string& server_address, const std::string& path) {
     uint32_t mine = talaria::crc32c(0, bytes.data(), bytes.size());
     std::printf("client: sent %s (%zu bytes) in %.1f ms; checksum %08x, server's %08x: %s\n",
                 name.c_str(), bytes.size(), dt * 1e3, mine, crc, mine == crc ? "ok" : "MISMATCH");
-    client.remote<void()>("shutdown").on(server)().get();
+    client.shutdown_remote(server).get();
     return mine == crc ? 0 : 1;
 }
 

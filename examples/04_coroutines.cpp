@@ -16,7 +16,6 @@ using namespace std::chrono_literals;
 
 static int serve(const std::string& address) {
     talaria::Engine server{address, talaria::listen};
-    std::atomic<bool> done{false};
     server.define("add", [](long a, long b) { return a + b; });
     server.define("fib", [](int n) {
         long a = 0, b = 1;
@@ -27,10 +26,9 @@ static int serve(const std::string& address) {
         }
         return a;
     });
-    server.define("shutdown", [&] { done = true; });
+    server.enable_remote_shutdown();  // a client may stop it (shutdown_remote)
     example::announce(server.self_address());
-    for (int i = 0; i < 6000 && !done; ++i)
-        std::this_thread::sleep_for(10ms);
+    server.wait_for_shutdown();
     return 0;
 }
 
@@ -60,7 +58,7 @@ static talaria::Task<int> run(talaria::Engine& client, const std::string& addres
     long s = co_await sum_to_ten(client, server);
     long f = co_await fibs(client, server);
     std::printf("1 + ... + 10 = %ld\nfib(0) + ... + fib(19) = %ld\n", s, f);
-    co_await client.remote<void()>("shutdown").on(server)();
+    co_await client.shutdown_remote(server);
     co_return s == 55 && f == 10945 ? 0 : 1;
 }
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -95,6 +97,19 @@ class Seat final : public Driver {
 
     void drive(uint8_t, Duration) override {}  // background contexts are never driven by slot
     bool wait_ready(StateBase& s, TimePoint deadline) override;
+    /// Counted as a waiter while it cancels, so that shutdown (which waits for the waiters to
+    /// leave before it fails the calls and frees the context) cannot free the context under it.
+    bool cancel_call(uint8_t, uint32_t seq) override {
+        if (!core_) return false;  // the bulk context's seat: transfers are not calls
+        uint32_t w = word_.load(std::memory_order_relaxed);
+        do {
+            if (w & kStop) return false;  // shutting down: it fails the call itself
+        } while (!word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel,
+                                              std::memory_order_relaxed));
+        bool canceled = core_->cancel(core::CallId{seq}).has_value();
+        word_.fetch_sub(1, std::memory_order_release);
+        return canceled;
+    }
     [[nodiscard]] Result<void> usable() const override {
         if (na_->transport().inherited()) [[unlikely]] {
             if (core_) return core_->engine().inherited_error("wait for a result");
@@ -200,13 +215,45 @@ class EngineState {
 
     std::atomic<bool> stop{false};
     std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
-    std::vector<std::thread> threads;             ///< one per core context, then one for bulk_ctx
+
+    // Lifecycle (Engine::shutdown, wait_for_shutdown, on_shutdown): on no call path.
+    std::mutex life_mu;
+    std::condition_variable life_cv;
+    bool shutdown_asked = false;                     ///< under life_mu
+    std::vector<std::function<void()>> on_shutdown;  ///< under life_mu; run once, last first
+    void request_shutdown() {
+        {
+            std::lock_guard g(life_mu);
+            shutdown_asked = true;
+        }
+        life_cv.notify_all();
+    }
+    /// Run the shutdown callbacks not run yet, last added first; one that throws is logged.
+    void run_on_shutdown() noexcept {
+        std::vector<std::function<void()>> fns;
+        {
+            std::lock_guard g(life_mu);
+            fns.swap(on_shutdown);
+        }
+        for (auto it = fns.rbegin(); it != fns.rend(); ++it) {
+            try {
+                (*it)();
+            } catch (const std::exception& e) {
+                TALARIA_LOG(api, error, "a shutdown callback threw: {}", e.what());
+            } catch (...) {
+                TALARIA_LOG(api, error, "a shutdown callback threw a non-standard exception");
+            }
+        }
+    }
+    std::vector<std::thread> threads;  ///< one per core context, then one for bulk_ctx
 
     ~EngineState() {
-        if (core && core->inherited())
-            abandon();
-        else
+        if (core && core->inherited()) {
+            abandon();  // the parent's callbacks are not the child's to run
+        } else {
+            run_on_shutdown();  // nobody waited in wait_for_shutdown(): they run here
             shutdown();
+        }
     }
 
     void start_threads();
@@ -241,9 +288,21 @@ class ManualDriver final : public Driver {
             return e_->core->inherited_error("wait for a result");
         return ok();
     }
+    /// Under mu_, which shutdown takes (close) before it fails the calls and frees the engine.
+    bool cancel_call(uint8_t ctx, uint32_t seq) override {
+        std::lock_guard g(mu_);
+        if (closed_ || !e_->core || ctx >= e_->core->context_count()) return false;
+        return e_->core->context(ctx).cancel(core::CallId{seq}).has_value();
+    }
+    void close() noexcept {
+        std::lock_guard g(mu_);
+        closed_ = true;
+    }
 
   private:
     EngineState* e_;
+    std::mutex mu_;
+    bool closed_ = false;
 };
 
 namespace {
@@ -465,6 +524,9 @@ void EngineState::shutdown() noexcept {
     // Run what the wake-ups left queued (a thread may have stopped before its wake-up arrived).
     for (uint8_t i = 0; i < core->context_count(); ++i)
         core->context(i).trigger();
+    // No Future::cancel reaches a manual engine's contexts from here on (the seats of a
+    // background one refuse it since begin_stop, and wait_unheld waited for those in progress).
+    if (driver) driver->close();
     // Fail the calls still in flight while the engine is whole: their continuations may call
     // it again (they get shutdown) or start transfers (canceled below).
     core->shutdown();
@@ -694,6 +756,64 @@ Result<Bulk> Engine::try_expose(Segment segment, Access access) {
 
 Result<Bulk> Engine::try_expose(const std::vector<Segment>& segments, Access access) {
     return bulk::Handle::create(state_->core->transport(), segments, access);
+}
+
+void Engine::shutdown() noexcept {
+    state_->request_shutdown();
+}
+
+bool Engine::shutdown_requested() const noexcept {
+    std::lock_guard g(state_->life_mu);
+    return state_->shutdown_asked;
+}
+
+void Engine::wait_for_shutdown() {
+    {
+        std::unique_lock g(state_->life_mu);
+        state_->life_cv.wait(g, [&] { return state_->shutdown_asked; });
+    }
+    state_->run_on_shutdown();
+}
+
+bool Engine::wait_for_shutdown(Duration d) {
+    {
+        std::unique_lock g(state_->life_mu);
+        if (!state_->life_cv.wait_for(g, d, [&] { return state_->shutdown_asked; })) return false;
+    }
+    state_->run_on_shutdown();
+    return true;
+}
+
+void Engine::on_shutdown(std::function<void()> fn) {
+    if (!fn) return;
+    std::lock_guard g(state_->life_mu);
+    state_->on_shutdown.push_back(std::move(fn));
+}
+
+void Engine::enable_remote_shutdown() {
+    detail::EngineState* st = state_.get();
+    define(kShutdownProcedure, [st] { st->request_shutdown(); });
+}
+
+Future<void> Engine::shutdown_remote(const Endpoint& ep) {
+    return remote<void()>(kShutdownProcedure).on(ep).one_way()();
+}
+
+Result<Bulk> Engine::try_expose(Segment segment, Access access, BindOwner) {
+    return bulk::Handle::create(state_->core->transport(), std::span<const Segment>(&segment, 1),
+                                access, true);
+}
+
+Result<Bulk> Engine::try_expose(const std::vector<Segment>& segments, Access access, BindOwner) {
+    return bulk::Handle::create(state_->core->transport(), segments, access, true);
+}
+
+Bulk Engine::expose(Segment segment, Access access, BindOwner b) {
+    return detail::value_or_throw(try_expose(segment, access, b));
+}
+
+Bulk Engine::expose(const std::vector<Segment>& segments, Access access, BindOwner b) {
+    return detail::value_or_throw(try_expose(segments, access, b));
 }
 
 Bulk Engine::expose(Segment segment, Access access) {

@@ -66,7 +66,8 @@ Result<Handle> Handle::create(na::Transport& transport, std::span<const Segment>
                      fmt::format("bulk::Handle::create: the transport was opened by process {} "
                                  "and inherited across fork; open an engine in this process",
                                  transport.opened_by()));
-    if (segments.empty()) return Error(Errc::invalid_argument, "bulk::Handle::create: no segments");
+    // No segments, or only empty ones: a zero-size handle (nothing registered; a transfer of
+    // 0 bytes from or to it completes at once). Empty segments among others are skipped.
     if (segments.size() > UINT32_MAX)
         return Error(Errc::invalid_argument,
                      fmt::format("bulk::Handle::create: {} segments (at most 2^32-1 encode)",
@@ -77,10 +78,11 @@ Result<Handle> Handle::create(na::Transport& transport, std::span<const Segment>
     uint64_t total = 0;
     for (std::size_t i = 0; i < segments.size(); ++i) {
         const Segment& s = segments[i];
-        if (s.size == 0 || s.data == nullptr)
+        if (s.size > 0 && s.data == nullptr)
             return Error(Errc::invalid_argument,
-                         fmt::format("bulk::Handle::create: segment {} is empty ({} bytes at {})",
-                                     i, s.size, s.data));
+                         fmt::format("bulk::Handle::create: segment {} is {} bytes at a null "
+                                     "pointer",
+                                     i, s.size));
         if (s.size > std::numeric_limits<uint64_t>::max() - total)
             return Error(Errc::invalid_argument,
                          "bulk::Handle::create: the segment sizes overflow 64 bits");
@@ -97,6 +99,7 @@ Result<Handle> Handle::create(na::Transport& transport, std::span<const Segment>
     uint64_t off = 0;
     for (std::size_t i = 0; i < segments.size(); ++i) {
         const Segment& s = segments[i];
+        if (s.size == 0) continue;
         auto m = transport.mem_register(s.data, s.size, access);
         // The segments registered so far are deregistered when `impl` goes.
         if (!m)
@@ -144,7 +147,12 @@ Result<void> Handle::encode(std::vector<std::byte>& out) const {
 }
 
 Result<void> Handle::encode(proc::Encoder& e) const {
-    if (!impl_) return Error(Errc::invalid_argument, "bulk handle: encoding an empty handle");
+    if (!impl_) {
+        // A null handle travels too (an optional buffer): one byte.
+        e.write<uint8_t>(static_cast<uint8_t>(kEncodingVersion << 4 | kFlagNull));
+        if (!e.ok()) return e.error();
+        return ok();
+    }
     const Impl& im = *impl_;
     na::Transport& t = *im.transport;
     // Small read-only local handles travel with their bytes: the peer's pull is then a memcpy.
@@ -211,7 +219,6 @@ Result<Handle> Handle::decode(proc::Decoder& d) {
                     "bulk handle: the DecodeContext's source belongs to another transport");
 
     auto vf = d.read<uint8_t>();
-    auto acc = d.read<uint8_t>();
     if (!d.ok()) return d.error();
     if ((vf >> 4) != kEncodingVersion)
         return fail(Errc::protocol_error,
@@ -221,6 +228,15 @@ Result<Handle> Handle::decode(proc::Decoder& d) {
     if (flags & ~kFlagsKnown)
         return fail(Errc::protocol_error,
                     fmt::format("bulk handle: unknown flags {:#x}", unsigned(flags)));
+    if (flags & kFlagNull) {
+        if (flags != kFlagNull)
+            return fail(
+                Errc::protocol_error,
+                fmt::format("bulk handle: the null flag with others ({:#x})", unsigned(flags)));
+        return Handle();
+    }
+    auto acc = d.read<uint8_t>();
+    if (!d.ok()) return d.error();
     auto access = static_cast<Access>(acc);
     if (!valid_access(access))
         return fail(Errc::protocol_error,
@@ -235,7 +251,9 @@ Result<Handle> Handle::decode(proc::Decoder& d) {
     std::size_t count = d.read_length(inl ? 8 + 1 : 8 + 4 + 1);
     auto total = d.read<uint64_t>();
     if (!d.ok()) return d.error();
-    if (count == 0) return fail(Errc::protocol_error, "bulk handle: zero segments");
+    if (count == 0 && total != 0)
+        return fail(Errc::protocol_error,
+                    fmt::format("bulk handle: zero segments but a total of {} bytes", total));
     if (total > std::numeric_limits<std::size_t>::max())
         return fail(Errc::protocol_error,
                     fmt::format("bulk handle: total size {} does not fit this host", total));

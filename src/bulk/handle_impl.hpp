@@ -18,7 +18,9 @@ namespace talaria::bulk {
 inline constexpr uint8_t kEncodingVersion = 1;  ///< high nibble of the first byte
 inline constexpr uint8_t kFlagInline = 0x01;    ///< segment bytes follow instead of mem handles
 inline constexpr uint8_t kFlagHasOwner = 0x02;  ///< an owner address follows the segments
-inline constexpr uint8_t kFlagsKnown = kFlagInline | kFlagHasOwner;
+/// A null handle (Handle{}): this byte is the whole encoding, no other flag with it.
+inline constexpr uint8_t kFlagNull = 0x04;
+inline constexpr uint8_t kFlagsKnown = kFlagInline | kFlagHasOwner | kFlagNull;
 
 struct Handle::Impl {
     struct Seg {

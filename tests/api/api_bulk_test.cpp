@@ -1,10 +1,11 @@
 // Bulk through the C++ API: the "save" flow (the client exposes, the server pulls inside the
 // handler), push into the caller's memory, pulls by the client of memory the server exposed,
-// several segments, and bounds errors.
+// several segments, bounds errors, and a handle bound to its owner pulled by a third engine.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,8 +95,11 @@ TEST_P(Api, BulkClientPullsServerMemoryAndSegments) {
     auto r = result_within(client->pull(remote, 7999, local, 0, 2));
     EXPECT_EQ(r.code(), Errc::out_of_range);
     EXPECT_THROW((void)client->pull(remote, 7999, local, 0, 2).get(), Exception);
-    // A handle with nothing to expose is refused.
-    EXPECT_FALSE(client->try_expose(Segment{nullptr, 0}, read_only));
+    // Nothing to expose: a zero-size handle; bytes at a null pointer: refused.
+    auto nothing = client->try_expose(Segment{nullptr, 0}, read_only);
+    ASSERT_TRUE(nothing) << nothing.error().describe();
+    EXPECT_EQ(nothing->size(), 0u);
+    EXPECT_EQ(client->try_expose(Segment{nullptr, 16}, read_only).code(), Errc::invalid_argument);
 }
 
 TEST_P(Api, BulkInManualMode) {
@@ -123,6 +127,56 @@ TEST_P(Api, BulkInManualMode) {
     ASSERT_TRUE(t.ready());
     EXPECT_TRUE(t.try_get());
     EXPECT_EQ(into, data);
+}
+
+// Issue 11: a handle exposed with bind_owner names its owner whoever carries it. The server
+// exposes; the client (another engine, the one that talks to the third) sends the handle to a
+// third engine, which pulls with no endpoint named: from the server. Unbound, the third engine
+// takes the client (who sent it) for the owner, which registered no such memory.
+TEST_P(Api, BulkBoundToItsOwnerIsPulledByAThirdEngine) {
+    open();
+    auto third_r = Engine::open(GetParam().address, true);
+    if (!third_r) GTEST_SKIP() << "no third engine here: " << third_r.error().describe();
+    Engine third = std::move(*third_r);
+    third.define("fetch", [&](Bulk b) {
+        std::vector<std::byte> buf(b.size());
+        auto local = third.expose({buf.data(), buf.size()}, write_only);
+        third.pull(b, 0, local, 0, b.size()).get();  // from b.owner()
+        return buf;
+    });
+    auto to_third = client->lookup(third.self_address());
+    auto fetch = client->remote<std::vector<std::byte>(Bulk)>("fetch").on(to_third);
+    auto data = pattern(8192, 11);  // not inline: the bytes are pulled from the owner
+    auto bound = server->expose({data.data(), data.size()}, read_only, bind_owner);
+    EXPECT_EQ(value_within(fetch(bound)), data);
+    auto unbound = server->expose({data.data(), data.size()}, read_only);
+    auto r = result_within(fetch(unbound));
+    EXPECT_FALSE(r) << "an unbound handle sent by the client names the client as its owner";
+}
+
+// Issue 11: a 0-byte file goes through the save flow (a zero-size handle on each side, a
+// 0-byte pull), and a null Bulk travels in arguments and results.
+TEST_P(Api, BulkZeroSizeAndNullTravel) {
+    open();
+    server->define("save", [&](const Request& req, std::string name, Bulk data) {
+        std::vector<std::byte> buf(data.size());
+        auto local = server->expose({buf.data(), buf.size()}, write_only);
+        req.pull(data, 0, local, 0, data.size()).get();
+        return name + ": " + std::to_string(buf.size());
+    });
+    server->define("has", [](Bulk b) { return b.valid(); });
+    server->define("none", [] { return Bulk(); });
+    auto save = client->remote<std::string(std::string, Bulk)>("save").on(ep);
+    std::vector<std::byte> empty;
+    EXPECT_EQ(value_within(save("empty", client->expose({empty.data(), 0}, read_only))),
+              "empty: 0");
+    EXPECT_EQ(value_within(save("rw", client->expose(std::vector<Segment>{}, read_write))),
+              "rw: 0");
+    auto has = client->remote<bool(Bulk)>("has").on(ep);
+    EXPECT_FALSE(value_within(has(Bulk())));
+    std::vector<std::byte> one(1);
+    EXPECT_TRUE(value_within(has(client->expose({one.data(), 1}, read_only))));
+    EXPECT_FALSE(value_within(client->remote<Bulk()>("none").on(ep)()).valid());
 }
 
 }  // namespace

@@ -409,13 +409,66 @@ TEST_P(Bulk, WrongHandlesRejected) {
         expect_invalid(*foreign_remote, lh, server_addr_, "remote handle belongs to another");
     }
     other.close();
-    // Creating handles: no segments, an empty segment.
-    EXPECT_EQ(Handle::create(*client_.t, {}, Access::read_write).code(), Errc::invalid_argument);
-    Segment bad[] = {{lr.bufs[0].data(), 10}, {lr.bufs[0].data() + 10, 0}};
+    // Creating handles: no segments, or empty ones, make a zero-size handle; an empty segment
+    // among others is skipped; bytes at a null pointer are refused.
+    auto none = Handle::create(*client_.t, {}, Access::read_write);
+    ASSERT_TRUE(none) << none.error().describe();
+    EXPECT_TRUE(none->valid());
+    EXPECT_EQ(none->size(), 0u);
+    EXPECT_EQ(none->segment_count(), 0u);
+    Segment some[] = {{lr.bufs[0].data(), 10}, {lr.bufs[0].data() + 10, 0}, {nullptr, 0}};
+    auto skipped = Handle::create(*client_.t, some, Access::read_write);
+    ASSERT_TRUE(skipped) << skipped.error().describe();
+    EXPECT_EQ(skipped->size(), 10u);
+    EXPECT_EQ(skipped->segment_count(), 1u);
+    Segment bad[] = {{lr.bufs[0].data(), 10}, {nullptr, 5}};
     auto r = Handle::create(*client_.t, bad, Access::read_write);
     ASSERT_FALSE(r);
     EXPECT_EQ(r.code(), Errc::invalid_argument);
     EXPECT_NE(r.error().message().find("segment 1"), std::string::npos) << r.error().message();
+}
+
+// Issue 11: a null handle travels (one byte) and decodes as null; a zero-size handle travels
+// and decodes as a valid handle of 0 bytes, and 0-byte transfers from and to it complete.
+TEST_P(Bulk, NullAndZeroSizeHandlesTravel) {
+    std::vector<std::byte> enc;
+    ASSERT_TRUE(Handle().encode(enc));
+    ASSERT_EQ(enc.size(), 1u);
+    EXPECT_EQ(uint8_t(enc[0]), 0x14);
+    proc::Decoder d(enc, {client_.t.get(), &server_addr_});
+    auto null = Handle::decode(d);
+    ASSERT_TRUE(null) << null.error().describe();
+    EXPECT_FALSE(null->valid());
+    EXPECT_EQ(d.remaining(), 0u);
+
+    for (Access a : {Access::read_only, Access::read_write}) {
+        auto zero = Handle::create(*server_.t, {}, a);
+        ASSERT_TRUE(zero) << zero.error().describe();
+        enc.clear();
+        ASSERT_TRUE(zero->encode(enc));
+        proc::Decoder z(enc, {client_.t.get(), &server_addr_});
+        auto rz = Handle::decode(z);
+        ASSERT_TRUE(rz) << rz.error().describe();
+        EXPECT_TRUE(rz->valid());
+        EXPECT_EQ(rz->size(), 0u);
+        EXPECT_EQ(rz->access(), a);
+        // 0 bytes from it into a zero-size local handle, and into a real one.
+        Region lr{64};
+        Handle lh = make(client_, lr, Access::read_write);
+        auto lz = Handle::create(*client_.t, {}, Access::read_write);
+        ASSERT_TRUE(lz);
+        for (const Handle* local : {&*lz, &lh}) {
+            auto o = run(Direction::pull, *rz, 0, *local, 0, 0);
+            EXPECT_EQ(o.code, Errc::ok) << o.message;
+            EXPECT_EQ(o.calls, 1);
+        }
+        // Anything past 0 bytes is out of range.
+        EXPECT_EQ(run(Direction::pull, *rz, 0, lh, 0, 1).code, Errc::out_of_range);
+    }
+    // The null flag with another: refused.
+    std::vector<std::byte> bad{std::byte{0x15}};
+    proc::Decoder b(bad, {client_.t.get(), nullptr});
+    EXPECT_EQ(Handle::decode(b).code(), Errc::protocol_error);
 }
 
 TEST_P(Bulk, InlineSmallHandle) {
@@ -717,10 +770,10 @@ TEST_P(Bulk, EncodeDecodeRoundTrip) {
             EXPECT_TRUE(rh2->owner() == server_addr_);
         }
     }
-    // Encoding an empty handle fails and writes nothing.
+    // A null handle encodes as its one byte.
     std::vector<std::byte> out{std::byte{1}};
-    EXPECT_EQ(Handle().encode(out).code(), Errc::invalid_argument);
-    EXPECT_EQ(out.size(), 1u);
+    EXPECT_TRUE(Handle().encode(out));
+    EXPECT_EQ(out.size(), 2u);
 }
 
 // Handles inside arguments encode in place: in a send buffer's room when it has space (the
@@ -752,18 +805,16 @@ TEST_P(Bulk, HandlesEncodeInPlaceInARoom) {
         EXPECT_EQ(r->data(), spill.data());
         EXPECT_TRUE(std::equal(r->begin(), r->end(), want.begin(), want.end()));
     }
-    // An empty handle fails the encoding; an encoder keeps nothing of it.
+    // A null handle encodes in place as its one byte.
     std::vector<std::byte> room(256), spill;
     proc::Encoder e(room, spill);
     e.write<uint32_t>(5);
-    std::size_t m = e.mark();
-    EXPECT_EQ(Handle().encode(e).code(), Errc::invalid_argument);
-    EXPECT_EQ(e.mark(), m);
+    EXPECT_TRUE(Handle().encode(e));
     EXPECT_TRUE(e.in_place());
-    EXPECT_EQ(e.in_place_size(), 4u);
+    EXPECT_EQ(e.in_place_size(), 5u);
 }
 
-/// The bytes docs/fragments/bulk.md describes, field by field.
+/// The bytes docs/protocol.md ("bulk handle") describes, field by field.
 TEST_P(Bulk, EncodingLayout) {
     auto u32_at = [](const std::vector<std::byte>& b, std::size_t at) {
         uint32_t v;
@@ -872,7 +923,7 @@ TEST_P(Bulk, DecodeHostileEncodings) {
     expect_bad(patched(1, uint8_t(7)), "invalid access");
     expect_bad(patched(2, uint32_t(0xffffffff)), "exceeds the bytes that remain");
     expect_bad(patched(2, uint32_t(1u << 28)), "exceeds the bytes that remain");
-    expect_bad(patched(2, uint32_t(0)), "zero segments");
+    expect_bad(patched(2, uint32_t(0)), "zero segments but a total of");
     expect_bad(patched(6, uint64_t(8000)), "add up to");
     expect_bad(patched(6, uint64_t(~0ull)), "");
     expect_bad(patched(14, uint64_t(0)), "length 0");

@@ -145,6 +145,7 @@ class OfiBaseline final : public ExternalBaseline {
         // The least disturbed: the set-up is a fixed cost plus whatever the host adds.
         first_us_ = *std::min_element(firsts.begin(), firsts.end());
         rtt_hint_us_ = 0;
+        per_iter_us_ = 0;
         TALARIA_LOG(perf, info,
                     "fi_pingpong -p {} {} B: first round trip (connection set-up included) "
                     "{:.0f} us (least of {})",
@@ -158,19 +159,34 @@ class OfiBaseline final : public ExternalBaseline {
             // total(N) = first + (N - 1) x round trip. The timed loop is made at least
             // kSetupFactor times longer than the first round trip (and N >= kMinPingIters), so
             // that the spread of the set-up estimate stays small against what is measured.
+            // Never longer than kMaxPingTotalUs by the last run's own pace (its whole loop over
+            // its count, set-up included: never less than a round trip), however small a
+            // noisy round-trip estimate makes the set-up factor's count.
+            const uint64_t cap =
+                per_iter_us_ > 0
+                    ? std::max<uint64_t>(kMinPingIters,
+                                         static_cast<uint64_t>(kMaxPingTotalUs / per_iter_us_))
+                    : kMaxExternalIters;
             uint64_t n = std::max(iters, kMinPingIters);
             if (rtt_hint_us_ > 0)
                 n = std::max<uint64_t>(
                     n, static_cast<uint64_t>(kSetupFactor * first_us_ / rtt_hint_us_) + 1);
-            n = std::min(n, kMaxExternalIters);
+            n = std::min({n, cap, kMaxExternalIters});
             TALARIA_TRY(total, pingpong_total_us(s, n));
             // A loaded host can make this run's set-up much cheaper than the one measured
-            // alone; a longer run shrinks the set-up's share, so try twice more, 4x longer each.
-            for (int retry = 0; total <= first_us_ && retry < 2 && n < kMaxExternalIters; ++retry) {
-                n = std::min(n * 4, kMaxExternalIters);
+            // alone; a longer run shrinks the set-up's share, so try twice more, 4x longer each
+            // (within the same cap, by this run's pace).
+            for (int retry = 0; total <= first_us_ && retry < 2; ++retry) {
+                uint64_t longer_n = std::min(
+                    {n * 4, kMaxExternalIters,
+                     std::max<uint64_t>(n, static_cast<uint64_t>(kMaxPingTotalUs * double(n) /
+                                                                 std::max(total, 1.0)))});
+                if (longer_n <= n) break;
+                n = longer_n;
                 TALARIA_TRY(longer, pingpong_total_us(s, n));
                 total = longer;
             }
+            per_iter_us_ = total / double(n);
             double rtt = (total - first_us_) / double(n - 1);
             if (!(rtt > 0))
                 return Error(Errc::internal,
@@ -228,6 +244,11 @@ class OfiBaseline final : public ExternalBaseline {
     static constexpr double kSetupFactor = 20;
     double first_us_ = 0;     ///< fi_pingpong's first round trip (with connection set-up)
     double rtt_hint_us_ = 0;  ///< the last round trip measured (sizes the next run)
+    /// The last run's whole loop over its count (set-up included): caps the next run's length.
+    double per_iter_us_ = 0;
+    /// The longest a timed fi_pingpong loop may take by the last run's pace (the smoke test
+    /// gives the whole tool 60 s; a loaded host once made a noisy estimate ask 2.3 million).
+    static constexpr double kMaxPingTotalUs = 2e6;
 
     /// fi_pingpong's whole timed loop of `n` round trips, in microseconds.
     Result<double> pingpong_total_us(const Spec& s, uint64_t n) {

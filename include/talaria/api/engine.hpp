@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -50,6 +51,14 @@ struct Listen {
     explicit Listen() = default;
 };
 inline constexpr Listen listen{};
+
+/// Tag for Engine::expose: the handle carries this engine's address, so that a process it is
+/// forwarded to (not only the one it was sent to) transfers from this engine without naming
+/// an endpoint. `client.expose(seg, talaria::read_only, talaria::bind_owner)`.
+struct BindOwner {
+    explicit BindOwner() = default;
+};
+inline constexpr BindOwner bind_owner{};
 
 /// Who drives progress.
 enum class ProgressMode : uint8_t {
@@ -312,6 +321,31 @@ class Engine {
     template <class Sig>
     [[nodiscard]] Procedure<Sig> remote(std::string_view name);
 
+    // --- lifecycle ---------------------------------------------------------------------------
+    /// The procedure enable_remote_shutdown() defines and shutdown_remote() calls (one-way).
+    static constexpr std::string_view kShutdownProcedure = "talaria.shutdown";
+    /// Ask this engine's owner to stop: releases every wait_for_shutdown(). Any thread, a
+    /// handler included; idempotent. The engine keeps working until it is destroyed.
+    void shutdown() noexcept;
+    [[nodiscard]] bool shutdown_requested() const noexcept;
+    /// Block until shutdown() is called here, or a peer's shutdown_remote() arrives (after
+    /// enable_remote_shutdown()); then run the shutdown callbacks (on this thread) and return.
+    /// A server's main thread: `server.enable_remote_shutdown(); server.wait_for_shutdown();`.
+    void wait_for_shutdown();
+    /// The same, waiting at most `d`: false if it passed first (no callback ran then).
+    bool wait_for_shutdown(Duration d);
+    /// Run `fn` once when the engine shuts down: on the thread that returns from
+    /// wait_for_shutdown(), else in the destructor, before the engine stops; the last added
+    /// runs first (a service added after the one it uses stops before it). The engine still
+    /// works while they run. One that throws is logged, and the others run.
+    void on_shutdown(std::function<void()> fn);
+    /// Let peers shut this engine down (defines kShutdownProcedure: anyone who can call this
+    /// engine can then stop it; with na::Options::auth, anyone holding the secret).
+    void enable_remote_shutdown();
+    /// Ask the engine at `ep` to shut down (it must have enabled it). One-way: the Future
+    /// completes once the request is sent.
+    Future<void> shutdown_remote(const Endpoint& ep);
+
     // --- bulk --------------------------------------------------------------------------------
     /// Expose memory for one-sided transfers by peers with `access`. The memory must stay
     /// valid while the handle (or a copy, or a transfer using it) exists.
@@ -332,6 +366,14 @@ class Engine {
     }
     Result<Bulk> try_expose(Segment segment, Access access);
     Result<Bulk> try_expose(const std::vector<Segment>& segments, Access access);
+    /// The same, the handle bound to this engine (BindOwner): its encoding carries this
+    /// engine's address (a few dozen bytes more), and whoever decodes it, wherever it was
+    /// forwarded, takes this engine as its owner (Bulk::owner(), the default peer of pull and
+    /// push).
+    Bulk expose(Segment segment, Access access, BindOwner);
+    Bulk expose(const std::vector<Segment>& segments, Access access, BindOwner);
+    Result<Bulk> try_expose(Segment segment, Access access, BindOwner);
+    Result<Bulk> try_expose(const std::vector<Segment>& segments, Access access, BindOwner);
 
     /// Pull `len` bytes from `remote`[remote_off..] (owned by `peer`, by default the handle's
     /// owner) into `local`[local_off..].

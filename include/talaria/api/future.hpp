@@ -57,6 +57,10 @@ class Driver {
     /// Why nothing can complete the states of this driver in this process (its engine was
     /// inherited across fork: Errc::invalid_state), or ok.
     [[nodiscard]] virtual Result<void> usable() const { return ok(); }
+    /// Cancel the call `seq` (core::CallId) of context `ctx` (the seat's own context for a
+    /// background engine): true if it was still outstanding. Safe against the engine shutting
+    /// down on another thread (then false: shutdown completes the call itself).
+    virtual bool cancel_call(uint8_t ctx, uint32_t seq) = 0;
 };
 
 /// The context id a Driver understands as "the engine's bulk transfer context".
@@ -193,6 +197,17 @@ class StateBase {
     }
     [[nodiscard]] uint8_t driver_context() const noexcept { return ctx_; }
 
+    /// Ask the operation behind this state to stop (Future::cancel): true if it was still
+    /// outstanding and now completes with Errc::canceled. States of operations that cannot be
+    /// canceled (a transfer, a ready-made result) answer false.
+    bool cancel() {
+        if (ready() || call_seq_ == 0) return false;
+        if (auto d = driver_.lock()) return d->cancel_call(ctx_, call_seq_);
+        return false;
+    }
+    /// Record the core call this state completes (made by Procedure::operator()).
+    void set_call(uint32_t seq) noexcept { call_seq_ = seq; }
+
     /// Store the coroutine to resume on completion; false if already complete (do not suspend).
     bool suspend(std::coroutine_handle<> h) {
         waiter_ = h;
@@ -257,6 +272,7 @@ class StateBase {
     alignas(std::max_align_t) std::byte inline_buf_[kInlineContinuation];
     enum class Mode : uint8_t { none, manual, seat };
     std::weak_ptr<Driver> driver_;
+    uint32_t call_seq_ = 0;  ///< the core call completing this state (0: none, or not a call)
     uint8_t ctx_ = 0;
     Mode mode_ = Mode::none;
 };
@@ -302,6 +318,13 @@ class [[nodiscard]] Future {
     [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
     /// True once the result is there (never blocks, never drives progress).
     [[nodiscard]] bool ready() const noexcept { return state_ && state_->ready(); }
+
+    /// Cancel the call behind this Future: if it is still outstanding it completes with
+    /// Errc::canceled (a response that arrives later is dropped) and true is returned; false if
+    /// it was already complete, or the Future is empty or not a call's (a transfer's, a
+    /// when_all's). Any thread. The server is not told: a handler already running runs on.
+    /// The Future is still consumed as usual (get, then, co_await).
+    bool cancel() const { return state_ && state_->cancel(); }
 
     /// Wait up to `d` (driving progress on a manual engine); true if ready.
     bool wait_for(Duration d) const {

@@ -167,6 +167,7 @@ class Procedure<R(Args...)> {
         if (!sent)
             return Future<Ret>::ready_with(
                 detail::call_error(info_->name, info_->id, peer_.addr(), std::move(sent).error()));
+        fut.state()->set_call(sent->seq);  // before the Future is handed out (Future::cancel)
         return fut;
     }
 

@@ -47,6 +47,7 @@ class MultiDriver final : public Driver {
             if (auto p = w.lock()) p->drive(ctx, share);
     }
     bool wait_ready(StateBase& s, TimePoint deadline) override { return s.wait_until(deadline); }
+    bool cancel_call(uint8_t, uint32_t) override { return false; }  // a combined state is no call
     [[nodiscard]] Result<void> usable() const override {
         for (auto& [w, ctx] : inputs_)
             if (auto p = w.lock())
