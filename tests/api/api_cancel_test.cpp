@@ -99,7 +99,7 @@ TEST_P(Api, CancelOnAManualClient) {
     held->answer_all(1);
 }
 
-TEST_P(Api, CancelRacesTheAnswerAndTheEngineShuttingDown) {
+TEST_P(Api, CancelOnAnotherThreadRacesTheAnswerAndTheEngineClosing) {
     // Cancel from another thread while answers arrive and, last, while the engine closes:
     // every future completes once, with its value or canceled (or shutdown), and nothing
     // crashes (the sanitizer builds check the rest).

@@ -91,6 +91,22 @@ Error empty_input(const char* what, std::size_t i) {
                  std::string(what) + ": input " + std::to_string(i) + " is an empty future");
 }
 
+/// Note every input's driver, arm the combined state, then link each input to `g->done(i, r)`
+/// (an empty input fails in its own place).
+template <class T, class G>
+void link_inputs(std::vector<Future<T>>& fs, const std::shared_ptr<G>& g, const char* what) {
+    for (auto& f : fs)
+        g->driver->add(f.state().get());
+    g->arm();
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+        if (!fs[i].valid()) {
+            g->done(i, empty_input<T>(what, i));
+            continue;
+        }
+        std::move(fs[i]).then([g, i](Result<T>&& r) { g->done(i, std::move(r)); });
+    }
+}
+
 }  // namespace detail
 
 /// A Future ready once every one of `fs` is, with their results in the same order. Consumes
@@ -119,16 +135,7 @@ Future<std::vector<Result<T>>> when_all(std::vector<Future<T>> fs) {
     }
     all->results.resize(fs.size());
     all->left.store(fs.size(), std::memory_order_relaxed);
-    for (auto& f : fs)
-        all->driver->add(f.state().get());
-    all->arm();
-    for (std::size_t i = 0; i < fs.size(); ++i) {
-        if (!fs[i].valid()) {
-            all->done(i, detail::empty_input<T>("when_all", i));
-            continue;
-        }
-        std::move(fs[i]).then([all, i](Result<T>&& r) { all->done(i, std::move(r)); });
-    }
+    detail::link_inputs(fs, all, "when_all");
     return combined;
 }
 
@@ -149,16 +156,7 @@ Future<std::pair<std::size_t, Result<T>>> when_any(std::vector<Future<T>> fs) {
             Error(Errc::invalid_argument, "when_any of no futures: nothing can complete it"));
     auto any = std::make_shared<Any>();
     Future<Out> combined(any->out);
-    for (auto& f : fs)
-        any->driver->add(f.state().get());
-    any->arm();
-    for (std::size_t i = 0; i < fs.size(); ++i) {
-        if (!fs[i].valid()) {
-            any->done(i, detail::empty_input<T>("when_any", i));
-            continue;
-        }
-        std::move(fs[i]).then([any, i](Result<T>&& r) { any->done(i, std::move(r)); });
-    }
+    detail::link_inputs(fs, any, "when_any");
     return combined;
 }
 
