@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 
@@ -123,6 +124,17 @@ Result<SockAddr> parse_host_port(std::string_view s, bool empty_ok) {
     }
     out.set_port(static_cast<uint16_t>(port));
     return out;
+}
+
+std::string connect_failure_text(std::string_view where, int err) {
+    const char* name = ::strerrorname_np(err);
+    std::string errno_name = name ? std::string(name) : std::to_string(err);
+    if (err == ECONNREFUSED)
+        return fmt::format(
+            "connection refused by {} ({}): is the server running, and listening "
+            "on that address?",
+            where, errno_name);
+    return fmt::format("connect to {} failed: {} ({})", where, std::strerror(err), errno_name);
 }
 
 }  // namespace talaria::na

@@ -44,4 +44,9 @@ SockAddr advertised(const SockAddr& bound);
 /// Numeric hosts parse directly; names ("localhost") resolve with getaddrinfo.
 Result<SockAddr> parse_host_port(std::string_view s, bool empty_ok = true);
 
+/// Words for a failed connect to `where` ("host:port") with errno `err`, shared by the
+/// transports that connect sockets themselves (tcp, ucx's bootstrap): a refused connection
+/// names the remedy, anything else the errno's name and text.
+std::string connect_failure_text(std::string_view where, int err);
+
 }  // namespace talaria::na

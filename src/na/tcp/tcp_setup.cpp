@@ -384,15 +384,7 @@ std::string TcpTransport::peer_failure(const Addr& a) {
 std::string connect_failure(TcpAddr* peer, int err) {
     std::string_view where = peer->str;
     if (where.starts_with(kScheme)) where.remove_prefix(kScheme.size());
-    const char* name = ::strerrorname_np(err);
-    std::string why =
-        err == ECONNREFUSED
-            ? fmt::format(
-                  "connection refused by {} ({}): is the server running, and listening "
-                  "on that address?",
-                  where, name ? name : "ECONNREFUSED")
-            : fmt::format("connect to {} failed: {} ({})", where, std::strerror(err),
-                          name ? name : std::to_string(err));
+    std::string why = connect_failure_text(where, err);
     std::lock_guard g(peer->failure_mu);
     peer->failure = why;
     return why;

@@ -426,16 +426,7 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
             ::getsockopt(g.fd, SOL_SOCKET, SO_ERROR, &err, &len);
         }
     }
-    if (err != 0) {
-        const char* name = ::strerrorname_np(err);
-        return fail(Errc::unreachable,
-                    err == ECONNREFUSED
-                        ? fmt::format("connection refused by {} ({}): is the server running, and "
-                                      "listening on that address?",
-                                      peer.key, name ? name : "ECONNREFUSED")
-                        : fmt::format("connect to {} failed: {} ({})", peer.key, std::strerror(err),
-                                      name ? name : std::to_string(err)));
-    }
+    if (err != 0) return fail(Errc::unreachable, connect_failure_text(peer.key, err));
     const Auth& a = opts_.auth;
     auth::Nonce own{};
     if (a.enabled()) {
