@@ -92,14 +92,5 @@ static int client(const std::string& server_address) {
 }
 
 int main(int argc, char** argv) {
-    try {
-        std::string mode = argc > 1 ? argv[1] : "tcp://127.0.0.1:0";
-        if (mode == "server") return serve(argc > 2 ? argv[2] : "tcp://127.0.0.1:0");
-        if (mode == "client" && argc > 2) return client(argv[2]);
-        example::ServerProcess server(argv[0], mode);
-        return client(server.address());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "02_async: %s\n", e.what());
-        return 1;
-    }
+    return example::run(argc, argv, "02_async", serve, client);
 }

@@ -78,14 +78,5 @@ static int client(const std::string& server_address, const std::string& path) {
 }
 
 int main(int argc, char** argv) {
-    try {
-        std::string mode = argc > 1 ? argv[1] : "tcp://127.0.0.1:0";
-        if (mode == "server") return serve(argc > 2 ? argv[2] : "tcp://127.0.0.1:0");
-        if (mode == "client" && argc > 2) return client(argv[2], argc > 3 ? argv[3] : "");
-        example::ServerProcess server(argv[0], mode);
-        return client(server.address(), argc > 2 ? argv[2] : "");
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "03_bulk_file: %s\n", e.what());
-        return 1;
-    }
+    return example::run(argc, argv, "03_bulk_file", serve, client);
 }

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 namespace example {
 
@@ -94,5 +95,30 @@ class ServerProcess {
     pid_t pid_ = -1;
     std::string address_;
 };
+
+/// The main() of every example. `NAME server ADDRESS` serves; `NAME client ADDRESS [ARG]` runs
+/// the client against a server already running; `NAME [ADDRESS [ARG]]` (ADDRESS by default
+/// tcp://127.0.0.1:0) starts the server half in a child process and runs the client against
+/// it. `client(server_address)`, or `client(server_address, ARG)` where it takes ARG ("" when
+/// none is given). An exception is printed as `NAME: what` and exits with 1.
+template <class Serve, class Client>
+int run(int argc, char** argv, const char* name, Serve serve, Client client) {
+    auto run_client = [&](const std::string& address, const char* arg) {
+        if constexpr (std::is_invocable_v<Client&, const std::string&, const std::string&>)
+            return client(address, std::string(arg ? arg : ""));
+        else
+            return client(address);
+    };
+    try {
+        std::string mode = argc > 1 ? argv[1] : "tcp://127.0.0.1:0";
+        if (mode == "server") return serve(std::string(argc > 2 ? argv[2] : "tcp://127.0.0.1:0"));
+        if (mode == "client" && argc > 2) return run_client(argv[2], argc > 3 ? argv[3] : nullptr);
+        ServerProcess server(argv[0], mode);  // the server half, in another process
+        return run_client(server.address(), argc > 2 ? argv[2] : nullptr);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", name, e.what());
+        return 1;
+    }
+}
 
 }  // namespace example
