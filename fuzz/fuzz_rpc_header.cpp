@@ -34,10 +34,18 @@ void check_decoders(std::span<const std::byte> in) {
         if (h->payload_len != in.size() - core::wire::kHeaderSize)
             fail("decode_header accepted a payload length that differs from the message");
         if (h->flags & ~core::wire::kKnownFlags) fail("decode_header accepted unknown flags");
-        // Re-encoding the decoded header reproduces the input's header bytes.
+        const bool request =
+            (h->flags & (core::wire::kResponse | core::wire::kAck | core::wire::kCancel)) == 0;
+        if (!request && (h->provider != 0 || h->budget_us != 0 || h->signature != 0))
+            fail("decode_header accepted request fields on a response, ack or cancel");
+        if ((h->flags & core::wire::kCancel) && h->payload_len != 0)
+            fail("decode_header accepted a cancel with a payload");
+        // Re-encoding the decoded header reproduces the input's header bytes (all but the crc,
+        // at offset 20, which encode_header computes only when flagged).
         std::vector<std::byte> out(core::wire::kHeaderSize);
         core::wire::encode_header(*h, out.data(), in.subspan(core::wire::kHeaderSize));
-        if (std::memcmp(out.data(), in.data(), core::wire::kHeaderSize - 4) != 0)
+        if (std::memcmp(out.data(), in.data(), 20) != 0 ||
+            std::memcmp(out.data() + 24, in.data() + 24, core::wire::kHeaderSize - 24) != 0)
             fail("re-encoded header differs from the accepted bytes");
     }
     auto d = core::wire::decode_more(in);
@@ -76,6 +84,19 @@ World& world() {
         };
         (void)v->engine->register_rpc(core::rpc_id("echo"), "echo", echo);
         (void)v->engine->register_rpc(core::rpc_id("drop"), "drop", [](core::Request&) {});
+        // A provider's instance, and a procedure whose calls are checked against a signature.
+        core::Registration prov;
+        prov.provider = 1;
+        (void)v->engine->register_rpc(core::rpc_id("echo"), "echo", echo, prov);
+        core::Registration typed;
+        typed.signature = 0x1122334455667788ull;
+        typed.signature_text = "i32(i32)";
+        (void)v->engine->register_rpc(core::rpc_id("typed"), "typed", echo, typed);
+        // A handler that looks at its call's deadline and cancel state.
+        (void)v->engine->register_rpc(core::rpc_id("ask"), "ask", [](core::Request& r) {
+            const bool c = r.cancelled();
+            (void)r.respond({reinterpret_cast<const std::byte*>(&c), 1});
+        });
         auto t = na::open("inproc://fuzz-rpc-raw");
         if (!t) fail("cannot open the raw endpoint");
         v->raw = std::move(*t);

@@ -1,5 +1,6 @@
 // The api Engine: owns the core engine, the bulk transfer context and the progress threads.
 #include "talaria/api/engine.hpp"
+#include "talaria/api/provider.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -247,11 +248,39 @@ class EngineState {
     }
     std::vector<std::thread> threads;  ///< one per core context, then one for bulk_ctx
 
+    /// Engine::handler_pool(), made on first use (under pool_mu). Stopped (its queued handlers
+    /// run, while the engine still works) before the engine stops; the object stays until the
+    /// progress threads that post to it are gone.
+    std::mutex pool_mu;
+    std::unique_ptr<ThreadPool> pool;
+    /// Calls queued on or running on an executor (QueuedCount): the destructor waits for them.
+    std::atomic<int> queued_calls{0};
+    void wait_queued_calls() noexcept {
+        const TimePoint start = Clock::now();
+        TimePoint next_note = start + std::chrono::seconds(5);
+        while (queued_calls.load(std::memory_order_acquire) != 0) {
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            if (Clock::now() >= next_note) {
+                next_note += std::chrono::seconds(5);
+                TALARIA_LOG(api, warn,
+                            "closing the engine waits for {} calls still queued or running on "
+                            "an executor (it must run or drop them; it was given to "
+                            "Engine::define)",
+                            queued_calls.load(std::memory_order_relaxed));
+            }
+        }
+    }
+
     ~EngineState() {
         if (core && core->inherited()) {
             abandon();  // the parent's callbacks are not the child's to run
         } else {
             run_on_shutdown();  // nobody waited in wait_for_shutdown(): they run here
+            {
+                std::lock_guard g(pool_mu);
+                if (pool) pool->stop();
+            }
+            wait_queued_calls();  // on executors of the application's own
             shutdown();
         }
     }
@@ -263,6 +292,7 @@ class EngineState {
     void shutdown() noexcept;
     void abandon() noexcept {
         (void)new (std::nothrow) std::vector<std::thread>(std::move(threads));
+        (void)pool.release();  // its threads are the parent's too
         (void)bulk.release();
         (void)bulk_ctx.release();
         (void)core.release();
@@ -516,6 +546,9 @@ void EngineState::shutdown() noexcept {
         threads[i].join();
     for (std::size_t i = 0; i < rpc && i < seats.size(); ++i)
         seats[i]->wait_unheld();
+    // Handlers posted to an executor by the progress threads' last rounds (the bulk context
+    // still runs: they may be waiting on a transfer).
+    wait_queued_calls();
     if (seats.size() > rpc) seats[rpc]->begin_stop();
     if (bulk_ctx) (void)bulk_ctx->post([](const na::Completion&) {});
     if (!threads.empty()) threads.back().join();
@@ -592,9 +625,45 @@ std::vector<std::byte>& scratch_buffer() noexcept {
     return buf;
 }
 
+namespace {
+/// A transfer a handler started for its call (Request::pull/push): a timer on the bulk
+/// context asks about every kWatchPeriod whether the call's caller canceled it or its deadline
+/// passed, and cancels the transfer then; the completion says which.
+struct TransferWatch {
+    core::CancelRef call;
+    bulk::TransferId id;
+    std::atomic<bool> done{false};
+    std::shared_ptr<State<void>> state;  ///< the Future's
+    std::size_t len = 0;
+    const char* what = "";
+};
+constexpr auto kWatchPeriod = std::chrono::milliseconds(10);
+
+void arm_watch(EngineState& e, std::shared_ptr<TransferWatch> w) {
+    const TimePoint due = std::min(w->call.deadline(), Clock::now() + kWatchPeriod);
+    (void)e.bulk_ctx->post_at(due, [es = &e, w = std::move(w)](const na::Completion&) mutable {
+        if (w->done.load(std::memory_order_acquire) || !es->bulk) return;
+        if (w->call.cancelled()) {
+            (void)es->bulk->cancel(w->id);  // completes it with canceled (read below)
+            return;
+        }
+        arm_watch(*es, std::move(w));
+    });
+}
+
+/// A transfer of a call that ended: why.
+Error call_ended(const core::CancelRef& call, const char* what) {
+    if (call.expired())
+        return Error(Errc::timeout,
+                     fmt::format("bulk {}: the call it serves reached its deadline", what));
+    return Error(Errc::canceled,
+                 fmt::format("bulk {}: the caller canceled the call it serves", what));
+}
+}  // namespace
+
 Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr& peer,
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
-                            std::size_t local_off, std::size_t len) {
+                            std::size_t local_off, std::size_t len, const core::Request* from) {
     const char* what = dir == bulk::Direction::pull ? "pull" : "push";
     if (!e.bulk)
         return Future<void>::ready_with(
@@ -604,15 +673,40 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
             Errc::invalid_argument,
             fmt::format("bulk {}: no peer (the remote handle names no owner; pass an endpoint)",
                         what)));
+    std::shared_ptr<TransferWatch> watch;
+    if (from && from->valid() && !from->one_way()) {
+        watch = std::make_shared<TransferWatch>();
+        watch->call = from->cancel_ref();
+        if (watch->call.cancelled()) return Future<void>::ready_with(call_ended(watch->call, what));
+    }
     auto st = std::make_shared<State<void>>();
     attach_driver(e, *st, kBulkContext);
     Future<void> fut(st);
-    auto id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
-                               [es = &e, s = std::move(st), len](Result<void>&& r) {
-                                   es->core->note_bulk(1, r ? len : 0, r.has_value());
-                                   s->set(std::move(r));
-                               });
+    Result<bulk::TransferId> id = Error(Errc::internal, "");
+    if (!watch) {
+        id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
+                              [es = &e, s = std::move(st), len](Result<void>&& r) {
+                                  es->core->note_bulk(1, r ? len : 0, r.has_value());
+                                  s->set(std::move(r));
+                              });
+    } else {
+        watch->state = std::move(st);
+        watch->len = len;
+        watch->what = what;
+        id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
+                              [es = &e, w = watch](Result<void>&& r) {
+                                  es->core->note_bulk(1, r ? w->len : 0, r.has_value());
+                                  w->done.store(true, std::memory_order_release);
+                                  if (!r && r.code() == Errc::canceled && w->call.cancelled())
+                                      r = call_ended(w->call, w->what);
+                                  std::exchange(w->state, nullptr)->set(std::move(r));
+                              });
+    }
     if (!id) return Future<void>::ready_with(std::move(id).error());
+    if (watch) {
+        watch->id = *id;
+        arm_watch(e, std::move(watch));
+    }
     return fut;
 }
 
@@ -625,10 +719,15 @@ Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Er
             // The peer's core answers an id it does not know with "no RPC with id ... is
             // registered at ...": say that once, with the name the caller used. Any other
             // not_found (a context the peer lacks, a handler's own) keeps the peer's words.
-            if (e.message().starts_with(core::kNoRpcMessage))
-                return Error(Errc::not_found,
-                             fmt::format("no procedure '{}' (id {:#010x}) is registered at {}",
-                                         name, id, where));
+            if (e.message().starts_with(core::kNoRpcMessage)) {
+                // "... for provider N" when the call named one.
+                const auto p = e.message().rfind(" for provider ");
+                return Error(
+                    Errc::not_found,
+                    fmt::format(
+                        "no procedure '{}' (id {:#010x}) is registered at {}{}", name, id, where,
+                        p == std::string::npos ? std::string_view() : e.message().substr(p)));
+            }
             return Error(Errc::not_found, fmt::format("rpc '{}' to {}{}", name, where, detail));
         case Errc::timeout:
             return Error(Errc::timeout,
@@ -638,14 +737,16 @@ Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Er
     }
 }
 
-Result<void> register_handler(EngineState& e, std::string_view name, core::Handler h) {
-    auto r = e.core->register_rpc(core::rpc_id(name), name, std::move(h));
+Result<void> register_handler(EngineState& e, std::string_view name, core::Handler h,
+                              core::Registration reg) {
+    auto r = e.core->register_rpc(core::rpc_id(name), name, std::move(h), reg);
     if (!r && r.code() == Errc::already_exists) {
-        std::string other = e.core->rpc_name(core::rpc_id(name));
+        std::string other = e.core->rpc_name(core::rpc_id(name), reg.provider);
+        std::string of = reg.provider ? fmt::format(" for provider {}", reg.provider) : "";
         return Error(Errc::already_exists,
-                     other == name
-                         ? fmt::format("procedure '{}' is already defined", name)
-                         : fmt::format("procedure '{}' has the same id as '{}'", name, other));
+                     other == name ? fmt::format("procedure '{}' is already defined{}", name, of)
+                                   : fmt::format("procedure '{}' has the same id as '{}'{}", name,
+                                                 other, of));
     }
     return r;
 }
@@ -679,6 +780,31 @@ void respond_current_exception(Request& req, const HandlerInfo& info) noexcept {
 }
 
 }  // namespace detail
+
+namespace detail {
+QueuedCount::QueuedCount(EngineState& e) noexcept : e_(&e) {
+    e_->queued_calls.fetch_add(1, std::memory_order_relaxed);
+}
+QueuedCount::~QueuedCount() {
+    e_->queued_calls.fetch_sub(1, std::memory_order_release);
+}
+}  // namespace detail
+
+// --- Provider ----------------------------------------------------------------------------------
+
+void Provider::undefine_all() noexcept {
+    state_->closed.store(true);
+    for (const std::string& n : names_)
+        (void)engine_->try_undefine(n, id_);
+    names_.clear();
+    // A handler that found its entry before it went may still be running: wait for it.
+    while (state_->running.load() != 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+std::string Provider::gone_message(uint16_t id) {
+    return fmt::format("provider {} is being destroyed", id);
+}
 
 // --- Engine ------------------------------------------------------------------------------------
 
@@ -745,8 +871,14 @@ Endpoint Engine::lookup(std::string_view address) {
     return detail::value_or_throw(try_lookup(address));
 }
 
-Result<void> Engine::try_undefine(std::string_view name) {
-    return state_->core->deregister_rpc(core::rpc_id(name));
+Executor& Engine::handler_pool() {
+    std::lock_guard g(state_->pool_mu);
+    if (!state_->pool) state_->pool = std::make_unique<ThreadPool>(state_->opts.handler_threads);
+    return *state_->pool;
+}
+
+Result<void> Engine::try_undefine(std::string_view name, uint16_t provider) {
+    return state_->core->deregister_rpc(core::rpc_id(name), provider);
 }
 
 Result<Bulk> Engine::try_expose(Segment segment, Access access) {

@@ -18,6 +18,15 @@ constexpr uint32_t kNoSlot = UINT32_MAX;
 constexpr auto kSweepPeriod = 1s;
 /// A peer with no call in flight for this many sweeps gives up its watch.
 constexpr unsigned kIdleSweeps = 2;
+
+/// What a request's header says of its deadline: the microseconds left at `now` (at least 1
+/// once it passed, at most wire::kMaxBudgetUs), 0 for a call without one.
+uint32_t budget_of(TimePoint deadline, TimePoint now) noexcept {
+    if (deadline == TimePoint{}) return 0;
+    const auto left = std::chrono::ceil<std::chrono::microseconds>(deadline - now).count();
+    if (left <= 0) return 1;
+    return left >= int64_t(wire::kMaxBudgetUs) ? wire::kMaxBudgetUs : uint32_t(left);
+}
 }  // namespace
 
 Context::Impl::Impl(Engine::Impl* e, std::unique_ptr<na::Context> n)
@@ -348,6 +357,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
 
     uint32_t idx;
     uint32_t seq;
+    TimePoint now{};        // read once, for a call with a deadline only
     bool queue_it = false;  // no credit with the peer: kept, sent when one comes back
     Peer* watch = nullptr;  // a peer to watch, posted once the lock is released
     {
@@ -364,6 +374,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.seq = seq;
         s.rpc_id = rpc;
         s.one_way = opts.one_way;
+        s.target_ctx = opts.target_context;
         s.done = std::move(done);
         s.large = std::move(lo);
         s.retry = std::move(retry);
@@ -380,7 +391,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         }
         if (claim_watch_locked(s.peer)) watch = s.peer;
         if (opts.timeout > Duration::zero()) {
-            s.deadline = Clock::now() + opts.timeout;
+            now = Clock::now();
+            s.deadline = now + opts.timeout;
             heap_push_locked(idx);
         } else {
             s.deadline = TimePoint{};
@@ -397,6 +409,9 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.seq = seq;
     h.target_ctx = opts.target_context;
     h.reply_ctx = id;
+    h.provider = opts.provider;
+    h.signature = opts.signature;
+    if (now != TimePoint{}) h.budget_us = budget_of(now + opts.timeout, now);
     auto r =
         send_message(dest, h, payload, SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
     if (!r) {
@@ -525,15 +540,35 @@ Result<void> Context::Impl::cancel(CallId call) {
     uint32_t idx = call.seq & 0xFFFF;
     std::unique_ptr<LargeOut> garbage;
     na::Addr dest;
+    wire::Header notice;  // flags stay 0 when the target is not told
     {
         std::lock_guard g(mu);
         if (!call.valid() || idx >= slots.size() || slots[idx].seq != call.seq)
             return Error{Errc::not_found, "cancel: the call already completed"};
+        const CallSlot& s = slots[idx];
+        // The target hears of it (Request::cancelled()) when the call went out and something
+        // waits for its answer there.
+        const bool tell = !s.one_way && !s.queued && s.peer;
+        const uint8_t target = s.target_ctx;
+        const RpcId rpc = s.rpc_id;
         na::Addr peer;
         ResponseFn fn = release_slot_locked(idx, garbage, &peer);
-        if (garbage) dest = peer;
+        if (garbage || tell) dest = peer;
+        if (tell) {
+            notice.flags = wire::kCancel;
+            notice.rpc_id = rpc;
+            notice.seq = call.seq;
+            notice.target_ctx = target;
+            notice.reply_ctx = id;
+            notice.status = static_cast<uint16_t>(Errc::canceled);
+        }
         defer_locked(std::move(fn), std::move(peer),
                      Error{Errc::canceled, "the call was canceled"});
+    }
+    if (notice.flags != 0 && dest.valid()) {
+        if (auto r = send_message(dest, notice, {}); !r)
+            TALARIA_LOG(core, debug, "context {}: the cancel of call {:#x} was not sent: {}", id,
+                        call.seq, r.error().describe());
     }
     if (garbage) hold_args(call.seq, std::move(dest), std::move(garbage));
     CtxCounters::add(counters.canceled);
@@ -588,6 +623,8 @@ std::unique_ptr<Retry> Context::Impl::keep_payload(std::span<const std::byte> pa
     r->payload.assign(payload.begin(), payload.end());
     r->flags = large ? wire::kMore : 0;
     r->target_ctx = opts.target_context;
+    r->provider = opts.provider;
+    r->signature = opts.signature;
     r->left = opts.one_way ? 0 : opts.busy_retries;
     r->backoff =
         opts.busy_backoff > Duration::zero() ? opts.busy_backoff : std::chrono::milliseconds(1);
@@ -602,6 +639,9 @@ Context::Impl::Resend Context::Impl::resend_of_locked(const CallSlot& s) const {
     r.h.seq = s.seq;
     r.h.target_ctx = s.retry->target_ctx;
     r.h.reply_ctx = id;
+    r.h.provider = s.retry->provider;
+    r.h.signature = s.retry->signature;
+    r.h.budget_us = budget_of(s.deadline, Clock::now());
     r.payload = s.retry->payload;
     r.one_way = s.one_way;
     return r;
@@ -764,6 +804,7 @@ void Context::Impl::sweep(TimePoint now) {
     next_sweep = now + kSweepPeriod;
     refusal_logged = false;  // one refusal line per sweep period
     trim_loads();
+    clear_cancels_if_idle();
     expire_pending(now);
     expire_pulls(now);
     std::vector<na::OpId> retire;  // canceled once the lock is released (stale ids are safe)

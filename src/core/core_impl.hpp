@@ -27,18 +27,21 @@ namespace talaria::core {
 /// running on another context when it is deregistered); re-registering installs a new entry.
 struct RpcEntry {
     RpcId id = 0;
+    uint16_t provider = 0;
     std::string name;
     Handler handler;
+    uint64_t signature = 0;      ///< 0: calls are not checked
+    std::string signature_text;  ///< "int(int, int)", told to a caller whose signature differs
     std::atomic<bool> live{true};
 };
 
-/// Id -> entry: lock-free lookups (one probe in practice), inserts under a mutex.
+/// (id, provider) -> entry: lock-free lookups (one probe in practice), inserts under a mutex.
 class Registry {
   public:
     Registry();
-    [[nodiscard]] RpcEntry* find(RpcId id) const noexcept;
-    Result<void> add(RpcId id, std::string_view name, Handler h);
-    Result<void> remove(RpcId id);
+    [[nodiscard]] RpcEntry* find(RpcId id, uint16_t provider) const noexcept;
+    Result<void> add(RpcId id, std::string_view name, Handler h, const Registration& reg);
+    Result<void> remove(RpcId id, uint16_t provider);
 
   private:
     static constexpr std::size_t kCapacity = 4096;  // power of two
@@ -109,6 +112,8 @@ struct Retry {
     std::vector<std::byte> payload;  ///< the message's payload: the arguments, or the descriptor
     uint8_t flags = 0;               ///< the header's flags (kMore)
     uint8_t target_ctx = 0;
+    uint16_t provider = 0;
+    uint64_t signature = 0;
     uint8_t left = 0;    ///< retries still allowed
     Duration backoff{};  ///< the next wait (before jitter)
 };
@@ -118,7 +123,8 @@ struct CallSlot {
     uint32_t seq = 0;  ///< 0 while free
     uint16_t gen = 0;
     bool one_way = false;
-    int32_t heap = -1;  ///< index in the deadline heap, -1 if no deadline
+    uint8_t target_ctx = 0;  ///< where the call went (a cancel is sent there)
+    int32_t heap = -1;       ///< index in the deadline heap, -1 if no deadline
     uint32_t next_free = 0;
     RpcId rpc_id = 0;
     Peer* peer = nullptr;
@@ -270,6 +276,23 @@ struct Context::Impl {
     PeerLoad* last_load = nullptr;
     PeerLoad any_peer;            ///< the load of every peer when max_requests_per_peer is 0
     bool refusal_logged = false;  ///< a refusal was logged since the last sweep
+
+    // --- cancel notices (request.cpp): calls their callers canceled (wire::kCancel) ----------
+    struct CancelNotice {
+        na::AddrImpl* peer = nullptr;  ///< the caller's canonical address (compared, never used)
+        uint32_t seq = 0;
+        uint8_t reply_ctx = 0;
+    };
+    static constexpr std::size_t kMaxCancelNotices = 1024;
+    mutable std::mutex cancel_mu;
+    std::deque<CancelNotice> cancels;       ///< under cancel_mu, oldest first
+    std::atomic<std::size_t> n_cancels{0};  ///< cancels.size(): read without the lock
+    void on_cancel(const wire::Header& h, const na::Addr& source);
+    [[nodiscard]] bool cancel_noticed(const na::Addr& source, uint32_t seq,
+                                      uint8_t reply_ctx) const noexcept;
+    /// sweep(): forget every notice once the context holds no request (counted only when
+    /// admission limits are on; otherwise the oldest notices make room for new ones).
+    void clear_cancels_if_idle() noexcept;
     uint64_t rng = 0x9e3779b97f4a7c15ull;  ///< jitter of busy retries (under mu)
 
     // --- setup / teardown (context.cpp) -----------------------------------------------------

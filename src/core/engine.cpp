@@ -12,8 +12,12 @@ using namespace std::chrono_literals;
 // --- registry ---------------------------------------------------------------------------------
 
 namespace {
-inline std::size_t slot_of(RpcId id, std::size_t mask) noexcept {
-    return (id * 0x9E3779B1u) & mask;  // ids are hashes already; spread them anyway
+inline std::size_t slot_of(RpcId id, uint16_t provider, std::size_t mask) noexcept {
+    // Ids are hashes already; spread them anyway, and the providers of one id apart.
+    return ((id ^ (uint32_t(provider) * 0x85EBCA6Bu)) * 0x9E3779B1u) & mask;
+}
+std::string provider_suffix(uint16_t provider) {
+    return provider ? fmt::format(" for provider {}", provider) : std::string();
 }
 }  // namespace
 
@@ -22,34 +26,41 @@ Registry::Registry() : table_(new std::atomic<RpcEntry*>[kCapacity]) {
         table_[i].store(nullptr, std::memory_order_relaxed);
 }
 
-RpcEntry* Registry::find(RpcId id) const noexcept {
+RpcEntry* Registry::find(RpcId id, uint16_t provider) const noexcept {
     const std::size_t mask = kCapacity - 1;
-    for (std::size_t n = 0, i = slot_of(id, mask); n < kCapacity; ++n, i = (i + 1) & mask) {
+    for (std::size_t n = 0, i = slot_of(id, provider, mask); n < kCapacity;
+         ++n, i = (i + 1) & mask) {
         RpcEntry* e = table_[i].load(std::memory_order_acquire);
         if (!e) return nullptr;
-        if (e->id == id) return e->live.load(std::memory_order_acquire) ? e : nullptr;
+        if (e->id == id && e->provider == provider)
+            return e->live.load(std::memory_order_acquire) ? e : nullptr;
     }
     return nullptr;
 }
 
-Result<void> Registry::add(RpcId id, std::string_view name, Handler h) {
+Result<void> Registry::add(RpcId id, std::string_view name, Handler h, const Registration& reg) {
     if (!h) return Error{Errc::invalid_argument, fmt::format("register '{}': no handler", name)};
     std::lock_guard g(mu_);
     const std::size_t mask = kCapacity - 1;
-    for (std::size_t n = 0, i = slot_of(id, mask); n < kCapacity; ++n, i = (i + 1) & mask) {
+    for (std::size_t n = 0, i = slot_of(id, reg.provider, mask); n < kCapacity;
+         ++n, i = (i + 1) & mask) {
         RpcEntry* e = table_[i].load(std::memory_order_relaxed);
-        if (e && e->id != id) continue;
+        if (e && (e->id != id || e->provider != reg.provider)) continue;
         if (e && e->live.load(std::memory_order_relaxed))
             return Error{Errc::already_exists,
                          e->name == name
-                             ? fmt::format("RPC '{}' is already registered", name)
+                             ? fmt::format("RPC '{}' is already registered{}", name,
+                                           provider_suffix(reg.provider))
                              : fmt::format("RPC '{}' has the id {:#010x} of the registered RPC "
-                                           "'{}'; rename one of them",
-                                           name, id, e->name)};
+                                           "'{}'{}; rename one of them",
+                                           name, id, e->name, provider_suffix(reg.provider))};
         auto fresh = std::make_unique<RpcEntry>();
         fresh->id = id;
+        fresh->provider = reg.provider;
         fresh->name = std::string(name);
         fresh->handler = std::move(h);
+        fresh->signature = reg.signature;
+        fresh->signature_text = reg.signature_text;
         table_[i].store(fresh.get(), std::memory_order_release);  // replaces a dead entry
         all_.push_back(std::move(fresh));
         return ok();
@@ -58,11 +69,12 @@ Result<void> Registry::add(RpcId id, std::string_view name, Handler h) {
                  fmt::format("register '{}': the registry is full ({} RPCs)", name, kCapacity)};
 }
 
-Result<void> Registry::remove(RpcId id) {
+Result<void> Registry::remove(RpcId id, uint16_t provider) {
     std::lock_guard g(mu_);
-    RpcEntry* e = find(id);
+    RpcEntry* e = find(id, provider);
     if (!e)
-        return Error{Errc::not_found, fmt::format("{} {:#010x} is registered", kNoRpcMessage, id)};
+        return Error{Errc::not_found, fmt::format("{} {:#010x} is registered{}", kNoRpcMessage, id,
+                                                  provider_suffix(provider))};
     e->live.store(false, std::memory_order_release);
     return ok();
 }
@@ -180,16 +192,17 @@ Context& Engine::context(uint8_t i) const noexcept {
     return *impl_->contexts[i];
 }
 
-Result<void> Engine::register_rpc(RpcId id, std::string_view name, Handler handler) {
+Result<void> Engine::register_rpc(RpcId id, std::string_view name, Handler handler,
+                                  const Registration& reg) {
     if (inherited()) [[unlikely]]
         return inherited_error(fmt::format("register '{}'", name));
-    return impl_->registry.add(id, name, std::move(handler));
+    return impl_->registry.add(id, name, std::move(handler), reg);
 }
-Result<void> Engine::deregister_rpc(RpcId id) {
-    return impl_->registry.remove(id);
+Result<void> Engine::deregister_rpc(RpcId id, uint16_t provider) {
+    return impl_->registry.remove(id, provider);
 }
-std::string Engine::rpc_name(RpcId id) const {
-    RpcEntry* e = impl_->registry.find(id);
+std::string Engine::rpc_name(RpcId id, uint16_t provider) const {
+    RpcEntry* e = impl_->registry.find(id, provider);
     return e ? e->name : std::string();
 }
 

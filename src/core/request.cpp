@@ -15,6 +15,14 @@ namespace {
 std::span<const std::byte> as_bytes(const std::string& s) noexcept {
     return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
+/// The not_found answer to an id (and provider) nothing is registered for; it starts with
+/// kNoRpcMessage, by which the API tells it from a handler's own not_found.
+std::string no_rpc_message(const wire::Header& h, const std::string& where) {
+    if (h.provider == 0)
+        return fmt::format("{} {:#010x} is registered at {}", kNoRpcMessage, h.rpc_id, where);
+    return fmt::format("{} {:#010x} is registered at {} for provider {}", kNoRpcMessage, h.rpc_id,
+                       where, h.provider);
+}
 }  // namespace
 
 // --- receives ---------------------------------------------------------------------------------
@@ -88,6 +96,8 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
     }
     if (h->flags & wire::kResponse) return on_response(*h, payload, source);
     if (h->flags & wire::kAck) return on_ack(*h, source);
+    if (h->flags & wire::kCancel) [[unlikely]]
+        return on_cancel(*h, source);
     CtxCounters::bump(counters.rpcs_received);
     if (h->flags & wire::kMore) return start_pull(*h, payload, source);
     CtxCounters::bump(counters.bytes_received, payload.size());
@@ -104,18 +114,34 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
     req.seq_ = h.seq;
     req.reply_ctx_ = h.reply_ctx;
     req.one_way_ = (h.flags & wire::kOneWay) != 0;
-    RpcEntry* e = eng->registry.find(h.rpc_id);
+    req.provider_ = h.provider;
+    if (h.budget_us != 0) req.deadline_ = Clock::now() + std::chrono::microseconds(h.budget_us);
+    RpcEntry* e = eng->registry.find(h.rpc_id, h.provider);
     if (!e) [[unlikely]] {
         CtxCounters::add(counters.errors);
         if (req.one_way_) {
-            TALARIA_LOG(core, warn, "context {}: one-way call of unregistered RPC {:#010x} from {}",
-                        id, h.rpc_id, t->addr_to_string(source));
+            TALARIA_LOG(core, warn,
+                        "context {}: one-way call of unregistered RPC {:#010x} (provider {}) "
+                        "from {}",
+                        id, h.rpc_id, h.provider, t->addr_to_string(source));
             req.ctx_ = nullptr;
             return;
         }
-        (void)req.respond_error(
-            Errc::not_found, fmt::format("{} {:#010x} is registered at {}", kNoRpcMessage, h.rpc_id,
-                                         eng->self_string));
+        (void)req.respond_error(Errc::not_found, no_rpc_message(h, eng->self_string));
+        return;
+    }
+    if (h.signature != 0 && e->signature != 0 && h.signature != e->signature) [[unlikely]] {
+        CtxCounters::add(counters.errors);
+        std::string why =
+            fmt::format("{} {} registered '{}' as {}: the caller's argument or result types differ",
+                        kSignatureMessage, eng->self_string, e->name, e->signature_text);
+        if (req.one_way_) {
+            TALARIA_LOG(core, warn, "context {}: one-way call from {} dropped: {}", id,
+                        t->addr_to_string(source), why);
+            req.ctx_ = nullptr;
+            return;
+        }
+        (void)req.respond_error(Errc::invalid_argument, why);
         return;
     }
     auto load = admit(source);
@@ -147,6 +173,60 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
                 fmt::format("handler '{}' threw a non-standard exception", e->name));
     }
     // A request the handler neither answered nor kept is answered by its destructor.
+}
+
+// --- cancel notices ---------------------------------------------------------------------------
+
+void Context::Impl::on_cancel(const wire::Header& h, const na::Addr& source) {
+    CancelNotice n{source.impl()->canonical(), h.seq, h.reply_ctx};
+    std::lock_guard g(cancel_mu);
+    // Bounded: a notice for a request that already finished (the cancel crossed the answer) is
+    // never looked up; the oldest goes first, and sweep() clears them all once nothing is held.
+    if (cancels.size() >= kMaxCancelNotices) cancels.pop_front();
+    cancels.push_back(n);
+    n_cancels.store(cancels.size(), std::memory_order_release);
+}
+
+bool Context::Impl::cancel_noticed(const na::Addr& source, uint32_t seq,
+                                   uint8_t reply_ctx) const noexcept {
+    if (n_cancels.load(std::memory_order_acquire) == 0) return false;
+    na::AddrImpl* key = source.impl()->canonical();
+    std::lock_guard g(cancel_mu);
+    for (const CancelNotice& n : cancels)
+        if (n.seq == seq && n.reply_ctx == reply_ctx && n.peer == key) return true;
+    return false;
+}
+
+void Context::Impl::clear_cancels_if_idle() noexcept {
+    if (n_cancels.load(std::memory_order_relaxed) == 0) return;
+    if (eng->opts.max_requests == 0 && eng->opts.max_requests_per_peer == 0) return;
+    if (held_requests.load(std::memory_order_acquire) != 0) return;
+    std::lock_guard g(cancel_mu);
+    cancels.clear();
+    n_cancels.store(0, std::memory_order_release);
+}
+
+bool Request::cancelled() const noexcept {
+    if (!ctx_) return false;
+    if (deadline_ != TimePoint::max() && Clock::now() >= deadline_) return true;
+    return ctx_->impl_->cancel_noticed(source(), seq_, reply_ctx_);
+}
+
+CancelRef Request::cancel_ref() const {
+    CancelRef r;
+    if (!ctx_) return r;
+    r.ctx_ = ctx_;
+    r.source_ = source();
+    r.seq_ = seq_;
+    r.reply_ctx_ = reply_ctx_;
+    r.deadline_ = deadline_;
+    return r;
+}
+
+bool CancelRef::cancelled() const noexcept {
+    if (!ctx_) return false;
+    if (expired()) return true;
+    return ctx_->impl_->cancel_noticed(source_, seq_, reply_ctx_);
 }
 
 // --- responses and acks -----------------------------------------------------------------------
@@ -349,10 +429,9 @@ Result<void> Context::Impl::admit_large(const wire::Header& h, uint64_t total) {
                                  total, eng->opts.max_payload)};
     if (h.flags & wire::kResponse) return ok();  // a result of our own call (checked live)
     // Arguments: nothing is allocated for a procedure this engine does not have...
-    RpcEntry* e = eng->registry.find(h.rpc_id);
+    RpcEntry* e = eng->registry.find(h.rpc_id, h.provider);
     if (!e || !e->live.load(std::memory_order_relaxed))
-        return Error{Errc::not_found, fmt::format("{} {:#010x} is registered at {}", kNoRpcMessage,
-                                                  h.rpc_id, eng->self_string)};
+        return Error{Errc::not_found, no_rpc_message(h, eng->self_string)};
     // ...nor past the budget of large arguments held at once.
     if (!eng->reserve_large(total))
         return Error{Errc::busy,
@@ -551,7 +630,9 @@ Request::Request(Request&& o) noexcept
       reply_ctx_(o.reply_ctx_),
       one_way_(o.one_way_),
       responded_(o.responded_),
-      load_(o.load_) {
+      provider_(o.provider_),
+      load_(o.load_),
+      deadline_(o.deadline_) {
     o.ctx_ = nullptr;
     o.load_ = nullptr;
     o.input_ = {};
@@ -571,7 +652,7 @@ Request& Request::operator=(Request&& o) noexcept {
 Request::~Request() {
     // In a child across fork() the request is the parent's to answer: the child sends nothing.
     if (ctx_ && !responded_ && !one_way_ && !ctx_->impl_->t->inherited()) {
-        std::string name = ctx_->engine().rpc_name(rpc_id_);
+        std::string name = ctx_->engine().rpc_name(rpc_id_, provider_);
         if (name.empty()) name = fmt::format("{:#010x}", rpc_id_);
         std::string msg =
             fmt::format("the handler of '{}' dropped the request without responding", name);

@@ -41,6 +41,10 @@ void encode_header(Header h, std::byte* out, std::span<const std::byte> payload)
     put<uint16_t>(out + 14, h.status);
     put<uint32_t>(out + 16, h.payload_len);
     put<uint32_t>(out + 20, 0);
+    put<uint16_t>(out + 24, h.provider);
+    put<uint16_t>(out + 26, 0);
+    put<uint32_t>(out + 28, h.budget_us);
+    put<uint64_t>(out + 32, h.signature);
     if (h.flags & kChecksum) put<uint32_t>(out + 20, message_crc(out, payload));
 }
 
@@ -66,11 +70,30 @@ Result<Header> decode_header(std::span<const std::byte> msg) {
     h.status = get<uint16_t>(p + 14);
     h.payload_len = get<uint32_t>(p + 16);
     h.crc = get<uint32_t>(p + 20);
+    h.provider = get<uint16_t>(p + 24);
+    h.budget_us = get<uint32_t>(p + 28);
+    h.signature = get<uint64_t>(p + 32);
     if (h.flags & ~kKnownFlags)
         return Error{Errc::protocol_error,
                      fmt::format("rpc message with unknown flags {:#04x}", h.flags)};
     if ((h.flags & kResponse) && (h.flags & (kOneWay | kAck)))
         return Error{Errc::protocol_error, "rpc response flagged one-way or ack"};
+    if (get<uint16_t>(p + 26) != 0)
+        return Error{Errc::protocol_error,
+                     fmt::format("rpc message with reserved bytes {:#06x} (must be 0)",
+                                 get<uint16_t>(p + 26))};
+    const bool request = (h.flags & (kResponse | kAck | kCancel)) == 0;
+    if (!request && (h.provider != 0 || h.budget_us != 0 || h.signature != 0))
+        return Error{Errc::protocol_error,
+                     "rpc response, ack or cancel carrying a request's provider, deadline or "
+                     "signature"};
+    if ((h.flags & kCancel) &&
+        ((h.flags & (kResponse | kAck | kOneWay | kMore | kRetryAfter)) || h.payload_len != 0 ||
+         (h.status != static_cast<uint16_t>(Errc::canceled) &&
+          h.status != static_cast<uint16_t>(Errc::timeout))))
+        return Error{Errc::protocol_error,
+                     "rpc cancel must carry no payload, no other kind flag, and status canceled "
+                     "or timeout"};
     if (h.payload_len != msg.size() - kHeaderSize)
         return Error{Errc::protocol_error,
                      fmt::format("rpc header says {} payload bytes, {} arrived", h.payload_len,

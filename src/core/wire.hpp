@@ -1,4 +1,4 @@
-// The RPC core's wire format (docs/protocol.md, "RPC messages"): a 24-byte header in front of
+// The RPC core's wire format (docs/protocol.md, "RPC messages"): a 40-byte header in front of
 // every message the core sends, and the descriptor of a payload too large to send eagerly.
 #pragma once
 
@@ -12,8 +12,8 @@
 namespace talaria::core::wire {
 
 inline constexpr uint16_t kMagic = 0x5254;  // bytes "TR"
-inline constexpr uint8_t kVersion = 1;
-inline constexpr std::size_t kHeaderSize = 24;
+inline constexpr uint8_t kVersion = 2;
+inline constexpr std::size_t kHeaderSize = 40;
 
 /// Header flags.
 enum : uint8_t {
@@ -25,8 +25,15 @@ enum : uint8_t {
     /// A busy response whose payload starts with a u32: how many milliseconds the caller
     /// should wait at least before it sends the call again (Options::busy_retry_after).
     kRetryAfter = 0x20,
+    /// The caller gave up on its call `seq` (Future::cancel): no payload, nothing answers it;
+    /// the target's Request::cancelled() turns true.
+    kCancel = 0x40,
 };
-inline constexpr uint8_t kKnownFlags = 0x3F;
+inline constexpr uint8_t kKnownFlags = 0x7F;
+
+/// The largest deadline budget a request carries (microseconds, about 71 minutes); a longer
+/// one travels as this.
+inline constexpr uint32_t kMaxBudgetUs = 0xFFFFFFFFu;
 
 /// The na tag of every core message, and the tag of the peer watch (never sent).
 inline constexpr na::Tag kMessageTag = 0x54520001;
@@ -41,6 +48,10 @@ struct Header {
     uint16_t status = 0;     ///< responses: an Errc (0 = ok)
     uint32_t payload_len = 0;
     uint32_t crc = 0;
+    // Requests only (0 in responses, acks and cancels):
+    uint16_t provider = 0;   ///< which instance of the procedure (0: the default one)
+    uint32_t budget_us = 0;  ///< time left of the caller's deadline when sent (0: none)
+    uint64_t signature = 0;  ///< hash of the caller's argument and result types (0: unchecked)
 };
 
 /// Write `h` into out[0..kHeaderSize). When h.flags has kChecksum, `payload` must be the bytes
@@ -48,7 +59,8 @@ struct Header {
 void encode_header(Header h, std::byte* out, std::span<const std::byte> payload);
 
 /// Parse and validate a received message: magic, version, known flags, payload length equal to
-/// what arrived, status a known Errc, checksum when flagged. protocol_error says which.
+/// what arrived, status a known Errc, the request-only fields 0 elsewhere, checksum when flagged.
+/// protocol_error says which.
 Result<Header> decode_header(std::span<const std::byte> msg);
 
 /// The payload of a kMore message: where to pull the real payload from.

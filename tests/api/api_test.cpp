@@ -207,17 +207,23 @@ TEST_P(Api, UnknownRpcNamesIt) {
 }
 
 TEST_P(Api, ArgumentMismatchIsProtocolError) {
+    // Checked calls are refused by their signature before anything is decoded
+    // (Api.ASignatureMismatchIsRefusedNamingTheServersTypes); unchecked ones meet the decoders.
     open();
     server->define("sum", [](int a, int b) { return a + b; });
-    auto r = result_within(client->remote<int(std::string)>("sum").on(ep)("not two ints"));
+    auto checked = result_within(client->remote<int(std::string)>("sum").on(ep)("not two ints"));
+    ASSERT_FALSE(checked);
+    EXPECT_EQ(checked.code(), Errc::invalid_argument) << checked.error().describe();
+    auto r =
+        result_within(client->remote<int(std::string)>("sum").on(ep).unchecked()("not two ints"));
     ASSERT_FALSE(r);
     EXPECT_EQ(r.code(), Errc::protocol_error);
     EXPECT_NE(r.error().message().find("'sum'"), std::string::npos) << r.error().message();
     EXPECT_NE(r.error().message().find("(int, int)"), std::string::npos) << r.error().message();
     // Too few bytes, and a result type that does not match what the server returns.
-    auto r2 = result_within(client->remote<int(int)>("sum").on(ep)(1));
+    auto r2 = result_within(client->remote<int(int)>("sum").on(ep).unchecked()(1));
     EXPECT_EQ(r2.code(), Errc::protocol_error);
-    auto r3 = result_within(client->remote<std::string(int, int)>("sum").on(ep)(1, 2));
+    auto r3 = result_within(client->remote<std::string(int, int)>("sum").on(ep).unchecked()(1, 2));
     EXPECT_EQ(r3.code(), Errc::protocol_error);
 }
 

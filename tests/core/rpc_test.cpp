@@ -1704,7 +1704,52 @@ TEST(RpcWire, RetryAfterOnlyOnBusyResponsesWithRoomForIt) {
     EXPECT_FALSE(msg(hint, Errc::timeout, 4)) << "not busy";
     EXPECT_FALSE(msg(wire::kRetryAfter, Errc::ok, 4)) << "a request";
     EXPECT_FALSE(msg(hint | wire::kMore, Errc::busy, 20)) << "a large payload";
-    EXPECT_FALSE(msg(0x40, Errc::ok, 0)) << "unknown flag";
+    EXPECT_FALSE(msg(0x80, Errc::ok, 0)) << "unknown flag";
+}
+
+TEST(RpcWire, RequestFieldsOnlyOnRequestsAndCancelsWithoutPayload) {
+    auto msg = [](wire::Header h, std::size_t payload, uint16_t reserved = 0) {
+        h.payload_len = uint32_t(payload);
+        std::vector<std::byte> m(wire::kHeaderSize + payload);
+        wire::encode_header(h, m.data(), std::span(m).subspan(wire::kHeaderSize));
+        std::memcpy(m.data() + 26, &reserved, 2);
+        return wire::decode_header(m);
+    };
+    wire::Header req;
+    req.rpc_id = 7;
+    req.provider = 3;
+    req.budget_us = 1500;
+    req.signature = 0xABCDEF0123456789ull;
+    auto r = msg(req, 5);
+    ASSERT_TRUE(r) << r.error().describe();
+    EXPECT_EQ(r->provider, 3);
+    EXPECT_EQ(r->budget_us, 1500u);
+    EXPECT_EQ(r->signature, 0xABCDEF0123456789ull);
+    EXPECT_FALSE(msg(req, 5, 1)) << "reserved bytes not 0";
+    for (uint8_t kind : {wire::kResponse, wire::kAck}) {
+        wire::Header h = req;
+        h.flags = kind;
+        EXPECT_FALSE(msg(h, 0)) << "a request's fields on flags " << int(kind);
+        h.provider = 0;
+        h.budget_us = 0;
+        h.signature = 0;
+        EXPECT_TRUE(msg(h, 0)) << int(kind);
+    }
+    wire::Header cancel;
+    cancel.flags = wire::kCancel;
+    cancel.status = uint16_t(Errc::canceled);
+    EXPECT_TRUE(msg(cancel, 0));
+    EXPECT_FALSE(msg(cancel, 1)) << "a cancel with a payload";
+    cancel.status = uint16_t(Errc::timeout);
+    EXPECT_TRUE(msg(cancel, 0));
+    cancel.status = 0;
+    EXPECT_FALSE(msg(cancel, 0)) << "a cancel must say why";
+    cancel.status = uint16_t(Errc::canceled);
+    cancel.flags = wire::kCancel | wire::kOneWay;
+    EXPECT_FALSE(msg(cancel, 0)) << "a cancel with another kind's flag";
+    cancel.flags = wire::kCancel;
+    cancel.provider = 1;
+    EXPECT_FALSE(msg(cancel, 0)) << "a cancel with a request's fields";
 }
 
 TEST_P(Rpc, BusyAnswersCarryTheRetryAfterHint) {

@@ -26,7 +26,9 @@
 
 #include "talaria/api/endpoint.hpp"
 #include "talaria/api/error.hpp"
+#include "talaria/api/executor.hpp"
 #include "talaria/api/future.hpp"
+#include "talaria/api/signature.hpp"
 #include "talaria/bulk/bulk.hpp"
 #include "talaria/core/core.hpp"
 #include "talaria/proc/proc.hpp"
@@ -76,10 +78,11 @@ enum class WaitMode : uint8_t {
 struct EngineOptions {
     ProgressMode progress = ProgressMode::background;
     WaitMode wait = WaitMode::block;
-    uint8_t contexts = 1;         ///< RPC contexts 0..contexts-1 (overrides core.contexts)
-    bool checksum = false;        ///< crc32c on every message (overrides core.checksum)
-    Duration default_timeout{0};  ///< for calls that set none (0: no deadline)
-    core::Options core{};         ///< advanced knobs of the RPC core (recv depth, eager limit...)
+    uint8_t contexts = 1;          ///< RPC contexts 0..contexts-1 (overrides core.contexts)
+    bool checksum = false;         ///< crc32c on every message (overrides core.checksum)
+    Duration default_timeout{0};   ///< for calls that set none (0: no deadline)
+    unsigned handler_threads = 4;  ///< threads of Engine::handler_pool(), made on first use
+    core::Options core{};          ///< advanced knobs of the RPC core (recv depth, eager limit...)
 };
 
 class Engine;
@@ -115,9 +118,11 @@ struct CallSite {
 };
 CallSite call_site(EngineState& e, uint8_t from, StateBase& st) noexcept;
 /// Start a transfer on the engine's bulk context; the Future completes from its trigger().
+/// `from`: the request of the handler that starts it, whose cancel or deadline stops it.
 Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr& peer,
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
-                            std::size_t local_off, std::size_t len);
+                            std::size_t local_off, std::size_t len,
+                            const core::Request* from = nullptr);
 /// The error a caller sees for a failed call of `name` to `peer`: not_found names the RPC.
 Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e);
 /// A per-thread buffer for arguments and results that outgrow the send buffer (they then
@@ -165,16 +170,6 @@ struct EncodeInPlace {
     }
 };
 
-/// The readable name of T, e.g. "int" or "std::vector<int>".
-template <class T>
-constexpr std::string_view type_name() noexcept {
-    std::string_view p = __PRETTY_FUNCTION__;
-    auto start = p.find("T = ");
-    if (start == std::string_view::npos) return "?";
-    start += 4;
-    auto end = p.find_first_of(";]", start);
-    return p.substr(start, end - start);
-}
 template <class... T>
 std::string signature_string() {
     std::string s = "(";
@@ -216,6 +211,15 @@ class Request {
     [[nodiscard]] uint8_t context_id() const noexcept { return req_.context().id(); }
     [[nodiscard]] bool one_way() const noexcept { return req_.one_way(); }
     [[nodiscard]] bool responded() const noexcept { return req_.responded(); }
+    /// The provider the caller named (Procedure::provider); the procedure's own when it was
+    /// defined for one.
+    [[nodiscard]] uint16_t provider() const noexcept { return req_.provider(); }
+    /// When the caller stops waiting (its timeout, counted from this call's arrival);
+    /// TimePoint::max() when it set none.
+    [[nodiscard]] TimePoint deadline() const noexcept { return req_.deadline(); }
+    /// True once the caller canceled the call (Future::cancel) or its deadline passed: a long
+    /// handler checks it and stops; what it answers then is dropped by the caller.
+    [[nodiscard]] bool cancelled() const noexcept { return req_.cancelled(); }
 
     /// Respond with `v` (encoded with proc). Throws on failure; try_respond returns it.
     template <class T>
@@ -246,16 +250,20 @@ class Request {
     }
 
     /// Pull `len` bytes from the caller's `remote`[remote_off..] into `local`[local_off..].
+    /// The transfer belongs to this call: once the caller cancels it or its deadline passes, it
+    /// fails with canceled or timeout instead of running on (checked when it starts and about
+    /// every 10 ms while it runs).
     [[nodiscard]] Future<void> pull(const Bulk& remote, std::size_t remote_off, const Bulk& local,
                                     std::size_t local_off, std::size_t len) const {
         return detail::start_transfer(*engine_, bulk::Direction::pull, peer_of(remote), remote,
-                                      remote_off, local, local_off, len);
+                                      remote_off, local, local_off, len, &req_);
     }
-    /// Push `len` bytes from `local`[local_off..] into the caller's `remote`[remote_off..].
+    /// Push `len` bytes from `local`[local_off..] into the caller's `remote`[remote_off..]; it
+    /// belongs to this call, as pull's does.
     [[nodiscard]] Future<void> push(const Bulk& remote, std::size_t remote_off, const Bulk& local,
                                     std::size_t local_off, std::size_t len) const {
         return detail::start_transfer(*engine_, bulk::Direction::push, peer_of(remote), remote,
-                                      remote_off, local, local_off, len);
+                                      remote_off, local, local_off, len, &req_);
     }
 
     /// The core request (advanced use).
@@ -314,8 +322,36 @@ class Engine {
     }
     template <class F>
     Result<void> try_define(std::string_view name, F&& f);
+    /// Define `name` for provider `provider`: one of several instances of a service on this
+    /// engine, which callers pick with Procedure::provider(id) (see talaria::Provider).
+    template <class F>
+    void define(std::string_view name, uint16_t provider, F&& f) {
+        detail::value_or_throw(try_define(name, provider, std::forward<F>(f)));
+    }
+    template <class F>
+    Result<void> try_define(std::string_view name, uint16_t provider, F&& f);
+    /// Define `name` (for `provider`) with `f` running on `executor` instead of the progress
+    /// thread that received the call (talaria/api/executor.hpp): for handlers that compute,
+    /// block or sleep. The executor must outlive the procedure (undefine it first, or destroy
+    /// the engine first).
+    template <class F>
+    void define(std::string_view name, F&& f, Executor& executor) {
+        detail::value_or_throw(try_define(name, std::forward<F>(f), executor));
+    }
+    template <class F>
+    void define(std::string_view name, uint16_t provider, F&& f, Executor& executor) {
+        detail::value_or_throw(try_define(name, provider, std::forward<F>(f), executor));
+    }
+    template <class F>
+    Result<void> try_define(std::string_view name, F&& f, Executor& executor);
+    template <class F>
+    Result<void> try_define(std::string_view name, uint16_t provider, F&& f, Executor& executor);
+    /// The engine's own pool for handlers (EngineOptions::handler_threads threads, started on
+    /// the first call): `server.define("slow", f, server.handler_pool())`. It stops, running
+    /// what is queued, before the engine does.
+    [[nodiscard]] Executor& handler_pool();
     /// Remove a procedure; later calls of it fail with not_found.
-    Result<void> try_undefine(std::string_view name);
+    Result<void> try_undefine(std::string_view name, uint16_t provider = 0);
 
     /// A handle for calling procedure `name` with signature Sig (e.g. int(int, int)).
     template <class Sig>

@@ -101,6 +101,22 @@ class Procedure<R(Args...)> {
         p.busy_backoff_ = first_wait;
         return p;
     }
+    /// Which instance of the procedure to call at the peer: the provider id it was defined
+    /// for (Engine::define(name, provider, f), talaria::Provider). Default 0.
+    [[nodiscard]] Procedure provider(uint16_t id) const {
+        Procedure p = *this;
+        p.provider_ = id;
+        return p;
+    }
+    /// Send no signature hash: the peer runs the handler whatever its types, and a mismatch
+    /// shows only as arguments or a result that do not decode (or decode as something else).
+    /// For peers that spell a type differently with the same bytes (a vector<char> against a
+    /// string).
+    [[nodiscard]] Procedure unchecked() const {
+        Procedure p = *this;
+        p.checked_ = false;
+        return p;
+    }
     /// The remote context that runs the handler.
     [[nodiscard]] Procedure context(uint8_t target) const {
         Procedure p = *this;
@@ -121,6 +137,8 @@ class Procedure<R(Args...)> {
         p.timeout_set_ = timeout_set_;
         p.target_ = target_;
         p.from_ = from_;
+        p.provider_ = provider_;
+        p.checked_ = checked_;
         p.one_way_ = true;
         return p;
     }
@@ -152,6 +170,10 @@ class Procedure<R(Args...)> {
         opts.busy_retries = one_way_ ? 0 : busy_retries_;
         opts.busy_backoff = busy_backoff_;
         opts.one_way = one_way_;
+        opts.provider = provider_;
+        // One-way calls are not checked: the target's handler may return a value nobody reads.
+        if (checked_ && !one_way_)
+            opts.signature = detail::kSignatureHash<Ret, std::decay_t<Args>...>;
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
         // when they outgrow the eager size: then they travel as large arguments).
@@ -184,6 +206,8 @@ class Procedure<R(Args...)> {
     bool timeout_set_ = false;
     uint8_t target_ = 0;
     uint8_t from_ = 0;
+    uint16_t provider_ = 0;
+    bool checked_ = true;
     bool one_way_ = false;
 };
 

@@ -63,6 +63,10 @@ constexpr RpcId rpc_id(std::string_view name) noexcept {
 /// 0x........ is registered at <address>"), so that the API can tell it from a handler's own
 /// not_found (docs/protocol.md).
 inline constexpr std::string_view kNoRpcMessage = "no RPC with id";
+/// How the message of an invalid_argument answer to a call whose signature hash differs from
+/// the registered one begins ("signature mismatch: <address> registered '<name>' as <types>:
+/// ..."), so that the API can word it from the caller's side.
+inline constexpr std::string_view kSignatureMessage = "signature mismatch:";
 
 class Engine;
 class Context;
@@ -147,6 +151,24 @@ struct CallOptions {
     /// (nothing answers).
     uint8_t busy_retries = 0;
     Duration busy_backoff = std::chrono::milliseconds(1);
+    /// Which instance of the procedure at the target (Engine::register_rpc's provider).
+    uint16_t provider = 0;
+    /// A hash of the caller's argument and result types; a target that registered the
+    /// procedure with a different one answers invalid_argument instead of running it. 0: not
+    /// checked.
+    uint64_t signature = 0;
+};
+
+/// How a procedure is registered (Engine::register_rpc).
+struct Registration {
+    /// Several instances of one procedure may serve on one engine, one per provider id (a
+    /// service's instances: Thallium's and Margo's providers); a call names one with
+    /// CallOptions::provider.
+    uint16_t provider = 0;
+    /// The hash of the handler's argument and result types (0: calls are not checked), and
+    /// their spelling ("int(int, int)"), which a mismatched caller is told.
+    uint64_t signature = 0;
+    std::string signature_text;
 };
 
 /// Completes a call, once: the result bytes (valid during the callback only), or the error:
@@ -194,6 +216,30 @@ struct CallId {
 /// it may respond before returning, or move the Request out and respond later from any thread.
 using Handler = std::function<void(Request&)>;
 
+/// What a handler's helpers keep of a received call to ask later, from any thread, whether its
+/// caller still waits for it (Request::cancel_ref()). Copyable; valid while the engine lives.
+class CancelRef {
+  public:
+    CancelRef() noexcept = default;
+    [[nodiscard]] bool valid() const noexcept { return ctx_ != nullptr; }
+    /// Request::deadline() of the call.
+    [[nodiscard]] TimePoint deadline() const noexcept { return deadline_; }
+    /// Request::cancelled() of the call.
+    [[nodiscard]] bool cancelled() const noexcept;
+    /// Whether the deadline (not a cancel message) is what ended it.
+    [[nodiscard]] bool expired() const noexcept {
+        return deadline_ != TimePoint::max() && Clock::now() >= deadline_;
+    }
+
+  private:
+    friend class Request;
+    Context* ctx_ = nullptr;
+    na::Addr source_;
+    uint32_t seq_ = 0;
+    uint8_t reply_ctx_ = 0;
+    TimePoint deadline_ = TimePoint::max();
+};
+
 /// One received call. Move-only. If destroyed without a response (and not one-way), it responds
 /// with Errc::internal ("the handler dropped the request") so no caller ever hangs.
 class Request {
@@ -220,6 +266,18 @@ class Request {
     /// The context that received it (the handler runs there).
     [[nodiscard]] Context& context() const noexcept { return *ctx_; }
     [[nodiscard]] bool one_way() const noexcept { return one_way_; }
+    /// The provider the caller named (CallOptions::provider).
+    [[nodiscard]] uint16_t provider() const noexcept { return provider_; }
+    /// When the caller stops waiting: its deadline, carried as the time it had left when it
+    /// sent the call and counted from the arrival here (so it errs late by the one-way
+    /// latency, never early). TimePoint::max() when the call has none.
+    [[nodiscard]] TimePoint deadline() const noexcept { return deadline_; }
+    /// Whether the caller no longer wants the answer: it canceled the call (its cancel message
+    /// has arrived), or the call's deadline passed. A long handler checks it and stops early;
+    /// its answer, if it still sends one, is dropped by the caller. Any thread.
+    [[nodiscard]] bool cancelled() const noexcept;
+    /// The same question, kept apart from the Request (e.g. by a transfer it started).
+    [[nodiscard]] CancelRef cancel_ref() const;
     /// The argument bytes: valid during the handler call only (not after a move of the Request
     /// out of the handler; decode them first).
     [[nodiscard]] std::span<const std::byte> input() const noexcept { return input_; }
@@ -252,7 +310,9 @@ class Request {
     uint8_t reply_ctx_ = 0;
     bool one_way_ = false;
     bool responded_ = false;
+    uint16_t provider_ = 0;
     PeerLoad* load_ = nullptr;  ///< counted in this peer's and the context's held requests
+    TimePoint deadline_ = TimePoint::max();
 };
 
 /// One context of an Engine: posted receives, outgoing calls and their deadlines.
@@ -305,6 +365,7 @@ class Context {
   private:
     friend class Engine;
     friend class Request;
+    friend class CancelRef;
     Context(Engine* e, std::unique_ptr<Impl> impl);
     Engine* engine_;
     std::unique_ptr<Impl> impl_;
@@ -332,14 +393,15 @@ class Engine {
     [[nodiscard]] uint8_t context_count() const noexcept;
     [[nodiscard]] Context& context(uint8_t i) const noexcept;
 
-    /// Register `handler` for `id` (normally rpc_id(name)); the name is kept for messages.
-    /// already_exists if the id is taken (by this name or another that hashes the same).
-    /// Any thread, any time: calls arriving for an id not (yet) registered are answered with
-    /// not_found.
-    Result<void> register_rpc(RpcId id, std::string_view name, Handler handler);
-    Result<void> deregister_rpc(RpcId id);
+    /// Register `handler` for `id` (normally rpc_id(name)) and `reg.provider`; the name is
+    /// kept for messages. already_exists if the id is taken for that provider (by this name or
+    /// another that hashes the same). Any thread, any time: calls arriving for an id and
+    /// provider not (yet) registered are answered with not_found.
+    Result<void> register_rpc(RpcId id, std::string_view name, Handler handler,
+                              const Registration& reg = {});
+    Result<void> deregister_rpc(RpcId id, uint16_t provider = 0);
     /// The name registered for `id` (empty if none).
-    [[nodiscard]] std::string rpc_name(RpcId id) const;
+    [[nodiscard]] std::string rpc_name(RpcId id, uint16_t provider = 0) const;
 
     /// This engine was opened by another process and the caller is a child that inherited it
     /// across fork(). Every call then fails at once with Errc::invalid_state (forward,
