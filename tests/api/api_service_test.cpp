@@ -256,19 +256,25 @@ namespace {
 
 TEST_P(Api, AHandlerOnAPoolThreadDoesNotStallItsContext) {
     open();
-    std::atomic<bool> release{false};
-    std::atomic<int> on_progress_thread{0};
-    const auto progress_thread_id = std::make_shared<std::thread::id>();
-    server->define("here", [&] {
-        *progress_thread_id = std::this_thread::get_id();
+    // Shared with the handlers on the heap: the engine keeps them (and the pool may finish a
+    // job's last instructions) past the test body's stack.
+    struct Shared {
+        std::atomic<bool> release{false};
+        std::atomic<int> on_progress_thread{0};
+        std::atomic<std::thread::id> progress_thread{};
+    };
+    auto sh = std::make_shared<Shared>();
+    server->define("here", [sh] {
+        sh->progress_thread = std::this_thread::get_id();
         return 1;
     });
     EXPECT_EQ(value_within(client->remote<int()>("here").on(ep)()), 1);
     server->define(
         "slow",
-        [&](int x) {
-            if (std::this_thread::get_id() == *progress_thread_id) on_progress_thread.fetch_add(1);
-            for (int i = 0; i < 10000 && !release.load(); ++i)
+        [sh](int x) {
+            if (std::this_thread::get_id() == sh->progress_thread.load())
+                sh->on_progress_thread.fetch_add(1);
+            for (int i = 0; i < 10000 && !sh->release.load(); ++i)
                 std::this_thread::sleep_for(1ms);
             return x;
         },
@@ -279,10 +285,10 @@ TEST_P(Api, AHandlerOnAPoolThreadDoesNotStallItsContext) {
     // The context's thread is free: another call is answered while both slow ones run.
     EXPECT_EQ(value_within(client->remote<int()>("here").on(ep)()), 1);
     EXPECT_FALSE(a.ready());
-    release = true;
+    sh->release = true;
     EXPECT_EQ(value_within(std::move(a)), 1);
     EXPECT_EQ(value_within(std::move(b)), 2);
-    EXPECT_EQ(on_progress_thread.load(), 0);
+    EXPECT_EQ(sh->on_progress_thread.load(), 0);
 }
 
 TEST_P(Api, AHandlerOnAPoolThreadHearsOfACancel) {
