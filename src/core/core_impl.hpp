@@ -290,6 +290,9 @@ struct Context::Impl {
     void on_cancel(const wire::Header& h, const na::Addr& source);
     [[nodiscard]] bool cancel_noticed(const na::Addr& source, uint32_t seq,
                                       uint8_t reply_ctx) const noexcept;
+    /// Request::cancelled() and CancelRef::cancelled(): the deadline passed, or a notice came.
+    [[nodiscard]] bool call_ended(TimePoint deadline, const na::Addr& source, uint32_t seq,
+                                  uint8_t reply_ctx) const noexcept;
     /// sweep(): forget every notice once the context holds no request (counted only when
     /// admission limits are on; otherwise the oldest notices make room for new ones).
     void clear_cancels_if_idle() noexcept;

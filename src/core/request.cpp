@@ -206,10 +206,14 @@ void Context::Impl::clear_cancels_if_idle() noexcept {
     n_cancels.store(0, std::memory_order_release);
 }
 
+bool Context::Impl::call_ended(TimePoint deadline, const na::Addr& source, uint32_t seq,
+                               uint8_t reply_ctx) const noexcept {
+    if (deadline != TimePoint::max() && Clock::now() >= deadline) return true;
+    return cancel_noticed(source, seq, reply_ctx);
+}
+
 bool Request::cancelled() const noexcept {
-    if (!ctx_) return false;
-    if (deadline_ != TimePoint::max() && Clock::now() >= deadline_) return true;
-    return ctx_->impl_->cancel_noticed(source(), seq_, reply_ctx_);
+    return ctx_ && ctx_->impl_->call_ended(deadline_, source(), seq_, reply_ctx_);
 }
 
 CancelRef Request::cancel_ref() const {
@@ -224,9 +228,7 @@ CancelRef Request::cancel_ref() const {
 }
 
 bool CancelRef::cancelled() const noexcept {
-    if (!ctx_) return false;
-    if (expired()) return true;
-    return ctx_->impl_->cancel_noticed(source_, seq_, reply_ctx_);
+    return ctx_ && ctx_->impl_->call_ended(deadline_, source_, seq_, reply_ctx_);
 }
 
 // --- responses and acks -----------------------------------------------------------------------
