@@ -732,6 +732,15 @@ Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Er
         case Errc::timeout:
             return Error(Errc::timeout,
                          fmt::format("rpc '{}' to {} timed out{}", name, where, detail));
+        case Errc::invalid_argument:
+            // The target's core refused the call's signature hash: say what to do about it.
+            if (e.message().starts_with(core::kSignatureMessage))
+                return Error(Errc::invalid_argument,
+                             fmt::format("rpc '{}' to {}{}; declare the call with those types "
+                                         "(remote<R(Args...)>), or make it .unchecked() if the "
+                                         "two spellings encode the same bytes",
+                                         name, where, detail));
+            return Error(e.code(), fmt::format("rpc '{}' to {}{}", name, where, detail));
         default:
             return Error(e.code(), fmt::format("rpc '{}' to {}{}", name, where, detail));
     }
