@@ -356,11 +356,4 @@ void Context::end_block() noexcept {
     impl_->waiting.store(false, std::memory_order_relaxed);
 }
 
-Error ops_exhausted(std::string_view who, std::size_t max_ops) {
-    return Error{Errc::again,
-                 fmt::format("{}: {} operations already in flight (Options::max_ops): progress and "
-                             "trigger to complete some, then retry, or raise max_ops",
-                             who, max_ops)};
-}
-
 }  // namespace talaria::na

@@ -91,32 +91,6 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
                                                   url.scheme, fmt::join(transports_built(), ", ")));
 }
 
-Result<void> check_rma_args(const Transport* t, std::string_view scheme, std::string_view what,
-                            const Context& ctx, const MemHandle& local, std::size_t local_off,
-                            const MemHandle& remote, std::size_t len, const Addr& remote_addr) {
-    if (&ctx.transport() != t)
-        return Error(Errc::invalid_argument,
-                     fmt::format("{} {}: the context belongs to another transport", scheme, what));
-    if (!remote_addr || remote_addr.impl()->transport() != t)
-        return Error(
-            Errc::invalid_argument,
-            fmt::format("{} {}: remote_addr is not an address of this transport", scheme, what));
-    if (!local || local->transport() != t || !local->local())
-        return Error(Errc::invalid_argument,
-                     fmt::format("{} {}: the local handle is not a registration of this endpoint",
-                                 scheme, what));
-    if (!remote || remote->transport() != t)
-        return Error(Errc::invalid_argument,
-                     fmt::format("{} {}: the remote handle is not a handle of this endpoint "
-                                 "(deserialize it here)",
-                                 scheme, what));
-    if (local_off > local->length() || len > local->length() - local_off)
-        return Error(Errc::out_of_range,
-                     fmt::format("{} {}: local range [{}, +{}) is outside the {}-byte registration",
-                                 scheme, what, local_off, len, local->length()));
-    return ok();
-}
-
 // --- message buffers ---------------------------------------------------------------------------
 
 MsgBuffer& MsgBuffer::operator=(MsgBuffer&& o) noexcept {

@@ -137,7 +137,7 @@ class OpPool final : public OpReleaser {
 /// The checks every post_put/post_get makes before anything moves: the context, address and
 /// handles belong to transport `t` (`scheme`, e.g. "ofi+tcp"), the local handle is registered
 /// here, and [local_off, +len) lies inside it. `what` is "post_put" or "post_get". Errors say
-/// which argument is wrong (invalid_argument, out_of_range). Defined in na.cpp.
+/// which argument is wrong (invalid_argument, out_of_range). Defined in support.cpp.
 Result<void> check_rma_args(const Transport* t, std::string_view scheme, std::string_view what,
                             const Context& ctx, const MemHandle& local, std::size_t local_off,
                             const MemHandle& remote, std::size_t len, const Addr& remote_addr);
