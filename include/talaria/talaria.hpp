@@ -13,6 +13,7 @@
 
 #pragma GCC visibility push(default)  // public API: exported from libtalaria.so
 
+#include "talaria/api/config.hpp"
 #include "talaria/api/define.hpp"
 #include "talaria/api/endpoint.hpp"
 #include "talaria/api/engine.hpp"

@@ -1,5 +1,6 @@
 // The api Engine: owns the core engine, the bulk transfer context and the progress threads.
 #include "talaria/api/engine.hpp"
+#include "talaria/api/config.hpp"
 #include "talaria/api/provider.hpp"
 
 #include <algorithm>
@@ -205,6 +206,8 @@ class EngineState {
     std::unordered_map<std::string, std::unique_ptr<ProcInfo>> procs;
 
     EngineOptions opts;
+    bool listens = false;     ///< opened to accept connections
+    std::string secret_file;  ///< where opts' secret came from, if known (config_json)
     std::unique_ptr<core::Engine> core;
     /// The context bulk transfers of this layer run on (na id = opts.contexts), and the
     /// transfers on it (destroyed first: it cancels and drains what is in flight).
@@ -844,6 +847,7 @@ Result<Engine> Engine::open(std::string_view address, bool accept, EngineOptions
     }
     auto st = std::make_unique<detail::EngineState>();
     st->opts = opts;
+    st->listens = accept;
     st->wait.store(opts.wait, std::memory_order_relaxed);
     TALARIA_TRY(ce, core::Engine::open(address, co));
     st->core = std::move(ce);
@@ -861,6 +865,21 @@ Result<Engine> Engine::open(std::string_view address, bool accept, EngineOptions
     TALARIA_LOG(api, debug, "engine {} open ({} contexts, {} progress)", st->core->self_string(),
                 opts.contexts, opts.progress == ProgressMode::manual ? "manual" : "background");
     return Engine(std::move(st));
+}
+
+Engine::Engine(const EngineConfig& config)
+    : Engine(detail::value_or_throw(open(config.address, config.listen, config.options))) {
+    state_->secret_file = config.secret_file;
+}
+
+std::string Engine::config_json(int indent) const {
+    EngineConfig c;
+    c.address = self_address();
+    c.listen = state_->listens;
+    c.options = state_->opts;
+    c.options.wait = state_->wait.load(std::memory_order_relaxed);
+    c.secret_file = state_->secret_file;
+    return c.to_json(indent);
 }
 
 std::string Engine::self_address() const {

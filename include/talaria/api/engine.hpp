@@ -86,6 +86,7 @@ struct EngineOptions {
 };
 
 class Engine;
+struct EngineConfig;
 class Request;
 template <class Sig>
 class Procedure;
@@ -297,6 +298,15 @@ class Engine {
     Engine(std::string_view address, Listen, EngineOptions opts = {});
     /// Non-throwing twin of the constructors (`accept`: listen for connections).
     static Result<Engine> open(std::string_view address, bool accept, EngineOptions opts = {});
+    /// An engine as a configuration says (talaria/api/config.hpp: EngineConfig::from_json
+    /// reads one from JSON): its address, whether it listens, its options.
+    explicit Engine(const EngineConfig& config);
+    /// What this engine runs with, as JSON that EngineConfig::from_json reads back: its own
+    /// address (the port it was given, if it asked for port 0), whether it listens, and every
+    /// option, defaults included, with the wait mode it has now (set_wait_mode). The secret
+    /// of na auth is never shown: "secret" says "set" or "none", and "secret_file" names its
+    /// file when the engine was made from an EngineConfig that read it.
+    [[nodiscard]] std::string config_json(int indent = 2) const;
 
     Engine(Engine&&) noexcept;
     Engine& operator=(Engine&&) noexcept;

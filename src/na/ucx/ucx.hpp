@@ -696,4 +696,8 @@ inline UcxAddr* ucx_addr(const Addr& a) noexcept {
 /// Errc for a UCS status of a failed operation or endpoint.
 Errc errc_of(ucs_status_t st) noexcept;
 
+/// Sends UCX's own log messages to Talaria's log instead of stdout (ucx_log.cpp); called before
+/// each UCX context is made, acts once per process.
+void route_ucx_log();
+
 }  // namespace talaria::na::ucx

@@ -474,6 +474,7 @@ UcxTransport::~UcxTransport() {
 }
 
 Result<void> UcxTransport::init_context() {
+    route_ucx_log();
     ucp_config_t* cfg = nullptr;
     // User UCX_* environment variables still apply underneath (ucp_config_read reads them);
     // the keys below, which this transport's contract depends on, are always ours.

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -103,6 +105,55 @@ TEST(UcxAddress, TransportsOrDevicesNotPresentAreNotSupported) {
         EXPECT_EQ(t.code(), Errc::not_supported) << t.error().describe();
         EXPECT_NE(t.error().message().find("ucp_init"), std::string::npos) << t.error().describe();
     }
+}
+
+// UCX's own messages go to Talaria's log, never to stdout (where they would corrupt an
+// application's output, e.g. talaria-info --json). An environment variable UCX does not know
+// makes it warn ("unused env variable") when its context is created. ctest runs each
+// test in a process of its own, so this is the first UCX context of the process, and UCX warns.
+TEST(UcxDiagnostics, UcxWarningsGoToTheLogNotStdout) {
+    ::setenv("UCX_TALARIA_TEST_NO_SUCH_SETTING", "1", 1);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    char out_path[] = "/tmp/talaria-ucx-stdout-XXXXXX";
+    char err_path[] = "/tmp/talaria-ucx-stderr-XXXXXX";
+    int out_fd = ::mkstemp(out_path);
+    int err_fd = ::mkstemp(err_path);
+    ASSERT_GE(out_fd, 0);
+    ASSERT_GE(err_fd, 0);
+    int saved_out = ::dup(1);
+    int saved_err = ::dup(2);
+    ::dup2(out_fd, 1);
+    ::dup2(err_fd, 2);
+    {
+        auto t = open("ucx+tcp://127.0.0.1:0");
+        EXPECT_TRUE(t) << t.error().describe();
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::dup2(saved_out, 1);
+    ::dup2(saved_err, 2);
+    ::close(saved_out);
+    ::close(saved_err);
+    ::unsetenv("UCX_TALARIA_TEST_NO_SUCH_SETTING");
+    auto slurp = [](int fd) {
+        std::string text;
+        char buf[4096];
+        ::lseek(fd, 0, SEEK_SET);
+        for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+            text.append(buf, std::size_t(n));
+        ::close(fd);
+        return text;
+    };
+    std::string out = slurp(out_fd);
+    std::string err = slurp(err_fd);
+    ::unlink(out_path);
+    ::unlink(err_path);
+    EXPECT_EQ(out, "") << "UCX wrote to stdout";
+    // The warning, through Talaria's log (warn, subsystem ucx: on by default, to stderr).
+    EXPECT_NE(err.find("warn ucx"), std::string::npos) << err;
+    EXPECT_NE(err.find("UCX: unused env variable"), std::string::npos) << err;
+    EXPECT_NE(err.find("UCX_TALARIA_TEST_NO_SUCH_SETTING"), std::string::npos) << err;
 }
 
 TEST(UcxAddress, NamesAndLookups) {
