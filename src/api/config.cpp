@@ -43,7 +43,10 @@ class ObjectReader {
         known_.emplace_back(key);
         const json* v = find(key);
         if (!v) return ok();
-        if (!v->is_number_integer()) return wrong(key, *v, "an integer");
+        if (!v->is_number_integer() ||
+            (v->is_number_unsigned() &&
+             v->get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max())))
+            return wrong(key, *v, "an integer (of 64 bits)");
         out = v->get<std::int64_t>();
         return ok();
     }
@@ -68,11 +71,12 @@ class ObjectReader {
         known_.emplace_back(key);
         const json* v = find(key);
         if (!v) return ok();
-        // Up to a year: beyond, nanoseconds would near their range, and no setting needs it.
-        constexpr double kMaxMs = 365.0 * 24 * 3600 * 1000;
+        // Up to 100 years: nanoseconds in 64 bits reach 292, and no setting needs more.
+        constexpr double kMaxMs = 100.0 * 365 * 24 * 3600 * 1000;
         if (!v->is_number() || !(v->get<double>() >= 0) || v->get<double>() > kMaxMs)
-            return wrong(key, *v, "a number of milliseconds, from 0 to a year");
-        out = std::chrono::duration_cast<Duration>(
+            return wrong(key, *v, "a number of milliseconds, from 0 to 100 years");
+        // Rounded, not truncated: a dump of n ns (n / 1e6 ms) reads back as n ns.
+        out = std::chrono::round<Duration>(
             std::chrono::duration<double, std::milli>(v->get<double>()));
         return ok();
     }

@@ -125,6 +125,13 @@ TEST(Config, ErrorsNameTheKeyWhatItMustBeAndWhatItWas) {
               std::string::npos);
     EXPECT_NE(refusal(R"({"na": []})").find("na: must be an object, not []"), std::string::npos);
     EXPECT_NE(refusal("[1, 2]").find("must be a JSON object, not array"), std::string::npos);
+    EXPECT_NE(refusal(R"({"na": {"sm_group": 18446744073709551615}})")
+                  .find("na.sm_group: must be an integer (of 64 bits)"),
+              std::string::npos);
+    EXPECT_NE(refusal(R"({"core": {"ack_linger_ms": 4e12}})")
+                  .find("core.ack_linger_ms: must be a number of milliseconds, from 0 to 100 "
+                        "years"),
+              std::string::npos);
     // A syntax error: where, by the parser's account.
     auto syntax = refusal("{\"contexts\": 2,\n \"wait\" \"busy\"}");
     EXPECT_NE(syntax.find("not valid JSON"), std::string::npos) << syntax;
@@ -142,6 +149,20 @@ TEST(Config, ErrorsNameTheKeyWhatItMustBeAndWhatItWas) {
         EXPECT_NE(std::string(e.what()).find("contexts: must be an unsigned integer"),
                   std::string::npos);
     }
+}
+
+TEST(Config, DurationsReadBackToTheNanosecond) {
+    EngineConfig c;
+    c.options.default_timeout = std::chrono::nanoseconds(1'000'001);
+    c.options.core.ack_linger = std::chrono::nanoseconds(2'999'999'999);
+    c.options.core.busy_retry_after = std::chrono::nanoseconds(7);
+    auto back = EngineConfig::from_json(c.to_json());
+    EXPECT_EQ(back.options.default_timeout, c.options.default_timeout);
+    EXPECT_EQ(back.options.core.ack_linger, c.options.core.ack_linger);
+    EXPECT_EQ(back.options.core.busy_retry_after, c.options.core.busy_retry_after);
+    EXPECT_EQ(
+        EngineConfig::from_json(R"({"default_timeout_ms": 1.000001})").options.default_timeout,
+        std::chrono::nanoseconds(1'000'001));
 }
 
 TEST(Config, ASecretIsReadFromItsFileAndNeverDumped) {

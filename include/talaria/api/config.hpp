@@ -16,10 +16,11 @@
 //   }
 //
 // The keys are the fields of EngineOptions, core::Options and na::Options (their comments say
-// what each does); durations are in milliseconds (fractions allowed). core.contexts,
-// core.checksum and na.listen are not keys: "contexts", "checksum" and "listen" set them. A
-// secret never appears in JSON: "secret_file" names the file it is read from
-// (na::read_secret_file), and a dump says "secret": "set" or "none" in its place.
+// what each does); durations are in milliseconds (fractions allowed, 0 to 100 years); comments
+// (// and /* */) are allowed. core.contexts, core.checksum and na.listen are not keys:
+// "contexts", "checksum" and "listen" set them. A secret never appears in JSON: "secret_file"
+// names the file it is read from (na::read_secret_file), and a dump says "secret": "set" or
+// "none" in its place.
 #pragma once
 
 #include <string>

@@ -301,9 +301,11 @@ class Engine {
     /// An engine as a configuration says (talaria/api/config.hpp: EngineConfig::from_json
     /// reads one from JSON): its address, whether it listens, its options.
     explicit Engine(const EngineConfig& config);
-    /// What this engine runs with, as JSON that EngineConfig::from_json reads back: its own
+    /// This engine's configuration, as JSON that EngineConfig::from_json reads back: its own
     /// address (the port it was given, if it asked for port 0), whether it listens, and every
-    /// option, defaults included, with the wait mode it has now (set_wait_mode). The secret
+    /// option it was opened with, defaults included (as given: not the values the engine
+    /// derives from them, such as na.max_contexts raised to fit its contexts), with the wait
+    /// mode it has now (set_wait_mode). The secret
     /// of na auth is never shown: "secret" says "set" or "none", and "secret_file" names its
     /// file when the engine was made from an EngineConfig that read it.
     [[nodiscard]] std::string config_json(int indent = 2) const;

@@ -27,7 +27,9 @@ struct Dir {
 /// TALARIA_PLUGIN_DIR when set, else the folder beside this library that the build and
 /// `cmake --install` put the plugins in, found from where the library itself was loaded.
 Dir plugin_dir() {
-    if (const char* d = std::getenv("TALARIA_PLUGIN_DIR"); d && *d)
+    // secure_getenv: a setuid or file-capability program ignores it, and loads only the
+    // plugins installed with the library.
+    if (const char* d = ::secure_getenv("TALARIA_PLUGIN_DIR"); d && *d)
         return {d, "set by TALARIA_PLUGIN_DIR"};
     Dl_info info{};
     if (::dladdr(reinterpret_cast<void*>(&plugin_dir), &info) != 0 && info.dli_fname) {
@@ -53,32 +55,59 @@ Result<const Plugin*> load(std::string_view family, std::string_view needs) {
                                  "or set TALARIA_PLUGIN_DIR to the folder that holds na_{0}.so",
                                  family, path, dir.how, std::strerror(err), needs));
     }
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    // Loaded without RTLD_NODELETE until it is checked, so that a file refused below is
+    // unloaded again (with whatever it pulled in, e.g. another version of libtalaria).
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
-        const char* why = ::dlerror();
-        return Error(Errc::not_supported,
-                     fmt::format("the {} transport's plugin {} could not be loaded: {}: is {} "
-                                 "installed where the dynamic linker looks?",
-                                 family, path, why ? why : "unknown error", needs));
-    }
-    // RTLD_NODELETE keeps the plugin mapped after this dlclose: its code and the Transport
-    // objects it makes outlive the handle.
-    auto* entry = reinterpret_cast<const Plugin* (*)() noexcept>(::dlsym(handle, kPluginEntry));
-    const Plugin* p = entry ? entry() : nullptr;
-    ::dlclose(handle);
-    if (!p)
-        return Error(Errc::not_supported,
-                     fmt::format("{} is not a Talaria transport plugin: it has no {}() (remove it, "
-                                 "or point TALARIA_PLUGIN_DIR elsewhere)",
-                                 path, kPluginEntry));
-    if (p->abi != kPluginAbi || std::strcmp(p->version, TALARIA_VERSION_STRING) != 0 ||
-        p->layout != kPluginLayout || std::string_view(p->family) != family || !p->open)
+        const char* e = ::dlerror();
+        std::string why = e ? e : "unknown error";
+        // The library the plugin links missing (libfabric.so.1, libucp.so.0: "lib" + the
+        // family's library stem appears in the message), or the plugin itself unusable.
+        bool dependency = why.find(family == "ofi" ? "libfabric" : "libuc") != std::string::npos;
         return Error(
             Errc::not_supported,
-            fmt::format("{} was built for Talaria {} (plugin ABI {}, family '{}'), and "
-                        "this library is Talaria {} (plugin ABI {}): install the plugin "
-                        "built with this library",
-                        path, p->version, p->abi, p->family, TALARIA_VERSION_STRING, kPluginAbi));
+            dependency
+                ? fmt::format("the {} transport's plugin {} could not be loaded: {}: is {} "
+                              "installed where the dynamic linker looks?",
+                              family, path, why, needs)
+                : fmt::format("the {} transport's plugin {} could not be loaded: {}: reinstall "
+                              "the plugin built with this library, or point TALARIA_PLUGIN_DIR "
+                              "at its folder",
+                              family, path, why));
+    }
+    auto* entry = reinterpret_cast<const Plugin* (*)() noexcept>(::dlsym(handle, kPluginEntry));
+    const Plugin* p = entry ? entry() : nullptr;
+    auto refuse = [&](std::string why) -> Error {
+        ::dlclose(handle);
+        return Error(Errc::not_supported,
+                     fmt::format("{} is not a plugin for this library: {}: install the plugin "
+                                 "built with this library (Talaria {}), or point "
+                                 "TALARIA_PLUGIN_DIR elsewhere",
+                                 path, why, TALARIA_VERSION_STRING));
+    };
+    if (!p) return refuse(fmt::format("it has no {}()", kPluginEntry));
+    auto text = [](const char* v) { return v ? std::string_view(v) : std::string_view("(null)"); };
+    if (p->abi != kPluginAbi)
+        return refuse(fmt::format("its plugin ABI is {}, this library's {}", p->abi, kPluginAbi));
+    if (text(p->version) != TALARIA_VERSION_STRING)
+        return refuse(fmt::format("it was built for Talaria {}", text(p->version)));
+    if (text(p->build) != kPluginBuild)
+        return refuse(
+            fmt::format("it comes from another build of Talaria {} (build {}, this "
+                        "library's {})",
+                        TALARIA_VERSION_STRING, text(p->build), kPluginBuild));
+    if (p->layout != kPluginLayout)
+        return refuse(fmt::format("its layout stamp is {:#x}, this library's {:#x}", p->layout,
+                                  kPluginLayout));
+    if (text(p->family) != family || !p->open)
+        return refuse(fmt::format("it holds the '{}' transport", text(p->family)));
+    // Checked: keep it loaded for the life of the process (its code runs the Transports it
+    // makes), then let go of this handle.
+    if (!::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) {
+        const char* e = ::dlerror();
+        return refuse(fmt::format("it could not be kept loaded: {}", e ? e : "unknown error"));
+    }
+    ::dlclose(handle);
     TALARIA_LOG(na, debug, "loaded the {} transport from {}", family, path);
     return p;
 }

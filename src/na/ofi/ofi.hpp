@@ -728,4 +728,8 @@ inline constexpr std::size_t kSizeClass[2] = {4096, kMaxMessageSize};
 /// Buffers per registered slab.
 inline constexpr std::size_t kSlabSlots = 16;
 
+/// Sends libfabric's own log messages to Talaria's log (ofi_log.cpp); called before each
+/// transport first asks libfabric anything, acts once per process.
+void route_ofi_log();
+
 }  // namespace talaria::na::ofi

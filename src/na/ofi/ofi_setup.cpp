@@ -34,6 +34,7 @@ namespace talaria::na {
 
 Result<std::unique_ptr<Transport>> open_ofi(std::string_view sub, std::string_view rest,
                                             const Options& o) {
+    ofi::route_ofi_log();
     auto t = std::make_unique<ofi::OfiTransport>(o, "ofi+" + std::string(sub));
     TALARIA_CHECK(t->init(sub, rest));
     return std::unique_ptr<Transport>(std::move(t));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -17,8 +18,10 @@
 
 #include "harness.hpp"
 #include "na/ofi/ofi.hpp"
+#include "output_capture.hpp"
 #include "peer_process.hpp"
 #include "talaria/na/na.hpp"
+#include "talaria/util/log.hpp"
 
 namespace talaria::na {
 namespace {
@@ -723,6 +726,24 @@ INSTANTIATE_TEST_SUITE_P(ofi, OfiProviders,
                          });
 
 // --- opening: provider names, capabilities, address strings -----------------------------------
+
+// libfabric's own messages go to Talaria's log (fi_import_log), never to stdout. With
+// FI_LOG_LEVEL=info libfabric reports what it does as a transport opens; ctest runs each test in
+// a process of its own, so libfabric reads the variable here first.
+TEST(OfiDiagnostics, LibfabricMessagesGoToTheLog) {
+    ::setenv("FI_LOG_LEVEL", "info", 1);
+    log::set_level(log::Subsys::ofi, log::Level::info);
+    auto o = test::capture_output([] {
+        auto t = open("ofi+tcp://127.0.0.1:0");
+        EXPECT_TRUE(t) << t.error().describe();
+    });
+    log::set_level(log::Subsys::ofi, log::Level::warn);
+    ::unsetenv("FI_LOG_LEVEL");
+    EXPECT_EQ(o.out, "") << "libfabric wrote to stdout";
+    // Talaria's format: "<time> <tid> info ofi <function>:<line>: libfabric <provider>: ...".
+    EXPECT_NE(o.err.find(" info ofi "), std::string::npos) << o.err.substr(0, 4000);
+    EXPECT_NE(o.err.find(": libfabric "), std::string::npos) << o.err.substr(0, 4000);
+}
 
 TEST(OfiOpen, NameIsTheSchemeAndTcpMeansRxm) {
     auto t = open("ofi+tcp://127.0.0.1:0");

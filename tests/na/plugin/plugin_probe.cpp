@@ -6,6 +6,7 @@
 //            file looked for and the variable.
 //   foreign  TALARIA_PLUGIN_DIR holds a plugin of another version and a file without the entry:
 //            both refused, saying why.
+//   other_build  a plugin of this version from another build: refused.
 //   hidden   run by hide.sh with libfabric's and UCX's libraries hidden (a mount namespace): tcp
 //            works, ofi+/ucx+ fail naming the library that is missing.
 #include <talaria/config.hpp>
@@ -123,17 +124,27 @@ int main(int argc, char** argv) {
         // foreign/na_ofi.so claims another version; foreign/na_ucx.so has no entry.
         for (const auto& f : families()) {
             if (f.name == "ofi")
-                refused(f, {"was built for Talaria 0.0.0-foreign",
-                            "this library is Talaria " TALARIA_VERSION_STRING});
+                refused(
+                    f,
+                    {"is not a plugin for this library: it was built for Talaria "
+                     "0.0.0-foreign",
+                     "install the plugin built with this library (Talaria " TALARIA_VERSION_STRING
+                     ")"});
             else
-                refused(f, {"is not a Talaria transport plugin", "talaria_na_plugin_v1"});
+                refused(f, {"is not a plugin for this library: it has no talaria_na_plugin_v1()"});
         }
+    } else if (mode == "other_build") {
+        // other_build/na_ofi.so: this version, another build.
+        for (const auto& f : families())
+            if (f.name == "ofi")
+                refused(f, {"comes from another build of Talaria " TALARIA_VERSION_STRING,
+                            "(build another-build, this library's "});
     } else if (mode == "hidden") {
         for (const auto& f : families())
             refused(f, {"could not be loaded", std::string(f.needs)});
         tcp_works();
     } else {
-        std::printf("usage: %s loads|missing|foreign|hidden\n", argv[0]);
+        std::printf("usage: %s loads|missing|foreign|other_build|hidden\n", argv[0]);
         return 2;
     }
     if (mode != "loads") no_transport_library_loaded("after the refusals");

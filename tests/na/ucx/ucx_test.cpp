@@ -24,6 +24,7 @@
 #include "harness.hpp"
 #include "na/base/auth.hpp"
 #include "na/ucx/ucx.hpp"
+#include "output_capture.hpp"
 #include "peer_process.hpp"
 #include "talaria/na/na.hpp"
 
@@ -113,47 +114,16 @@ TEST(UcxAddress, TransportsOrDevicesNotPresentAreNotSupported) {
 // test in a process of its own, so this is the first UCX context of the process, and UCX warns.
 TEST(UcxDiagnostics, UcxWarningsGoToTheLogNotStdout) {
     ::setenv("UCX_TALARIA_TEST_NO_SUCH_SETTING", "1", 1);
-    std::fflush(stdout);
-    std::fflush(stderr);
-    char out_path[] = "/tmp/talaria-ucx-stdout-XXXXXX";
-    char err_path[] = "/tmp/talaria-ucx-stderr-XXXXXX";
-    int out_fd = ::mkstemp(out_path);
-    int err_fd = ::mkstemp(err_path);
-    ASSERT_GE(out_fd, 0);
-    ASSERT_GE(err_fd, 0);
-    int saved_out = ::dup(1);
-    int saved_err = ::dup(2);
-    ::dup2(out_fd, 1);
-    ::dup2(err_fd, 2);
-    {
+    auto o = test::capture_output([] {
         auto t = open("ucx+tcp://127.0.0.1:0");
         EXPECT_TRUE(t) << t.error().describe();
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::dup2(saved_out, 1);
-    ::dup2(saved_err, 2);
-    ::close(saved_out);
-    ::close(saved_err);
+    });
     ::unsetenv("UCX_TALARIA_TEST_NO_SUCH_SETTING");
-    auto slurp = [](int fd) {
-        std::string text;
-        char buf[4096];
-        ::lseek(fd, 0, SEEK_SET);
-        for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
-            text.append(buf, std::size_t(n));
-        ::close(fd);
-        return text;
-    };
-    std::string out = slurp(out_fd);
-    std::string err = slurp(err_fd);
-    ::unlink(out_path);
-    ::unlink(err_path);
-    EXPECT_EQ(out, "") << "UCX wrote to stdout";
+    EXPECT_EQ(o.out, "") << "UCX wrote to stdout";
     // The warning, through Talaria's log (warn, subsystem ucx: on by default, to stderr).
-    EXPECT_NE(err.find("warn ucx"), std::string::npos) << err;
-    EXPECT_NE(err.find("UCX: unused env variable"), std::string::npos) << err;
-    EXPECT_NE(err.find("UCX_TALARIA_TEST_NO_SUCH_SETTING"), std::string::npos) << err;
+    EXPECT_NE(o.err.find("warn ucx"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("UCX: unused env variable"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("UCX_TALARIA_TEST_NO_SUCH_SETTING"), std::string::npos) << o.err;
 }
 
 TEST(UcxAddress, NamesAndLookups) {
