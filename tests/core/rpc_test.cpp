@@ -1450,7 +1450,9 @@ TEST_P(Rpc, RegisterDeregisterManyTimes) {
 
 TEST_P(Rpc, WaitFdWakesForResponseThread) {
     // The client blocks in its own poll() on wait_fd() (after try_wait()) while a thread drives
-    // the server: every response must wake it promptly.
+    // the server: every response must wake it promptly. The first call also sets up the
+    // connection (ofi+tcp: rxm's handshake, over a second under ThreadSanitizer on a loaded
+    // 2-core host), so the bound applies from the second call on.
     ASSERT_TRUE(start());
     std::atomic<bool> stop{false};
     std::thread srv([&] {
@@ -1484,7 +1486,7 @@ TEST_P(Rpc, WaitFdWakesForResponseThread) {
             if (!pr && pr.code() != Errc::timeout) ADD_FAILURE() << pr.error().describe();
             cc.trigger();
         }
-        worst = std::max(worst, Clock::now() - t0);
+        if (i > 0) worst = std::max(worst, Clock::now() - t0);
     }
     stop = true;
     srv.join();
