@@ -30,8 +30,7 @@ class ObjectReader {
 
     template <class T>
     Result<void> unsigned_int(std::string_view key, T& out) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         constexpr auto kMax = std::numeric_limits<T>::max();
         if (!v->is_number_unsigned() || v->get<std::uint64_t>() > std::uint64_t(kMax))
@@ -40,8 +39,7 @@ class ObjectReader {
         return ok();
     }
     Result<void> signed_int(std::string_view key, std::int64_t& out) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         if (!v->is_number_integer() ||
             (v->is_number_unsigned() &&
@@ -51,16 +49,14 @@ class ObjectReader {
         return ok();
     }
     Result<void> boolean(std::string_view key, bool& out) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         if (!v->is_boolean()) return wrong(key, *v, "true or false");
         out = v->get<bool>();
         return ok();
     }
     Result<void> string(std::string_view key, std::string& out) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         if (!v->is_string()) return wrong(key, *v, "a string");
         out = v->get<std::string>();
@@ -68,8 +64,7 @@ class ObjectReader {
     }
     /// Milliseconds, fractions allowed, 0 or more.
     Result<void> millis(std::string_view key, Duration& out) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         // Up to 100 years: nanoseconds in 64 bits reach 292, and no setting needs more.
         constexpr double kMaxMs = 100.0 * 365 * 24 * 3600 * 1000;
@@ -83,8 +78,7 @@ class ObjectReader {
     /// One of `names`, giving its index.
     template <class E>
     Result<void> choice(std::string_view key, std::span<const std::string_view> names, E& out) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         if (v->is_string()) {
             auto s = v->get<std::string>();
@@ -99,16 +93,13 @@ class ObjectReader {
     /// A member object, read by `fn(ObjectReader&)`.
     template <class F>
     Result<void> object(std::string_view key, F&& fn) {
-        known_.emplace_back(key);
-        const json* v = find(key);
+        const json* v = take(key);
         if (!v) return ok();
         if (!v->is_object()) return wrong(key, *v, "an object");
         ObjectReader sub(*v, at(key));
         TALARIA_CHECK(fn(sub));
         return sub.finish();
     }
-    /// Is `key` present (without reading it)?
-    [[nodiscard]] bool has(std::string_view key) const { return find(key) != nullptr; }
     /// Every key present was read: an unknown one is an error.
     Result<void> finish() const {
         for (const auto& [k, v] : obj_.items()) {
@@ -125,7 +116,9 @@ class ObjectReader {
     }
 
   private:
-    [[nodiscard]] const json* find(std::string_view key) const {
+    /// Records `key` as known here, and gives its value (null when absent).
+    const json* take(std::string_view key) {
+        known_.emplace_back(key);
         auto it = obj_.find(std::string(key));
         return it == obj_.end() ? nullptr : &*it;
     }
@@ -237,9 +230,7 @@ Result<EngineConfig> EngineConfig::parse(std::string_view text) {
 }
 
 EngineConfig EngineConfig::from_json(std::string_view text) {
-    auto c = parse(text);
-    if (!c) throw Exception(std::move(c).error());
-    return std::move(*c);
+    return detail::value_or_throw(parse(text));
 }
 
 std::string EngineConfig::to_json(int indent) const {

@@ -42,11 +42,16 @@ struct Plugin {
                                                const Options& options);
 };
 
-/// Opens "<family>+<sub>://rest" through the family's plugin: loads it (RTLD_NODELETE: once
-/// loaded it stays), checks it, and calls its open. Errors (not_supported) say which file was
-/// looked for where, why it could not be used, and what to do. `needs` names the library the
-/// plugin links ("libfabric", "UCX") for the error when it is missing.
-Result<std::unique_ptr<Transport>> open_plugin(std::string_view family, std::string_view needs,
+/// The library a plugin links, for the error when it is missing.
+struct PluginNeeds {
+    std::string_view name;  ///< as a user knows it: "libfabric", "UCX"
+    std::string_view file;  ///< what its file names start with: "libfabric", "libuc"
+};
+
+/// Opens "<family>+<sub>://rest" through the family's plugin: loads it, checks it, pins it
+/// (RTLD_NODELETE: once accepted it stays), and calls its open. Errors (not_supported) say
+/// which file was looked for where, why it could not be used, and what to do.
+Result<std::unique_ptr<Transport>> open_plugin(std::string_view family, const PluginNeeds& needs,
                                                std::string_view sub, std::string_view rest,
                                                const Options& options);
 

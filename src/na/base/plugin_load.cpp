@@ -43,7 +43,7 @@ Dir plugin_dir() {
             "libtalaria"};
 }
 
-Result<const Plugin*> load(std::string_view family, std::string_view needs) {
+Result<const Plugin*> load(std::string_view family, const PluginNeeds& needs) {
     Dir dir = plugin_dir();
     std::string path = fmt::format("{}/na_{}.so", dir.path, family);
     struct stat st {};
@@ -53,7 +53,7 @@ Result<const Plugin*> load(std::string_view family, std::string_view needs) {
                      fmt::format("the {0} transport is a plugin, and {1} ({2}) cannot be read: "
                                  "{3}: install Talaria's {0} plugin (built where {4} is found), "
                                  "or set TALARIA_PLUGIN_DIR to the folder that holds na_{0}.so",
-                                 family, path, dir.how, std::strerror(err), needs));
+                                 family, path, dir.how, std::strerror(err), needs.name));
     }
     // Loaded without RTLD_NODELETE until it is checked, so that a file refused below is
     // unloaded again (with whatever it pulled in, e.g. another version of libtalaria).
@@ -61,15 +61,15 @@ Result<const Plugin*> load(std::string_view family, std::string_view needs) {
     if (!handle) {
         const char* e = ::dlerror();
         std::string why = e ? e : "unknown error";
-        // The library the plugin links missing (libfabric.so.1, libucp.so.0: "lib" + the
-        // family's library stem appears in the message), or the plugin itself unusable.
-        bool dependency = why.find(family == "ofi" ? "libfabric" : "libuc") != std::string::npos;
+        // The library the plugin links missing (its file name, e.g. libfabric.so.1, appears in
+        // the message), or the plugin itself unusable.
+        bool dependency = why.find(needs.file) != std::string::npos;
         return Error(
             Errc::not_supported,
             dependency
                 ? fmt::format("the {} transport's plugin {} could not be loaded: {}: is {} "
                               "installed where the dynamic linker looks?",
-                              family, path, why, needs)
+                              family, path, why, needs.name)
                 : fmt::format("the {} transport's plugin {} could not be loaded: {}: reinstall "
                               "the plugin built with this library, or point TALARIA_PLUGIN_DIR "
                               "at its folder",
@@ -114,7 +114,7 @@ Result<const Plugin*> load(std::string_view family, std::string_view needs) {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> open_plugin(std::string_view family, std::string_view needs,
+Result<std::unique_ptr<Transport>> open_plugin(std::string_view family, const PluginNeeds& needs,
                                                std::string_view sub, std::string_view rest,
                                                const Options& options) {
     TALARIA_TRY(p, load(family, needs));
@@ -124,13 +124,13 @@ Result<std::unique_ptr<Transport>> open_plugin(std::string_view family, std::str
 #if TALARIA_HAVE_OFI
 Result<std::unique_ptr<Transport>> open_ofi(std::string_view sub, std::string_view rest,
                                             const Options& o) {
-    return open_plugin("ofi", "libfabric", sub, rest, o);
+    return open_plugin("ofi", {"libfabric", "libfabric"}, sub, rest, o);
 }
 #endif
 #if TALARIA_HAVE_UCX
 Result<std::unique_ptr<Transport>> open_ucx(std::string_view sub, std::string_view rest,
                                             const Options& o) {
-    return open_plugin("ucx", "UCX", sub, rest, o);
+    return open_plugin("ucx", {"UCX", "libuc"}, sub, rest, o);
 }
 #endif
 
