@@ -150,7 +150,10 @@ class Context {
                                 std::size_t len, DoneFn done);
 
     /// Stop a transfer: it completes with canceled (or normally, if it finished first);
-    /// not_found if it already completed. Any thread.
+    /// not_found if it already completed. Any thread. Both buffers are free when the callback
+    /// runs; after a canceled push the remote bytes are undefined, and pieces already sent may
+    /// still land there (na::Transport::cancel) until a later transfer from this context to
+    /// that peer has completed.
     Result<void> cancel(TransferId id);
     /// Cancel every transfer in flight; returns how many were asked to stop.
     std::size_t cancel_all();

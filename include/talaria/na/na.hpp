@@ -452,6 +452,9 @@ class Transport {
 
     /// Ask to cancel a posted operation. It still completes exactly once: with canceled if it
     /// was stopped in time, otherwise with its normal status. not_found for a finished op.
+    /// A canceled put leaves the target's bytes undefined: where the target serves put/get
+    /// (tcp, ucx+tcp), a request already sent still lands when the target's progress reaches
+    /// it, and before a later put or get from this context to that peer (same stream).
     virtual Result<void> cancel(OpId id) = 0;
 
     // --- progress (called through Context) ---------------------------------------------------
