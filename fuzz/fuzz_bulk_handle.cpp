@@ -59,8 +59,11 @@ void check_handle(Transport& t, const Handle& h) {
     if (d.remaining() != 0) fail(t, "decoding own encoding left bytes over");
     if (back->size() != h.size() || back->access() != h.access() ||
         back->segment_count() != h.segment_count() || back->is_inline() != h.is_inline() ||
-        back->owner().valid() != h.owner().valid())
+        back->owner().valid() != h.owner().valid() ||
+        back->owner_unreachable() != h.owner_unreachable())
         fail(t, "the round trip changes size, access, segments, inline or owner");
+    if (h.owner_unreachable() && h.owner().valid())
+        fail(t, "a relayed handle whose owner does not listen names an owner");
 }
 
 }  // namespace

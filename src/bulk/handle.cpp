@@ -66,6 +66,15 @@ Result<Handle> Handle::create(na::Transport& transport, std::span<const Segment>
                      fmt::format("bulk::Handle::create: the transport was opened by process {} "
                                  "and inherited across fork; open an engine in this process",
                                  transport.opened_by()));
+    if (embed_owner && !transport.listens()) [[unlikely]]
+        return Error(Errc::invalid_argument,
+                     fmt::format("bulk::Handle::create: embed_owner names this process as the "
+                                 "owner to whoever the handle reaches, but its {} transport was "
+                                 "opened without Options::listen, so a process it has not "
+                                 "contacted cannot reach it: open it with listen, or leave "
+                                 "embed_owner off (the process the handle is sent to then takes "
+                                 "the sender as its owner)",
+                                 transport.name()));
     // No segments, or only empty ones: a zero-size handle (nothing registered; a transfer of
     // 0 bytes from or to it completes at once). Empty segments among others are skipped.
     if (segments.size() > UINT32_MAX)
@@ -139,6 +148,10 @@ bool Handle::is_inline() const noexcept {
     return impl_ && impl_->is_inline;
 }
 
+bool Handle::owner_unreachable() const noexcept {
+    return impl_ && impl_->relayed;
+}
+
 // --- encoding ------------------------------------------------------------------------------------
 
 Result<void> Handle::encode(std::vector<std::byte>& out) const {
@@ -159,8 +172,15 @@ Result<void> Handle::encode(proc::Encoder& e) const {
     bool inl =
         im.is_inline || (im.local && im.access == Access::read_only && im.size <= kInlineMax);
     na::Addr owner;
+    bool deaf = false;     // the owner does not listen
+    bool relayed = false;  // ... and is not the sender: no owner at all
     if (im.local) {
-        if (im.embed_owner) owner = t.addr_self();
+        if (im.embed_owner)
+            owner = t.addr_self();
+        else
+            deaf = !t.listens();
+    } else if (im.owner_does_not_listen || im.relayed) {
+        deaf = relayed = true;  // a third party could not reach it: say so, name nobody
     } else {
         owner = im.owner;  // forwarding keeps the owner, so a third party can reach it
     }
@@ -170,7 +190,8 @@ Result<void> Handle::encode(proc::Encoder& e) const {
         e.rollback(start);  // leave nothing half-written
         return err;
     };
-    uint8_t flags = (inl ? kFlagInline : 0) | (owner ? kFlagHasOwner : 0);
+    uint8_t flags = (inl ? kFlagInline : 0) | (owner || relayed ? kFlagHasOwner : 0) |
+                    (deaf ? kFlagOwnerDoesNotListen : 0);
     e.write<uint8_t>(static_cast<uint8_t>(kEncodingVersion << 4 | flags));
     e.write<uint8_t>(static_cast<uint8_t>(im.access));
     e.write<uint32_t>(static_cast<uint32_t>(im.segs.size()));
@@ -320,7 +341,9 @@ Result<Handle> Handle::decode(proc::Decoder& d) {
         return fail(
             Errc::protocol_error,
             fmt::format("bulk handle: segments add up to {} bytes, the total says {}", sum, total));
-    if (flags & kFlagHasOwner) {
+    if ((flags & kFlagOwnerDoesNotListen) && (flags & kFlagHasOwner)) {
+        impl->relayed = true;  // no address follows
+    } else if (flags & kFlagHasOwner) {
         auto alen = d.read<uint32_t>();
         if (!d.ok()) return d.error();
         if (alen == 0) return fail(Errc::protocol_error, "bulk handle: empty owner address");
@@ -333,9 +356,13 @@ Result<Handle> Handle::decode(proc::Decoder& d) {
         impl->owner = std::move(*a);
     } else if (source) {
         impl->owner = *source;
+        impl->owner_does_not_listen = flags & kFlagOwnerDoesNotListen;
     }
-    TALARIA_LOG(bulk, trace, "decoded a {}-byte handle of {} segments{}{}", total, count,
-                inl ? ", inline" : "", (flags & kFlagHasOwner) ? ", with owner" : "");
+    TALARIA_LOG(bulk, trace, "decoded a {}-byte handle of {} segments{}{}{}", total, count,
+                inl ? ", inline" : "", (flags & kFlagHasOwner) ? ", with owner" : "",
+                impl->relayed                 ? " (relayed; its owner does not listen)"
+                : impl->owner_does_not_listen ? " (its owner does not listen)"
+                                              : "");
     return Handle(std::shared_ptr<const Impl>(std::move(impl)));
 }
 

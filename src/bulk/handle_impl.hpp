@@ -20,7 +20,12 @@ inline constexpr uint8_t kFlagInline = 0x01;    ///< segment bytes follow instea
 inline constexpr uint8_t kFlagHasOwner = 0x02;  ///< an owner address follows the segments
 /// A null handle (Handle{}): this byte is the whole encoding, no other flag with it.
 inline constexpr uint8_t kFlagNull = 0x04;
-inline constexpr uint8_t kFlagsKnown = kFlagInline | kFlagHasOwner | kFlagNull;
+/// The owner does not listen (na::Transport::listens): only the process it sent the handle to
+/// can reach it. Without kFlagHasOwner the sender is the owner; with it, the handle was relayed
+/// by another process, and no address follows (nobody here can reach the owner).
+inline constexpr uint8_t kFlagOwnerDoesNotListen = 0x08;
+inline constexpr uint8_t kFlagsKnown =
+    kFlagInline | kFlagHasOwner | kFlagNull | kFlagOwnerDoesNotListen;
 
 struct Handle::Impl {
     struct Seg {
@@ -39,6 +44,12 @@ struct Handle::Impl {
     std::vector<Seg> segs;         ///< in handle order; offsets ascending
     std::vector<std::byte> bytes;  ///< inline handles: all `size` bytes
     na::Addr owner;                ///< remote: embedded owner, else the decoder's source
+    /// remote: the owner does not listen (it sent the handle here itself: owner is the source;
+    /// relayed onward, the handle names no owner)
+    bool owner_does_not_listen = false;
+    /// remote: relayed here by a process other than its owner, which does not listen: no
+    /// transfer over the network can reach the owner from here
+    bool relayed = false;
 
     /// Index of the segment holding handle offset `off` (< size).
     [[nodiscard]] std::size_t segment_at(uint64_t off) const noexcept;

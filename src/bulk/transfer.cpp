@@ -506,6 +506,13 @@ Result<TransferId> Context::transfer(Direction dir, const na::Addr& peer, const 
                                  pull ? "local" : "remote", access_name(dst)));
     const Handle::Impl& rim = *remote.impl();
     bool net = len > 0 && !rim.is_inline;
+    if (net && rim.relayed)
+        return Error(Errc::unreachable,
+                     fmt::format("bulk {}: the remote handle's owner does not listen, and the "
+                                 "handle was relayed here by another process: only the process "
+                                 "its owner sent it to can reach the owner (transfer there, or "
+                                 "open the owner's engine with listen and bind the handle to it)",
+                                 dn));
     if (net && (!peer || peer.impl()->transport() != t))
         return Error(
             Errc::invalid_argument,

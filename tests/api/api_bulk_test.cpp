@@ -179,5 +179,67 @@ TEST_P(Api, BulkZeroSizeAndNullTravel) {
     EXPECT_FALSE(value_within(client->remote<Bulk()>("none").on(ep)()).valid());
 }
 
+// Issue 11: an owner that does not listen (the fixture's client) behaves the same on every
+// transport. bind_owner is refused at once (a process it has not called could not reach it:
+// tcp and ucx+tcp have nothing to connect to, ofi, sm and inproc would); the engine it sends a
+// handle to transfers from it over the connection it opened, during the call and after; a third
+// engine that handle is relayed to fails at once with unreachable (docs/protocol.md: the
+// handle says its owner does not listen).
+TEST_P(Api, BulkOwnerThatDoesNotListen) {
+    open();
+    auto data = pattern(8192, 12);  // not inline: the bytes are pulled from the owner
+    auto bound = client->try_expose({data.data(), data.size()}, read_only, bind_owner);
+    ASSERT_FALSE(bound);
+    EXPECT_EQ(bound.code(), Errc::invalid_argument);
+    EXPECT_NE(bound.error().message().find("does not listen"), std::string::npos)
+        << bound.error().describe();
+    EXPECT_THROW((void)client->expose({data.data(), data.size()}, read_only, bind_owner),
+                 Exception);
+    auto third_r = Engine::open(GetParam().address, true);
+    if (!third_r) GTEST_SKIP() << "no third engine here: " << third_r.error().describe();
+    Engine third = std::move(*third_r);
+    third.define("fetch", [&](Bulk b) {
+        std::vector<std::byte> buf(b.size());
+        auto local = third.expose({buf.data(), buf.size()}, write_only);
+        third.pull(b, 0, local, 0, b.size()).get();  // b names no owner
+        return buf;
+    });
+    std::mutex mu;
+    std::optional<Bulk> kept;
+    server->define("keep", [&](Bulk b) {
+        std::lock_guard g(mu);
+        kept = b;
+    });
+    auto handle = client->expose({data.data(), data.size()}, read_only);
+    ASSERT_TRUE(result_within(client->remote<void(Bulk)>("keep").on(ep)(handle)));
+    Bulk b;
+    {
+        std::lock_guard g(mu);
+        ASSERT_TRUE(kept);
+        b = *kept;
+    }
+    // The server pulls from the owner (no endpoint named) after the call that brought it.
+    std::vector<std::byte> into(b.size());
+    auto local = server->expose({into.data(), into.size()}, write_only);
+    auto r = result_within(server->pull(b, 0, local, 0, b.size()));
+    ASSERT_TRUE(r) << r.error().describe();
+    EXPECT_EQ(into, data);
+    // Forwarded to a third engine: not a hang, not the client's bytes.
+    auto fetch = server->remote<std::vector<std::byte>(Bulk)>("fetch").on(
+        server->lookup(third.self_address()));
+    auto f = result_within(fetch(b));
+    ASSERT_FALSE(f) << "the third engine pulled from an owner that does not listen";
+    EXPECT_EQ(f.code(), Errc::unreachable) << f.error().describe();
+    EXPECT_NE(f.error().message().find("owner does not listen"), std::string::npos)
+        << f.error().describe();
+    // Relayed back by the third engine, the handle still names no owner.
+    third.define("relay", [](Bulk h) { return h; });
+    auto again = value_within(
+        server->remote<Bulk(Bulk)>("relay").on(server->lookup(third.self_address()))(b));
+    EXPECT_FALSE(again.owner().valid());
+    EXPECT_EQ(result_within(server->pull(again, 0, local, 0, again.size())).code(),
+              Errc::unreachable);
+}
+
 }  // namespace
 }  // namespace talaria::api_test

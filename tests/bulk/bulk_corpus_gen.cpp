@@ -1,6 +1,7 @@
 // Writes the seed corpus of fuzz/fuzz_bulk_handle: `bulk_corpus_gen <dir>`.
 //
-// For each transport the fuzz target opens (inproc://fuzz, sm://, tcp://127.0.0.1:0): valid
+// For each transport the fuzz target opens (inproc://fuzz, sm://, tcp://127.0.0.1:0, and tcp
+// without listen, whose handles say their owner does not listen, relayed too): valid
 // encodings (several segments in each access mode, an embedded owner, an inline handle), and
 // from each a truncated, a flipped and an extended variant; plus a few garbage inputs. Run by
 // hand when the encoding changes; the files are committed.
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "talaria/bulk/bulk.hpp"
+#include "talaria/proc/archive.hpp"
 #include "talaria/util/log.hpp"
 
 using namespace talaria;
@@ -40,13 +42,20 @@ int main(int argc, char** argv) {
         }
         ++written;
     };
-    for (const char* url : {"inproc://fuzz", "sm://", "tcp://127.0.0.1:0"}) {
-        auto t = na::open(url);
+    struct Url {
+        const char* url;
+        bool listen;  // off: the owner-does-not-listen encodings (and their relays)
+    };
+    for (auto [url, listen] : {Url{"inproc://fuzz", true}, Url{"sm://", true},
+                               Url{"tcp://127.0.0.1:0", true}, Url{"tcp://127.0.0.1:0", false}}) {
+        na::Options o;
+        o.listen = listen;
+        auto t = na::open(url, o);
         if (!t) {
             std::fprintf(stderr, "skipping %s: %s\n", url, t.error().describe().c_str());
             continue;
         }
-        std::string tn(t->get()->name());
+        std::string tn = std::string(t->get()->name()) + (listen ? "" : "-deaf");
         struct Kind {
             const char* name;
             std::vector<bulk::Segment> segs;
@@ -65,6 +74,7 @@ int main(int argc, char** argv) {
             {"inline-owner", {{mem.data(), 512}}, na::Access::read_only, true},
         };
         for (auto& k : kinds) {
+            if (k.owner && !listen) continue;  // refused: nobody could reach the owner
             auto h = bulk::Handle::create(**t, k.segs, k.access, k.owner);
             if (!h) {
                 std::fprintf(stderr, "%s: create: %s\n", url, h.error().describe().c_str());
@@ -77,6 +87,18 @@ int main(int argc, char** argv) {
             }
             std::string base = tn + "-" + k.name;
             put(base, enc);
+            if (!listen) {
+                // Received from its owner (the source), then relayed: 0x08 | 0x02, no address.
+                na::Addr self = t->get()->addr_self();
+                proc::Decoder d(enc, {t->get(), &self});
+                auto got = bulk::Handle::decode(d);
+                std::vector<std::byte> relay;
+                if (!got || !got->encode(relay)) {
+                    std::fprintf(stderr, "%s: relay of %s failed\n", url, k.name);
+                    return 1;
+                }
+                put(base + ".relayed", relay);
+            }
             put(base + ".trunc1", {enc.begin(), enc.end() - 1});
             put(base + ".half", {enc.begin(), enc.begin() + std::ptrdiff_t(enc.size() / 2)});
             auto flip = enc;

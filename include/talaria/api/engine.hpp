@@ -417,7 +417,8 @@ class Engine {
     /// The same, the handle bound to this engine (BindOwner): its encoding carries this
     /// engine's address (a few dozen bytes more), and whoever decodes it, wherever it was
     /// forwarded, takes this engine as its owner (Bulk::owner(), the default peer of pull and
-    /// push).
+    /// push). Only for an engine that listens (others are reachable only by the engines they
+    /// call): invalid_argument otherwise, on every transport.
     Bulk expose(Segment segment, Access access, BindOwner);
     Bulk expose(const std::vector<Segment>& segments, Access access, BindOwner);
     Result<Bulk> try_expose(Segment segment, Access access, BindOwner);

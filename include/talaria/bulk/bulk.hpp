@@ -66,6 +66,10 @@ class Handle {
     /// The owner: the embedded address if the encoding carried one, else the source named in
     /// the DecodeContext, else (local handles) invalid.
     [[nodiscard]] const na::Addr& owner() const noexcept;
+    /// True for a decoded handle relayed here by a process other than its owner, when the
+    /// owner does not listen (na::Transport::listens): it names no owner, and transfers that
+    /// need the network fail with unreachable, on every transport.
+    [[nodiscard]] bool owner_unreachable() const noexcept;
     /// True for a decoded handle whose bytes came inline.
     [[nodiscard]] bool is_inline() const noexcept;
 

@@ -363,6 +363,11 @@ class Transport {
     [[nodiscard]] bool inherited() const noexcept { return fork_.inherited(); }
     /// The process that opened it.
     [[nodiscard]] pid_t opened_by() const noexcept { return fork_.creator(); }
+    /// It was opened with Options::listen: a peer it has not contacted may reach it. Without
+    /// it, only peers it contacted reach it, on every transport (tcp and ucx+tcp have nothing
+    /// to connect to; others could, but bulk handles never name such an owner to third
+    /// parties: bulk::Handle::create refuses embed_owner).
+    [[nodiscard]] bool listens() const noexcept { return listens_; }
 
     /// "inproc", "sm", "tcp", ...
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
@@ -484,7 +489,9 @@ class Transport {
     virtual void msg_buf_free(MsgBuffer& buf) noexcept;
 
   private:
+    friend Result<std::unique_ptr<Transport>> open(std::string_view, const Options&);
     ForkGuard fork_;
+    bool listens_ = true;  ///< set by open()
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -75,16 +75,20 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
                         "after the handshake) is implemented on tcp only; the {} transport "
                         "authenticates its peers but does not protect its messages",
                         address, family));
+    auto opened = [&](Result<std::unique_ptr<Transport>> t) {
+        if (t) (*t)->listens_ = options.listen;
+        return t;
+    };
     for (const auto& e : kTransports) {
         if (e.scheme != family) continue;
-        if (e.open && plus == std::string_view::npos) return e.open(url.rest, options);
+        if (e.open && plus == std::string_view::npos) return opened(e.open(url.rest, options));
         if (e.open_family) {
             if (plus == std::string_view::npos || plus + 1 == url.scheme.size())
                 return Error(Errc::address_invalid,
                              fmt::format("'{}': the {} transport needs a sub-scheme naming the "
                                          "provider, e.g. {}+tcp://",
                                          address, family, family));
-            return e.open_family(url.scheme.substr(plus + 1), url.rest, options);
+            return opened(e.open_family(url.scheme.substr(plus + 1), url.rest, options));
         }
     }
     return Error(Errc::not_supported, fmt::format("no transport '{}' in this build (built: {})",
