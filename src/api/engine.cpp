@@ -193,6 +193,8 @@ class Seat final : public Driver {
 
 /// Everything an Engine owns. Lives behind a pointer so Endpoint / Procedure / Request can
 /// keep a stable pointer to it across moves of the Engine.
+struct TransferWatch;
+
 class EngineState {
   public:
     // Declared first, destroyed last: calls completing during shutdown still name theirs.
@@ -213,6 +215,12 @@ class EngineState {
     /// transfers on it (destroyed first: it cancels and drains what is in flight).
     std::unique_ptr<na::Context> bulk_ctx;
     std::unique_ptr<bulk::Context> bulk;
+    /// The transfers handlers started for their calls (Request::pull/push), looked at by one
+    /// timer of bulk_ctx every kWatchPeriod while any is listed (watch_transfer()). Under
+    /// watch_mu: a handler thread adds, the bulk context's thread scans.
+    std::mutex watch_mu;
+    std::vector<std::shared_ptr<TransferWatch>> watches;
+    bool watch_armed = false;              ///< the periodic scan is posted
     std::shared_ptr<ManualDriver> driver;  ///< manual mode only
     /// Background mode: the seat of each core context, then of the bulk context.
     std::vector<std::shared_ptr<Seat>> seats;
@@ -573,6 +581,11 @@ void EngineState::shutdown() noexcept {
         bulk_ctx->trigger();
         bulk_ctx.reset();
     }
+    {
+        // Their transfers are done; what they hold of the calls (addresses) goes before core.
+        std::lock_guard g(watch_mu);
+        watches.clear();
+    }
     driver.reset();
     // Fails every call still in flight with shutdown (their futures complete here).
     core.reset();
@@ -628,10 +641,10 @@ std::vector<std::byte>& scratch_buffer() noexcept {
     return buf;
 }
 
-namespace {
-/// A transfer a handler started for its call (Request::pull/push): a timer on the bulk
-/// context asks about every kWatchPeriod whether the call's caller canceled it or its deadline
-/// passed, and cancels the transfer then; the completion says which.
+/// A transfer a handler started for its call (Request::pull/push): the engine's watch scan
+/// asks about every kWatchPeriod (and at the call's deadline, if sooner) whether the call's
+/// caller canceled it or its deadline passed, and cancels the transfer then; the completion
+/// says which.
 struct TransferWatch {
     core::CancelRef call;
     bulk::TransferId id;
@@ -640,18 +653,52 @@ struct TransferWatch {
     std::size_t len = 0;
     const char* what = "";
 };
+
+namespace {
 constexpr auto kWatchPeriod = std::chrono::milliseconds(10);
 
-void arm_watch(EngineState& e, std::shared_ptr<TransferWatch> w) {
-    const TimePoint due = std::min(w->call.deadline(), Clock::now() + kWatchPeriod);
-    (void)e.bulk_ctx->post_at(due, [es = &e, w = std::move(w)](const na::Completion&) mutable {
-        if (w->done.load(std::memory_order_acquire) || !es->bulk) return;
-        if (w->call.cancelled()) {
-            (void)es->bulk->cancel(w->id);  // completes it with canceled (read below)
-            return;
+void post_scan(EngineState& e, TimePoint due, bool periodic);
+
+/// Drop the watches whose transfer completed, cancel those whose call ended; on the thread
+/// that drives bulk_ctx. One timer serves every transfer in flight, so the cost per transfer
+/// is a push under watch_mu, not a timer and a wake-up of that thread each.
+void scan_watches(EngineState& e, bool periodic) {
+    if (!e.bulk) return;  // the engine is stopping: its transfers are canceled with it
+    std::vector<bulk::TransferId> ended;
+    {
+        std::lock_guard g(e.watch_mu);
+        std::erase_if(e.watches, [&](const std::shared_ptr<TransferWatch>& w) {
+            if (w->done.load(std::memory_order_acquire)) return true;
+            if (!w->call.cancelled()) return false;
+            ended.push_back(w->id);
+            return true;
+        });
+        if (periodic) {
+            e.watch_armed = !e.watches.empty();
+            if (e.watch_armed) post_scan(e, Clock::now() + kWatchPeriod, true);
         }
-        arm_watch(*es, std::move(w));
-    });
+    }
+    for (const auto& id : ended)
+        (void)e.bulk->cancel(id);  // completes it with canceled (read by its callback)
+}
+
+void post_scan(EngineState& e, TimePoint due, bool periodic) {
+    (void)e.bulk_ctx->post_at(
+        due, [es = &e, periodic](const na::Completion&) { scan_watches(*es, periodic); });
+}
+
+void watch_transfer(EngineState& e, std::shared_ptr<TransferWatch> w) {
+    const TimePoint now = Clock::now();
+    const TimePoint deadline = w->call.deadline();
+    std::lock_guard g(e.watch_mu);
+    e.watches.push_back(std::move(w));
+    if (!e.watch_armed) {
+        e.watch_armed = true;
+        post_scan(e, now + kWatchPeriod, true);
+    }
+    // A deadline before the next scan could come: one more look, then (rare: calls of less
+    // than the period).
+    if (deadline < now + kWatchPeriod) post_scan(e, deadline, false);
 }
 
 /// A transfer of a call that ended: why.
@@ -708,7 +755,7 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
     if (!id) return Future<void>::ready_with(std::move(id).error());
     if (watch) {
         watch->id = *id;
-        arm_watch(e, std::move(watch));
+        watch_transfer(e, std::move(watch));
     }
     return fut;
 }
