@@ -20,6 +20,16 @@ std::vector<std::byte> pattern(std::size_t n, uint32_t seed) {
     return v;
 }
 
+/// "fetch" on `e`: pull all of the handle from its owner (no endpoint named), return the bytes.
+void define_fetch(Engine& e) {
+    e.define("fetch", [&e](Bulk b) {
+        std::vector<std::byte> buf(b.size());
+        auto local = e.expose({buf.data(), buf.size()}, write_only);
+        e.pull(b, 0, local, 0, b.size()).get();
+        return buf;
+    });
+}
+
 TEST_P(Api, BulkSaveFlow) {
     open();
     std::mutex mu;
@@ -138,12 +148,7 @@ TEST_P(Api, BulkBoundToItsOwnerIsPulledByAThirdEngine) {
     auto third_r = Engine::open(GetParam().address, true);
     if (!third_r) GTEST_SKIP() << "no third engine here: " << third_r.error().describe();
     Engine third = std::move(*third_r);
-    third.define("fetch", [&](Bulk b) {
-        std::vector<std::byte> buf(b.size());
-        auto local = third.expose({buf.data(), buf.size()}, write_only);
-        third.pull(b, 0, local, 0, b.size()).get();  // from b.owner()
-        return buf;
-    });
+    define_fetch(third);
     auto to_third = client->lookup(third.self_address());
     auto fetch = client->remote<std::vector<std::byte>(Bulk)>("fetch").on(to_third);
     auto data = pattern(8192, 11);  // not inline: the bytes are pulled from the owner
@@ -198,12 +203,7 @@ TEST_P(Api, BulkOwnerThatDoesNotListen) {
     auto third_r = Engine::open(GetParam().address, true);
     if (!third_r) GTEST_SKIP() << "no third engine here: " << third_r.error().describe();
     Engine third = std::move(*third_r);
-    third.define("fetch", [&](Bulk b) {
-        std::vector<std::byte> buf(b.size());
-        auto local = third.expose({buf.data(), buf.size()}, write_only);
-        third.pull(b, 0, local, 0, b.size()).get();  // b names no owner
-        return buf;
-    });
+    define_fetch(third);
     std::mutex mu;
     std::optional<Bulk> kept;
     server->define("keep", [&](Bulk b) {
