@@ -1006,28 +1006,14 @@ Future<void> Engine::shutdown_remote(const Endpoint& ep) {
     return remote<void()>(kShutdownProcedure).on(ep).one_way()();
 }
 
-namespace {
-// bind_owner names this engine to whoever the handle reaches: only an engine that listens can
-// be reached by a process it has not called (identical on every transport).
-Result<Bulk> expose_bound(na::Transport& t, std::span<const Segment> segments, Access access) {
-    if (!t.listens())
-        return Error(Errc::invalid_argument,
-                     fmt::format("expose with bind_owner: this engine ({}) does not listen, so a "
-                                 "process it has not called cannot reach it to transfer: open it "
-                                 "with talaria::listen, or expose without bind_owner (the engine "
-                                 "the handle is sent to then transfers from this one over the "
-                                 "connection this one opened)",
-                                 t.addr_to_string(t.addr_self())));
-    return bulk::Handle::create(t, segments, access, true);
-}
-}  // namespace
-
 Result<Bulk> Engine::try_expose(Segment segment, Access access, BindOwner) {
-    return expose_bound(state_->core->transport(), std::span<const Segment>(&segment, 1), access);
+    // bulk::Handle::create refuses an engine that does not listen, saying why.
+    return bulk::Handle::create(state_->core->transport(), std::span<const Segment>(&segment, 1),
+                                access, true);
 }
 
 Result<Bulk> Engine::try_expose(const std::vector<Segment>& segments, Access access, BindOwner) {
-    return expose_bound(state_->core->transport(), segments, access);
+    return bulk::Handle::create(state_->core->transport(), segments, access, true);
 }
 
 Bulk Engine::expose(Segment segment, Access access, BindOwner b) {

@@ -68,13 +68,14 @@ Result<Handle> Handle::create(na::Transport& transport, std::span<const Segment>
                                  transport.opened_by()));
     if (embed_owner && !transport.listens()) [[unlikely]]
         return Error(Errc::invalid_argument,
-                     fmt::format("bulk::Handle::create: embed_owner names this process as the "
-                                 "owner to whoever the handle reaches, but its {} transport was "
-                                 "opened without Options::listen, so a process it has not "
-                                 "contacted cannot reach it: open it with listen, or leave "
-                                 "embed_owner off (the process the handle is sent to then takes "
-                                 "the sender as its owner)",
-                                 transport.name()));
+                     fmt::format("bulk::Handle::create: embed_owner (bind_owner) names this "
+                                 "process as the owner to whoever the handle reaches, but {} "
+                                 "does not listen, so a process it has not contacted cannot "
+                                 "reach it: open it with listen (na::Options::listen; "
+                                 "talaria::listen for an Engine), or leave embed_owner off (the "
+                                 "process the handle is sent to then takes the sender as its "
+                                 "owner)",
+                                 transport.addr_to_string(transport.addr_self())));
     // No segments, or only empty ones: a zero-size handle (nothing registered; a transfer of
     // 0 bytes from or to it completes at once). Empty segments among others are skipped.
     if (segments.size() > UINT32_MAX)
