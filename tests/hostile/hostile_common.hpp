@@ -43,6 +43,10 @@ inline constexpr std::size_t kWriteOnlyAt = 8192;
 inline constexpr std::byte exposed_byte(std::size_t i) noexcept {
     return std::byte(uint8_t(i * 7 + 3));
 }
+/// Replies with the heap bytes the server's allocator holds in use (u64, little-endian:
+/// mallinfo2's uordblks + hblkhd): what it allocated and did not free, whatever the allocator
+/// keeps resident after a free. 0 under AddressSanitizer, whose allocator does not count.
+inline constexpr std::string_view kHeap = "heap";
 /// core::Options::max_requests and max_requests_per_peer of the server.
 inline constexpr uint32_t kMaxRequests = 256;
 inline constexpr uint32_t kMaxRequestsPerPeer = 64;

@@ -2,6 +2,8 @@
 // the limits of hostile_common.hpp, registers echo and sink, prints its address on stdout (one
 // line) and serves until its stdin closes or 60 seconds pass. The tests attack it and read its
 // memory and descriptors from /proc.
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <deque>
@@ -88,6 +90,14 @@ int main(int argc, char** argv) {
             out[at + 1] = std::byte(uint8_t(n >> 8));
             (void)t.mem_serialize(*h, std::span(out).subspan(at + 2, n));
         }
+        (void)req.respond(out);
+    });
+    reg(hostile::kHeap, [](Request& req) {
+        const struct mallinfo2 mi = ::mallinfo2();
+        const uint64_t v = uint64_t(mi.uordblks) + uint64_t(mi.hblkhd);
+        std::byte out[8];
+        for (int i = 0; i < 8; ++i)
+            out[i] = std::byte(uint8_t(v >> (8 * i)));
         (void)req.respond(out);
     });
     reg(hostile::kPeek, [&](Request& req) { (void)req.respond(exposed); });
