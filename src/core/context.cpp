@@ -474,14 +474,35 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
     ResponseFn fn;
     std::unique_ptr<LargeOut> garbage;
     na::Addr kept;  // the peer, where no response names it (a one-way send, a local failure)
+    bool late = false;
     {
         std::lock_guard g(mu);
         if (idx >= slots.size() || slots[idx].seq != seq) return false;
         if (source && !(slots[idx].peer && slots[idx].peer->addr == *source)) return false;
+        // A response read after the call's deadline, before the deadline timer ran (a loaded
+        // host, a late progress call): the call timed out all the same. So the outcome does
+        // not depend on which of the two the context reached first, and a handler that stops
+        // at its deadline (Request::cancelled()) never has its partial answer taken for the
+        // result: the target's deadline is never earlier than the caller's (budget_of).
+        if (count_response && slots[idx].deadline != TimePoint{}) [[unlikely]] {
+            const TimePoint now = Clock::now();
+            if (now >= slots[idx].deadline) {
+                late = true;
+                r = Error{Errc::timeout,
+                          fmt::format("the call's deadline passed before its response came (the "
+                                      "response was read {} us after it)",
+                                      std::chrono::duration_cast<std::chrono::microseconds>(
+                                          now - slots[idx].deadline)
+                                          .count())};
+            }
+        }
         fn = release_slot_locked(idx, garbage, source ? nullptr : &kept);
     }
     if (count_response) CtxCounters::bump(counters.responses_received);
-    if (!r) CtxCounters::add(counters.errors);
+    if (late)
+        CtxCounters::bump(counters.timeouts);
+    else if (!r)
+        CtxCounters::add(counters.errors);
     if (fn) run_response(fn, source ? *source : kept, std::move(r));
     return true;
 }

@@ -905,6 +905,48 @@ TEST_P(Rpc, DeadlineExpiresOnceAndLateResponseIsDropped) {
     EXPECT_EQ(client_->counters().timeouts, 1u) << "a call that answered in time timed out";
 }
 
+// A response the client reads after the call's deadline, before the deadline's turn in trigger()
+// came, completes the call with timeout, not with the response (issue 11: 06_providers over
+// ofi+tcp on a loaded host took the partial answer of a handler that stopped at its deadline for
+// the call's result). The client progresses without triggering while the response comes, so its
+// transport holds the response when the deadline passes; trigger() then runs it before the
+// deadline heap.
+TEST_P(Rpc, ResponseReadAfterItsDeadlineTimesOut) {
+    ASSERT_TRUE(start());
+    const Duration kTimeout = 300ms;
+    CallOptions o;
+    o.timeout = kTimeout;
+    auto t0 = Clock::now();
+    auto called = call(*client_, 0, server_addr_, kHold, bytes_of("answer me late"), o);
+    ASSERT_TRUE(called.first) << called.first.error().describe();
+    OutcomeP out = called.second;
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return held_size() == 1; }));
+    Request held = take_held(0);
+    auto rr = held.respond(bytes_of("after the deadline"));
+    ASSERT_TRUE(rr) << rr.error().describe();
+    // The server sends it; the client reads what comes, running nothing.
+    while (Clock::now() < t0 + kTimeout - 50ms) {
+        (void)server_->context(0).trigger();
+        (void)server_->context(0).progress(1ms);
+        (void)client_->context(0).progress(1ms);
+    }
+    EXPECT_FALSE(out->done()) << "the call completed though the client never triggered";
+    std::this_thread::sleep_until(t0 + kTimeout + 20ms);
+    ASSERT_TRUE(drive({client_.get(), server_.get()}, [&] { return out->done(); }));
+    EXPECT_EQ(out->code, Errc::timeout) << "a response read after the deadline was taken";
+    EXPECT_GE(out->at - t0, kTimeout);
+    drive_for({client_.get(), server_.get()}, 100ms);
+    EXPECT_EQ(out->count.load(), 1);
+    EXPECT_EQ(client_->counters().timeouts, 1u);
+    EXPECT_EQ(client_->counters().in_flight, 0u);
+    // A call answered in time is not touched.
+    o.timeout = 5s;
+    auto ok = call_wait(kEcho, bytes_of("in time"), o);
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->code, Errc::ok);
+    EXPECT_EQ(client_->counters().timeouts, 1u);
+}
+
 TEST_P(Rpc, DeadlinesExpireInOrder) {
     // Several held calls with different deadlines: each times out at its own, once.
     ASSERT_TRUE(start());

@@ -140,8 +140,11 @@ struct Counters {
 /// Options of one call.
 struct CallOptions {
     uint8_t target_context = 0;  ///< the remote context that runs the handler
-    Duration timeout{0};         ///< 0: no deadline
-    bool one_way = false;        ///< no response: completes once sent (or once pulled, if large)
+    /// 0: no deadline. Otherwise the call completes with Errc::timeout unless its response is
+    /// read before now + timeout (a response read later is dropped, even when the deadline
+    /// timer has not run yet).
+    Duration timeout{0};
+    bool one_way = false;  ///< no response: completes once sent (or once pulled, if large)
     /// Times the call is sent again when the target answers Errc::busy (its admission limits
     /// or its large-argument budget), after a wait that starts at busy_backoff and doubles
     /// each time (up to 1 s), each randomized by +-25%; when the answer carries the target's
