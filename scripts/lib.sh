@@ -13,6 +13,7 @@ TALARIA_PACKAGES=(
   clang-14 libclang-rt-14-dev
   libfabric-dev libfabric-bin libucx-dev ucx-utils
   libssl-dev
+  iproute2
 )
 
 talaria_install_deps() {

@@ -80,6 +80,13 @@ inline constexpr Duration kPollSpin = std::chrono::microseconds(20);
 inline constexpr Duration kPollSliceMin = std::chrono::microseconds(50);
 inline constexpr Duration kPollSleep = std::chrono::milliseconds(1);
 
+/// A peer on another host that the provider has refused to send to (-FI_EAGAIN, connecting) for
+/// this long gets one TCP connect of our own to its address (Remote::connect_probe): a refusal
+/// (or an unreachable host or network) fails it at once, instead of after kProbeTimeout. Not
+/// sooner: against a live rxm listener the probe is a connection without a handshake (which
+/// libfabric 1.17 keeps a small allocation for), so it is made only when the provider's own
+/// connection is already slow (a first call to a peer on another host takes about 150 ms here).
+inline constexpr Duration kConnectProbeAfter = std::chrono::milliseconds(300);
 /// A locate not answered within this is sent again; after kLocateTries, the sends waiting for
 /// it fail (unreachable).
 inline constexpr Duration kLocateRetry = std::chrono::seconds(1);
@@ -197,6 +204,19 @@ struct Remote : ListHook<WatchTag> {
     TimePoint probe_sent{};
     TimePoint refused_since{};      ///< first -FI_EAGAIN of a probe not yet posted (or epoch)
     TimePoint listen_checked_at{};  ///< last listener_gone_locked look (rate limit)
+    /// The socket of our own connect to it, in progress (connect_refused_locked), or -1.
+    int connect_probe = -1;
+    /// A connect probe was made in this spell of refusals (reset with refused_since).
+    bool connect_probed = false;
+
+    Remote() = default;
+    Remote(const Remote&) = delete;
+    Remote& operator=(const Remote&) = delete;
+    ~Remote() { close_connect_probe(); }
+    void close_connect_probe() noexcept {
+        if (connect_probe >= 0) ::close(connect_probe);
+        connect_probe = -1;
+    }
 };
 
 /// Where our lane sends one kind of message (unexpected or expected) for one context of one
@@ -659,10 +679,16 @@ class OfiTransport final : public Transport {
     /// Is a loopback peer endpoint's listening socket gone? True when /proc/net/tcp{,6} of
     /// this network namespace shows nothing listening on its port: the process that listened
     /// there is gone. Nothing is sent to the peer (a TCP connect to a live rxm listener leaks
-    /// memory inside libfabric 1.17 when it carries no handshake). False for remote peers (the
-    /// probes' kProbeTimeout decides), other providers, or when /proc cannot tell; at most one
-    /// look per endpoint per kProbeAfterSilence.
+    /// memory inside libfabric 1.17 when it carries no handshake). False for remote peers
+    /// (connect_refused_locked and the probes' kProbeTimeout decide), other providers, or when
+    /// /proc cannot tell; at most one look per endpoint per kProbeAfterSilence.
     bool listener_gone_locked(Remote* r, TimePoint now);
+    /// Remote peers (not loopback) of the tcp provider only, once the provider has refused to
+    /// send to `r` for kConnectProbeAfter: a TCP connect of our own to its address, made once
+    /// per spell of refusals and looked at (never waited for) on each call. The words of the
+    /// failure when it was refused, or found no host or network; nullopt otherwise (not due,
+    /// in progress, connected: the peer listens, the provider is only slow).
+    std::optional<std::string> connect_refused_locked(Remote* r, TimePoint now);
     /// Peer `a` is dead: marked for every lane (each fails its own ops on it when it next
     /// looks, see sweep_dead_locked); this lane's ops on it fail now.
     void peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const std::string& why);

@@ -1,6 +1,7 @@
 // ofi transport data path: posting, completion processing, software matching of messages from
 // the receive buffers, put/get, peer-death probing, cancel, progress.
 #include <netinet/in.h>
+#include <poll.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
@@ -174,6 +175,8 @@ Remote* OfiTransport::remote_locked(OfiLane& l, std::string_view raw, const Addr
             r->connected = false;
             r->probing = false;
             r->refused_since = TimePoint{};
+            r->connect_probed = false;
+            r->close_connect_probe();
         }
         return r;
     }
@@ -351,6 +354,8 @@ void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
                                "reach it): its process is gone");
         } else if (r0->refused_since == TimePoint{}) {
             r0->refused_since = now;
+        } else if (auto refused = connect_refused_locked(r0, now)) {
+            defer_death_locked(l, a, Errc::unreachable, std::move(*refused));
         } else if (now - r0->refused_since > kProbeTimeout) {
             defer_death_locked(l, a, Errc::disconnected,
                                "the provider refused to send a locate to it (-FI_EAGAIN, "
@@ -359,6 +364,8 @@ void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
         return;
     }
     r0->refused_since = TimePoint{};
+    r0->connect_probed = false;
+    r0->close_connect_probe();
     if (rc != 0)
         TALARIA_LOG(ofi, debug, "{}: locate of context {} at {} failed to post: {}", scheme_, r.ctx,
                     a->str, fi_strerror(int(-rc)));
@@ -1583,6 +1590,47 @@ bool OfiTransport::listener_gone_locked(Remote* r, TimePoint now) {
     if (!sa || !is_loopback(*sa)) return false;
     auto listened = tcp_port_listened(sa->port());
     return listened && !*listened;
+}
+
+std::optional<std::string> OfiTransport::connect_refused_locked(Remote* r, TimePoint now) {
+    if (!prov_.tcp_listener || now - r->refused_since < kConnectProbeAfter) return std::nullopt;
+    auto failure = [&](int err) -> std::optional<std::string> {
+        if (err != ECONNREFUSED && err != EHOSTUNREACH && err != ENETUNREACH && err != ETIMEDOUT)
+            return std::nullopt;  // anything else: the provider's own retries decide
+        std::string_view where = ofi_addr(r->peer)->str;
+        if (auto p = where.find("://"); p != std::string_view::npos) where.remove_prefix(p + 3);
+        return connect_failure_text(where, err);
+    };
+    if (r->connect_probe < 0) {
+        if (r->connect_probed) return std::nullopt;
+        r->connect_probed = true;
+        auto sa = sock_addr_of(std::as_bytes(std::span(r->raw)));
+        if (!sa || is_loopback(*sa)) return std::nullopt;  // listener_gone_locked's part
+        const int fd = ::socket(sa->family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) return std::nullopt;
+        if (::connect(fd, sa->sa(), sa->len) == 0) {
+            ::close(fd);  // it listens
+            return std::nullopt;
+        }
+        if (errno != EINPROGRESS) {
+            const int err = errno;
+            ::close(fd);
+            return failure(err);
+        }
+        r->connect_probe = fd;
+        TALARIA_LOG(
+            ofi, debug, "{}: the provider has not connected to {} for {} ms: probing its port",
+            scheme_, ofi_addr(r->peer)->str,
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - r->refused_since).count());
+        return std::nullopt;
+    }
+    pollfd p{r->connect_probe, POLLOUT, 0};
+    if (::poll(&p, 1, 0) <= 0) return std::nullopt;  // still connecting
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::getsockopt(r->connect_probe, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    r->close_connect_probe();
+    return err == 0 ? std::nullopt : failure(err);
 }
 
 void OfiTransport::check_peers_locked(OfiLane& l, TimePoint now) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,12 @@ using namespace std::chrono_literals;
 
 std::unique_ptr<PeerProcess> PeerProcess::spawn(const std::string& path, const std::string& address,
                                                 std::string* err) {
+    return spawn(path, std::vector<std::string>{address}, err);
+}
+
+std::unique_ptr<PeerProcess> PeerProcess::spawn(const std::string& path,
+                                                const std::vector<std::string>& args,
+                                                std::string* err, int netns_fd) {
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) < 0) {
         *err = "pipe2 failed";
@@ -28,8 +35,13 @@ std::unique_ptr<PeerProcess> PeerProcess::spawn(const std::string& path, const s
         *err = "pipe2 failed";
         return nullptr;
     }
+    // Everything the child needs is made before fork: it only calls async-signal-safe functions.
     std::string exe = path;
-    std::vector<char*> argv{exe.data(), const_cast<char*>(address.c_str()), nullptr};
+    std::vector<std::string> copies(args);
+    std::vector<char*> argv{exe.data()};
+    for (std::string& a : copies)
+        argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_t pid = ::fork();
     if (pid < 0) {
         for (int fd : {in[0], in[1], out[0], out[1]})
@@ -38,6 +50,7 @@ std::unique_ptr<PeerProcess> PeerProcess::spawn(const std::string& path, const s
         return nullptr;
     }
     if (pid == 0) {
+        if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) ::_exit(126);
         ::dup2(in[0], 0);
         ::dup2(out[1], 1);
         ::execv(exe.c_str(), argv.data());
@@ -48,7 +61,10 @@ std::unique_ptr<PeerProcess> PeerProcess::spawn(const std::string& path, const s
     auto p = std::unique_ptr<PeerProcess>(new PeerProcess(pid, in[1], out[0]));
     auto a = p->read_line(10s);
     if (!a) {
-        *err = "the peer did not print its address within 10 s (see its stderr)";
+        auto st = p->wait_exit(Duration(0));
+        *err = st && *st == 126
+                   ? "setns into the network namespace failed"
+                   : "the peer did not print its first line within 10 s (see its stderr)";
         return nullptr;
     }
     p->address = *a;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "talaria/util/clock.hpp"
 #include "talaria/util/result.hpp"
@@ -27,6 +28,11 @@ class PeerProcess {
     /// `*err` saying why, when the peer cannot be started or prints no address.
     static std::unique_ptr<PeerProcess> spawn(const std::string& path, const std::string& address,
                                               std::string* err);
+    /// Run `path args...`, in the network namespace open at `netns_fd` when it is not -1 (see
+    /// netns.hpp), and read the first line it prints (10 s at most) into `address`.
+    static std::unique_ptr<PeerProcess> spawn(const std::string& path,
+                                              const std::vector<std::string>& args,
+                                              std::string* err, int netns_fd = -1);
 
     PeerProcess(const PeerProcess&) = delete;
     PeerProcess& operator=(const PeerProcess&) = delete;
