@@ -113,6 +113,7 @@ TEST_P(Netns, NothingListensOnTheOtherHostSaysConnectionRefused) {
     ASSERT_FALSE(o.ok) << o.line;
     EXPECT_EQ(o.errc, "unreachable") << o.line;
     EXPECT_NE(o.text.find("connection refused by " + where), std::string::npos) << o.line;
+    EXPECT_NE(o.text.find("(ECONNREFUSED)"), std::string::npos) << o.line;
     EXPECT_NE(o.text.find("is the server running"), std::string::npos) << o.line;
     EXPECT_LT(o.ms, 1000) << o.line;
 }

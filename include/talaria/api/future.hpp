@@ -322,7 +322,9 @@ class [[nodiscard]] Future {
     /// Cancel the call behind this Future: if it is still outstanding it completes with
     /// Errc::canceled (a response that arrives later is dropped) and true is returned; false if
     /// it was already complete, or the Future is empty or not a call's (a transfer's, a
-    /// when_all's). Any thread. The server is not told: a handler already running runs on.
+    /// when_all's). Any thread. A call that was sent is signalled to the server (a cancel
+    /// message): its handler sees Request::cancelled(), and transfers the handler started for
+    /// it fail with canceled; a handler that does not ask runs on, and its answer is dropped.
     /// The Future is still consumed as usual (get, then, co_await).
     bool cancel() const { return state_ && state_->cancel(); }
 

@@ -208,9 +208,9 @@ Result<void> OfiTransport::av_insert_locked(OfiLane& l, Remote* r) {
         std::string_view where = who;
         if (auto p = where.find("://"); p != std::string_view::npos) where.remove_prefix(p + 3);
         return failed(Error(Errc::unreachable,
-                            fmt::format("connection refused by {}: nothing listens on that port "
-                                        "on this host: is the server running, and listening on "
-                                        "that address?",
+                            fmt::format("connection refused by {} (ECONNREFUSED: nothing "
+                                        "listens on that port on this host): is the server "
+                                        "running, and listening on that address?",
                                         where)));
     }
     // shm 1.17 crashes (SIGSEGV in fi_av_insert) when the named region does not exist: it
