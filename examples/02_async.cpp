@@ -1,15 +1,14 @@
 // 02: asynchronous handlers and calls.
 //
-// The server answers "square" later, from a worker thread (the handler takes its Request by
-// value and returns at once), so a slow computation never blocks the server's progress thread.
+// The server answers "square" later, from a worker of a pool the application owns (the handler
+// takes its Request by value and returns at once), and runs "slow" on that pool, so a slow
+// computation never blocks the server's progress thread.
 // The client keeps many calls in flight with futures and then() callbacks, and shows a deadline.
 #include <talaria/talaria.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,38 +19,26 @@ using namespace std::chrono_literals;
 
 static int serve(const std::string& address) {
     talaria::Engine server{address, talaria::listen};
-    std::atomic<bool> done{false};
+    // The application's own workers (after the engine: destroyed first, so every job they hold
+    // answers while the engine still works; stop() runs the jobs queued, then joins).
+    talaria::ThreadPool workers(2);
 
-    // A worker thread answers the requests queued by the handler, until the engine shuts
-    // down (its shutdown callback stops and joins the worker while the engine still works).
-    std::mutex mu;
-    std::deque<std::pair<talaria::Request, long>> queue;
-    std::thread worker([&] {
-        while (!done) {
-            std::unique_lock g(mu);
-            if (queue.empty()) {
-                g.unlock();
-                std::this_thread::sleep_for(1ms);
-                continue;
-            }
-            auto [req, x] = std::move(queue.front());
-            queue.pop_front();
-            g.unlock();
-            req.respond(x * x);  // from this thread, after the handler returned
-        }
-    });
+    // The handler runs on the progress thread and returns at once: it hands its Request to a
+    // worker, which answers later.
     server.define("square", [&](talaria::Request req, long x) {
-        std::lock_guard g(mu);
-        queue.emplace_back(std::move(req), x);
+        workers.post([req = std::move(req), x]() mutable {
+            req.respond(x * x);  // from a worker thread, after the handler returned
+        });
     });
-    server.define("slow", [](int ms) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-        return ms;
-    });
-    server.on_shutdown([&] {
-        done = true;
-        worker.join();
-    });
+    // The same without the hand-off: the engine runs the handler on the workers.
+    server.define(
+        "slow",
+        [](int ms) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            return ms;
+        },
+        workers);
+    server.on_shutdown([&] { workers.stop(); });
     server.enable_remote_shutdown();
     example::announce(server.self_address());
     server.wait_for_shutdown();
