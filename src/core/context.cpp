@@ -14,6 +14,10 @@ namespace talaria::core {
 using namespace std::chrono_literals;
 
 namespace {
+
+/// Why a call with a deadline fails with timeout: the deadline timer's words, and the start of
+/// a late response's (complete_call).
+constexpr std::string_view kDeadlinePassed = "the call's deadline passed before its response came";
 constexpr uint32_t kNoSlot = UINT32_MAX;
 constexpr auto kSweepPeriod = 1s;
 /// A peer with no call in flight for this many sweeps gives up its watch.
@@ -473,8 +477,8 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
     uint32_t idx = seq & 0xFFFF;
     ResponseFn fn;
     std::unique_ptr<LargeOut> garbage;
-    na::Addr kept;  // the peer, where no response names it (a one-way send, a local failure)
-    bool late = false;
+    na::Addr kept;         // the peer, where no response names it (a one-way send, a local failure)
+    Duration late_by{-1};  // >= 0: the response was read that long after the deadline
     {
         std::lock_guard g(mu);
         if (idx >= slots.size() || slots[idx].seq != seq) return false;
@@ -486,23 +490,20 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
         // result: the target's deadline is never earlier than the caller's (budget_of).
         if (count_response && slots[idx].deadline != TimePoint{}) [[unlikely]] {
             const TimePoint now = Clock::now();
-            if (now >= slots[idx].deadline) {
-                late = true;
-                r = Error{Errc::timeout,
-                          fmt::format("the call's deadline passed before its response came (the "
-                                      "response was read {} us after it)",
-                                      std::chrono::duration_cast<std::chrono::microseconds>(
-                                          now - slots[idx].deadline)
-                                          .count())};
-            }
+            if (now >= slots[idx].deadline) late_by = now - slots[idx].deadline;
         }
         fn = release_slot_locked(idx, garbage, source ? nullptr : &kept);
     }
     if (count_response) CtxCounters::bump(counters.responses_received);
-    if (late)
+    if (late_by >= Duration::zero()) [[unlikely]] {
         CtxCounters::bump(counters.timeouts);
-    else if (!r)
+        r = Error{
+            Errc::timeout,
+            fmt::format("{} (the response was read {} us after it)", kDeadlinePassed,
+                        std::chrono::duration_cast<std::chrono::microseconds>(late_by).count())};
+    } else if (!r) {
         CtxCounters::add(counters.errors);
+    }
     if (fn) run_response(fn, source ? *source : kept, std::move(r));
     return true;
 }
@@ -781,10 +782,7 @@ unsigned Context::Impl::expire_timers() {
         hold_args(seq, std::move(dest), std::move(args));
     for (auto& [fn, peer] : expired) {
         CtxCounters::bump(counters.timeouts);
-        if (fn)
-            run_response(
-                fn, peer,
-                Error{Errc::timeout, "the call's deadline passed before its response came"});
+        if (fn) run_response(fn, peer, Error{Errc::timeout, std::string(kDeadlinePassed)});
     }
     return static_cast<unsigned>(expired.size());
 }

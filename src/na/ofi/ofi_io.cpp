@@ -189,6 +189,12 @@ Remote* OfiTransport::remote_locked(OfiLane& l, std::string_view raw, const Addr
     return p;
 }
 
+/// "host:port" of a tcp peer's address (its text without the scheme), for refusal messages.
+static std::string_view host_port_of(const OfiAddr* a) {
+    auto u = parse_url(a->str);
+    return u ? u->rest : std::string_view(a->str);
+}
+
 static void note_failure(OfiAddr* a, const std::string& why) {
     std::lock_guard g(a->failure_mu);
     a->failure = why;
@@ -204,15 +210,9 @@ Result<void> OfiTransport::av_insert_locked(OfiLane& l, Remote* r) {
     // A peer on this host whose port nobody listens on: refused now, not after the provider's
     // connection attempts (rxm retries a refused connect for about a second, then the peer is
     // declared dead as "disconnected").
-    if (listener_gone_locked(r, Clock::now())) {
-        std::string_view where = who;
-        if (auto p = where.find("://"); p != std::string_view::npos) where.remove_prefix(p + 3);
+    if (listener_gone_locked(r, Clock::now()))
         return failed(Error(Errc::unreachable,
-                            fmt::format("connection refused by {} (ECONNREFUSED: nothing "
-                                        "listens on that port on this host): is the server "
-                                        "running, and listening on that address?",
-                                        where)));
-    }
+                            connect_failure_text(host_port_of(ofi_addr(r->peer)), ECONNREFUSED)));
     // shm 1.17 crashes (SIGSEGV in fi_av_insert) when the named region does not exist: it
     // maps the entry into our endpoint without the peer's region. So never insert a peer that
     // is gone (a small window remains if it closes between this check and the insertion).
@@ -1389,7 +1389,9 @@ void OfiTransport::peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const
     Addr hold(a);  // failing the last op on it must not free it under us
     if (!a->dead.exchange(true)) {
         TALARIA_LOG(ofi, debug, "{}: peer {} is dead: {}", scheme_, a->str, why);
-        note_failure(a, "declared dead: " + why);
+        // An unreachable peer was never reached: the cause alone says it (the core prefixes
+        // "cannot be reached"); any other status ends a peer that was there.
+        note_failure(a, status == Errc::unreachable ? why : "declared dead: " + why);
         {
             // The next lookup of that name makes a new address (a restarted peer).
             std::lock_guard g(intern_mu_);
@@ -1597,9 +1599,7 @@ std::optional<std::string> OfiTransport::connect_refused_locked(Remote* r, TimeP
     auto failure = [&](int err) -> std::optional<std::string> {
         if (err != ECONNREFUSED && err != EHOSTUNREACH && err != ENETUNREACH && err != ETIMEDOUT)
             return std::nullopt;  // anything else: the provider's own retries decide
-        std::string_view where = ofi_addr(r->peer)->str;
-        if (auto p = where.find("://"); p != std::string_view::npos) where.remove_prefix(p + 3);
-        return connect_failure_text(where, err);
+        return connect_failure_text(host_port_of(ofi_addr(r->peer)), err);
     };
     if (r->connect_probe < 0) {
         if (r->connect_probed) return std::nullopt;
