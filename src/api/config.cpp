@@ -179,6 +179,7 @@ Result<void> read_core(ObjectReader& r, core::Options& co) {
     TALARIA_CHECK(r.unsigned_int("max_requests", co.max_requests));
     TALARIA_CHECK(r.unsigned_int("max_requests_per_peer", co.max_requests_per_peer));
     TALARIA_CHECK(r.unsigned_int("peer_window", co.peer_window));
+    TALARIA_CHECK(r.boolean("stats", co.stats));
     return r.millis("busy_retry_after_ms", co.busy_retry_after);
 }
 
@@ -266,6 +267,7 @@ std::string EngineConfig::to_json(int indent) const {
              {"max_requests_per_peer", co.max_requests_per_peer},
              {"peer_window", co.peer_window},
              {"busy_retry_after_ms", ms(co.busy_retry_after)},
+             {"stats", co.stats},
          }},
         {"na",
          {

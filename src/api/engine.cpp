@@ -14,8 +14,10 @@
 
 #include <fmt/format.h>
 
+#include "api/introspection.hpp"
 #include "talaria/util/cpu.hpp"
 #include "talaria/util/log.hpp"
+#include "talaria/version.hpp"
 
 namespace talaria {
 namespace detail {
@@ -208,7 +210,8 @@ class EngineState {
     std::unordered_map<std::string, std::unique_ptr<ProcInfo>> procs;
 
     EngineOptions opts;
-    bool listens = false;     ///< opened to accept connections
+    const TimePoint opened = Clock::now();  ///< health_json's uptime
+    bool listens = false;                   ///< opened to accept connections
     std::string secret_file;  ///< where opts' secret came from, if known (config_json)
     std::unique_ptr<core::Engine> core;
     /// The context bulk transfers of this layer run on (na id = opts.contexts), and the
@@ -229,7 +232,7 @@ class EngineState {
     std::atomic<WaitMode> wait{WaitMode::block};  ///< opts.wait, changed by set_wait_mode()
 
     // Lifecycle (Engine::shutdown, wait_for_shutdown, on_shutdown): on no call path.
-    std::mutex life_mu;
+    mutable std::mutex life_mu;
     std::condition_variable life_cv;
     bool shutdown_asked = false;                     ///< under life_mu
     std::vector<std::function<void()>> on_shutdown;  ///< under life_mu; run once, last first
@@ -258,6 +261,9 @@ class EngineState {
         }
     }
     std::vector<std::thread> threads;  ///< one per core context, then one for bulk_ctx
+    /// write_stats_every / serve_prometheus (made on first use, under life_mu): stopped before
+    /// the engine's own shutdown, the file written a last time.
+    std::unique_ptr<StatsExporter> exporter;
 
     /// Engine::handler_pool(), made on first use (under pool_mu). Stopped (its queued handlers
     /// run, while the engine still works) before the engine stops; the object stays until the
@@ -284,9 +290,11 @@ class EngineState {
 
     ~EngineState() {
         if (core && core->inherited()) {
-            abandon();  // the parent's callbacks are not the child's to run
+            (void)exporter.release();  // its threads are the parent's: nothing to join here
+            abandon();                 // the parent's callbacks are not the child's to run
         } else {
-            run_on_shutdown();  // nobody waited in wait_for_shutdown(): they run here
+            run_on_shutdown();               // nobody waited in wait_for_shutdown(): they run here
+            if (exporter) exporter->stop();  // the statistics' last word, the engine whole
             {
                 std::lock_guard g(pool_mu);
                 if (pool) pool->stop();
@@ -616,6 +624,7 @@ const ProcInfo* proc_info(EngineState& e, std::string_view name) {
     auto& rec = e.procs[std::string(name)];
     if (rec) return rec.get();  // in the table but not in the probed slots (they were full)
     rec = std::make_unique<ProcInfo>(ProcInfo{std::string(name), id});
+    e.core->name_rpc(id, name);  // its statistics carry the name where it is only called
     for (std::size_t i = 0; i < kProbes; ++i) {
         auto& slot = e.proc_slots[(id + i) & mask];
         if (!slot.load(std::memory_order_relaxed)) {
@@ -733,24 +742,29 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
     attach_driver(e, *st, kBulkContext);
     Future<void> fut(st);
     Result<bulk::TransferId> id = Error(Errc::internal, "");
+    const uint64_t t0 = ticks();  // the transfer's time, in the statistics
+    const bool pull = dir == bulk::Direction::pull;
     if (!watch) {
         id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
-                              [es = &e, s = std::move(st), len](Result<void>&& r) {
+                              [es = &e, s = std::move(st), len, t0, pull](Result<void>&& r) {
                                   es->core->note_bulk(1, r ? len : 0, r.has_value());
+                                  es->core->note_transfer(pull, len, r.has_value(), ticks() - t0);
                                   s->set(std::move(r));
                               });
     } else {
         watch->state = std::move(st);
         watch->len = len;
         watch->what = what;
-        id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
-                              [es = &e, w = watch](Result<void>&& r) {
-                                  es->core->note_bulk(1, r ? w->len : 0, r.has_value());
-                                  w->done.store(true, std::memory_order_release);
-                                  if (!r && r.code() == Errc::canceled && w->call.cancelled())
-                                      r = call_ended(w->call, w->what);
-                                  std::exchange(w->state, nullptr)->set(std::move(r));
-                              });
+        id =
+            e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
+                             [es = &e, w = watch, t0, pull](Result<void>&& r) {
+                                 es->core->note_bulk(1, r ? w->len : 0, r.has_value());
+                                 es->core->note_transfer(pull, w->len, r.has_value(), ticks() - t0);
+                                 w->done.store(true, std::memory_order_release);
+                                 if (!r && r.code() == Errc::canceled && w->call.cancelled())
+                                     r = call_ended(w->call, w->what);
+                                 std::exchange(w->state, nullptr)->set(std::move(r));
+                             });
     }
     if (!id) return Future<void>::ready_with(std::move(id).error());
     if (watch) {
@@ -919,14 +933,47 @@ Engine::Engine(const EngineConfig& config)
     state_->secret_file = config.secret_file;
 }
 
-std::string Engine::config_json(int indent) const {
+namespace {
+
+std::string config_json_of(const detail::EngineState& st, int indent) {
     EngineConfig c;
-    c.address = self_address();
-    c.listen = state_->listens;
-    c.options = state_->opts;
-    c.options.wait = state_->wait.load(std::memory_order_relaxed);
-    c.secret_file = state_->secret_file;
+    c.address = st.core->self_string();
+    c.listen = st.listens;
+    c.options = st.opts;
+    c.options.wait = st.wait.load(std::memory_order_relaxed);
+    c.secret_file = st.secret_file;
     return c.to_json(indent);
+}
+
+std::string health_json_of(const detail::EngineState& st) {
+    bool asked;
+    {
+        std::lock_guard g(st.life_mu);
+        asked = st.shutdown_asked;
+    }
+    const auto up = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - st.opened);
+    return fmt::format(
+        R"({{"status":"{}","address":"{}","version":"{}","uptime_ms":{},"contexts":{}}})",
+        asked ? "shutting_down" : "serving", st.core->self_string(), version().string, up.count(),
+        st.core->context_count());
+}
+
+}  // namespace
+
+std::string Engine::config_json(int indent) const {
+    return config_json_of(*state_, indent);
+}
+
+std::string Engine::stats_json(int indent) const {
+    return detail::stats_json_of(*state_->core, indent, state_->bulk_ctx.get());
+}
+
+std::string Engine::stats_prometheus() const {
+    return detail::stats_prometheus_of(*state_->core, state_->bulk_ctx.get());
+}
+
+std::string Engine::health_json() const {
+    return health_json_of(*state_);
 }
 
 std::string Engine::self_address() const {
@@ -1000,6 +1047,43 @@ void Engine::on_shutdown(std::function<void()> fn) {
 void Engine::enable_remote_shutdown() {
     detail::EngineState* st = state_.get();
     define(kShutdownProcedure, [st] { st->request_shutdown(); });
+}
+
+namespace {
+detail::StatsExporter& exporter_of(detail::EngineState& st) {
+    std::lock_guard g(st.life_mu);
+    if (!st.exporter)
+        st.exporter = std::make_unique<detail::StatsExporter>(*st.core, st.bulk_ctx.get());
+    return *st.exporter;
+}
+}  // namespace
+
+Result<void> Engine::try_write_stats_every(Duration period, std::string path) {
+    return exporter_of(*state_).write_every(period, std::move(path));
+}
+
+void Engine::write_stats_every(Duration period, std::string path) {
+    detail::value_or_throw(try_write_stats_every(period, std::move(path)));
+}
+
+Result<std::string> Engine::try_serve_prometheus(std::string_view address) {
+    return exporter_of(*state_).serve_http(address);
+}
+
+std::string Engine::serve_prometheus(std::string_view address) {
+    return detail::value_or_throw(try_serve_prometheus(address));
+}
+
+void Engine::enable_introspection() {
+    // The engine's state, not `this`: an Engine may be moved; its state stays.
+    const detail::EngineState* st = state_.get();
+    define(kStatsProcedure,
+           [st] { return detail::stats_json_of(*st->core, -1, st->bulk_ctx.get()); });
+    define(kPrometheusProcedure,
+           [st] { return detail::stats_prometheus_of(*st->core, st->bulk_ctx.get()); });
+    define(kConfigProcedure, [st] { return config_json_of(*st, -1); });
+    define(kHealthProcedure, [st] { return health_json_of(*st); });
+    define(kInFlightProcedure, [st] { return detail::calls_in_flight_json_of(*st->core); });
 }
 
 Future<void> Engine::shutdown_remote(const Endpoint& ep) {

@@ -41,13 +41,18 @@ Context::Impl::Impl(Engine::Impl* e, std::unique_ptr<na::Context> n)
       thread_safe(e->opts.na.thread_safe),
       checksum(e->opts.checksum),
       mu(e->opts.na.thread_safe),
-      pool_mu(e->opts.na.thread_safe) {}
+      pool_mu(e->opts.na.thread_safe) {
+    if (e->opts.stats) procs = std::make_unique<std::atomic<ProcCounters*>[]>(StatsIndex::kMax);
+}
 
 Context::Impl::~Impl() {
     // Whatever the transport still holds refers to our buffers: the engine drained it first.
     peers.clear();
     recvs.clear();
     all_bufs.clear();
+    if (procs)
+        for (uint32_t i = 0; i < StatsIndex::kMax; ++i)
+            delete procs[i].load(std::memory_order_relaxed);
 }
 
 Result<void> Context::Impl::start(unsigned recv_depth, uint32_t max_inflight) {
@@ -248,7 +253,9 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
             for (uint32_t i = 0; i < slots.size(); ++i) {
                 if (slots[i].seq != 0 && slots[i].peer == p) {
                     garbage.emplace_back();
-                    failed.push_back(release_slot_locked(i, garbage.back()));
+                    failed.push_back(release_slot_locked(
+                        i, garbage.back(), nullptr,
+                        c.status == Errc::unreachable ? Errc::unreachable : Errc::disconnected));
                 }
             }
             p_addr = p->addr;
@@ -288,8 +295,23 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
 }
 
 ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage,
-                                              na::Addr* peer) {
+                                              na::Addr* peer, Errc outcome, std::size_t bytes_in) {
     CallSlot& s = slots[idx];
+    if (ProcCounters* pc = std::exchange(s.stats, nullptr)) {
+        // Under mu: the client side's only writer (see ProcCounters).
+        auto& c = pc->client;
+        count_outcome(c, c.bytes_in, outcome, bytes_in, CtxCounters::bump);
+        c.latency.record(ticks() - s.sent_at);
+    }
+    if (s.logged_ns != 0) [[unlikely]] {
+        // rpc=trace (under mu: a debugging level; nothing here takes mu).
+        TALARIA_LOG(rpc, trace,
+                    "call {} seq {:#x} to {}: {} ({} bytes back) after {} us, trace {:016x}",
+                    eng->name_of(s.rpc_id, s.provider), s.seq,
+                    s.peer ? t->addr_to_string(s.peer->addr) : std::string("?"), errc_name(outcome),
+                    bytes_in, (now_ns() - s.logged_ns) / 1000, s.trace);
+        s.logged_ns = 0;
+    }
     ResponseFn fn = std::move(s.done);
     s.done = nullptr;
     if (s.heap >= 0) heap_remove_locked(idx);
@@ -363,6 +385,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     uint32_t seq;
     TimePoint now{};        // read once, for a call with a deadline only
     bool queue_it = false;  // no credit with the peer: kept, sent when one comes back
+    uint64_t trace = 0;
     Peer* watch = nullptr;  // a peer to watch, posted once the lock is released
     {
         std::lock_guard g(mu);
@@ -377,6 +400,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         seq = (uint32_t(s.gen) << 16) | idx;
         s.seq = seq;
         s.rpc_id = rpc;
+        s.provider = opts.provider;
+        s.trace = opts.trace_id != 0 ? opts.trace_id : current_trace_id();
         s.one_way = opts.one_way;
         s.target_ctx = opts.target_context;
         s.done = std::move(done);
@@ -384,6 +409,12 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.retry = std::move(retry);
         s.peer = peer_for_locked(dest);
         ++s.peer->inflight;
+        if (procs) {
+            ProcCounters* pc = proc_counters(rpc, opts.provider);
+            s.stats = pc;
+            CtxCounters::bump(pc->client.calls);
+            CtxCounters::bump(pc->client.bytes_out, args.size());
+        }
         const uint32_t window = eng->opts.peer_window;
         if (window && s.peer->inflight - s.peer->queued > window) [[unlikely]] {
             // The payload, kept to be sent later (copied under the lock: rare).
@@ -401,6 +432,10 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         } else {
             s.deadline = TimePoint{};
         }
+        if (s.stats) s.sent_at = ticks();
+        if (log::enabled(log::Subsys::rpc, log::Level::trace)) [[unlikely]]
+            s.logged_ns = now_ns();
+        trace = s.trace;
         inflight.store(inflight.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
 
@@ -415,7 +450,11 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.reply_ctx = id;
     h.provider = opts.provider;
     h.signature = opts.signature;
+    h.trace = trace;
     if (now != TimePoint{}) h.budget_us = budget_of(now + opts.timeout, now);
+    TALARIA_LOG(rpc, trace, "call {} seq {:#x} to {} context {}: {} bytes{}, trace {:016x}",
+                eng->name_of(rpc, opts.provider), seq, t->addr_to_string(dest), opts.target_context,
+                args.size(), opts.one_way ? ", one-way" : "", trace);
     auto r =
         send_message(dest, h, payload, SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
     if (!r) {
@@ -424,7 +463,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         ResponseFn fn;
         {
             std::lock_guard g(mu);
-            if (slots[idx].seq == seq) fn = release_slot_locked(idx, garbage);
+            if (slots[idx].seq == seq) fn = release_slot_locked(idx, garbage, nullptr, r.code());
         }
         if (fn) return std::move(r).error();  // `done` never runs
         return CallId{seq};                   // it already ran (with timeout or canceled)
@@ -492,7 +531,9 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
             const TimePoint now = Clock::now();
             if (now >= slots[idx].deadline) late_by = now - slots[idx].deadline;
         }
-        fn = release_slot_locked(idx, garbage, source ? nullptr : &kept);
+        fn = release_slot_locked(idx, garbage, source ? nullptr : &kept,
+                                 late_by >= Duration::zero() ? Errc::timeout : r.code(),
+                                 r ? r->size() : 0);
     }
     if (count_response) CtxCounters::bump(counters.responses_received);
     if (late_by >= Duration::zero()) [[unlikely]] {
@@ -574,7 +615,7 @@ Result<void> Context::Impl::cancel(CallId call) {
         const uint8_t target = s.target_ctx;
         const RpcId rpc = s.rpc_id;
         na::Addr peer;
-        ResponseFn fn = release_slot_locked(idx, garbage, &peer);
+        ResponseFn fn = release_slot_locked(idx, garbage, &peer, Errc::canceled);
         if (garbage || tell) dest = peer;
         if (tell) {
             notice.flags = wire::kCancel;
@@ -663,6 +704,7 @@ Context::Impl::Resend Context::Impl::resend_of_locked(const CallSlot& s) const {
     r.h.reply_ctx = id;
     r.h.provider = s.retry->provider;
     r.h.signature = s.retry->signature;
+    r.h.trace = s.trace;
     r.h.budget_us = budget_of(s.deadline, Clock::now());
     r.payload = s.retry->payload;
     r.one_way = s.one_way;
@@ -768,7 +810,7 @@ unsigned Context::Impl::expire_timers() {
             uint32_t seq = slots[heap[0]].seq;
             na::Addr peer;
             std::unique_ptr<LargeOut> args;
-            ResponseFn fn = release_slot_locked(heap[0], args, &peer);
+            ResponseFn fn = release_slot_locked(heap[0], args, &peer, Errc::timeout);
             if (args) large.emplace_back(seq, peer, std::move(args));
             expired.emplace_back(std::move(fn), std::move(peer));
         }
@@ -853,7 +895,7 @@ void Context::Impl::begin_shutdown() {
             if (slots[i].seq == 0) continue;
             garbage.emplace_back();
             na::Addr peer;
-            ResponseFn fn = release_slot_locked(i, garbage.back(), &peer);
+            ResponseFn fn = release_slot_locked(i, garbage.back(), &peer, Errc::shutdown);
             failed.emplace_back(std::move(fn), std::move(peer));
         }
         for (auto& [key, p] : peers)
@@ -979,6 +1021,13 @@ unsigned Context::trigger(unsigned max) {
     Impl& im = *impl_;
     if (im.t->inherited()) [[unlikely]]
         return 0;  // a child across fork(): the parent's completions are not its to run
+    struct Mark {
+        const Impl* prev = tl_triggering;
+        explicit Mark(const Impl* i) noexcept { tl_triggering = i; }
+        ~Mark() { tl_triggering = prev; }
+        Mark(const Mark&) = delete;
+        Mark& operator=(const Mark&) = delete;
+    } mark(&im);
     unsigned n = im.na->trigger(max);
     // Each check is one load when nothing is due (the busy-poll loop calls this constantly).
     if (im.next_deadline_ns.load(std::memory_order_relaxed) != INT64_MAX) n += im.expire_timers();

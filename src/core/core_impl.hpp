@@ -7,6 +7,7 @@
 //  - `pend_mu` guards large results waiting for their caller to pull them (slow path).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -19,6 +20,7 @@
 
 #include "core/wire.hpp"
 #include "talaria/core/core.hpp"
+#include "talaria/util/histogram.hpp"
 #include "talaria/util/spin_lock.hpp"
 
 namespace talaria::core {
@@ -66,6 +68,67 @@ struct CtxCounters {
     static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
         c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }
+};
+
+/// One procedure's statistics on one context (Options::stats), summed over the contexts when
+/// read (Engine::proc_stats). Allocated by the context on the procedure's first call there.
+struct ProcCounters {
+    struct Side {
+        std::atomic<uint64_t> calls{0}, ok{0}, bytes_out{0}, bytes_in{0};
+        std::array<std::atomic<uint64_t>, kErrcCount> errors{};
+        Histogram latency;
+    };
+    /// Written under the context's `mu` only (the call table's lock): one writer at a time,
+    /// so plain relaxed stores (CtxCounters::bump, Histogram::record).
+    Side client;
+    /// Written by the context's trigger thread only (bump, record): the requests handed to
+    /// handlers, and the answers sent from that thread (handlers on the progress thread).
+    Side server;
+    /// Answers sent from any other thread (executors, a kept Request): atomic adds
+    /// (CtxCounters::add, Histogram::record_shared). Summed with `server` when read.
+    Side server_shared;
+    Histogram queue;  ///< record_shared (executor threads)
+};
+
+/// Count one ended call in side `s`: ok and its result's bytes in `bytes_field`, else the
+/// error's code; `add` is CtxCounters::bump for a side's one writer, CtxCounters::add otherwise.
+template <class Add>
+void count_outcome(ProcCounters::Side& s, std::atomic<uint64_t>& bytes_field, Errc status,
+                   std::size_t bytes, Add add) noexcept {
+    if (status == Errc::ok) {
+        add(s.ok, 1);
+        add(bytes_field, bytes);
+    } else {
+        add(s.errors[std::size_t(status)], 1);
+    }
+}
+
+/// (procedure id, provider) -> a dense index into each context's ProcCounters table, numbered
+/// in order of first use. Lookups are lock-free (one probe in practice); a new key is added
+/// under a mutex. Names are kept apart, by id: the registry's for served procedures, those
+/// given to Engine::name_rpc for the others.
+class StatsIndex {
+  public:
+    /// Distinct (id, provider) pairs counted apart; later ones share the last index.
+    static constexpr uint32_t kMax = 1024;
+    StatsIndex();
+    uint32_t index(RpcId id, uint16_t provider) noexcept;
+    struct Key {
+        RpcId id;
+        uint16_t provider;
+    };
+    /// The keys in index order (the last may stand for every later one).
+    [[nodiscard]] std::vector<Key> keys() const;
+    void name(RpcId id, std::string_view name);
+    [[nodiscard]] std::string name_of(RpcId id) const;
+
+  private:
+    static constexpr std::size_t kCapacity = 4096;  // power of two, > kMax
+    // (id << 32 | provider << 16 | index + 1); 0 when free.
+    std::unique_ptr<std::atomic<uint64_t>[]> table_;
+    mutable std::mutex mu_;
+    std::vector<Key> keys_;
+    std::unordered_map<RpcId, std::string> names_;
 };
 
 /// Registered memory holding a payload a peer pulls (large arguments or results).
@@ -132,7 +195,12 @@ struct CallSlot {
     /// When set, the call waits to be sent again (busy answer): its place in the deadline heap
     /// is ordered by this instead of the deadline until then.
     TimePoint retry_at{};
-    bool queued = false;  ///< waits in its peer's backlog for a credit (not sent yet)
+    bool queued = false;            ///< waits in its peer's backlog for a credit (not sent yet)
+    ProcCounters* stats = nullptr;  ///< its procedure's (Options::stats)
+    uint64_t sent_at = 0;           ///< forward()'s ticks(), with stats
+    uint16_t provider = 0;
+    uint64_t trace = 0;      ///< its trace id (CallOptions::trace_id, or the handler's)
+    uint64_t logged_ns = 0;  ///< now_ns() when sent, with rpc=trace logging
     ResponseFn done;
     std::unique_ptr<LargeOut> large;  ///< arguments the target pulls
     std::unique_ptr<Retry> retry;     ///< CallOptions::busy_retries
@@ -206,6 +274,14 @@ struct Engine::Impl {
     na::Addr self;
     std::string self_string;
     Registry registry;
+    StatsIndex stats_index;  ///< with opts.stats
+    /// Bulk transfers by direction ([0] pull, [1] push), any thread (atomic adds).
+    struct Transfers {
+        std::atomic<uint64_t> transfers{0}, failed{0}, bytes{0};
+        Histogram latency;
+    };
+    std::array<Transfers, 2> transfers;
+    TickScale tick_scale;  ///< converts the statistics' ticks (from the engine's open)
     std::vector<std::unique_ptr<Context>> contexts;
     std::atomic<uint64_t> bulk_ops{0}, bulk_bytes{0}, bulk_errors{0};
     /// Bytes of large request arguments being pulled or handled, over all contexts: at most
@@ -214,6 +290,9 @@ struct Engine::Impl {
     bool shut = false;  ///< Engine::shutdown() ran
     /// Reserve `n` bytes of the large-argument budget; false when they do not fit.
     bool reserve_large(std::size_t n) noexcept;
+    /// A procedure's name for messages: the registry's, else the one Engine::name_rpc was
+    /// given, else its id in hex.
+    [[nodiscard]] std::string name_of(RpcId id, uint16_t provider) const;
 };
 
 struct Context::Impl {
@@ -267,6 +346,11 @@ struct Context::Impl {
     std::vector<PendingResult> held;
 
     CtxCounters counters;
+    /// Per-procedure statistics, by StatsIndex index (null without Options::stats; an entry
+    /// is null until its procedure's first call here).
+    std::unique_ptr<std::atomic<ProcCounters*>[]> procs;
+    /// The statistics of (id, provider) on this context, made on first use. Any thread.
+    ProcCounters* proc_counters(RpcId id, uint16_t provider);
     unsigned trigger_calls = 0;
     TimePoint next_sweep{};
 
@@ -327,8 +411,9 @@ struct Context::Impl {
     /// Take the completion out of a slot and free it (under mu). Large args are moved to
     /// `garbage` so they are deregistered outside the lock; `peer`, if given, gets the address
     /// the call went to.
-    ResponseFn release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage,
-                                   na::Addr* peer = nullptr);
+    /// `outcome` and `bytes_in` (the result's size) count in the call's procedure statistics.
+    ResponseFn release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage, na::Addr* peer,
+                                   Errc outcome, std::size_t bytes_in = 0);
     /// Run a call's completion, `peer` being Context::response_peer() meanwhile.
     static void run_response(ResponseFn& fn, const na::Addr& peer,
                              Result<std::span<const std::byte>> r);
@@ -348,7 +433,8 @@ struct Context::Impl {
     void handle_message(std::span<const std::byte> msg, const na::Addr& source, uint8_t named_ctx);
     void dispatch(const wire::Header& h, std::span<const std::byte> input, const na::Addr& source);
     Result<void> send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc_id, uint8_t dest_ctx,
-                            Errc status, std::span<const std::byte> out, SendBuf* filled = nullptr);
+                            Errc status, std::span<const std::byte> out, SendBuf* filled = nullptr,
+                            uint64_t trace = 0);
     /// Send header + payload from a pooled buffer (payload fits the eager size). `filled`: the
     /// payload was written in place into that buffer (behind the header room); it is taken.
     Result<void> send_message(const na::Addr& dest, wire::Header h,
@@ -423,6 +509,14 @@ struct Context::Impl {
     /// The target answered (or acked) call `seq`: arguments held for it can go.
     void release_held(uint32_t seq, const na::Addr& dest);
 };
+
+/// The context whose trigger() runs on this thread now (Context::trigger), if any: an answer
+/// sent from it counts in ProcCounters::server without atomics. Initial-exec: read and written
+/// on every call, it costs a load from the thread pointer instead of a __tls_get_addr call
+/// (the library is linked, not dlopen'ed; a few bytes of the static TLS block).
+extern thread_local const Context::Impl* tl_triggering [[gnu::tls_model("initial-exec")]];
+/// The trace id of the handler running on this thread (current_trace_id()); initial-exec too.
+extern thread_local uint64_t tl_trace [[gnu::tls_model("initial-exec")]];
 
 inline int64_t to_ns(TimePoint t) noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();

@@ -115,6 +115,7 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
     req.reply_ctx_ = h.reply_ctx;
     req.one_way_ = (h.flags & wire::kOneWay) != 0;
     req.provider_ = h.provider;
+    req.trace_ = h.trace;
     if (h.budget_us != 0) req.deadline_ = Clock::now() + std::chrono::microseconds(h.budget_us);
     RpcEntry* e = eng->registry.find(h.rpc_id, h.provider);
     if (!e) [[unlikely]] {
@@ -130,6 +131,13 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
         (void)req.respond_error(Errc::not_found, no_rpc_message(h, eng->self_string));
         return;
     }
+    if (procs) {
+        ProcCounters* pc = proc_counters(h.rpc_id, h.provider);
+        CtxCounters::bump(pc->server.calls);
+        CtxCounters::bump(pc->server.bytes_in, input.size());
+        req.stats_ = pc;
+        req.started_ = ticks();
+    }
     if (h.signature != 0 && e->signature != 0 && h.signature != e->signature) [[unlikely]] {
         CtxCounters::add(counters.errors);
         std::string why =
@@ -138,6 +146,7 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
         if (req.one_way_) {
             TALARIA_LOG(core, warn, "context {}: one-way call from {} dropped: {}", id,
                         t->addr_to_string(source), why);
+            req.note_answered(Errc::invalid_argument, 0);
             req.ctx_ = nullptr;
             return;
         }
@@ -147,6 +156,7 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
     auto load = admit(source);
     if (!load) [[unlikely]] {
         if (req.one_way_) {
+            req.note_answered(Errc::busy, 0);
             req.ctx_ = nullptr;  // nobody to tell: dropped, counted in busy_refused
             return;
         }
@@ -158,6 +168,14 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
         held_requests.fetch_add(1, std::memory_order_relaxed);
         req.load_ = l;
     }
+    if (log::enabled(log::Subsys::rpc, log::Level::trace)) [[unlikely]] {
+        req.logged_ns_ = now_ns();
+        TALARIA_LOG(rpc, trace,
+                    "serve {} seq {:#x} from {} on context {}: {} bytes{}, trace {:016x}", e->name,
+                    h.seq, t->addr_to_string(source), id, input.size(),
+                    req.one_way_ ? ", one-way" : "", h.trace);
+    }
+    TraceScope trace(h.trace);  // the calls the handler makes carry its caller's trace id
     try {
         e->handler(req);
     } catch (const std::exception& ex) {
@@ -235,10 +253,12 @@ bool CancelRef::cancelled() const noexcept {
 
 Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId rpc,
                                        uint8_t dest_ctx, Errc status,
-                                       std::span<const std::byte> out, SendBuf* filled) {
+                                       std::span<const std::byte> out, SendBuf* filled,
+                                       uint64_t trace) {
     BufGuard guard{this, filled};
     wire::Header h;
     h.flags = wire::kResponse;
+    h.trace = trace;
     h.rpc_id = rpc;
     h.seq = seq;
     h.target_ctx = dest_ctx;
@@ -634,9 +654,14 @@ Request::Request(Request&& o) noexcept
       responded_(o.responded_),
       provider_(o.provider_),
       load_(o.load_),
-      deadline_(o.deadline_) {
+      deadline_(o.deadline_),
+      stats_(o.stats_),
+      started_(o.started_),
+      trace_(o.trace_),
+      logged_ns_(o.logged_ns_) {
     o.ctx_ = nullptr;
     o.load_ = nullptr;
+    o.stats_ = nullptr;
     o.input_ = {};
     o.lent_source_ = nullptr;
     // The handler's input buffer is reposted once it returns: a moved request keeps no view.
@@ -662,6 +687,7 @@ Request::~Request() {
         (void)send_response(Errc::internal,
                             {reinterpret_cast<const std::byte*>(msg.data()), msg.size()});
     }
+    if (one_way_) note_answered(Errc::ok, 0);  // its handler is done
     uncount();  // one-way, or answered above (or by nobody: the parent's, across fork)
 }
 
@@ -693,14 +719,28 @@ Result<void> Request::check_respond() const {
 
 Result<void> Request::send_response(Errc status, std::span<const std::byte> output) {
     TALARIA_CHECK(check_respond());
-    return answered(ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output));
+    // Counted before it goes: a caller that has the answer finds it in these statistics.
+    note_answered(status, output.size());
+    log_answer(status, output.size());
+    return answered(ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output,
+                                            nullptr, trace_));
 }
 
 Result<void> Request::respond_in_place(PayloadWriter write) {
     TALARIA_CHECK(check_respond());  // before the writer runs
     TALARIA_TRY(w, ctx_->impl_->write_payload(write));
-    return answered(
-        ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf));
+    note_answered(Errc::ok, w.bytes.size());  // before it goes, as send_response
+    log_answer(Errc::ok, w.bytes.size());
+    return answered(ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes,
+                                            w.buf, trace_));
+}
+
+void Request::log_answer(Errc status, std::size_t bytes) const {
+    if (logged_ns_ == 0) return;
+    TALARIA_LOG(rpc, trace, "answer {} seq {:#x} to {}: {} ({} bytes) after {} us, trace {:016x}",
+                ctx_->impl_->eng->name_of(rpc_id_, provider_), seq_,
+                ctx_->impl_->t->addr_to_string(source()), errc_name(status), bytes,
+                (now_ns() - logged_ns_) / 1000, trace_);
 }
 
 Result<void> Request::answered(Result<void> r) {

@@ -45,6 +45,7 @@ void encode_header(Header h, std::byte* out, std::span<const std::byte> payload)
     put<uint16_t>(out + 26, 0);
     put<uint32_t>(out + 28, h.budget_us);
     put<uint64_t>(out + 32, h.signature);
+    put<uint64_t>(out + 40, h.trace);
     if (h.flags & kChecksum) put<uint32_t>(out + 20, message_crc(out, payload));
 }
 
@@ -73,6 +74,7 @@ Result<Header> decode_header(std::span<const std::byte> msg) {
     h.provider = get<uint16_t>(p + 24);
     h.budget_us = get<uint32_t>(p + 28);
     h.signature = get<uint64_t>(p + 32);
+    h.trace = get<uint64_t>(p + 40);
     if (h.flags & ~kKnownFlags)
         return Error{Errc::protocol_error,
                      fmt::format("rpc message with unknown flags {:#04x}", h.flags)};

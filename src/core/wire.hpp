@@ -1,4 +1,4 @@
-// The RPC core's wire format (docs/protocol.md, "RPC messages"): a 40-byte header in front of
+// The RPC core's wire format (docs/protocol.md, "RPC messages"): a 48-byte header in front of
 // every message the core sends, and the descriptor of a payload too large to send eagerly.
 #pragma once
 
@@ -12,8 +12,8 @@
 namespace talaria::core::wire {
 
 inline constexpr uint16_t kMagic = 0x5254;  // bytes "TR"
-inline constexpr uint8_t kVersion = 2;
-inline constexpr std::size_t kHeaderSize = 40;
+inline constexpr uint8_t kVersion = 3;
+inline constexpr std::size_t kHeaderSize = 48;
 
 /// Header flags.
 enum : uint8_t {
@@ -52,6 +52,9 @@ struct Header {
     uint16_t provider = 0;   ///< which instance of the procedure (0: the default one)
     uint32_t budget_us = 0;  ///< time left of the caller's deadline when sent (0: none)
     uint64_t signature = 0;  ///< hash of the caller's argument and result types (0: unchecked)
+    // Any message: the call's trace id (CallOptions::trace_id; 0: none). A response carries
+    // its request's.
+    uint64_t trace = 0;
 };
 
 /// Write `h` into out[0..kHeaderSize). When h.flags has kChecksum, `payload` must be the bytes

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <mutex>
 
 namespace talaria::log {
@@ -13,7 +14,8 @@ namespace talaria::log {
 namespace {
 constexpr int kCount = static_cast<int>(Subsys::count);
 constexpr std::array<std::string_view, kCount> kSubsysNames = {
-    "util", "na", "inproc", "sm", "tcp", "ofi", "ucx", "core", "bulk", "proc", "api", "perf"};
+    "util", "na",   "inproc", "sm",  "tcp",  "ofi", "ucx",
+    "core", "bulk", "proc",   "api", "perf", "rpc"};
 constexpr std::array<std::string_view, 6> kLevelNames = {"off",  "error", "warn",
                                                          "info", "debug", "trace"};
 
@@ -30,6 +32,7 @@ bool parse_level(std::string_view s, Level& out) {
 // static initializer (which may run before this one's) cannot see an unset stream.
 FILE* g_out = nullptr;
 std::mutex g_write_mu;
+std::unique_ptr<Sink> g_sink;  // under g_write_mu; constant-initialized, as g_out
 
 // Reads TALARIA_LOG and TALARIA_LOG_FILE once, before main().
 struct EnvInit {
@@ -52,10 +55,10 @@ namespace detail {
 std::atomic<uint8_t> g_levels[kCount] = {
 #define W static_cast<uint8_t>(Level::warn)
     W, W, W, W, W, W, W,
-    W, W, W, W, W
+    W, W, W, W, W, W
 #undef W
 };
-static_assert(kCount == 12, "update g_levels' initializer");
+static_assert(kCount == 13, "update g_levels' initializer");
 
 void write(Subsys s, Level l, const char* file, int line, std::string_view msg) noexcept {
     timespec ts;
@@ -63,6 +66,14 @@ void write(Subsys s, Level l, const char* file, int line, std::string_view msg) 
     std::string_view f(file);
     if (auto p = f.rfind('/'); p != std::string_view::npos) f.remove_prefix(p + 1);
     std::lock_guard g(g_write_mu);
+    if (g_sink) {
+        try {
+            (*g_sink)(Record{s, l, f, line, msg, int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec});
+        } catch (...) {
+            // A sink that throws loses its message, not the program.
+        }
+        return;
+    }
     FILE* out = g_out ? g_out : stderr;
     std::fprintf(out, "%ld.%06ld %d %.*s %.*s %.*s:%d: %.*s\n", long(ts.tv_sec),
                  long(ts.tv_nsec / 1000), int(::getpid()), int(level_name(l).size()),
@@ -80,6 +91,12 @@ std::string_view level_name(Level l) noexcept {
 std::string_view subsys_name(Subsys s) noexcept {
     auto i = static_cast<std::size_t>(s);
     return i < kSubsysNames.size() ? kSubsysNames[i] : "?";
+}
+
+void set_sink(Sink sink) {
+    auto fresh = sink ? std::make_unique<Sink>(std::move(sink)) : nullptr;
+    std::lock_guard g(g_write_mu);
+    g_sink.swap(fresh);  // the old one is destroyed after the lock is released
 }
 
 void set_level(Subsys s, Level l) noexcept {

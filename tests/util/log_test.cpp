@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -291,6 +292,38 @@ TEST_F(LogDeathTest, ConcurrentWritersProduceWholeLines) {
         EXPECT_EQ(i, next[t]++) << "lines of one thread out of order";
         EXPECT_EQ(std::string(text), std::string(100, char('a' + t))) << "torn line: " << l;
     }
+}
+
+}  // namespace
+}  // namespace talaria::log
+
+namespace talaria::log {
+namespace {
+
+// Issue 12: a sink replaces the writer (every enabled message, with its fields); an empty one
+// restores the default; a sink that throws loses its message, not the program.
+TEST(LogSink, ReplacesTheWriterUntilReset) {
+    std::vector<std::string> got;
+    std::vector<Subsys> subsys;
+    set_sink([&](const Record& r) {
+        got.emplace_back(r.message);
+        subsys.push_back(r.subsys);
+        EXPECT_EQ(r.level, Level::warn);
+        EXPECT_EQ(r.file, "log_test.cpp");
+        EXPECT_GT(r.line, 0);
+        EXPECT_GT(r.unix_ns, int64_t(1'600'000'000) * 1'000'000'000);
+    });
+    TALARIA_LOG(rpc, warn, "to the sink {}", 1);
+    TALARIA_LOG(rpc, debug, "not enabled {}", 2);
+    set_sink({});
+    TALARIA_LOG(rpc, warn, "to stderr again");
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0], "to the sink 1");
+    EXPECT_EQ(subsys[0], Subsys::rpc);
+    set_sink([](const Record&) { throw std::runtime_error("sink failed"); });
+    TALARIA_LOG(core, warn, "lost, not fatal");
+    set_sink({});
+    EXPECT_EQ(subsys_name(Subsys::rpc), "rpc");
 }
 
 }  // namespace

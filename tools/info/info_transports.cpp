@@ -31,11 +31,6 @@ constexpr Probe kProbes[] = {
     {"ucx", "ucx+rc://", "UCX reliable connected (InfiniBand, RoCE)"},
 };
 
-std::string shorten(std::string s, std::size_t max) {
-    if (s.size() <= max) return s;
-    return s.substr(0, max - 3) + "...";
-}
-
 }  // namespace
 
 Section transports_section() {
@@ -58,12 +53,13 @@ Section transports_section() {
                 r.add("here", "yes");
                 r.add("max unexpected", fmt::format("{}", (*t)->max_unexpected_size()));
                 r.add("max expected", fmt::format("{}", (*t)->max_expected_size()));
-                r.add("self address", shorten((*t)->addr_to_string(self), 48));
+                r.add("self address", (*t)->addr_to_string(self));
             } else {
                 r.add("here", "no");
                 r.add("max unexpected", "-");
                 r.add("max expected", "-");
-                r.add("self address", shorten(t.error().describe(), 90));
+                r.add("self address", "-");
+                r.add("error", t.error().describe());
             }
             r.add("what", std::string(p.what));
             s.rows.push_back(std::move(r));

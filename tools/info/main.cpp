@@ -4,8 +4,11 @@
 //   talaria-info                 all sections as text
 //   talaria-info --json          the same as one JSON object
 //   talaria-info -s libfabric    one section (transports, libfabric, ucx)
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -17,21 +20,39 @@
 #include "talaria/config.hpp"
 #include "talaria/version.hpp"
 
-namespace {
+namespace talaria::info {
 
-using talaria::info::Section;
-
-/// Columns side by side, each as wide as its widest cell. Rows may differ in their columns (the
-/// header is the union, in first-seen order); missing cells print "-".
+/// Rows may differ in their columns (the header is the union, in first-seen order); missing
+/// cells print "-".
 void print_table(const Section& s) {
     std::printf("\n%s\n", s.title.c_str());
+    if (s.as_lines) {
+        for (const auto& r : s.rows) {
+            std::string check, status, detail, remedy;
+            for (const auto& [k, v] : r.cells) {
+                if (k == "check") check = v;
+                if (k == "status") status = v;
+                if (k == "detail") detail = v;
+                if (k == "remedy") remedy = v;
+            }
+            std::printf("  %-6s %s: %s\n", ("[" + status + "]").c_str(), check.c_str(),
+                        detail.c_str());
+            if (!remedy.empty() && remedy != "-")
+                std::printf("         remedy: %s\n", remedy.c_str());
+        }
+        for (const auto& n : s.notes)
+            std::printf("  note: %s\n", n.c_str());
+        return;
+    }
     std::vector<std::string> cols;
     for (const auto& r : s.rows)
         for (const auto& [c, v] : r.cells)
             if (std::find(cols.begin(), cols.end(), c) == cols.end()) cols.push_back(c);
+    // A table cell is cut at kCellMax characters (the JSON form has every cell whole).
+    constexpr std::size_t kCellMax = 60;
     auto cell = [](const talaria::info::Row& r, const std::string& c) -> std::string {
         for (const auto& [k, v] : r.cells)
-            if (k == c) return v;
+            if (k == c) return v.size() <= kCellMax ? v : v.substr(0, kCellMax - 3) + "...";
         return "-";
     };
     std::vector<std::size_t> width;
@@ -60,6 +81,24 @@ void print_table(const Section& s) {
         std::printf("  note: %s\n", n.c_str());
 }
 
+}  // namespace talaria::info
+
+namespace {
+
+using talaria::info::Section;
+
+/// A cell as a JSON value: "yes"/"no" (and "true"/"false") as booleans, "-" (nothing) as null, a
+/// decimal integer as a number, anything else (4K, unlimited, an address, an error) as the whole
+/// string.
+nlohmann::ordered_json typed(const std::string& v) {
+    if (v == "yes" || v == "true") return true;
+    if (v == "no" || v == "false") return false;
+    if (v == "-") return nullptr;
+    if (!v.empty() && v.size() <= 18 && v.find_first_not_of("0123456789") == std::string::npos)
+        return std::stoull(v);
+    return v;
+}
+
 nlohmann::ordered_json to_json(const Section& s) {
     nlohmann::ordered_json j;
     j["title"] = s.title;
@@ -67,16 +106,41 @@ nlohmann::ordered_json to_json(const Section& s) {
     for (const auto& r : s.rows) {
         nlohmann::ordered_json o;
         for (const auto& [c, v] : r.cells)
-            o[c] = v;
+            o[c] = typed(v);
         j["rows"].push_back(std::move(o));
     }
     j["notes"] = s.notes;
     return j;
 }
 
+/// A --doctor check that failed (the exit status says so).
+bool failed_check(const std::vector<Section>& sections) {
+    for (const auto& s : sections)
+        for (const auto& r : s.rows)
+            for (const auto& [k, v] : r.cells)
+                if (s.key == "doctor" && k == "status" && v == "fail") return true;
+    return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+#if TALARIA_HAVE_UCX
+    // UCX writes its own diagnostics on stdout, from the moment libucs loads (before main) at
+    // UCX_LOG_LEVEL=debug, unless UCX_LOG_FILE names another stream. Run again with it set to
+    // stderr (UCX takes the name), so that stdout carries the tables or the JSON alone. Not
+    // where the user named a log file.
+    if (!std::getenv("UCX_LOG_FILE")) {
+        std::vector<std::string> env{"UCX_LOG_FILE=stderr"};
+        for (char** e = environ; *e; ++e)
+            env.emplace_back(*e);
+        std::vector<char*> envp;
+        for (auto& e : env)
+            envp.push_back(e.data());
+        envp.push_back(nullptr);
+        ::execve("/proc/self/exe", argv, envp.data());  // returns only if it failed: go on
+    }
+#endif
     CLI::App app{
         "talaria-info: transports built into Talaria, and the libfabric providers and "
         "UCX transports this machine has"};
@@ -87,15 +151,68 @@ int main(int argc, char** argv) {
     app.add_flag("--json", json, "Print one JSON object instead of tables");
     app.add_option("--section,-s", only, "Only these sections: transports, libfabric, ucx")
         ->check(CLI::IsMember({"transports", "libfabric", "ucx"}));
+    talaria::info::AttachOptions at;
+    long timeout_ms = 5000;
+    app.add_option("--attach", at.address,
+                   "Ask the running engine at ADDRESS (one that called "
+                   "Engine::enable_introspection()) instead of describing this machine");
+    app.add_option("--what", at.what, "With --attach: what to ask for")
+        ->check(CLI::IsMember({"stats", "health", "config", "in-flight", "prometheus"}))
+        ->default_str("stats");
+    app.add_option("--watch", at.watch,
+                   "With --attach: ask again every this many seconds, like top (JSON: one line "
+                   "each)");
+    app.add_option("--count", at.count, "With --watch: stop after this many (0: never)");
+    app.add_option("--from", at.from,
+                   "With --attach: the address this side opens its engine with (default: the "
+                   "target's transport, on the loopback if the target is)");
+    std::string doctor_address;
+    auto* doctor = app.add_option("--doctor", doctor_address,
+                                  "Check what commonly breaks (ptrace scope, /dev/shm, locked "
+                                  "memory, libfabric, UCX) and, given a tcp/ofi+tcp/ucx+tcp "
+                                  "ADDRESS, whether its port answers; exit 1 on a failed check")
+                       ->expected(0, 1);
+    bool variables = false;
+    app.add_flag("-c,--variables", variables,
+                 "List every environment variable and configuration key Talaria reads, with its "
+                 "default and meaning (like ucx_info -c)");
+    app.add_option("--client-config", at.config,
+                   "With --attach: open this side's engine with this EngineConfig JSON file "
+                   "(e.g. its na.auth: key_id and secret_file of a service that asks for a "
+                   "shared secret; its address, unless --from)");
+    app.add_option("--timeout-ms", timeout_ms, "With --attach: how long to wait for an answer")
+        ->check(CLI::Range(1L, 3600000L));
     CLI11_PARSE(app, argc, argv);
+    if (!at.address.empty()) {
+        at.json = json;
+        at.timeout = std::chrono::milliseconds(timeout_ms);
+        return talaria::info::attach(at);
+    }
 
     auto wanted = [&](const char* key) {
         return only.empty() || std::find(only.begin(), only.end(), key) != only.end();
     };
+    // What the probes print (UCX's and libfabric's own diagnostics where their loggers are not
+    // hooked yet: a section alone, UCX_LOG_LEVEL=info) goes to stderr, not into the tables or
+    // the JSON: stdout is ours until the sections are built.
+    std::fflush(stdout);
+    const int out = ::dup(STDOUT_FILENO);
+    if (out >= 0) ::dup2(STDERR_FILENO, STDOUT_FILENO);
     std::vector<Section> sections;
-    if (wanted("transports")) sections.push_back(talaria::info::transports_section());
-    if (wanted("libfabric")) sections.push_back(talaria::info::libfabric_section());
-    if (wanted("ucx")) sections.push_back(talaria::info::ucx_section());
+    if (doctor->count() > 0) {
+        sections.push_back(talaria::info::doctor_section(doctor_address));
+    } else if (variables) {
+        sections.push_back(talaria::info::variables_section());
+    } else {
+        if (wanted("transports")) sections.push_back(talaria::info::transports_section());
+        if (wanted("libfabric")) sections.push_back(talaria::info::libfabric_section());
+        if (wanted("ucx")) sections.push_back(talaria::info::ucx_section());
+    }
+    std::fflush(stdout);
+    if (out >= 0) {
+        ::dup2(out, STDOUT_FILENO);
+        ::close(out);
+    }
 
     if (json) {
         nlohmann::ordered_json j;
@@ -103,10 +220,10 @@ int main(int argc, char** argv) {
         for (const auto& s : sections)
             j[s.key] = to_json(s);
         std::printf("%s\n", j.dump(2).c_str());
-        return 0;
+        return failed_check(sections) ? 1 : 0;
     }
     std::printf("Talaria %s\n", TALARIA_VERSION);
     for (const auto& s : sections)
-        print_table(s);
-    return 0;
+        talaria::info::print_table(s);
+    return failed_check(sections) ? 1 : 0;
 }

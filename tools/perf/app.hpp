@@ -26,13 +26,16 @@ struct ClientOptions {
     std::vector<std::string> consume;     ///< api: get, then, coawait; empty: all three
     RepeatOptions repeat;
     std::string json_path;
-    std::string connect;  ///< server's layer address: do not start a server
-    std::string ctl;      ///< server's control address (host:port)
-    std::string url;      ///< address the client opens its transport with
-    int client_cpu = -2;  ///< -2: automatic, -1: do not pin
+    std::string csv_path;   ///< --csv: the records as CSV too
+    bool no_goals = false;  ///< --no-goals: the table without the project's goal column
+    std::string connect;    ///< server's layer address: do not start a server
+    std::string ctl;        ///< server's control address (host:port)
+    std::string url;        ///< address the client opens its transport with
+    int client_cpu = -2;    ///< -2: automatic, -1: do not pin
     int server_cpu = -2;
     bool thread_safe = true;
     bool no_baseline = false;  ///< measure the layer only (for profiling one side)
+    bool api_stats = true;     ///< --no-stats: the api engines keep no per-procedure statistics
     int realtime = 0;          ///< SCHED_FIFO priority for client and spawned server (0: off)
     std::string auth_file;     ///< --auth-secret-file: na::Options::auth on both sides
     std::string protect;       ///< --protect: na::Auth::protect on both sides
@@ -65,6 +68,7 @@ struct ApiWorkerOptions {
     std::string server;
     unsigned contexts = 1;
     unsigned first = 0;
+    bool stats = true;  ///< --no-stats
     std::string auth_file;
     std::string protect;
 };

@@ -22,6 +22,8 @@ struct LayerOptions {
     na::Auth auth;
     std::string auth_file;  ///< where the secret was read, passed on to the processes we start
     std::string protect;    ///< --protect, passed on likewise
+    /// EngineOptions::core.stats of the api layer's engines, both sides (off: --no-stats).
+    bool api_stats = true;
 };
 
 /// The key id talaria-perf's processes name their shared secret with.

@@ -248,7 +248,7 @@ class ApiClient final : public Runner {
                                      "contexts, at most 64",
                                      s.contexts, s.procs, s.contexts * s.procs));
         prepared_ = true;
-        auto addr = s_->start_api(s.mode, s.contexts * s.procs);
+        auto addr = s_->start_api(s.mode, s.contexts * s.procs, s_->options().api_stats);
         if (!addr) {
             (void)finish(s);
             return std::move(addr).error();
@@ -261,6 +261,7 @@ class ApiClient final : public Runner {
             EngineOptions eo;
             eo.contexts = static_cast<uint8_t>(s.contexts);
             eo.core.na.auth = s_->options().auth;
+            eo.core.stats = s_->options().api_stats;
             auto url =
                 s_->options().url.empty() ? default_engine_url(transport_) : s_->options().url;
             auto e = Engine::open(url, false, eo);
@@ -327,7 +328,7 @@ class ApiClient final : public Runner {
         return s_->leave_phase();
     }
     Result<void> resume(const Spec& s) override {
-        TALARIA_CHECK(s_->start_api(s.mode, s.contexts * s.procs));
+        TALARIA_CHECK(s_->start_api(s.mode, s.contexts * s.procs, s_->options().api_stats));
         return set_mode(s.mode);
     }
 
@@ -366,6 +367,7 @@ class ApiClient final : public Runner {
                                           "--first",
                                           std::to_string(p * s.contexts)};
             push_auth_args(args, s_->options().auth_file, s_->options().protect);
+            if (!s_->options().api_stats) args.push_back("--no-stats");
             TALARIA_CHECK(w->start(args, -1, true));
             TALARIA_TRY(line, read_worker(*w, std::chrono::seconds(30)));
             if (line != "ready")
@@ -399,6 +401,7 @@ int run_api_worker(const ApiWorkerOptions& o) {
     std::array<Track, 64> track{};  // outlives the engine's last callback
     EngineOptions eo;
     eo.contexts = static_cast<uint8_t>(o.contexts);
+    eo.core.stats = o.stats;
     auto auth = perf_auth(o.auth_file, o.protect);
     if (!auth) return fail(auth.error().describe());
     eo.core.na.auth = std::move(*auth);

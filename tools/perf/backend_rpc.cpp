@@ -189,10 +189,11 @@ class RpcServer final : public LayerServer {
                 break;
             }
             case RpcCtlOp::api_start: {
-                if (body.size() != 2 || uint8_t(body[0]) > uint8_t(Mode::block) ||
-                    uint8_t(body[1]) == 0)
+                if (body.size() != 3 || uint8_t(body[0]) > uint8_t(Mode::block) ||
+                    uint8_t(body[1]) == 0 || uint8_t(body[2]) > 1)
                     break;
-                auto addr = start_api(static_cast<Mode>(body[0]), uint8_t(body[1]));
+                auto addr = start_api(static_cast<Mode>(body[0]), uint8_t(body[1]),
+                                      body[2] != std::byte{0});
                 sent = addr ? r.respond(std::as_bytes(std::span(*addr)))
                             : r.respond_error(addr.code(), addr.error().describe());
                 break;
@@ -214,14 +215,15 @@ class RpcServer final : public LayerServer {
     /// The api layer's server: a talaria::Engine with background progress (the threads a user
     /// gets), opened on first use with the contexts asked for (reopened for more), serving
     /// perf.echo. While it is measured this process's core loop blocks (mode_ = block).
-    Result<std::string> start_api(Mode m, unsigned contexts) {
-        if (!api_ || api_->context_count() < contexts) {
+    Result<std::string> start_api(Mode m, unsigned contexts, bool stats) {
+        if (!api_ || api_->context_count() < contexts || api_->options().core.stats != stats) {
             api_.reset();
             talaria::EngineOptions eo;
             eo.contexts = static_cast<uint8_t>(contexts);
             eo.wait = talaria::WaitMode::block;
             eo.core.na.thread_safe = true;  // background threads need it whatever --single-thread
             eo.core.na.auth = auth_;
+            eo.core.stats = stats;
             auto e = talaria::Engine::open(default_engine_url(transport_), true, eo);
             if (!e)
                 return Error(e.error().code(),
@@ -427,10 +429,10 @@ Result<void> RpcSession::start(Mode m) {
     return ok();
 }
 
-Result<std::string> RpcSession::start_api(Mode m, unsigned contexts) {
+Result<std::string> RpcSession::start_api(Mode m, unsigned contexts, bool stats) {
     mode = m;
     TALARIA_CHECK(enter_phase());
-    std::byte b[2]{std::byte{uint8_t(m)}, std::byte{uint8_t(contexts)}};
+    std::byte b[3]{std::byte{uint8_t(m)}, std::byte{uint8_t(contexts)}, std::byte{uint8_t(stats)}};
     TALARIA_TRY(addr, control(RpcCtlOp::api_start, b));
     return std::string(reinterpret_cast<const char*>(addr.data()), addr.size());
 }

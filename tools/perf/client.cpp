@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <map>
 
@@ -12,7 +13,9 @@
 #include "app.hpp"
 #include "backend.hpp"
 #include "control.hpp"
+#include "perf_commit.hpp"
 #include "talaria/util/log.hpp"
+#include "talaria/version.hpp"
 #include "transports.hpp"
 
 namespace talaria::perf {
@@ -300,6 +303,7 @@ class TransportRun {
             LayerOptions lo;
             lo.thread_safe = o_.thread_safe;
             lo.url = o_.url;
+            lo.api_stats = o_.api_stats;
             TALARIA_TRY(auth, perf_auth(o_.auth_file, o_.protect));
             lo.auth = std::move(auth);
             lo.auth_file = o_.auth_file;
@@ -442,6 +446,23 @@ class TransportRun {
 
 }  // namespace
 
+/// What every record of this run carries (--json, --csv).
+RunInfo run_info(const ClientOptions& o) {
+    RunInfo r;
+    r.version = std::string(version().string);
+    r.commit = TALARIA_PERF_COMMIT;
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) r.host = host;
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    ::gmtime_r(&now, &tm);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    r.date = date;
+    r.command = o.command_line;
+    return r;
+}
+
 int run_client(const ClientOptions& o) {
     auto specs = build_specs(o);
     if (!specs) {
@@ -481,11 +502,12 @@ int run_client(const ClientOptions& o) {
     }
     fmt::print(
         "# {}\n# client CPU {}, server CPU {}; {} repetitions of ~{} ms each; "
-        "thread_safe={}{}\n",
+        "thread_safe={}{}{}\n",
         o.command_line, pl.client, o.connect.empty() ? std::to_string(pl.server) : "remote",
         o.repeat.reps,
         std::chrono::duration_cast<std::chrono::milliseconds>(o.repeat.rep_time).count(),
-        o.thread_safe, o.realtime > 0 ? fmt::format("; SCHED_FIFO priority {}", o.realtime) : "");
+        o.thread_safe, o.realtime > 0 ? fmt::format("; SCHED_FIFO priority {}", o.realtime) : "",
+        o.api_stats ? "" : "; api statistics off (--no-stats)");
     double load = load_average();
     if (load > double(ncpu) - 1.5 && o.realtime == 0)
         fmt::print(
@@ -513,8 +535,15 @@ int run_client(const ClientOptions& o) {
                 rec.error = fmt::format("server for {}: {}", transport, c.error().describe());
             else
                 run.measure_spec(rec.spec, rec);
-            fmt::print(stderr, "  {} {} {} {} {}: {}\n", transport, pattern_name(rec.spec.pattern),
-                       mode_name(rec.spec.mode), size_label(rec.spec.size),
+            // Progress: [n/N] and the time left at the pace so far.
+            const double spent = std::chrono::duration<double>(Clock::now() - t0).count();
+            const double left = spent / double(i + 1) * double(specs->size() - i - 1);
+            fmt::print(stderr, "  [{}/{}, {}] {} {} {} {} {}: {}\n", i + 1, specs->size(),
+                       i + 1 == specs->size() ? std::string("done")
+                       : left < 90            ? fmt::format("~{:.0f} s left", left)
+                                              : fmt::format("~{:.0f} min left", left / 60),
+                       transport, pattern_name(rec.spec.pattern), mode_name(rec.spec.mode),
+                       size_label(rec.spec.size),
                        rec.value     ? "done"
                        : rec.skipped ? "skipped"
                                      : "failed",
@@ -523,17 +552,20 @@ int run_client(const ClientOptions& o) {
         }
     }
     auto secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    fmt::print("{}", format_table(records));
+    fmt::print("{}", format_table(records, !o.no_goals));
     fmt::print("# {} measurements in {:.1f} s; load average {:.1f} at the end\n", records.size(),
                secs, load_average());
-    if (!o.json_path.empty()) {
-        std::ofstream f(o.json_path);
-        f << format_json(records);
-        if (!f) {
-            fmt::print(stderr, "talaria-perf: cannot write {}\n", o.json_path);
-            return 1;
-        }
-    }
+    const RunInfo info = run_info(o);
+    auto write = [](const std::string& path, const std::string& text) {
+        if (path.empty()) return true;
+        std::ofstream f(path);
+        f << text;
+        if (!f) fmt::print(stderr, "talaria-perf: cannot write {}\n", path);
+        return bool(f);
+    };
+    if (!write(o.json_path, format_json(records, info)) ||
+        !write(o.csv_path, format_csv(records, info)))
+        return 1;
     for (const auto& r : records)
         if ((!r.value && !r.skipped) || (!o.no_baseline && !r.no_baseline && !r.baseline)) return 1;
     return 0;

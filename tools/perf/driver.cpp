@@ -408,7 +408,7 @@ std::string goal_text(const Record& r) {
 
 }  // namespace
 
-std::string format_table(const std::vector<Record>& records) {
+std::string format_table(const std::vector<Record>& records, bool goals) {
     // The transport column fits the longest name ("ofi+tcp"); 4 wide for sm and tcp.
     std::size_t tw = 4;
     std::size_t lw = 5;
@@ -416,11 +416,15 @@ std::string format_table(const std::vector<Record>& records) {
         tw = std::max(tw, r.spec.transport.size());
         if (r.spec.consume != Consume::none) lw = std::max<std::size_t>(lw, 17);
     }
+    // The goal column, or nothing (--no-goals).
+    auto goal_col = [goals](const std::string& g) {
+        return goals ? fmt::format("{:<15} ", g) : std::string();
+    };
     std::string out = fmt::format(
-        "{:<{}} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} "
+        "{:<{}} {:<{}} {:<8} {:<5} {:>6} {:>4} {:<5} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {}"
         "{}\n",
         "layer", lw, "tran", tw, "pattern", "mode", "size", "infl", "unit", "median", "min", "max",
-        "baseline", "ratio", "best", "goal", "baseline is");
+        "baseline", "ratio", "best", goal_col("goal"), "baseline is");
     for (const auto& r : records) {
         const Spec& s = r.spec;
         // api rows name how results are consumed and the contexts x processes: "api/get 2x1".
@@ -433,29 +437,31 @@ std::string format_table(const std::vector<Record>& records) {
                         pattern_name(s.pattern), mode_name(s.mode), size_label(s.size), s.inflight,
                         unit_name(unit_of(s.pattern)));
         if (!r.value) {
-            out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} {}: {}\n", "-",
-                                      "-", "-", r.baseline ? num(r.baseline->median) : "-", "-",
-                                      "-", "", r.skipped ? "skipped" : "error", r.error);
+            out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {}{}: {}\n", "-", "-",
+                                      "-", r.baseline ? num(r.baseline->median) : "-", "-", "-",
+                                      goal_col(""), r.skipped ? "skipped" : "error", r.error);
             continue;
         }
-        out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:<15} {}{}\n",
+        out += head + fmt::format("{:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {}{}{}\n",
                                   num(r.value->median), num(r.value->min), num(r.value->max),
                                   r.baseline ? num(r.baseline->median) : "-", num(r.ratio()),
-                                  num(r.best_ratio()), goal_text(r), r.baseline_name,
+                                  num(r.best_ratio()), goal_col(goal_text(r)), r.baseline_name,
                                   r.error.empty() ? "" : " (error: " + r.error + ")");
     }
     return out;
 }
 
-std::string format_json(const std::vector<Record>& records) {
-    auto opt = [](std::optional<double> v) -> nlohmann::json {
+namespace {
+
+/// One record as JSON (the --json element; --csv flattens the same).
+nlohmann::ordered_json record_json(const Record& r, const RunInfo& run) {
+    auto opt = [](std::optional<double> v) -> nlohmann::ordered_json {
         if (!v || std::isnan(*v)) return nullptr;
         return *v;
     };
-    nlohmann::json arr = nlohmann::json::array();
-    for (const auto& r : records) {
+    {
         const Spec& s = r.spec;
-        nlohmann::json j;
+        nlohmann::ordered_json j;
         j["layer"] = s.layer;
         j["transport"] = s.transport;
         j["pattern"] = pattern_name(s.pattern);
@@ -493,13 +499,58 @@ std::string format_json(const std::vector<Record>& records) {
         if (auto g = r.goal()) {
             j["goal"] = goal_bound(*g);
             auto met = r.goal_met();
-            j["goal_met"] = met ? nlohmann::json(*met) : nlohmann::json(nullptr);
+            j["goal_met"] = met ? nlohmann::ordered_json(*met) : nlohmann::ordered_json(nullptr);
         }
         if (r.no_baseline) j["no_baseline"] = true;
         if (!r.error.empty()) j[r.skipped ? "skipped" : "error"] = r.error;
-        arr.push_back(std::move(j));
+        j["talaria_version"] = run.version;
+        j["commit"] = run.commit;
+        j["host"] = run.host;
+        j["date"] = run.date;
+        j["command"] = run.command;
+        return j;
     }
+}
+
+/// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const nlohmann::ordered_json& v) {
+    std::string t = v.is_null() ? std::string() : v.is_string() ? v.get<std::string>() : v.dump();
+    if (t.find_first_of(",\"\r\n") == std::string::npos) return t;
+    std::string q = "\"";
+    for (char c : t)
+        q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+}
+
+}  // namespace
+
+std::string format_json(const std::vector<Record>& records, const RunInfo& run) {
+    nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    for (const auto& r : records)
+        arr.push_back(record_json(r, run));
     return arr.dump(2) + "\n";
+}
+
+std::string format_csv(const std::vector<Record>& records, const RunInfo& run) {
+    // Columns: every key any record has, in first-seen order (records differ: api rows have
+    // contexts, blast rows bandwidths, failed rows an error).
+    std::vector<nlohmann::ordered_json> rows;
+    std::vector<std::string> cols;
+    for (const auto& r : records) {
+        rows.push_back(record_json(r, run));
+        for (const auto& [k, v] : rows.back().items())
+            if (std::find(cols.begin(), cols.end(), k) == cols.end()) cols.push_back(k);
+    }
+    std::string out;
+    for (std::size_t i = 0; i < cols.size(); ++i)
+        out += (i ? "," : "") + cols[i];
+    out += "\n";
+    for (const auto& row : rows) {
+        for (std::size_t i = 0; i < cols.size(); ++i)
+            out += (i ? "," : "") + (row.contains(cols[i]) ? csv_field(row[cols[i]]) : "");
+        out += "\n";
+    }
+    return out;
 }
 
 }  // namespace talaria::perf

@@ -140,9 +140,22 @@ struct Record {
 /// The 1-minute load average (/proc/loadavg), or -1.
 double load_average() noexcept;
 
-/// The readable table.
-std::string format_table(const std::vector<Record>& records);
-/// The --json array.
-std::string format_json(const std::vector<Record>& records);
+/// What every record of a run carries in --json and --csv: which Talaria, which commit of it,
+/// where, when, and the command line.
+struct RunInfo {
+    std::string version;
+    std::string commit;  ///< git describe of the source tree at build time ("-dirty": edited)
+    std::string host;
+    std::string date;  ///< UTC, ISO 8601
+    std::string command;
+};
+
+/// The readable table; without the project's goal column when `goals` is false (--no-goals).
+std::string format_table(const std::vector<Record>& records, bool goals = true);
+/// The --json array: each record with the run's info.
+std::string format_json(const std::vector<Record>& records, const RunInfo& run = {});
+/// The --csv text: a header line, then a line per record (the --json fields, flat; a field
+/// with a comma, quote or line break quoted as RFC 4180 says).
+std::string format_csv(const std::vector<Record>& records, const RunInfo& run = {});
 
 }  // namespace talaria::perf

@@ -94,5 +94,61 @@ TEST(perf, SlowOperationsStillCalibrateToFewCalls) {
     EXPECT_LE(r.counts.size(), 10u) << "calibration ran too many times";
 }
 
+// Issue 12: the records' formats. CSV has a header of every key, quotes what needs it, and
+// carries the run's info; --no-goals drops the goal column from the table only.
+std::vector<Record> two_records() {
+    Record a;
+    a.spec.layer = "rpc";
+    a.spec.transport = "sm";
+    a.value = Stats{10.0, 9.0, 12.0, 1000, 5};
+    a.baseline = Stats{5.0, 4.0, 6.0, 1000, 5};
+    a.baseline_name = "raw, \"bare\" ring";
+    Record b;
+    b.spec.layer = "api";
+    b.spec.transport = "tcp";
+    b.spec.consume = Consume::get;
+    b.error = "server for tcp: refused";
+    return {a, b};
+}
+
+TEST(perf, CsvHasEveryKeyQuotedFieldsAndTheRunsInfo) {
+    RunInfo run{"0.1.0", "abc123", "host1", "2026-11-28T07:00:00Z", "talaria-perf rpc -t sm"};
+    const std::string csv = format_csv(two_records(), run);
+    std::vector<std::string> lines;
+    std::size_t at = 0;
+    while (at < csv.size()) {
+        auto nl = csv.find('\n', at);
+        lines.push_back(csv.substr(at, nl - at));
+        at = nl + 1;
+    }
+    ASSERT_EQ(lines.size(), 3u) << csv;
+    for (const char* col : {"layer", "transport", "median", "ratio", "contexts", "consume", "error",
+                            "talaria_version", "commit", "host", "date", "command"})
+        EXPECT_NE(lines[0].find(col), std::string::npos) << col << " in " << lines[0];
+    EXPECT_NE(lines[1].find("\"raw, \"\"bare\"\" ring\""), std::string::npos) << lines[1];
+    EXPECT_NE(lines[1].find("abc123"), std::string::npos);
+    EXPECT_NE(lines[2].find("server for tcp: refused"), std::string::npos);
+    // Every line has as many fields as the header (the quoted comma does not count).
+    auto fields = [](const std::string& l) {
+        std::size_t n = 1;
+        bool quoted = false;
+        for (char c : l) {
+            if (c == '"') quoted = !quoted;
+            if (c == ',' && !quoted) ++n;
+        }
+        return n;
+    };
+    EXPECT_EQ(fields(lines[1]), fields(lines[0]));
+    EXPECT_EQ(fields(lines[2]), fields(lines[0]));
+    const std::string json = format_json(two_records(), run);
+    EXPECT_NE(json.find("\"commit\": \"abc123\""), std::string::npos) << json;
+    EXPECT_NE(json.find("\"host\": \"host1\""), std::string::npos) << json;
+}
+
+TEST(perf, NoGoalsDropsTheGoalColumn) {
+    EXPECT_NE(format_table(two_records()).find(" goal "), std::string::npos);
+    EXPECT_EQ(format_table(two_records(), false).find(" goal "), std::string::npos);
+}
+
 }  // namespace
 }  // namespace talaria::perf

@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(1u, 60000u));
     app.add_option("--json", c.json_path, "Write the results as a JSON array to this file");
+    app.add_option("--csv", c.csv_path,
+                   "Write the results as CSV to this file (the JSON fields, one line each)");
+    app.add_flag("--no-goals", c.no_goals,
+                 "Leave the project's goal column out of the table (JSON and CSV keep it)");
     app.add_option("--connect", c.connect,
                    "Measure against a server started separately (its address=), e.g. "
                    "tcp://10.0.0.2:5000");
@@ -111,6 +115,10 @@ int main(int argc, char** argv) {
                    "work on a shared host does not preempt busy polling (it starves that work "
                    "meanwhile: use for short runs)")
         ->check(CLI::Range(1, 99));
+    app.add_flag(
+        "--no-stats", [&c](std::int64_t) { c.api_stats = false; },
+        "The api layer's engines (client and server) keep no per-procedure statistics "
+        "(EngineOptions::core.stats off): measures what they cost");
     app.add_flag("--no-baseline", c.no_baseline,
                  "Skip the raw baselines (to profile the layer alone)");
     app.add_option("--log", log_spec, "Log levels, like TALARIA_LOG (e.g. warn,perf=info)");
@@ -197,6 +205,7 @@ int main(int argc, char** argv) {
     api_worker->add_option("--first", worker.first)->check(CLI::Range(0u, 63u));
     api_worker->add_option("--auth-secret-file", worker.auth_file);
     api_worker->add_option("--protect", worker.protect);
+    api_worker->add_flag("--no-stats", [&worker](std::int64_t) { worker.stats = false; });
 
     OverloadOptions ov;
     auto* overload = app.add_subcommand(

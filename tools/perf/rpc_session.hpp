@@ -7,8 +7,8 @@
 //   perf.ctl   : [u8 op][body]; op set_mode: [u8 Mode] (starts a measurement, releases any
 //                exposed buffer); end: leave the phase; bulk_setup: [u64 size] -> the encoding
 //                of a read-write bulk handle over `size` bytes; bulk_release;
-//                api_start: [u8 Mode][u8 contexts] -> the address of the server's api engine
-//                (a talaria::Engine with background progress and at least `contexts`
+//                api_start: [u8 Mode][u8 contexts][u8 stats: 0 or 1] -> the address of the server's
+//                api engine (a talaria::Engine with background progress and at least `contexts`
 //                contexts, serving perf.echo), its threads set to Mode; the core engine's own
 //                loop blocks meanwhile. set_mode puts the api engine back to block.
 //   perf.echo  : uint64_t(uint64_t), defined with talaria::Engine::define (the api layer).
@@ -69,7 +69,7 @@ class RpcSession {
     Result<void> start(Mode m);
     /// Enter the phase and start an api measurement: the server's api engine (opened with at
     /// least `contexts` contexts) polls in mode `m`; returns its address.
-    Result<std::string> start_api(Mode m, unsigned contexts);
+    Result<std::string> start_api(Mode m, unsigned contexts, bool stats);
     /// Leave the phase (the server goes back to its control loop).
     Result<void> leave_phase();
     [[nodiscard]] bool in_phase() const noexcept { return in_phase_; }

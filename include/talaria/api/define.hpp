@@ -111,6 +111,8 @@ struct Binder {
             // closes: the Request inside needs the engine.
             auto call = std::make_unique<Queued>(*info->engine, std::move(creq), std::move(args));
             ex->post([f = fn, i = info, c = std::move(call)]() mutable {
+                c->req.core().note_started();  // the wait in the queue, in the statistics
+                core::TraceScope trace(c->req.trace_id());  // nested calls carry it
                 run(*f, *i, c->req, c->args);
             });
             return;

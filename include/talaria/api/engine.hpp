@@ -91,6 +91,10 @@ class Request;
 template <class Sig>
 class Procedure;
 
+/// The trace id of the call whose handler runs on this thread (0: none); calls made here
+/// carry it (Procedure::trace).
+using core::current_trace_id;
+
 namespace detail {
 
 class EngineState;
@@ -215,6 +219,8 @@ class Request {
     /// The provider the caller named (Procedure::provider); the procedure's own when it was
     /// defined for one.
     [[nodiscard]] uint16_t provider() const noexcept { return req_.provider(); }
+    /// The caller's trace id (Procedure::trace; 0: none). Calls this handler makes carry it.
+    [[nodiscard]] uint64_t trace_id() const noexcept { return req_.trace_id(); }
     /// When the caller stops waiting (its timeout, counted from this call's arrival);
     /// TimePoint::max() when it set none.
     [[nodiscard]] TimePoint deadline() const noexcept { return req_.deadline(); }
@@ -394,6 +400,41 @@ class Engine {
     /// completes once the request is sent.
     Future<void> shutdown_remote(const Endpoint& ep);
 
+    // --- asking a running engine (talaria-info --attach) ---------------------------------------
+    /// The procedures enable_introspection() defines; each takes no argument and answers a
+    /// string: stats_json(), stats_prometheus(), config_json(), a health object
+    /// ({"status": "serving" or "shutting_down", "address", "version", "uptime_ms",
+    /// "contexts"}), and the calls in flight ({"contexts": [{"id", "requests_held"}], "peers":
+    /// [{"peer", "context", "in_flight", "queued"}]}).
+    static constexpr std::string_view kStatsProcedure = "talaria.stats";
+    static constexpr std::string_view kPrometheusProcedure = "talaria.prometheus";
+    static constexpr std::string_view kConfigProcedure = "talaria.config";
+    static constexpr std::string_view kHealthProcedure = "talaria.health";
+    static constexpr std::string_view kInFlightProcedure = "talaria.calls_in_flight";
+    /// Let peers read this engine's statistics, configuration, health and calls in flight
+    /// (the procedures above; `talaria-info --attach ADDRESS` prints them). Opt-in: anyone who
+    /// can call the engine can read them (with na::Options::auth, anyone holding the secret).
+    /// They run on the progress thread and take microseconds (stats_json: tens with many
+    /// procedures).
+    void enable_introspection();
+    /// Write stats_json(2) to `path` now (an error if it cannot be written), then every
+    /// `period`, and a last time when the engine closes: for batch jobs, as Margo writes its
+    /// JSON at finalize, and while they run. Each write replaces the file at once (a temporary
+    /// file renamed over it). A second call replaces the first's period and path. One thread of
+    /// the engine's.
+    Result<void> try_write_stats_every(Duration period, std::string path);
+    void write_stats_every(Duration period, std::string path);
+    /// Serve stats_prometheus() over HTTP at `address` ("127.0.0.1:9464", "[::]:9464"; port 0
+    /// picks a free one), on GET /metrics, for a standard Prometheus scrape; returns the
+    /// address bound. Opt-in (nothing listens otherwise); no authentication: bind it where only
+    /// your scraper reaches. One thread of the engine's, stopped when it closes.
+    Result<std::string> try_serve_prometheus(std::string_view address);
+    std::string serve_prometheus(std::string_view address);
+    /// The health object of kHealthProcedure, and the calls-in-flight object of
+    /// kInFlightProcedure, as JSON text (one line).
+    [[nodiscard]] std::string health_json() const;
+    [[nodiscard]] std::string calls_in_flight_json() const;
+
     // --- bulk --------------------------------------------------------------------------------
     /// Expose memory for one-sided transfers by peers with `access`. The memory must stay
     /// valid while the handle (or a copy, or a transfer using it) exists.
@@ -450,6 +491,19 @@ class Engine {
     // --- introspection -----------------------------------------------------------------------
     [[nodiscard]] core::Counters counters() const;
     [[nodiscard]] std::string counters_json() const;
+    /// Per-procedure statistics (EngineOptions::core.stats, on by default): for every
+    /// procedure this engine called or served, calls, outcomes by error code, bytes, and
+    /// latency histograms (client round trip, server handler time, queueing delay before an
+    /// executor ran the handler), summed over the contexts. Any thread, any time.
+    [[nodiscard]] std::vector<core::ProcStats> stats() const;
+    /// The counters and stats() as one JSON object (docs/architecture.md, "Statistics"):
+    /// latencies in nanoseconds as count, mean, p50, p90, p99, p999 and max. `indent` as
+    /// nlohmann::json's dump (-1: one line).
+    [[nodiscard]] std::string stats_json(int indent = -1) const;
+    /// The same in Prometheus' text exposition format (0.0.4): counters, gauges, and a summary
+    /// (quantiles, _sum, _count, in seconds) per latency, labeled by engine, procedure and
+    /// provider. Serve it on an HTTP endpoint, or write it to a node exporter's textfile.
+    [[nodiscard]] std::string stats_prometheus() const;
     [[nodiscard]] uint8_t context_count() const noexcept;
     [[nodiscard]] const EngineOptions& options() const noexcept;
     /// The RPC core (advanced use).

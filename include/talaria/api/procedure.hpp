@@ -117,6 +117,15 @@ class Procedure<R(Args...)> {
         p.checked_ = false;
         return p;
     }
+    /// A trace id for each call (core::CallOptions::trace_id): the handler sees it
+    /// (Request::trace_id()), the calls it makes carry it on, and both sides' rpc=trace log
+    /// lines name it, so the logs of several processes can be joined. Default 0: the trace of
+    /// the handler this call is made from (talaria::current_trace_id()), if any.
+    [[nodiscard]] Procedure trace(uint64_t id) const {
+        Procedure p = *this;
+        p.trace_ = id;
+        return p;
+    }
     /// The remote context that runs the handler.
     [[nodiscard]] Procedure context(uint8_t target) const {
         Procedure p = *this;
@@ -171,6 +180,7 @@ class Procedure<R(Args...)> {
         opts.busy_backoff = busy_backoff_;
         opts.one_way = one_way_;
         opts.provider = provider_;
+        opts.trace_id = trace_;
         // One-way calls are not checked: the target's handler may return a value nobody reads.
         if (checked_ && !one_way_)
             opts.signature = detail::kSignatureHash<Ret, std::decay_t<Args>...>;
@@ -207,6 +217,7 @@ class Procedure<R(Args...)> {
     uint8_t target_ = 0;
     uint8_t from_ = 0;
     uint16_t provider_ = 0;
+    uint64_t trace_ = 0;
     bool checked_ = true;
     bool one_way_ = false;
 };

@@ -25,6 +25,7 @@
 
 #pragma GCC visibility push(default)  // public API: exported from libtalaria.so
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstddef>
@@ -35,7 +36,9 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
+#include "talaria/core/stats.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/clock.hpp"
 #include "talaria/util/inplace_function.hpp"
@@ -114,6 +117,11 @@ struct Options {
     /// call again, and one that does not sees it in the error's message. Whole milliseconds,
     /// at most about 49 days; 0: no hint (callers back off on their own).
     Duration busy_retry_after = Duration::zero();
+    /// Per-procedure statistics (Engine::proc_stats): calls, outcomes, bytes and latency
+    /// histograms of every procedure called or served, kept per context (no lock or allocation
+    /// per call; 37 KiB per procedure and context, on its first call there) and summed when
+    /// read. Off: none of it is kept (the engine's Counters still are).
+    bool stats = true;
 };
 
 /// Per-engine counters (sums over contexts). Bulk counters are fed by the bulk layer through
@@ -160,6 +168,25 @@ struct CallOptions {
     /// procedure with a different one answers invalid_argument instead of running it. 0: not
     /// checked.
     uint64_t signature = 0;
+    /// The call's trace id, carried to the target (Request::trace_id()) and named in both
+    /// sides' rpc=trace log lines. 0: the trace of the handler running on this thread
+    /// (current_trace_id()), so that the calls a handler makes carry its caller's; none there.
+    uint64_t trace_id = 0;
+};
+
+/// The trace id of the request whose handler runs on this thread (0: none): set while a
+/// handler runs on a context's thread, and by the API around a handler on an executor.
+[[nodiscard]] uint64_t current_trace_id() noexcept;
+/// Makes `id` this thread's current trace id until destroyed (then the previous one again).
+class TraceScope {
+  public:
+    explicit TraceScope(uint64_t id) noexcept;
+    ~TraceScope();
+    TraceScope(const TraceScope&) = delete;
+    TraceScope& operator=(const TraceScope&) = delete;
+
+  private:
+    uint64_t prev_;
 };
 
 /// How a procedure is registered (Engine::register_rpc).
@@ -243,6 +270,8 @@ class CancelRef {
     TimePoint deadline_ = TimePoint::max();
 };
 
+struct ProcCounters;
+
 /// One received call. Move-only. If destroyed without a response (and not one-way), it responds
 /// with Errc::internal ("the handler dropped the request") so no caller ever hangs.
 class Request {
@@ -271,6 +300,8 @@ class Request {
     [[nodiscard]] bool one_way() const noexcept { return one_way_; }
     /// The provider the caller named (CallOptions::provider).
     [[nodiscard]] uint16_t provider() const noexcept { return provider_; }
+    /// The caller's trace id (CallOptions::trace_id; 0: none).
+    [[nodiscard]] uint64_t trace_id() const noexcept { return trace_; }
     /// When the caller stops waiting: its deadline, carried as the time it had left when it
     /// sent the call and counted from the arrival here (so it errs late by the one-way
     /// latency, never early). TimePoint::max() when the call has none.
@@ -284,6 +315,10 @@ class Request {
     /// The argument bytes: valid during the handler call only (not after a move of the Request
     /// out of the handler; decode them first).
     [[nodiscard]] std::span<const std::byte> input() const noexcept { return input_; }
+    /// The handler starts now, later than its arrival (it waited in an executor's queue): the
+    /// wait counts in the procedure's queueing delay, and its handler time starts here. Once,
+    /// from the thread about to run it.
+    void note_started() noexcept;
 
     /// Send the result (copied). Once; from any thread. One-way requests: not_supported.
     Result<void> respond(std::span<const std::byte> output);
@@ -316,6 +351,14 @@ class Request {
     uint16_t provider_ = 0;
     PeerLoad* load_ = nullptr;  ///< counted in this peer's and the context's held requests
     TimePoint deadline_ = TimePoint::max();
+    ProcCounters* stats_ = nullptr;  ///< its procedure's on this context (Options::stats)
+    uint64_t started_ = 0;           ///< ticks(): its arrival, then its handler's start
+    uint64_t trace_ = 0;
+    uint64_t logged_ns_ = 0;  ///< now_ns() at its arrival, with rpc=trace logging
+    /// Count the answer (or the end of a one-way handler) in stats_, once.
+    void note_answered(Errc status, std::size_t bytes) noexcept;
+    /// The rpc=trace line of the answer (when its arrival was logged).
+    void log_answer(Errc status, std::size_t bytes) const;
 };
 
 /// One context of an Engine: posted receives, outgoing calls and their deadlines.
@@ -427,8 +470,27 @@ class Engine {
     [[nodiscard]] Counters counters() const;
     /// The counters as a JSON object (one line).
     [[nodiscard]] std::string counters_json() const;
+    /// Per-procedure statistics, summed over the contexts, in the order procedures were
+    /// first seen (empty with Options::stats off). Any thread, any time: counts of calls in
+    /// progress meanwhile may show in some fields and not yet in others.
+    [[nodiscard]] std::vector<ProcStats> proc_stats() const;
+    /// Name the procedure `id` in proc_stats() where this engine calls it without serving it
+    /// (the API does, once per name). Any thread.
+    void name_rpc(RpcId id, std::string_view name);
+    /// The calls each context has in flight, per peer (a snapshot; takes each context's lock
+    /// briefly). Any thread.
+    [[nodiscard]] std::vector<PeerCalls> calls_in_flight() const;
+    /// Requests each context holds (handed to handlers, not answered), index = context id.
+    [[nodiscard]] std::vector<uint32_t> requests_held() const;
     /// Account a bulk transfer (called by the bulk layer): `ops` na put/get moving `bytes`.
     void note_bulk(uint64_t ops, uint64_t bytes, bool ok) noexcept;
+    /// Account a whole transfer by direction (the API, with Options::stats): its bytes,
+    /// outcome and the ticks() it took. Any thread.
+    void note_transfer(bool pull, uint64_t bytes, bool ok, uint64_t ticks_taken) noexcept;
+    /// The na layer's completions of every context, by operation type and outcome.
+    [[nodiscard]] na::OpCounts na_counts() const noexcept;
+    /// Transfers by direction: [0] pull, [1] push (zeros with Options::stats off).
+    [[nodiscard]] std::array<TransferStats, 2> transfer_stats() const;
 
     struct Impl;
 

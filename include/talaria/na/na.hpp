@@ -21,6 +21,7 @@
 
 #pragma GCC visibility push(default)  // public API: exported from libtalaria.so
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstddef>
@@ -247,6 +248,24 @@ struct Completion {
     uint8_t context_id = 0;  ///< recv: the destination context id the sender named
     std::size_t size = 0;    ///< recv: bytes received; put/get: bytes moved
     Addr source;             ///< recv: the sender
+};
+
+/// What one context completed, by operation type (index: OpType), counted as trigger() runs
+/// each completion (Context::op_counts).
+struct OpCounts {
+    static constexpr std::size_t kTypes = std::size_t(OpType::user) + 1;
+    std::array<uint64_t, kTypes> ok{};
+    std::array<uint64_t, kTypes> failed{};    ///< any status but ok and canceled
+    std::array<uint64_t, kTypes> canceled{};  ///< canceled (Context::cancel, a closing context)
+    std::array<uint64_t, kTypes> bytes{};     ///< of those ok: received (recv), moved (put/get)
+    void merge(const OpCounts& o) noexcept {
+        for (std::size_t i = 0; i < kTypes; ++i) {
+            ok[i] += o.ok[i];
+            failed[i] += o.failed[i];
+            canceled[i] += o.canceled[i];
+            bytes[i] += o.bytes[i];
+        }
+    }
 };
 
 /// Completion callback. Runs from Context::trigger() on the thread that triggers.
@@ -521,6 +540,8 @@ class Context {
 
     /// Completions queued and not yet triggered.
     [[nodiscard]] bool has_completions() const noexcept;
+    /// The completions this context ran, by type and outcome (a snapshot; any thread).
+    [[nodiscard]] OpCounts op_counts() const noexcept;
 
     /// Queue `cb` to run from trigger() like a completion (type OpType::user, status ok), from
     /// any thread: it wakes a thread blocked in progress() on this context. Upper layers use it

@@ -18,9 +18,10 @@ namespace talaria {
 /// values in it wide (3.1%), over a range of 2^kMaxBits (2^40 ns is 18 minutes). Larger values
 /// count in the last bucket (the exact maximum is kept apart). 1152 buckets, 9 KiB.
 ///
-/// Recording is for one thread at a time (the context that owns the histogram): a relaxed load
-/// and store per field, no read-modify-write, no lock. Any thread may take a snapshot() at any
-/// time (each field is read atomically; a snapshot taken while a value is being recorded may
+/// record() is for one thread at a time (the context that owns the histogram, or whoever holds
+/// its lock): a relaxed load and store per field, no read-modify-write, no lock;
+/// record_shared() is for several threads at once (atomic adds). Any thread may take a snapshot()
+/// at any time (each field is read atomically; a snapshot taken while a value is being recorded may
 /// count it in some fields and not yet in others). Snapshots merge and answer quantiles.
 class Histogram {
   public:
@@ -98,6 +99,15 @@ class Histogram {
         bump(counts_[bucket_of(v)], 1);
         bump(sum_, v);
         if (v > max_.load(std::memory_order_relaxed)) max_.store(v, std::memory_order_relaxed);
+    }
+
+    /// Count `v` from any thread (several may record at once): atomic adds, nothing lost.
+    void record_shared(uint64_t v) noexcept {
+        counts_[bucket_of(v)].fetch_add(1, std::memory_order_relaxed);
+        sum_.fetch_add(v, std::memory_order_relaxed);
+        uint64_t m = max_.load(std::memory_order_relaxed);
+        while (v > m && !max_.compare_exchange_weak(m, v, std::memory_order_relaxed)) {
+        }
     }
 
     /// The counts now. Any thread.

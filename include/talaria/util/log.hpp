@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -31,6 +32,7 @@ enum class Subsys : uint8_t {
     proc,
     api,
     perf,
+    rpc,  ///< each call on both sides, at trace (procedure, peer, sequence, sizes, status, time)
     count
 };
 
@@ -46,6 +48,23 @@ inline bool enabled(Subsys s, Level l) noexcept {
     return detail::g_levels[static_cast<int>(s)].load(std::memory_order_relaxed) >=
            static_cast<uint8_t>(l);
 }
+
+/// One log message, as a sink receives it.
+struct Record {
+    Subsys subsys;
+    Level level;
+    std::string_view file;  ///< the source file's name, without its directories
+    int line;
+    std::string_view message;
+    int64_t unix_ns;  ///< CLOCK_REALTIME when it was written
+};
+/// Where messages go instead of the default writer (TALARIA_LOG_FILE or stderr): called for
+/// every enabled message, from the thread that logs it, one call at a time (under the log's
+/// lock: a sink must not log). The views are valid during the call only.
+using Sink = std::function<void(const Record&)>;
+/// Replace the writer with `sink` (an empty one restores the default). The logger is the
+/// process's, as TALARIA_LOG is: a library that sets a sink sets it for its whole process.
+void set_sink(Sink sink);
 
 /// Parse a TALARIA_LOG-style spec ("warn,na=debug,tcp=trace") and apply it.
 /// Returns false (and applies nothing) when the spec has an unknown name.

@@ -49,7 +49,13 @@ struct Context::Impl {
     IntrusiveList<Op> cq;
     std::atomic<std::size_t> ready{0};  ///< ops on cq (written under mu; read anywhere)
     std::atomic<std::size_t> batch{0};  ///< ops taken by trigger() whose callbacks have not run
-    std::atomic<bool> waiting{false};   ///< written under mu
+    /// op_counts(), by OpType: written by the triggering thread only (one at a time, the
+    /// Context's contract), so plain relaxed stores; read from any thread.
+    struct Counted {
+        std::atomic<uint64_t> ok{0}, failed{0}, canceled{0}, bytes{0};
+    };
+    std::array<Counted, OpCounts::kTypes> counted{};
+    std::atomic<bool> waiting{false};  ///< written under mu
     int evfd = -1;
     int wait_epfd = -1;  // epoll over evfd, tfd and the transport's progress fd, for wait_fd()
 
@@ -186,6 +192,26 @@ Result<void> Context::progress(Duration timeout) {
 
 namespace {
 
+/// One writer: a relaxed load and store, no read-modify-write.
+void bump(std::atomic<uint64_t>& v, uint64_t n) noexcept {
+    v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+/// Count a completion in its context's op_counts() (`Im` is Context::Impl).
+template <class Im>
+void count(Im& im, const Completion& c) noexcept {
+    auto& k = im.counted[std::size_t(c.type) < OpCounts::kTypes ? std::size_t(c.type)
+                                                                : OpCounts::kTypes - 1];
+    if (c.status == Errc::ok) {
+        bump(k.ok, 1);
+        bump(k.bytes, c.size);
+    } else if (c.status == Errc::canceled) {
+        bump(k.canceled, 1);
+    } else {
+        bump(k.failed, 1);
+    }
+}
+
 /// Context::trigger() once something is queued (kept out of line: an idle busy-poll loop calls
 /// trigger() between polls, and should pay one load for it). `Im` is Context::Impl.
 template <class Im>
@@ -229,6 +255,7 @@ template <class Im>
             Callback cb = std::move(op->cb);
             Completion c = std::move(op->completion);
             op->releaser->release(op);
+            count(im, c);
             if (cb) cb(c);
             ++n;
         }
@@ -302,6 +329,17 @@ Result<void> Context::post_at(TimePoint due, Callback cb) {
 std::size_t Context::timers_pending() const noexcept {
     std::lock_guard g(impl_->mu);
     return impl_->timers.size();
+}
+
+OpCounts Context::op_counts() const noexcept {
+    OpCounts o;
+    for (std::size_t i = 0; i < OpCounts::kTypes; ++i) {
+        o.ok[i] = impl_->counted[i].ok.load(std::memory_order_relaxed);
+        o.failed[i] = impl_->counted[i].failed.load(std::memory_order_relaxed);
+        o.canceled[i] = impl_->counted[i].canceled.load(std::memory_order_relaxed);
+        o.bytes[i] = impl_->counted[i].bytes.load(std::memory_order_relaxed);
+    }
+    return o;
 }
 
 bool Context::has_completions() const noexcept {

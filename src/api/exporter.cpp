@@ -1,0 +1,241 @@
+// The engine's statistics for the outside world while it runs: a JSON file rewritten every
+// period and once more when the engine closes (Engine::write_stats_every), and Prometheus'
+// text on a small HTTP endpoint (Engine::serve_prometheus). Each is one thread of the engine,
+// stopped and joined when it closes.
+#include "api/introspection.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "talaria/util/log.hpp"
+
+namespace talaria::detail {
+
+namespace {
+
+Result<void> write_file(const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f)
+        return Error(Errc::io_error, fmt::format("statistics file {}: cannot create {}: {}", path,
+                                                 tmp, std::strerror(errno)));
+    const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    const bool closed = std::fclose(f) == 0;
+    if (!wrote || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        std::remove(tmp.c_str());
+        return Error(Errc::io_error, fmt::format("statistics file {}: cannot write it: {}", path,
+                                                 std::strerror(e)));
+    }
+    return ok();
+}
+
+/// "HOST:PORT" or "[V6]:PORT" as a socket address.
+Result<sockaddr_storage> parse_host_port(std::string_view a, socklen_t& len) {
+    sockaddr_storage ss{};
+    std::string host, port;
+    if (!a.empty() && a[0] == '[') {
+        const auto close = a.find(']');
+        if (close == std::string_view::npos || close + 1 >= a.size() || a[close + 1] != ':')
+            return Error(Errc::address_invalid, fmt::format("'{}': expected [IPv6]:PORT", a));
+        host = std::string(a.substr(1, close - 1));
+        port = std::string(a.substr(close + 2));
+    } else {
+        const auto colon = a.rfind(':');
+        if (colon == std::string_view::npos)
+            return Error(Errc::address_invalid,
+                         fmt::format("'{}': expected HOST:PORT (127.0.0.1:9464, [::]:9464)", a));
+        host = std::string(a.substr(0, colon));
+        port = std::string(a.substr(colon + 1));
+    }
+    char* end = nullptr;
+    const unsigned long p = std::strtoul(port.c_str(), &end, 10);
+    if (port.empty() || *end != '\0' || p > 65535)
+        return Error(Errc::address_invalid, fmt::format("'{}': the port must be 0 to 65535", a));
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons(uint16_t(p));
+        len = sizeof(sockaddr_in);
+    } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons(uint16_t(p));
+        len = sizeof(sockaddr_in6);
+    } else {
+        return Error(Errc::address_invalid,
+                     fmt::format("'{}': '{}' is not a numeric IPv4 or IPv6 address", a, host));
+    }
+    return ss;
+}
+
+std::string format_bound(const sockaddr_storage& ss) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (ss.ss_family == AF_INET6) {
+        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+        ::inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
+        return fmt::format("[{}]:{}", buf, ntohs(v6->sin6_port));
+    }
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
+    return fmt::format("{}:{}", buf, ntohs(v4->sin_port));
+}
+
+/// Answer one HTTP request on `fd` (blocking, bounded by a 2 s receive timeout).
+void answer(int fd, const core::Engine& core, const na::Context* extra) {
+    timeval tv{2, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string req;
+    char buf[2048];
+    while (req.size() < 16384 && req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        req.append(buf, std::size_t(n));
+    }
+    std::string status = "200 OK", body;
+    const auto line_end = req.find("\r\n");
+    const std::string line = req.substr(0, line_end);
+    if (line.rfind("GET ", 0) != 0) {
+        status = "405 Method Not Allowed";
+        body = "only GET /metrics is served here\n";
+    } else {
+        const auto sp = line.find(' ', 4);
+        const std::string path = line.substr(4, sp == std::string::npos ? sp : sp - 4);
+        if (path == "/metrics" || path == "/" || path.rfind("/metrics?", 0) == 0) {
+            body = stats_prometheus_of(core, extra);
+        } else {
+            status = "404 Not Found";
+            body = "the statistics are at /metrics\n";
+        }
+    }
+    const std::string head = fmt::format(
+        "HTTP/1.1 {}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        status, body.size());
+    const std::string out = head + body;
+    std::size_t sent = 0;
+    while (sent < out.size()) {
+        const ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += std::size_t(n);
+    }
+}
+
+}  // namespace
+
+StatsExporter::StatsExporter(const core::Engine& core, const na::Context* extra)
+    : core_(core), extra_(extra) {}
+
+StatsExporter::~StatsExporter() {
+    stop();
+}
+
+Result<void> StatsExporter::write_every(Duration period, std::string path) {
+    if (period <= Duration::zero())
+        return Error(Errc::invalid_argument, "write_stats_every: the period must be positive");
+    if (path.empty()) return Error(Errc::invalid_argument, "write_stats_every: no file named");
+    // Written once now: a path that cannot be written is said here, not in a thread later.
+    TALARIA_CHECK(write_file(path, stats_json_of(core_, 2, extra_)));
+    stop_writer();
+    {
+        std::lock_guard g(mu_);
+        period_ = period;
+        path_ = std::move(path);
+        writer_stop_ = false;
+    }
+    writer_ = std::thread([this] {
+        std::unique_lock lk(mu_);
+        while (!writer_stop_) {
+            if (cv_.wait_for(lk, period_, [this] { return writer_stop_; })) break;
+            const std::string to = path_;
+            lk.unlock();
+            if (auto r = write_file(to, stats_json_of(core_, 2, extra_)); !r)
+                TALARIA_LOG(api, warn, "{}", r.error().describe());
+            lk.lock();
+        }
+    });
+    return ok();
+}
+
+void StatsExporter::stop_writer() noexcept {
+    if (!writer_.joinable()) return;
+    {
+        std::lock_guard g(mu_);
+        writer_stop_ = true;
+    }
+    cv_.notify_all();
+    writer_.join();
+}
+
+Result<std::string> StatsExporter::serve_http(std::string_view address) {
+    if (http_.joinable())
+        return Error(Errc::already_exists,
+                     fmt::format("serve_prometheus: already serving at {}", http_address_));
+    socklen_t len = 0;
+    TALARIA_TRY(ss, parse_host_port(address, len));
+    const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Error(Errc::io_error, fmt::format("socket: {}", std::strerror(errno)));
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, 16) != 0) {
+        const int e = errno;
+        ::close(fd);
+        return Error(e == EADDRINUSE ? Errc::address_in_use : Errc::io_error,
+                     fmt::format("serve_prometheus at {}: {}", address, std::strerror(e)));
+    }
+    sockaddr_storage bound{};
+    socklen_t blen = sizeof bound;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
+    const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake < 0) {
+        ::close(fd);
+        return Error(Errc::io_error, fmt::format("eventfd: {}", std::strerror(errno)));
+    }
+    listen_fd_ = fd;
+    wake_fd_ = wake;
+    http_address_ = format_bound(bound);
+    http_ = std::thread([this] {
+        for (;;) {
+            pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+            if (::poll(p, 2, -1) < 0 && errno != EINTR) break;
+            if (p[1].revents) break;
+            if (!(p[0].revents & POLLIN)) continue;
+            const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            if (c < 0) continue;
+            answer(c, core_, extra_);
+            ::close(c);
+        }
+    });
+    TALARIA_LOG(api, info, "serving Prometheus text at http://{}/metrics", http_address_);
+    return http_address_;
+}
+
+void StatsExporter::stop() noexcept {
+    if (http_.joinable()) {
+        const uint64_t one = 1;
+        (void)!::write(wake_fd_, &one, sizeof one);
+        http_.join();
+        ::close(listen_fd_);
+        ::close(wake_fd_);
+        listen_fd_ = wake_fd_ = -1;
+    }
+    if (writer_.joinable()) {
+        stop_writer();
+        // The last word, as Margo writes its JSON at finalize.
+        if (auto r = write_file(path_, stats_json_of(core_, 2, extra_)); !r)
+            TALARIA_LOG(api, warn, "{}", r.error().describe());
+    }
+}
+
+}  // namespace talaria::detail

@@ -1,0 +1,321 @@
+// Engine::stats(), stats_json() and stats_prometheus(): the per-procedure statistics of the
+// core (core::Engine::proc_stats) and the engine's counters, as JSON and as Prometheus text.
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "api/introspection.hpp"
+#include "talaria/api/engine.hpp"
+#include "talaria/version.hpp"
+
+namespace talaria {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+/// The quantiles every latency is summarized by.
+constexpr double kQuantiles[] = {0.5, 0.9, 0.99, 0.999};
+constexpr const char* kQuantileKeys[] = {"p50", "p90", "p99", "p999"};
+
+Json latency_json(const core::Latency& h) {
+    Json j = {{"count", h.count()}, {"mean", uint64_t(h.mean() + 0.5)}};
+    for (std::size_t i = 0; i < std::size(kQuantiles); ++i)
+        j[kQuantileKeys[i]] = h.quantile(kQuantiles[i]);
+    j["max"] = h.max();
+    return j;
+}
+
+Json side_json(const core::ProcSideStats& s) {
+    Json errors = Json::object();
+    for (std::size_t i = 0; i < core::kErrcCount; ++i)
+        if (s.errors[i] != 0) errors[std::string(errc_name(static_cast<Errc>(i)))] = s.errors[i];
+    return {{"calls", s.calls},
+            {"ok", s.ok},
+            {"failed", s.failed()},
+            {"errors", std::move(errors)},
+            {"bytes_out", s.bytes_out},
+            {"bytes_in", s.bytes_in},
+            {"latency_ns", latency_json(s.latency)}};
+}
+
+Json transfers_json(const std::array<core::TransferStats, 2>& t) {
+    Json j = Json::object();
+    const char* names[] = {"pull", "push"};
+    for (std::size_t i = 0; i < 2; ++i)
+        j[names[i]] = {{"transfers", t[i].transfers},
+                       {"failed", t[i].failed},
+                       {"bytes", t[i].bytes},
+                       {"latency_ns", latency_json(t[i].latency)}};
+    return j;
+}
+
+/// The engine's counters by name, in counters_json()'s order; in_flight and held are
+/// snapshots (gauges), the rest totals.
+std::vector<std::pair<const char*, uint64_t>> counter_list(const core::Counters& c) {
+    return {{"rpcs_sent", c.rpcs_sent},
+            {"rpcs_received", c.rpcs_received},
+            {"responses_sent", c.responses_sent},
+            {"responses_received", c.responses_received},
+            {"bytes_sent", c.bytes_sent},
+            {"bytes_received", c.bytes_received},
+            {"bulk_ops", c.bulk_ops},
+            {"bulk_bytes", c.bulk_bytes},
+            {"timeouts", c.timeouts},
+            {"canceled", c.canceled},
+            {"errors", c.errors},
+            {"in_flight", c.in_flight},
+            {"busy_refused", c.busy_refused},
+            {"busy_retries", c.busy_retries},
+            {"held", c.held}};
+}
+
+bool is_gauge(std::string_view name) {
+    return name == "in_flight" || name == "held";
+}
+
+na::OpCounts na_counts_of(const core::Engine& core, const na::Context* extra) {
+    na::OpCounts o = core.na_counts();
+    if (extra) o.merge(extra->op_counts());
+    return o;
+}
+
+/// The na layer's completions: per operation type, ok / failed / canceled and bytes.
+Json na_json(const na::OpCounts& o) {
+    Json j = Json::object();
+    for (std::size_t i = 0; i < na::OpCounts::kTypes; ++i) {
+        const auto t = static_cast<na::OpType>(i);
+        if (t == na::OpType::user) continue;  // the upper layers' own callbacks, not the network
+        j[std::string(na::op_type_name(t))] = {{"ok", o.ok[i]},
+                                               {"failed", o.failed[i]},
+                                               {"canceled", o.canceled[i]},
+                                               {"bytes", o.bytes[i]}};
+    }
+    return j;
+}
+
+Json counters_object(const core::Counters& c) {
+    Json j = Json::object();
+    for (const auto& [name, v] : counter_list(c))
+        j[name] = v;
+    return j;
+}
+
+/// A label value in the text format: backslash, double quote and line feed escaped.
+std::string label(std::string_view v) {
+    std::string out;
+    out.reserve(v.size());
+    for (char ch : v) {
+        if (ch == '\\')
+            out += "\\\\";
+        else if (ch == '"')
+            out += "\\\"";
+        else if (ch == '\n')
+            out += "\\n";
+        else
+            out += ch;
+    }
+    return out;
+}
+
+/// Prometheus' text format (version 0.0.4): each metric family's # HELP and # TYPE once,
+/// then its samples.
+class Exposition {
+  public:
+    void family(std::string_view name, std::string_view type, std::string_view help) {
+        fmt::format_to(std::back_inserter(out_), "# HELP {} {}\n# TYPE {} {}\n", name, help, name,
+                       type);
+    }
+    void sample(std::string_view name, std::string_view labels, uint64_t v) {
+        fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, v);
+    }
+    void sample(std::string_view name, std::string_view labels, double v) {
+        fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, v);
+    }
+    std::string take() { return std::move(out_); }
+
+  private:
+    std::string out_;
+};
+
+double seconds(uint64_t ns) {
+    return double(ns) * 1e-9;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::string stats_json_of(const core::Engine& core, int indent, const na::Context* extra) {
+    Json procs = Json::array();
+    for (const core::ProcStats& p : core.proc_stats()) {
+        procs.push_back({{"name", p.name},
+                         {"id", p.id},
+                         {"provider", p.provider},
+                         {"client", side_json(p.client)},
+                         {"server", side_json(p.server)},
+                         {"queue_ns", latency_json(p.queue)}});
+    }
+    Json doc = {{"address", core.self_string()},
+                {"version", std::string(version().string)},
+                {"contexts", core.context_count()},
+                {"stats", core.options().stats},
+                {"counters", counters_object(core.counters())},
+                {"transfers", transfers_json(core.transfer_stats())},
+                {"na", na_json(na_counts_of(core, extra))},
+                {"procedures", std::move(procs)}};
+    return doc.dump(indent);
+}
+
+std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra) {
+    const std::string engine = label(core.self_string());
+    const auto procs = core.proc_stats();
+    Exposition x;
+    const core::Counters c = core.counters();
+    const std::string el = fmt::format("engine=\"{}\"", engine);
+    for (const auto& [name, v] : counter_list(c)) {
+        const bool gauge = is_gauge(name);
+        const std::string metric = fmt::format("talaria_{}{}", name, gauge ? "" : "_total");
+        x.family(
+            metric, gauge ? "gauge" : "counter",
+            fmt::format("The engine's {} (core::Counters{}).", name, gauge ? ", a snapshot" : ""));
+        x.sample(metric, el, v);
+    }
+
+    // Per procedure: the same family for every procedure, so each family is written whole.
+    auto labels = [&](const core::ProcStats& p) {
+        return fmt::format("engine=\"{}\",procedure=\"{}\",provider=\"{}\"", engine,
+                           label(p.name.empty() ? fmt::format("{:#010x}", p.id) : p.name),
+                           p.provider);
+    };
+    for (const char* side : {"client", "server"}) {
+        const bool client = side[0] == 'c';
+        auto of = [&](const core::ProcStats& p) -> const core::ProcSideStats& {
+            return client ? p.client : p.server;
+        };
+        const std::string calls = fmt::format("talaria_rpc_{}_calls_total", side);
+        x.family(calls, "counter",
+                 client ? "Calls made, by procedure." : "Requests handed to the procedure.");
+        for (const auto& p : procs)
+            x.sample(calls, labels(p), of(p).calls);
+        const std::string done = fmt::format("talaria_rpc_{}_completed_total", side);
+        x.family(done, "counter",
+                 client ? "Calls completed, by outcome (ok or the error code)."
+                        : "Requests answered, by status (ok or the error code).");
+        for (const auto& p : procs) {
+            const std::string l = labels(p);
+            x.sample(done, l + ",status=\"ok\"", of(p).ok);
+            for (std::size_t i = 0; i < core::kErrcCount; ++i)
+                if (of(p).errors[i] != 0)
+                    x.sample(done,
+                             fmt::format("{},status=\"{}\"", l, errc_name(static_cast<Errc>(i))),
+                             of(p).errors[i]);
+        }
+        const std::string bytes = fmt::format("talaria_rpc_{}_bytes_total", side);
+        x.family(bytes, "counter", "Payload bytes (arguments and results), by direction.");
+        for (const auto& p : procs) {
+            const std::string l = labels(p);
+            x.sample(bytes, l + ",direction=\"out\"", of(p).bytes_out);
+            x.sample(bytes, l + ",direction=\"in\"", of(p).bytes_in);
+        }
+        const std::string lat = fmt::format("talaria_rpc_{}_latency_seconds", side);
+        x.family(lat, "summary",
+                 client ? "Round trip of calls, from forward to completion."
+                        : "Handler time, from the handler's start to its answer.");
+        for (const auto& p : procs) {
+            const std::string l = labels(p);
+            const core::Latency& h = of(p).latency;
+            for (double q : kQuantiles)
+                x.sample(lat, fmt::format("{},quantile=\"{}\"", l, q), seconds(h.quantile(q)));
+            x.sample(lat + "_sum", l, seconds(h.sum()));
+            x.sample(lat + "_count", l, h.count());
+        }
+    }
+    const na::OpCounts na_ops = na_counts_of(core, extra);
+    x.family("talaria_na_ops_total", "counter",
+             "Operations the network layer completed, by type and outcome.");
+    for (std::size_t i = 0; i < na::OpCounts::kTypes; ++i) {
+        const auto t = static_cast<na::OpType>(i);
+        if (t == na::OpType::user) continue;
+        const std::string l = fmt::format("{},op=\"{}\"", el, na::op_type_name(t));
+        x.sample("talaria_na_ops_total", l + ",status=\"ok\"", na_ops.ok[i]);
+        x.sample("talaria_na_ops_total", l + ",status=\"failed\"", na_ops.failed[i]);
+        x.sample("talaria_na_ops_total", l + ",status=\"canceled\"", na_ops.canceled[i]);
+    }
+    x.family("talaria_na_bytes_total", "counter",
+             "Bytes the network layer received (receives) or moved (put, get).");
+    for (std::size_t i = 0; i < na::OpCounts::kTypes; ++i) {
+        const auto t = static_cast<na::OpType>(i);
+        if (t == na::OpType::user) continue;
+        x.sample("talaria_na_bytes_total", fmt::format("{},op=\"{}\"", el, na::op_type_name(t)),
+                 na_ops.bytes[i]);
+    }
+    const auto transfers = core.transfer_stats();
+    const char* dirs[] = {"pull", "push"};
+    x.family("talaria_transfers_total", "counter",
+             "Bulk transfers through the API, by direction and outcome.");
+    for (std::size_t i = 0; i < 2; ++i) {
+        const std::string l = fmt::format("{},direction=\"{}\"", el, dirs[i]);
+        x.sample("talaria_transfers_total", l + ",status=\"ok\"",
+                 transfers[i].transfers - transfers[i].failed);
+        x.sample("talaria_transfers_total", l + ",status=\"failed\"", transfers[i].failed);
+    }
+    x.family("talaria_transfer_bytes_total", "counter",
+             "Bytes of the bulk transfers that succeeded.");
+    for (std::size_t i = 0; i < 2; ++i)
+        x.sample("talaria_transfer_bytes_total", fmt::format("{},direction=\"{}\"", el, dirs[i]),
+                 transfers[i].bytes);
+    x.family("talaria_transfer_latency_seconds", "summary",
+             "Time of a bulk transfer, from its start to its completion.");
+    for (std::size_t i = 0; i < 2; ++i) {
+        const std::string l = fmt::format("{},direction=\"{}\"", el, dirs[i]);
+        const core::Latency& h = transfers[i].latency;
+        for (double q : kQuantiles)
+            x.sample("talaria_transfer_latency_seconds", fmt::format("{},quantile=\"{}\"", l, q),
+                     seconds(h.quantile(q)));
+        x.sample("talaria_transfer_latency_seconds_sum", l, seconds(h.sum()));
+        x.sample("talaria_transfer_latency_seconds_count", l, h.count());
+    }
+    const std::string queue = "talaria_rpc_server_queue_seconds";
+    x.family(queue, "summary",
+             "Wait of requests between their arrival and their handler's start on an executor.");
+    for (const auto& p : procs) {
+        const std::string l = labels(p);
+        for (double q : kQuantiles)
+            x.sample(queue, fmt::format("{},quantile=\"{}\"", l, q), seconds(p.queue.quantile(q)));
+        x.sample(queue + "_sum", l, seconds(p.queue.sum()));
+        x.sample(queue + "_count", l, p.queue.count());
+    }
+    return x.take();
+}
+
+std::string calls_in_flight_json_of(const core::Engine& core) {
+    Json contexts = Json::array();
+    const auto held = core.requests_held();
+    for (std::size_t i = 0; i < held.size(); ++i)
+        contexts.push_back({{"id", i}, {"requests_held", held[i]}});
+    Json peers = Json::array();
+    for (const auto& p : core.calls_in_flight())
+        peers.push_back({{"peer", p.peer},
+                         {"context", p.context},
+                         {"in_flight", p.in_flight},
+                         {"queued", p.queued}});
+    Json doc = {{"address", core.self_string()},
+                {"contexts", std::move(contexts)},
+                {"peers", std::move(peers)}};
+    return doc.dump();
+}
+
+}  // namespace detail
+
+std::vector<core::ProcStats> Engine::stats() const {
+    return core().proc_stats();
+}
+
+std::string Engine::calls_in_flight_json() const {
+    return detail::calls_in_flight_json_of(core());
+}
+
+}  // namespace talaria

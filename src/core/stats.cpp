@@ -1,0 +1,232 @@
+// Per-procedure statistics: the index of (procedure, provider) pairs, each context's counters,
+// what a Request counts, and their sum over the contexts (Engine::proc_stats).
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/core_impl.hpp"
+
+namespace talaria::core {
+
+namespace {
+
+uint64_t pack(RpcId id, uint16_t provider, uint32_t index) noexcept {
+    return (uint64_t(id) << 32) | (uint64_t(provider) << 16) | uint64_t(index + 1);
+}
+bool same_key(uint64_t e, RpcId id, uint16_t provider) noexcept {
+    return uint32_t(e >> 32) == id && uint16_t(e >> 16) == provider;
+}
+std::size_t slot_of(RpcId id, uint16_t provider, std::size_t mask) noexcept {
+    uint64_t h = (uint64_t(id) << 16 | provider) * 0x9e3779b97f4a7c15ull;
+    return std::size_t(h >> 32) & mask;
+}
+uint64_t ticks_since(uint64_t t) noexcept {
+    const uint64_t now = ticks();
+    return now > t ? now - t : 0;
+}
+
+void add_side(ProcSideStats& to, const ProcCounters::Side& from) {
+    to.calls += from.calls.load(std::memory_order_relaxed);
+    to.ok += from.ok.load(std::memory_order_relaxed);
+    to.bytes_out += from.bytes_out.load(std::memory_order_relaxed);
+    to.bytes_in += from.bytes_in.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < kErrcCount; ++i)
+        to.errors[i] += from.errors[i].load(std::memory_order_relaxed);
+    to.latency.hist.merge(from.latency.snapshot());
+}
+
+}  // namespace
+
+StatsIndex::StatsIndex() : table_(std::make_unique<std::atomic<uint64_t>[]>(kCapacity)) {}
+
+uint32_t StatsIndex::index(RpcId id, uint16_t provider) noexcept {
+    const std::size_t mask = kCapacity - 1;
+    std::size_t i = slot_of(id, provider, mask);
+    for (std::size_t n = 0; n < kCapacity; ++n, i = (i + 1) & mask) {
+        uint64_t e = table_[i].load(std::memory_order_acquire);
+        if (e == 0) break;
+        if (same_key(e, id, provider)) return uint32_t(e & 0xFFFF) - 1;
+    }
+    // First use of this pair: number it under the lock (another thread may have meanwhile).
+    std::lock_guard g(mu_);
+    i = slot_of(id, provider, mask);
+    for (std::size_t n = 0; n < kCapacity; ++n, i = (i + 1) & mask) {
+        uint64_t e = table_[i].load(std::memory_order_relaxed);
+        if (e != 0) {
+            if (same_key(e, id, provider)) return uint32_t(e & 0xFFFF) - 1;
+            continue;
+        }
+        if (keys_.size() >= kMax) return kMax - 1;  // the last index stands for the rest
+        const auto index = uint32_t(keys_.size());
+        try {
+            keys_.push_back(Key{id, provider});
+        } catch (...) {
+            return kMax - 1;
+        }
+        table_[i].store(pack(id, provider, index), std::memory_order_release);
+        return index;
+    }
+    return kMax - 1;
+}
+
+std::vector<StatsIndex::Key> StatsIndex::keys() const {
+    std::lock_guard g(mu_);
+    return keys_;
+}
+
+void StatsIndex::name(RpcId id, std::string_view name) {
+    std::lock_guard g(mu_);
+    names_.try_emplace(id, name);
+}
+
+std::string StatsIndex::name_of(RpcId id) const {
+    std::lock_guard g(mu_);
+    auto it = names_.find(id);
+    return it == names_.end() ? std::string() : it->second;
+}
+
+thread_local const Context::Impl* tl_triggering [[gnu::tls_model("initial-exec")]] = nullptr;
+thread_local uint64_t tl_trace [[gnu::tls_model("initial-exec")]] = 0;
+
+uint64_t current_trace_id() noexcept {
+    return tl_trace;
+}
+
+TraceScope::TraceScope(uint64_t id) noexcept : prev_(tl_trace) {
+    tl_trace = id;
+}
+
+TraceScope::~TraceScope() {
+    tl_trace = prev_;
+}
+
+std::string Engine::Impl::name_of(RpcId id, uint16_t provider) const {
+    if (const RpcEntry* e = registry.find(id, provider)) return e->name;
+    std::string n = stats_index.name_of(id);
+    return n.empty() ? fmt::format("{:#010x}", id) : n;
+}
+
+ProcCounters* Context::Impl::proc_counters(RpcId rpc, uint16_t provider) {
+    const uint32_t i = eng->stats_index.index(rpc, provider);
+    ProcCounters* p = procs[i].load(std::memory_order_acquire);
+    if (p) [[likely]]
+        return p;
+    // The procedure's first call on this context (client and server sides may race to it).
+    auto fresh = std::make_unique<ProcCounters>();
+    if (procs[i].compare_exchange_strong(p, fresh.get(), std::memory_order_acq_rel))
+        return fresh.release();
+    return p;
+}
+
+void Request::note_started() noexcept {
+    if (!stats_) return;
+    const uint64_t now = ticks();
+    stats_->queue.record_shared(now > started_ ? now - started_ : 0);
+    started_ = now;
+}
+
+void Request::note_answered(Errc status, std::size_t bytes) noexcept {
+    ProcCounters* pc = std::exchange(stats_, nullptr);
+    if (!pc) return;
+    const uint64_t took = ticks_since(started_);
+    if (ctx_ && tl_triggering == ctx_->impl_.get()) {
+        // The context's trigger thread: the only writer of `server`.
+        count_outcome(pc->server, pc->server.bytes_out, status, bytes, CtxCounters::bump);
+        pc->server.latency.record(took);
+        return;
+    }
+    count_outcome(pc->server_shared, pc->server_shared.bytes_out, status, bytes, CtxCounters::add);
+    pc->server_shared.latency.record_shared(took);
+}
+
+std::vector<ProcStats> Engine::proc_stats() const {
+    std::vector<ProcStats> out;
+    if (!impl_->opts.stats) return out;
+    const auto keys = impl_->stats_index.keys();
+    out.resize(keys.size());
+    const double scale = keys.empty() ? 1.0 : impl_->tick_scale.ns_per_tick();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        ProcStats& p = out[i];
+        p.id = keys[i].id;
+        p.provider = keys[i].provider;
+        p.name = rpc_name(p.id, p.provider);
+        if (p.name.empty()) p.name = impl_->stats_index.name_of(p.id);
+        if (i == StatsIndex::kMax - 1 && keys.size() == StatsIndex::kMax) p.name = "(others)";
+        for (const auto& c : impl_->contexts) {
+            const ProcCounters* pc = c->impl_->procs[i].load(std::memory_order_acquire);
+            if (!pc) continue;
+            add_side(p.client, pc->client);
+            add_side(p.server, pc->server);
+            add_side(p.server, pc->server_shared);
+            p.queue.hist.merge(pc->queue.snapshot());
+        }
+        p.client.latency.ns_per_tick = scale;
+        p.server.latency.ns_per_tick = scale;
+        p.queue.ns_per_tick = scale;
+    }
+    return out;
+}
+
+std::vector<PeerCalls> Engine::calls_in_flight() const {
+    std::vector<PeerCalls> out;
+    std::vector<na::Addr> addrs;  // named outside the locks
+    for (const auto& c : impl_->contexts) {
+        Context::Impl& im = *c->impl_;
+        std::lock_guard g(im.mu);
+        for (const auto& [key, p] : im.peers) {
+            if (p->inflight == 0) continue;
+            out.push_back(PeerCalls{{}, im.id, p->inflight, p->queued});
+            addrs.push_back(p->addr);
+        }
+    }
+    for (std::size_t i = 0; i < out.size(); ++i)
+        out[i].peer = impl_->transport->addr_to_string(addrs[i]);
+    return out;
+}
+
+std::vector<uint32_t> Engine::requests_held() const {
+    std::vector<uint32_t> out;
+    for (const auto& c : impl_->contexts)
+        out.push_back(c->impl_->held_requests.load(std::memory_order_relaxed));
+    return out;
+}
+
+void Engine::note_transfer(bool pull, uint64_t bytes, bool ok, uint64_t ticks_taken) noexcept {
+    if (!impl_->opts.stats) return;
+    auto& t = impl_->transfers[pull ? 0 : 1];
+    CtxCounters::add(t.transfers);
+    if (ok)
+        CtxCounters::add(t.bytes, bytes);
+    else
+        CtxCounters::add(t.failed);
+    t.latency.record_shared(ticks_taken);
+}
+
+na::OpCounts Engine::na_counts() const noexcept {
+    na::OpCounts o;
+    for (const auto& c : impl_->contexts)
+        o.merge(c->impl_->na->op_counts());
+    return o;
+}
+
+std::array<TransferStats, 2> Engine::transfer_stats() const {
+    std::array<TransferStats, 2> out{};
+    if (!impl_->opts.stats) return out;
+    const double scale = impl_->tick_scale.ns_per_tick();
+    for (std::size_t i = 0; i < 2; ++i) {
+        const auto& t = impl_->transfers[i];
+        out[i].transfers = t.transfers.load(std::memory_order_relaxed);
+        out[i].failed = t.failed.load(std::memory_order_relaxed);
+        out[i].bytes = t.bytes.load(std::memory_order_relaxed);
+        out[i].latency.hist = t.latency.snapshot();
+        out[i].latency.ns_per_tick = scale;
+    }
+    return out;
+}
+
+void Engine::name_rpc(RpcId id, std::string_view name) {
+    impl_->stats_index.name(id, name);
+}
+
+}  // namespace talaria::core
