@@ -293,8 +293,12 @@ class EngineState {
             (void)exporter.release();  // its threads are the parent's: nothing to join here
             abandon();                 // the parent's callbacks are not the child's to run
         } else {
-            run_on_shutdown();               // nobody waited in wait_for_shutdown(): they run here
-            if (exporter) exporter->stop();  // the statistics' last word, the engine whole
+            run_on_shutdown();  // nobody waited in wait_for_shutdown(): they run here
+            {
+                // The statistics' last word, the engine whole; nothing starts again after it.
+                std::lock_guard g(life_mu);
+                if (exporter) exporter->stop();
+            }
             {
                 std::lock_guard g(pool_mu);
                 if (pool) pool->stop();
@@ -745,26 +749,27 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
     const uint64_t t0 = ticks();  // the transfer's time, in the statistics
     const bool pull = dir == bulk::Direction::pull;
     if (!watch) {
-        id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
-                              [es = &e, s = std::move(st), len, t0, pull](Result<void>&& r) {
-                                  es->core->note_bulk(1, r ? len : 0, r.has_value());
-                                  es->core->note_transfer(pull, len, r.has_value(), ticks() - t0);
-                                  s->set(std::move(r));
-                              });
+        id =
+            e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
+                             [es = &e, s = std::move(st), len, t0, pull](Result<void>&& r) {
+                                 es->core->note_bulk(1, r ? len : 0, r.has_value());
+                                 es->core->note_transfer(pull, len, r.has_value(), ticks_since(t0));
+                                 s->set(std::move(r));
+                             });
     } else {
         watch->state = std::move(st);
         watch->len = len;
         watch->what = what;
-        id =
-            e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
-                             [es = &e, w = watch, t0, pull](Result<void>&& r) {
-                                 es->core->note_bulk(1, r ? w->len : 0, r.has_value());
-                                 es->core->note_transfer(pull, w->len, r.has_value(), ticks() - t0);
-                                 w->done.store(true, std::memory_order_release);
-                                 if (!r && r.code() == Errc::canceled && w->call.cancelled())
-                                     r = call_ended(w->call, w->what);
-                                 std::exchange(w->state, nullptr)->set(std::move(r));
-                             });
+        id = e.bulk->transfer(dir, peer, remote, remote_off, local, local_off, len,
+                              [es = &e, w = watch, t0, pull](Result<void>&& r) {
+                                  es->core->note_bulk(1, r ? w->len : 0, r.has_value());
+                                  es->core->note_transfer(pull, w->len, r.has_value(),
+                                                          ticks_since(t0));
+                                  w->done.store(true, std::memory_order_release);
+                                  if (!r && r.code() == Errc::canceled && w->call.cancelled())
+                                      r = call_ended(w->call, w->what);
+                                  std::exchange(w->state, nullptr)->set(std::move(r));
+                              });
     }
     if (!id) return Future<void>::ready_with(std::move(id).error());
     if (watch) {
@@ -952,10 +957,8 @@ std::string health_json_of(const detail::EngineState& st) {
         asked = st.shutdown_asked;
     }
     const auto up = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - st.opened);
-    return fmt::format(
-        R"({{"status":"{}","address":"{}","version":"{}","uptime_ms":{},"contexts":{}}})",
-        asked ? "shutting_down" : "serving", st.core->self_string(), version().string, up.count(),
-        st.core->context_count());
+    return detail::health_json_text(asked ? "shutting_down" : "serving", st.core->self_string(),
+                                    uint64_t(up.count()), st.core->context_count());
 }
 
 }  // namespace
@@ -1050,8 +1053,8 @@ void Engine::enable_remote_shutdown() {
 }
 
 namespace {
+/// Under life_mu (the caller's): the engine's exporter, made on first use.
 detail::StatsExporter& exporter_of(detail::EngineState& st) {
-    std::lock_guard g(st.life_mu);
     if (!st.exporter)
         st.exporter = std::make_unique<detail::StatsExporter>(*st.core, st.bulk_ctx.get());
     return *st.exporter;
@@ -1059,6 +1062,7 @@ detail::StatsExporter& exporter_of(detail::EngineState& st) {
 }  // namespace
 
 Result<void> Engine::try_write_stats_every(Duration period, std::string path) {
+    std::lock_guard g(state_->life_mu);
     return exporter_of(*state_).write_every(period, std::move(path));
 }
 
@@ -1067,6 +1071,7 @@ void Engine::write_stats_every(Duration period, std::string path) {
 }
 
 Result<std::string> Engine::try_serve_prometheus(std::string_view address) {
+    std::lock_guard g(state_->life_mu);
     return exporter_of(*state_).serve_http(address);
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -92,20 +93,39 @@ std::string format_bound(const sockaddr_storage& ss) {
     return fmt::format("{}:{}", buf, ntohs(v4->sin_port));
 }
 
-/// Answer one HTTP request on `fd` (blocking, bounded by a 2 s receive timeout).
-void answer(int fd, const core::Engine& core, const na::Context* extra) {
-    timeval tv{2, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+/// Wait until `fd` is ready for `events`, `wake` fires, or `deadline` passes: true if ready.
+bool wait_ready(int fd, short events, int wake, std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;
+        pollfd p[2] = {{fd, events, 0}, {wake, POLLIN, 0}};
+        const int n = ::poll(p, 2, int(left.count()));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || p[1].revents) return false;
+        return true;
+    }
+}
+
+/// Answer one HTTP request on the non-blocking `fd`, within kConnectionTime altogether (a
+/// client that sends slowly or does not read is dropped, and the engine's close never waits
+/// on it: `wake` ends the wait).
+constexpr auto kConnectionTime = std::chrono::seconds(3);
+void answer(int fd, int wake, const core::Engine& core, const na::Context* extra) {
+    const auto deadline = std::chrono::steady_clock::now() + kConnectionTime;
     std::string req;
     char buf[2048];
     while (req.size() < 16384 && req.find("\r\n\r\n") == std::string::npos) {
         const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        req.append(buf, std::size_t(n));
+        if (n > 0) {
+            req.append(buf, std::size_t(n));
+            continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) break;
+        if (!wait_ready(fd, POLLIN, wake, deadline)) return;
     }
     std::string status = "200 OK", body;
-    const auto line_end = req.find("\r\n");
-    const std::string line = req.substr(0, line_end);
+    const std::string line = req.substr(0, req.find("\r\n"));
     if (line.rfind("GET ", 0) != 0) {
         status = "405 Method Not Allowed";
         body = "only GET /metrics is served here\n";
@@ -119,16 +139,22 @@ void answer(int fd, const core::Engine& core, const na::Context* extra) {
             body = "the statistics are at /metrics\n";
         }
     }
-    const std::string head = fmt::format(
-        "HTTP/1.1 {}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-        "Content-Length: {}\r\nConnection: close\r\n\r\n",
-        status, body.size());
-    const std::string out = head + body;
+    const std::string out =
+        fmt::format(
+            "HTTP/1.1 {}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            "Content-Length: {}\r\nConnection: close\r\n\r\n",
+            status, body.size()) +
+        body;
     std::size_t sent = 0;
     while (sent < out.size()) {
         const ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-        if (n <= 0) break;
-        sent += std::size_t(n);
+        if (n > 0) {
+            sent += std::size_t(n);
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR) && wait_ready(fd, POLLOUT, wake, deadline))
+            continue;
+        return;
     }
 }
 
@@ -142,6 +168,7 @@ StatsExporter::~StatsExporter() {
 }
 
 Result<void> StatsExporter::write_every(Duration period, std::string path) {
+    if (closed_) return Error(Errc::shutdown, "write_stats_every: the engine is closing");
     if (period <= Duration::zero())
         return Error(Errc::invalid_argument, "write_stats_every: the period must be positive");
     if (path.empty()) return Error(Errc::invalid_argument, "write_stats_every: no file named");
@@ -160,8 +187,12 @@ Result<void> StatsExporter::write_every(Duration period, std::string path) {
             if (cv_.wait_for(lk, period_, [this] { return writer_stop_; })) break;
             const std::string to = path_;
             lk.unlock();
-            if (auto r = write_file(to, stats_json_of(core_, 2, extra_)); !r)
-                TALARIA_LOG(api, warn, "{}", r.error().describe());
+            try {
+                if (auto r = write_file(to, stats_json_of(core_, 2, extra_)); !r)
+                    TALARIA_LOG(api, warn, "{}", r.error().describe());
+            } catch (const std::exception& e) {
+                TALARIA_LOG(api, warn, "write_stats_every: {}", e.what());
+            }
             lk.lock();
         }
     });
@@ -179,12 +210,13 @@ void StatsExporter::stop_writer() noexcept {
 }
 
 Result<std::string> StatsExporter::serve_http(std::string_view address) {
+    if (closed_) return Error(Errc::shutdown, "serve_prometheus: the engine is closing");
     if (http_.joinable())
         return Error(Errc::already_exists,
                      fmt::format("serve_prometheus: already serving at {}", http_address_));
     socklen_t len = 0;
     TALARIA_TRY(ss, parse_host_port(address, len));
-    const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return Error(Errc::io_error, fmt::format("socket: {}", std::strerror(errno)));
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -211,9 +243,20 @@ Result<std::string> StatsExporter::serve_http(std::string_view address) {
             if (::poll(p, 2, -1) < 0 && errno != EINTR) break;
             if (p[1].revents) break;
             if (!(p[0].revents & POLLIN)) continue;
-            const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-            if (c < 0) continue;
-            answer(c, core_, extra_);
+            const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (c < 0) {
+                // Out of descriptors (EMFILE): wait a little instead of spinning on the backlog.
+                if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+                    pollfd w{wake_fd_, POLLIN, 0};
+                    if (::poll(&w, 1, 100) > 0) break;
+                }
+                continue;
+            }
+            try {
+                answer(c, wake_fd_, core_, extra_);
+            } catch (const std::exception& e) {
+                TALARIA_LOG(api, warn, "serve_prometheus: {}", e.what());
+            }
             ::close(c);
         }
     });
@@ -222,6 +265,7 @@ Result<std::string> StatsExporter::serve_http(std::string_view address) {
 }
 
 void StatsExporter::stop() noexcept {
+    closed_ = true;  // under the engine's life_mu, as write_every and serve_http are
     if (http_.joinable()) {
         const uint64_t one = 1;
         (void)!::write(wake_fd_, &one, sizeof one);
@@ -233,8 +277,12 @@ void StatsExporter::stop() noexcept {
     if (writer_.joinable()) {
         stop_writer();
         // The last word, as Margo writes its JSON at finalize.
-        if (auto r = write_file(path_, stats_json_of(core_, 2, extra_)); !r)
-            TALARIA_LOG(api, warn, "{}", r.error().describe());
+        try {
+            if (auto r = write_file(path_, stats_json_of(core_, 2, extra_)); !r)
+                TALARIA_LOG(api, warn, "{}", r.error().describe());
+        } catch (const std::exception& e) {
+            TALARIA_LOG(api, warn, "write_stats_every: {}", e.what());
+        }
     }
 }
 

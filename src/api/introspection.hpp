@@ -16,6 +16,9 @@ namespace talaria::detail {
 std::string stats_json_of(const core::Engine& core, int indent, const na::Context* extra = nullptr);
 std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra = nullptr);
 std::string calls_in_flight_json_of(const core::Engine& core);
+/// The health object (one line), its strings escaped.
+std::string health_json_text(std::string_view status, std::string_view address, uint64_t uptime_ms,
+                             unsigned contexts);
 
 /// Engine::write_stats_every and Engine::serve_prometheus (exporter.cpp): up to two threads of
 /// the engine, stopped (the file written a last time) before the engine stops.
@@ -36,6 +39,7 @@ class StatsExporter {
     std::mutex mu_;
     std::condition_variable cv_;
     bool writer_stop_ = false;  ///< under mu_
+    bool closed_ = false;       ///< stop() ran: nothing starts again (under the engine's life_mu)
     Duration period_{};         ///< under mu_
     std::string path_;          ///< under mu_
     std::thread writer_;

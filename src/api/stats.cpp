@@ -166,7 +166,8 @@ std::string stats_json_of(const core::Engine& core, int indent, const na::Contex
                 {"transfers", transfers_json(core.transfer_stats())},
                 {"na", na_json(na_counts_of(core, extra))},
                 {"procedures", std::move(procs)}};
-    return doc.dump(indent);
+    // Names and addresses that are not UTF-8 are replaced, not thrown on.
+    return doc.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra) {
@@ -258,8 +259,7 @@ std::string stats_prometheus_of(const core::Engine& core, const na::Context* ext
              "Bulk transfers through the API, by direction and outcome.");
     for (std::size_t i = 0; i < 2; ++i) {
         const std::string l = fmt::format("{},direction=\"{}\"", el, dirs[i]);
-        x.sample("talaria_transfers_total", l + ",status=\"ok\"",
-                 transfers[i].transfers - transfers[i].failed);
+        x.sample("talaria_transfers_total", l + ",status=\"ok\"", transfers[i].ok);
         x.sample("talaria_transfers_total", l + ",status=\"failed\"", transfers[i].failed);
     }
     x.family("talaria_transfer_bytes_total", "counter",
@@ -291,6 +291,16 @@ std::string stats_prometheus_of(const core::Engine& core, const na::Context* ext
     return x.take();
 }
 
+std::string health_json_text(std::string_view status, std::string_view address, uint64_t uptime_ms,
+                             unsigned contexts) {
+    Json doc = {{"status", status},
+                {"address", address},
+                {"version", std::string(version().string)},
+                {"uptime_ms", uptime_ms},
+                {"contexts", contexts}};
+    return doc.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 std::string calls_in_flight_json_of(const core::Engine& core) {
     Json contexts = Json::array();
     const auto held = core.requests_held();
@@ -305,7 +315,7 @@ std::string calls_in_flight_json_of(const core::Engine& core) {
     Json doc = {{"address", core.self_string()},
                 {"contexts", std::move(contexts)},
                 {"peers", std::move(peers)}};
-    return doc.dump();
+    return doc.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 }  // namespace detail

@@ -301,7 +301,7 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
         // Under mu: the client side's only writer (see ProcCounters).
         auto& c = pc->client;
         count_outcome(c, c.bytes_in, outcome, bytes_in, CtxCounters::bump);
-        c.latency.record(ticks() - s.sent_at);
+        c.latency.record(ticks_since(s.sent_at));
     }
     if (s.logged_ns != 0) [[unlikely]] {
         // rpc=trace (under mu: a debugging level; nothing here takes mu).

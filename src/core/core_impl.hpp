@@ -92,14 +92,18 @@ struct ProcCounters {
 
 /// Count one ended call in side `s`: ok and its result's bytes in `bytes_field`, else the
 /// error's code; `add` is CtxCounters::bump for a side's one writer, CtxCounters::add otherwise.
+/// `one` = uint64_t(-1) takes a count back (unsigned arithmetic wraps it right).
 template <class Add>
 void count_outcome(ProcCounters::Side& s, std::atomic<uint64_t>& bytes_field, Errc status,
-                   std::size_t bytes, Add add) noexcept {
+                   std::size_t bytes, Add add, uint64_t one = 1) noexcept {
     if (status == Errc::ok) {
-        add(s.ok, 1);
-        add(bytes_field, bytes);
+        add(s.ok, one);
+        add(bytes_field, uint64_t(bytes) * one);
     } else {
-        add(s.errors[std::size_t(status)], 1);
+        // A handler may answer any number; one past the codes counts as internal.
+        add(s.errors[std::size_t(status) < kErrcCount ? std::size_t(status)
+                                                      : std::size_t(Errc::internal)],
+            one);
     }
 }
 
@@ -277,7 +281,7 @@ struct Engine::Impl {
     StatsIndex stats_index;  ///< with opts.stats
     /// Bulk transfers by direction ([0] pull, [1] push), any thread (atomic adds).
     struct Transfers {
-        std::atomic<uint64_t> transfers{0}, failed{0}, bytes{0};
+        std::atomic<uint64_t> transfers{0}, ok{0}, failed{0}, bytes{0};
         Histogram latency;
     };
     std::array<Transfers, 2> transfers;

@@ -82,7 +82,8 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
             (void)send_reply(
                 source, h->seq, h->rpc_id, h->reply_ctx, Errc::not_found,
                 as_bytes(fmt::format("context {} does not exist at {} (it has {})", named_ctx,
-                                     eng->self_string, eng->contexts.size())));
+                                     eng->self_string, eng->contexts.size())),
+                nullptr, h->trace);
         else
             TALARIA_LOG(core, warn,
                         "context {}: dropping a message from {} for context {}, "
@@ -180,11 +181,13 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
         e->handler(req);
     } catch (const std::exception& ex) {
         CtxCounters::add(counters.errors);
+        if (req.valid() && req.one_way()) (void)req.note_answered(Errc::internal, 0);
         if (req.valid() && !req.responded() && !req.one_way())
             (void)req.respond_error(Errc::internal,
                                     fmt::format("handler '{}' threw: {}", e->name, ex.what()));
     } catch (...) {
         CtxCounters::add(counters.errors);
+        if (req.valid() && req.one_way()) (void)req.note_answered(Errc::internal, 0);
         if (req.valid() && !req.responded() && !req.one_way())
             (void)req.respond_error(
                 Errc::internal,
@@ -422,7 +425,8 @@ void Context::Impl::pull_failed(const wire::Header& h, const na::Addr& source, E
     } else if (!(h.flags & wire::kOneWay)) {
         (void)send_reply(
             source, h.seq, h.rpc_id, h.reply_ctx, e.code(),
-            std::span(reinterpret_cast<const std::byte*>(e.message().data()), e.message().size()));
+            std::span(reinterpret_cast<const std::byte*>(e.message().data()), e.message().size()),
+            nullptr, h.trace);
     } else {
         TALARIA_LOG(core, warn, "context {}: the arguments of a one-way call were lost: {}", id,
                     e.describe());
@@ -720,19 +724,24 @@ Result<void> Request::check_respond() const {
 Result<void> Request::send_response(Errc status, std::span<const std::byte> output) {
     TALARIA_CHECK(check_respond());
     // Counted before it goes: a caller that has the answer finds it in these statistics.
-    note_answered(status, output.size());
-    log_answer(status, output.size());
-    return answered(ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output,
-                                            nullptr, trace_));
+    const Counted counted = note_answered(status, output.size());
+    auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output, nullptr,
+                                     trace_);
+    settle_answer(counted, status, output.size(), r);
+    if (r || r.code() != Errc::again) log_answer(r ? status : r.code(), output.size());
+    return answered(std::move(r));
 }
 
 Result<void> Request::respond_in_place(PayloadWriter write) {
     TALARIA_CHECK(check_respond());  // before the writer runs
     TALARIA_TRY(w, ctx_->impl_->write_payload(write));
-    note_answered(Errc::ok, w.bytes.size());  // before it goes, as send_response
-    log_answer(Errc::ok, w.bytes.size());
-    return answered(ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes,
-                                            w.buf, trace_));
+    const std::size_t n = w.bytes.size();
+    const Counted counted = note_answered(Errc::ok, n);  // before it goes, as send_response
+    auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf,
+                                     trace_);
+    settle_answer(counted, Errc::ok, n, r);
+    if (r || r.code() != Errc::again) log_answer(r ? Errc::ok : r.code(), n);
+    return answered(std::move(r));
 }
 
 void Request::log_answer(Errc status, std::size_t bytes) const {

@@ -21,11 +21,6 @@ std::size_t slot_of(RpcId id, uint16_t provider, std::size_t mask) noexcept {
     uint64_t h = (uint64_t(id) << 16 | provider) * 0x9e3779b97f4a7c15ull;
     return std::size_t(h >> 32) & mask;
 }
-uint64_t ticks_since(uint64_t t) noexcept {
-    const uint64_t now = ticks();
-    return now > t ? now - t : 0;
-}
-
 void add_side(ProcSideStats& to, const ProcCounters::Side& from) {
     to.calls += from.calls.load(std::memory_order_relaxed);
     to.ok += from.ok.load(std::memory_order_relaxed);
@@ -126,18 +121,38 @@ void Request::note_started() noexcept {
     started_ = now;
 }
 
-void Request::note_answered(Errc status, std::size_t bytes) noexcept {
+Request::Counted Request::note_answered(Errc status, std::size_t bytes) noexcept {
     ProcCounters* pc = std::exchange(stats_, nullptr);
-    if (!pc) return;
+    if (!pc) return {};
     const uint64_t took = ticks_since(started_);
     if (ctx_ && tl_triggering == ctx_->impl_.get()) {
         // The context's trigger thread: the only writer of `server`.
         count_outcome(pc->server, pc->server.bytes_out, status, bytes, CtxCounters::bump);
         pc->server.latency.record(took);
-        return;
+        return {pc, took, false};
     }
     count_outcome(pc->server_shared, pc->server_shared.bytes_out, status, bytes, CtxCounters::add);
     pc->server_shared.latency.record_shared(took);
+    return {pc, took, true};
+}
+
+void Request::settle_answer(const Counted& c, Errc status, std::size_t bytes,
+                            const Result<void>& sent) noexcept {
+    if (!c.pc || sent) return;
+    // Same side, same writer rule as note_answered (this runs right after it, on its thread).
+    auto& side = c.shared ? c.pc->server_shared : c.pc->server;
+    auto add = c.shared ? CtxCounters::add : CtxCounters::bump;
+    count_outcome(side, side.bytes_out, status, bytes, add, uint64_t(-1));
+    if (sent.code() == Errc::again) {
+        // Not answered yet: the caller may respond again, and that one counts.
+        if (c.shared)
+            side.latency.remove_shared(c.took);
+        else
+            side.latency.remove(c.took);
+        stats_ = c.pc;
+        return;
+    }
+    count_outcome(side, side.bytes_out, sent.code(), 0, add);  // the answer did not go
 }
 
 std::vector<ProcStats> Engine::proc_stats() const {
@@ -196,10 +211,12 @@ void Engine::note_transfer(bool pull, uint64_t bytes, bool ok, uint64_t ticks_ta
     if (!impl_->opts.stats) return;
     auto& t = impl_->transfers[pull ? 0 : 1];
     CtxCounters::add(t.transfers);
-    if (ok)
+    if (ok) {
+        CtxCounters::add(t.ok);
         CtxCounters::add(t.bytes, bytes);
-    else
+    } else {
         CtxCounters::add(t.failed);
+    }
     t.latency.record_shared(ticks_taken);
 }
 
@@ -217,6 +234,7 @@ std::array<TransferStats, 2> Engine::transfer_stats() const {
     for (std::size_t i = 0; i < 2; ++i) {
         const auto& t = impl_->transfers[i];
         out[i].transfers = t.transfers.load(std::memory_order_relaxed);
+        out[i].ok = t.ok.load(std::memory_order_relaxed);
         out[i].failed = t.failed.load(std::memory_order_relaxed);
         out[i].bytes = t.bytes.load(std::memory_order_relaxed);
         out[i].latency.hist = t.latency.snapshot();

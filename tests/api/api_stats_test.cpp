@@ -461,5 +461,28 @@ TEST(StatsExport, PrometheusEndpointAnswersAScrape) {
     EXPECT_EQ(twice.code(), Errc::already_exists);
 }
 
+// A scraper that connects and then says nothing (or never reads) is dropped after the
+// endpoint's time for an exchange, and never holds the engine's close.
+TEST(StatsExport, ASilentScraperDoesNotHoldTheEngine) {
+    std::string at;
+    int fd = -1;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+        Engine server("tcp://127.0.0.1:0", listen);
+        at = server.serve_prometheus("127.0.0.1:0");
+        const auto colon = at.rfind(':');
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(uint16_t(std::stoi(at.substr(colon + 1))));
+        ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // accepted, waiting on us
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, std::chrono::seconds(2)) << "the close waited on a silent scraper";
+    ::close(fd);
+}
+
 }  // namespace
 }  // namespace talaria::api_test

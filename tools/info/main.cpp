@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
     // stderr (UCX takes the name), so that stdout carries the tables or the JSON alone. Not
     // where the user named a log file.
     if (!std::getenv("UCX_LOG_FILE")) {
-        std::vector<std::string> env{"UCX_LOG_FILE=stderr"};
+        // TALARIA_INFO_UCX_LOG_FILE tells -c that the variable is ours, not the user's.
+        std::vector<std::string> env{"UCX_LOG_FILE=stderr", "TALARIA_INFO_UCX_LOG_FILE=1"};
         for (char** e = environ; *e; ++e)
             env.emplace_back(*e);
         std::vector<char*> envp;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -101,6 +102,8 @@ Section variables_section() {
         r.add("name", e.name);
         r.add("kind", "environment");
         const char* now = std::getenv(e.name);
+        if (std::string_view(e.name) == "UCX_LOG_FILE" && std::getenv("TALARIA_INFO_UCX_LOG_FILE"))
+            now = nullptr;  // set by talaria-info itself (main.cpp), not by the user
         r.add("default", "unset");
         r.add("value here", now ? now : "-");
         r.add("meaning", e.meaning);

@@ -355,8 +355,18 @@ class Request {
     uint64_t started_ = 0;           ///< ticks(): its arrival, then its handler's start
     uint64_t trace_ = 0;
     uint64_t logged_ns_ = 0;  ///< now_ns() at its arrival, with rpc=trace logging
+    /// What note_answered counted, to settle it once the answer's send returned.
+    struct Counted {
+        ProcCounters* pc = nullptr;
+        uint64_t took = 0;
+        bool shared = false;  ///< in server_shared (not answered on the trigger thread)
+    };
     /// Count the answer (or the end of a one-way handler) in stats_, once.
-    void note_answered(Errc status, std::size_t bytes) noexcept;
+    Counted note_answered(Errc status, std::size_t bytes) noexcept;
+    /// The send of an answer counted as `status` returned `sent`: a refusal with again takes the
+    /// count back (the next respond counts), another failure counts its code instead.
+    void settle_answer(const Counted& c, Errc status, std::size_t bytes,
+                       const Result<void>& sent) noexcept;
     /// The rpc=trace line of the answer (when its arrival was logged).
     void log_answer(Errc status, std::size_t bytes) const;
 };

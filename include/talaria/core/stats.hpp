@@ -72,6 +72,7 @@ struct ProcStats {
 /// summed over the engine (Engine::transfer_stats).
 struct TransferStats {
     uint64_t transfers = 0;  ///< completed, either way
+    uint64_t ok = 0;         ///< counted apart (a reader between two counts sees no dip)
     uint64_t failed = 0;
     uint64_t bytes = 0;  ///< of the transfers that succeeded
     Latency latency;     ///< from the start of a transfer to its completion

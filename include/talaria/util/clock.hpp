@@ -40,6 +40,12 @@ inline uint64_t ticks() noexcept {
 #endif
 }
 
+/// Ticks from `t` to now; 0 if the counter reads lower now (two CPUs' counters a little apart).
+inline uint64_t ticks_since(uint64_t t) noexcept {
+    const uint64_t now = ticks();
+    return now > t ? now - t : 0;
+}
+
 /// Nanoseconds per tick, measured between two readings of both clocks: the first taken when
 /// its owner starts (an engine's open), the second when a value is converted (statistics are
 /// read). A reading less than kMin after the first waits for kMin, so the ratio is exact to

@@ -110,6 +110,18 @@ class Histogram {
         }
     }
 
+    /// Take back a value record() counted (an answer that was not sent after all); the maximum
+    /// stays. Same writer rule as record().
+    void remove(uint64_t v) noexcept {
+        bump(counts_[bucket_of(v)], uint64_t(-1));
+        bump(sum_, uint64_t(0) - v);
+    }
+    /// The same for record_shared().
+    void remove_shared(uint64_t v) noexcept {
+        counts_[bucket_of(v)].fetch_sub(1, std::memory_order_relaxed);
+        sum_.fetch_sub(v, std::memory_order_relaxed);
+    }
+
     /// The counts now. Any thread.
     [[nodiscard]] Snapshot snapshot() const noexcept {
         Snapshot s;
