@@ -114,7 +114,8 @@ TEST_P(Stats, TimeoutsAndProvidersAreCountedApart) {
     // The slow handler still answers (its caller gave up): the server counts it when it does.
     const auto deadline = deadline_after(kWait);
     while (!deadline_passed(deadline)) {
-        const auto* s = find(server->stats(), "slow");
+        const auto now = server->stats();  // kept: find() points into it
+        const auto* s = find(now, "slow");
         if (s && s->server.ok == 2) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
