@@ -338,10 +338,6 @@ TEST_P(Trace, RpcTraceLogsEachCallOnBothSides) {
     log::set_level(log::Subsys::rpc, log::Level::trace);
     auto r = result_within(client->remote<std::string(std::string)>("echo").on(ep).trace(
         0xfeedfacecafebeefull)("hello"));
-    log::set_level(log::Subsys::rpc, log::Level::warn);
-    log::set_sink({});
-    ASSERT_TRUE(r) << r.error().describe();
-    std::lock_guard g(mu);
     auto has = [&](std::string_view a, std::string_view b) {
         for (const auto& l : lines)
             if (l.find(a) != std::string::npos && l.find(b) != std::string::npos &&
@@ -349,6 +345,19 @@ TEST_P(Trace, RpcTraceLogsEachCallOnBothSides) {
                 return true;
         return false;
     };
+    // The server logs its answer once it has been sent, so the caller can hold the result
+    // before the server's line is written: wait for it (bounded).
+    for (auto until = Clock::now() + 10s; Clock::now() < until;) {
+        {
+            std::lock_guard g(mu);
+            if (has("answer echo seq", ": ok (")) break;
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+    log::set_level(log::Subsys::rpc, log::Level::warn);
+    log::set_sink({});
+    ASSERT_TRUE(r) << r.error().describe();
+    std::lock_guard g(mu);
     std::string all;
     for (const auto& l : lines)
         all += l + "\n";
