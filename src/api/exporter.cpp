@@ -3,8 +3,8 @@
 // text on a small HTTP endpoint (Engine::serve_prometheus). Each is one thread of the engine,
 // stopped and joined when it closes.
 #include "api/introspection.hpp"
+#include "na/base/url.hpp"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -42,55 +42,16 @@ Result<void> write_file(const std::string& path, const std::string& text) {
     return ok();
 }
 
-/// "HOST:PORT" or "[V6]:PORT" as a socket address.
-Result<sockaddr_storage> parse_host_port(std::string_view a, socklen_t& len) {
-    sockaddr_storage ss{};
-    std::string host, port;
-    if (!a.empty() && a[0] == '[') {
-        const auto close = a.find(']');
-        if (close == std::string_view::npos || close + 1 >= a.size() || a[close + 1] != ':')
-            return Error(Errc::address_invalid, fmt::format("'{}': expected [IPv6]:PORT", a));
-        host = std::string(a.substr(1, close - 1));
-        port = std::string(a.substr(close + 2));
-    } else {
-        const auto colon = a.rfind(':');
-        if (colon == std::string_view::npos)
-            return Error(Errc::address_invalid,
-                         fmt::format("'{}': expected HOST:PORT (127.0.0.1:9464, [::]:9464)", a));
-        host = std::string(a.substr(0, colon));
-        port = std::string(a.substr(colon + 1));
-    }
-    char* end = nullptr;
-    const unsigned long p = std::strtoul(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p > 65535)
-        return Error(Errc::address_invalid, fmt::format("'{}': the port must be 0 to 65535", a));
-    auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
-    auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
-    if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
-        v4->sin_family = AF_INET;
-        v4->sin_port = htons(uint16_t(p));
-        len = sizeof(sockaddr_in);
-    } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
-        v6->sin6_family = AF_INET6;
-        v6->sin6_port = htons(uint16_t(p));
-        len = sizeof(sockaddr_in6);
-    } else {
+/// "HOST:PORT" or "[V6]:PORT" as a socket address (na::parse_host_port, which resolves names
+/// too): the port must be written, 0 for any.
+Result<na::SockAddr> listen_address(std::string_view a) {
+    const auto colon = a.rfind(':');
+    const auto bracket = a.rfind(']');  // "[::1]" has colons but no port
+    if (colon == std::string_view::npos || colon + 1 == a.size() ||
+        (bracket != std::string_view::npos && bracket > colon))
         return Error(Errc::address_invalid,
-                     fmt::format("'{}': '{}' is not a numeric IPv4 or IPv6 address", a, host));
-    }
-    return ss;
-}
-
-std::string format_bound(const sockaddr_storage& ss) {
-    char buf[INET6_ADDRSTRLEN] = {};
-    if (ss.ss_family == AF_INET6) {
-        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-        ::inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
-        return fmt::format("[{}]:{}", buf, ntohs(v6->sin6_port));
-    }
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
-    return fmt::format("{}:{}", buf, ntohs(v4->sin_port));
+                     fmt::format("'{}': expected HOST:PORT (127.0.0.1:9464, [::]:9464)", a));
+    return na::parse_host_port(a, false);
 }
 
 /// Wait until `fd` is ready for `events`, `wake` fires, or `deadline` passes: true if ready.
@@ -214,21 +175,20 @@ Result<std::string> StatsExporter::serve_http(std::string_view address) {
     if (http_.joinable())
         return Error(Errc::already_exists,
                      fmt::format("serve_prometheus: already serving at {}", http_address_));
-    socklen_t len = 0;
-    TALARIA_TRY(ss, parse_host_port(address, len));
-    const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    TALARIA_TRY(sa, listen_address(address));
+    const int fd = ::socket(sa.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return Error(Errc::io_error, fmt::format("socket: {}", std::strerror(errno)));
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, 16) != 0) {
+    if (::bind(fd, sa.sa(), sa.len) != 0 || ::listen(fd, 16) != 0) {
         const int e = errno;
         ::close(fd);
         return Error(e == EADDRINUSE ? Errc::address_in_use : Errc::io_error,
                      fmt::format("serve_prometheus at {}: {}", address, std::strerror(e)));
     }
-    sockaddr_storage bound{};
-    socklen_t blen = sizeof bound;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
+    na::SockAddr bound;
+    bound.len = sizeof bound.storage;
+    ::getsockname(fd, bound.sa(), &bound.len);
     const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake < 0) {
         ::close(fd);
@@ -236,7 +196,7 @@ Result<std::string> StatsExporter::serve_http(std::string_view address) {
     }
     listen_fd_ = fd;
     wake_fd_ = wake;
-    http_address_ = format_bound(bound);
+    http_address_ = bound.to_string();
     http_ = std::thread([this] {
         for (;;) {
             pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};

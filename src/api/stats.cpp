@@ -96,6 +96,14 @@ Json na_json(const na::OpCounts& o) {
     return j;
 }
 
+/// The transport's link events (connections made, accepted, failed, lost; back-pressure).
+Json links_json(const na::LinkCounts& l) {
+    Json j = Json::object();
+    for (std::size_t i = 0; i < na::LinkCounts::kEvents; ++i)
+        j[std::string(na::link_event_name(static_cast<na::LinkEvent>(i)))] = l.events[i];
+    return j;
+}
+
 Json counters_object(const core::Counters& c) {
     Json j = Json::object();
     for (const auto& [name, v] : counter_list(c))
@@ -122,6 +130,10 @@ std::string label(std::string_view v) {
 
 /// Prometheus' text format (version 0.0.4): each metric family's # HELP and # TYPE once,
 /// then its samples.
+double seconds(uint64_t ns) {
+    return double(ns) * 1e-9;
+}
+
 class Exposition {
   public:
     void family(std::string_view name, std::string_view type, std::string_view help) {
@@ -134,15 +146,18 @@ class Exposition {
     void sample(std::string_view name, std::string_view labels, double v) {
         fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, v);
     }
+    /// The samples of a summary: its quantiles (in seconds), `_sum` and `_count`.
+    void summary(const std::string& name, const std::string& labels, const core::Latency& h) {
+        for (double q : kQuantiles)
+            sample(name, fmt::format("{},quantile=\"{}\"", labels, q), seconds(h.quantile(q)));
+        sample(name + "_sum", labels, seconds(h.sum()));
+        sample(name + "_count", labels, h.count());
+    }
     std::string take() { return std::move(out_); }
 
   private:
     std::string out_;
 };
-
-double seconds(uint64_t ns) {
-    return double(ns) * 1e-9;
-}
 
 }  // namespace
 
@@ -165,6 +180,7 @@ std::string stats_json_of(const core::Engine& core, int indent, const na::Contex
                 {"counters", counters_object(core.counters())},
                 {"transfers", transfers_json(core.transfer_stats())},
                 {"na", na_json(na_counts_of(core, extra))},
+                {"links", links_json(core.transport().link_counts())},
                 {"procedures", std::move(procs)}};
     // Names and addresses that are not UTF-8 are replaced, not thrown on.
     return doc.dump(indent, ' ', false, Json::error_handler_t::replace);
@@ -225,14 +241,8 @@ std::string stats_prometheus_of(const core::Engine& core, const na::Context* ext
         x.family(lat, "summary",
                  client ? "Round trip of calls, from forward to completion."
                         : "Handler time, from the handler's start to its answer.");
-        for (const auto& p : procs) {
-            const std::string l = labels(p);
-            const core::Latency& h = of(p).latency;
-            for (double q : kQuantiles)
-                x.sample(lat, fmt::format("{},quantile=\"{}\"", l, q), seconds(h.quantile(q)));
-            x.sample(lat + "_sum", l, seconds(h.sum()));
-            x.sample(lat + "_count", l, h.count());
-        }
+        for (const auto& p : procs)
+            x.summary(lat, labels(p), of(p).latency);
     }
     const na::OpCounts na_ops = na_counts_of(core, extra);
     x.family("talaria_na_ops_total", "counter",
@@ -253,6 +263,15 @@ std::string stats_prometheus_of(const core::Engine& core, const na::Context* ext
         x.sample("talaria_na_bytes_total", fmt::format("{},op=\"{}\"", el, na::op_type_name(t)),
                  na_ops.bytes[i]);
     }
+    const na::LinkCounts links = core.transport().link_counts();
+    x.family("talaria_na_link_events_total", "counter",
+             "What the transport's links did: connected, accepted, connect_failed, lost, and "
+             "backpressure (a send found its link full).");
+    for (std::size_t i = 0; i < na::LinkCounts::kEvents; ++i)
+        x.sample(
+            "talaria_na_link_events_total",
+            fmt::format("{},event=\"{}\"", el, na::link_event_name(static_cast<na::LinkEvent>(i))),
+            links.events[i]);
     const auto transfers = core.transfer_stats();
     const char* dirs[] = {"pull", "push"};
     x.family("talaria_transfers_total", "counter",
@@ -269,25 +288,14 @@ std::string stats_prometheus_of(const core::Engine& core, const na::Context* ext
                  transfers[i].bytes);
     x.family("talaria_transfer_latency_seconds", "summary",
              "Time of a bulk transfer, from its start to its completion.");
-    for (std::size_t i = 0; i < 2; ++i) {
-        const std::string l = fmt::format("{},direction=\"{}\"", el, dirs[i]);
-        const core::Latency& h = transfers[i].latency;
-        for (double q : kQuantiles)
-            x.sample("talaria_transfer_latency_seconds", fmt::format("{},quantile=\"{}\"", l, q),
-                     seconds(h.quantile(q)));
-        x.sample("talaria_transfer_latency_seconds_sum", l, seconds(h.sum()));
-        x.sample("talaria_transfer_latency_seconds_count", l, h.count());
-    }
+    for (std::size_t i = 0; i < 2; ++i)
+        x.summary("talaria_transfer_latency_seconds",
+                  fmt::format("{},direction=\"{}\"", el, dirs[i]), transfers[i].latency);
     const std::string queue = "talaria_rpc_server_queue_seconds";
     x.family(queue, "summary",
              "Wait of requests between their arrival and their handler's start on an executor.");
-    for (const auto& p : procs) {
-        const std::string l = labels(p);
-        for (double q : kQuantiles)
-            x.sample(queue, fmt::format("{},quantile=\"{}\"", l, q), seconds(p.queue.quantile(q)));
-        x.sample(queue + "_sum", l, seconds(p.queue.sum()));
-        x.sample(queue + "_count", l, p.queue.count());
-    }
+    for (const auto& p : procs)
+        x.summary(queue, labels(p), p.queue);
     return x.take();
 }
 

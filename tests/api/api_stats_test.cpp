@@ -219,6 +219,19 @@ TEST_P(Stats, JsonParsesWithNumbersAsNumbers) {
     EXPECT_GT(na["recv_unexpected"]["bytes"].get<uint64_t>(), 0u) << na.dump();
     EXPECT_TRUE(na["get"]["failed"].is_number_unsigned());
     EXPECT_FALSE(na.contains("user"));
+    // The transport's link events: the client's link to the server came up (inproc has none).
+    const auto& links = j["links"];
+    for (const char* e : {"connected", "accepted", "connect_failed", "lost", "backpressure"})
+        EXPECT_TRUE(links[e].is_number_unsigned()) << e << " in " << links.dump();
+    if (GetParam().label != "inproc") {  // up once its handshake ended (sm: the server's ack)
+        uint64_t up = links["connected"].get<uint64_t>();
+        for (auto until = Clock::now() + 5s; up == 0 && Clock::now() < until;) {
+            std::this_thread::sleep_for(1ms);
+            up = nlohmann::json::parse(client->stats_json())["links"]["connected"].get<uint64_t>();
+        }
+        EXPECT_GE(up, 1u) << links.dump();
+    }
+    EXPECT_EQ(links["lost"], 0u);
 }
 
 /// Checks Prometheus' text format (exposition format 0.0.4) line by line: # HELP and # TYPE
@@ -277,6 +290,15 @@ TEST_P(Stats, PrometheusTextParsesLineByLine) {
         << "the procedure's quotes are escaped in its label:\n"
         << text;
     EXPECT_EQ(types["talaria_rpc_server_latency_seconds"], "summary");
+    EXPECT_EQ(types["talaria_na_link_events_total"], "counter");
+    if (GetParam().label != "inproc") {  // the client's link came up at the server
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(
+            text, m, std::regex(R"(talaria_na_link_events_total\{[^}]*event="accepted"\} (\d+))")))
+            << text;
+        EXPECT_GE(std::stoul(m[1]), 1u) << text;
+    }
+
     EXPECT_NE(text.find("talaria_rpc_server_calls_total{engine=\""), std::string::npos);
     EXPECT_NE(text.find(R"(,status="ok"} 5)"), std::string::npos) << text;
 }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "info.hpp"
+#include "na/base/url.hpp"
 #include "talaria/talaria.hpp"
 
 namespace talaria::info {
@@ -25,14 +26,14 @@ using Json = nlohmann::json;
 /// An address to open this side's engine with, on the transport of `target`: the loopback
 /// when the target is on this host's loopback, else any address (the engine does not listen).
 Result<std::string> client_url(const std::string& target) {
-    const auto sep = target.find("://");
-    if (sep == std::string::npos)
+    auto url = na::parse_url(target);
+    if (!url)
         return Error(Errc::address_invalid,
                      fmt::format("'{}' is not an address (scheme://...: tcp://HOST:PORT, sm://..., "
                                  "ofi+tcp://HOST:PORT, ucx+tcp://HOST:PORT)",
                                  target));
-    const std::string scheme = target.substr(0, sep);
-    const std::string rest = target.substr(sep + 3);
+    const std::string scheme(url->scheme);
+    const std::string_view rest = url->rest;
     if (scheme == "inproc")
         return Error(Errc::not_supported,
                      "inproc:// engines live inside one process: another cannot attach to them");
@@ -74,6 +75,14 @@ void print_stats(const std::string& text, const std::string& at) {
         cr.add(k, v.dump());
     c.rows.push_back(std::move(cr));
     print_table(c);
+    if (j.contains("links")) {  // an engine built before link counts sends none
+        Section k{"links", "Transport links", {}, {}};
+        Row kr;
+        for (const auto& [e, v] : j["links"].items())
+            kr.add(e, v.dump());
+        k.rows.push_back(std::move(kr));
+        print_table(k);
+    }
     Section p{"procedures", "Procedures (latency in microseconds)", {}, {}};
     for (const auto& proc : j["procedures"]) {
         for (const char* side : {"client", "server"}) {

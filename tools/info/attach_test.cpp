@@ -2,8 +2,12 @@
 // talaria-info): it reads the server's statistics while a client loads it, and once the load
 // stops the server's counts equal what the client made; health, in-flight, Prometheus and
 // config answer; an engine without introspection is named with the remedy.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -12,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "talaria/talaria.hpp"
@@ -223,6 +228,35 @@ TEST(InfoDoctor, ChecksTheHostAndWhetherAPortAnswers) {
     EXPECT_EQ(refused.status, 1) << refused.out;
     EXPECT_NE(refused.out.find("ECONNREFUSED"), std::string::npos) << refused.out;
     EXPECT_NE(refused.out.find("is the server running"), std::string::npos) << refused.out;
+}
+
+// A port whose SYNs go unanswered is "filtered" (what a dropping firewall looks like): a
+// listener whose accept queue is full drops them, here without a firewall.
+TEST(InfoDoctor, APortThatDropsConnectionsIsCalledFiltered) {
+    const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(l, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(l, 0), 0);  // an accept queue of one, never accepted from
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    std::vector<int> fill;
+    for (int i = 0; i < 4; ++i) {  // fill the queue; later SYNs are dropped
+        const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        ASSERT_GE(c, 0);
+        (void)::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);
+        fill.push_back(c);
+    }
+    std::this_thread::sleep_for(100ms);
+    Ran dropped = info(fmt::format("--doctor tcp://127.0.0.1:{}", ntohs(a.sin_port)));
+    for (int c : fill)
+        ::close(c);
+    ::close(l);
+    EXPECT_EQ(dropped.status, 1) << dropped.out;
+    EXPECT_NE(dropped.out.find("filtered"), std::string::npos) << dropped.out;
+    EXPECT_NE(dropped.out.find("open the port in the firewall"), std::string::npos) << dropped.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(info, Attach, ::testing::Values("tcp://127.0.0.1:0", "sm://"),

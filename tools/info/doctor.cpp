@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "info.hpp"
+#include "na/base/url.hpp"
 #include "talaria/config.hpp"
 
 namespace talaria::info {
@@ -144,51 +145,26 @@ Row transports() {
                  "open here: " + open + (failed.empty() ? "" : "; not here: " + failed));
 }
 
-/// host and port of a tcp-family address ("tcp://h:p", "ofi+tcp://[::1]:p", "ucx+tcp://h:p").
-bool host_port(const std::string& address, std::string& host, std::string& port) {
-    const auto sep = address.find("://");
-    if (sep == std::string::npos) return false;
-    const std::string scheme = address.substr(0, sep);
-    if (scheme != "tcp" && scheme != "ofi+tcp" && scheme != "ucx+tcp" && scheme != "ofi+sockets")
-        return false;
-    std::string rest = address.substr(sep + 3);
-    if (!rest.empty() && rest[0] == '[') {
-        const auto close = rest.find(']');
-        if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':')
-            return false;
-        host = rest.substr(1, close - 1);
-        port = rest.substr(close + 2);
-    } else {
-        const auto colon = rest.rfind(':');
-        if (colon == std::string::npos) return false;
-        host = rest.substr(0, colon);
-        port = rest.substr(colon + 1);
-    }
-    return !host.empty() && !port.empty();
-}
-
 Row port_check(const std::string& address) {
-    std::string host, port;
-    if (!host_port(address, host, port))
+    auto url = na::parse_url(address);
+    const bool tcp_family = url && (url->scheme == "tcp" || url->scheme == "ofi+tcp" ||
+                                    url->scheme == "ucx+tcp" || url->scheme == "ofi+sockets");
+    if (!tcp_family)
         return check("address", "warn",
                      fmt::format("{}: not a TCP address (tcp://, ofi+tcp://, ucx+tcp://): no port "
                                  "to try",
                                  address));
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0)
-        return check("address", "fail",
-                     fmt::format("{}: cannot resolve {}: {}", address, host, ::gai_strerror(rc)),
-                     "check the host name (DNS, /etc/hosts)");
-    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        ::freeaddrinfo(res);
-        return check("address", "fail", std::strerror(errno));
-    }
+    auto sa = na::parse_host_port(url->rest, false);
+    if (!sa)
+        return check("address", "fail", fmt::format("{}: {}", address, sa.error().message()),
+                     "check the host name (DNS, /etc/hosts) and write HOST:PORT");
+    if (sa->port() == 0)
+        return check("address", "warn", fmt::format("{}: no port to try", address));
+    const std::string where = sa->to_string();
+    const int fd = ::socket(sa->family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return check("address", "fail", std::strerror(errno));
     const auto t0 = std::chrono::steady_clock::now();
-    int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
-    ::freeaddrinfo(res);
+    int rc = ::connect(fd, sa->sa(), sa->len);
     int err = rc == 0 ? 0 : errno;
     if (rc != 0 && err == EINPROGRESS) {
         pollfd p{fd, POLLOUT, 0};
@@ -196,9 +172,9 @@ Row port_check(const std::string& address) {
         if (rc == 0) {
             ::close(fd);
             return check("address", "fail",
-                         fmt::format("{}: no answer from {}:{} in 3 s (filtered: a firewall drops "
+                         fmt::format("{}: no answer from {} in 3 s (filtered: a firewall drops "
                                      "the connection, or the host is down)",
-                                     address, host, port),
+                                     address, where),
                          "open the port in the firewall (iptables/nftables, cloud security "
                          "group), or check that the host is up");
         }
@@ -210,16 +186,16 @@ Row port_check(const std::string& address) {
     ::close(fd);
     if (err == ECONNREFUSED)
         return check("address", "fail",
-                     fmt::format("{}: connection refused by {}:{} (ECONNREFUSED) after {:.2f} ms",
-                                 address, host, port, ms),
+                     fmt::format("{}: connection refused by {} (ECONNREFUSED) after {:.2f} ms",
+                                 address, where, ms),
                      "is the server running, and listening on that address and port?");
     if (err != 0)
         return check("address", "fail",
-                     fmt::format("{}: {}:{}: {}", address, host, port, std::strerror(err)),
+                     fmt::format("{}: {}: {}", address, where, std::strerror(err)),
                      "check the route to the host (ip route get HOST) and its firewall");
-    return check("address", "ok",
-                 fmt::format("{}: {}:{} accepts TCP connections (connect in {:.2f} ms)", address,
-                             host, port, ms));
+    return check(
+        "address", "ok",
+        fmt::format("{}: {} accepts TCP connections (connect in {:.2f} ms)", address, where, ms));
 }
 
 }  // namespace

@@ -268,6 +268,28 @@ struct OpCounts {
     }
 };
 
+/// What a transport's links did (Transport::link_counts), counted as it happens. What a
+/// transport can see differs (docs/transports.md): inproc has no links, ofi's rxm and UCX make
+/// and retry their connections out of sight.
+enum class LinkEvent : uint8_t {
+    connected,       ///< a link this process opened to a peer came up
+    accepted,        ///< a link a peer opened to this process came up
+    connect_failed,  ///< an attempt to open a link failed (refused, unreachable, denied)
+    lost,            ///< a link that was up went down (the peer left, an error), not by close
+    backpressure,    ///< a send found the link full and waited for room (or was retried)
+};
+std::string_view link_event_name(LinkEvent e) noexcept;
+
+struct LinkCounts {
+    static constexpr std::size_t kEvents = std::size_t(LinkEvent::backpressure) + 1;
+    std::array<uint64_t, kEvents> events{};  ///< index: LinkEvent
+    [[nodiscard]] uint64_t operator[](LinkEvent e) const noexcept { return events[std::size_t(e)]; }
+    void merge(const LinkCounts& o) noexcept {
+        for (std::size_t i = 0; i < kEvents; ++i)
+            events[i] += o.events[i];
+    }
+};
+
 /// Completion callback. Runs from Context::trigger() on the thread that triggers.
 using Callback = InplaceFunction<void(const Completion&), 48>;
 
@@ -387,6 +409,13 @@ class Transport {
     /// to connect to; others could, but bulk handles never name such an owner to third
     /// parties: bulk::Handle::create refuses embed_owner).
     [[nodiscard]] bool listens() const noexcept { return listens_; }
+    /// What this transport's links did so far (a snapshot; any thread).
+    [[nodiscard]] LinkCounts link_counts() const noexcept {
+        LinkCounts c;
+        for (std::size_t i = 0; i < LinkCounts::kEvents; ++i)
+            c.events[i] = links_[i].load(std::memory_order_relaxed);
+        return c;
+    }
 
     /// "inproc", "sm", "tcp", ...
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
@@ -507,10 +536,18 @@ class Transport {
     /// Called by MsgBuffer's destructor.
     virtual void msg_buf_free(MsgBuffer& buf) noexcept;
 
+  protected:
+    /// Count a link event, from any thread (a relaxed add: link events are off a message's
+    /// fast path; a send meets back-pressure only once its link is full).
+    void note(LinkEvent e) noexcept {
+        links_[std::size_t(e)].fetch_add(1, std::memory_order_relaxed);
+    }
+
   private:
     friend Result<std::unique_ptr<Transport>> open(std::string_view, const Options&);
     ForkGuard fork_;
     bool listens_ = true;  ///< set by open()
+    std::array<std::atomic<uint64_t>, LinkCounts::kEvents> links_{};
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -56,6 +56,22 @@ std::string_view op_type_name(OpType t) noexcept {
     return "unknown";
 }
 
+std::string_view link_event_name(LinkEvent e) noexcept {
+    switch (e) {
+        case LinkEvent::connected:
+            return "connected";
+        case LinkEvent::accepted:
+            return "accepted";
+        case LinkEvent::connect_failed:
+            return "connect_failed";
+        case LinkEvent::lost:
+            return "lost";
+        case LinkEvent::backpressure:
+            return "backpressure";
+    }
+    return "unknown";
+}
+
 std::vector<std::string_view> transports_built() {
     std::vector<std::string_view> v;
     for (const auto& e : kTransports)

@@ -152,6 +152,9 @@ struct OfiAddr final : AddrImpl {
     int pid = 0;      ///< shm: the owner's pid (from the name), 0 if unknown
     std::atomic<uint64_t> instance{0};  ///< the peer's endpoint instance, once heard from
     std::atomic<bool> dead{false};      ///< declared dead: every op on it fails (disconnected)
+    /// A link with it came up (LinkEvent::connected or accepted counted, OfiTransport::link_up):
+    /// its death counts as LinkEvent::lost, else as connect_failed.
+    std::atomic<bool> linked{false};
     /// Options::auth: it proved the secret to us (its messages are delivered); our side of
     /// the handshake (AuthState). What follows is under OfiTransport::auth_mu_.
     std::atomic<bool> proved{false};
@@ -314,6 +317,7 @@ struct OfiOp : Op, FiCtx {
     bool resend = false;
     bool solo_post = false;  ///< posted alone (Remote::solo): its failure is its own
     uint8_t resends = 0;     ///< times posted again after its connection broke
+    bool pressed = false;    ///< counted as LinkEvent::backpressure in this wait to be posted
     TimePoint retry_at{};    ///< deferred after a broken connection: not posted before
 };
 
@@ -670,6 +674,20 @@ class OfiTransport final : public Transport {
     /// `instance` if it had none yet (0: leave it).
     Addr find_raw(std::string_view raw, uint64_t instance);
     void op_finished(OfiLane& l, OfiOp* op, Errc status);
+    /// A link with `a` came up: LinkEvent::connected (our locate was answered, or our
+    /// handshake finished) or accepted (we answered its locate, or admitted it); counted once
+    /// per peer process (OfiAddr::linked), never for ourselves or a peer declared dead.
+    void link_up(OfiAddr* a, LinkEvent e) noexcept {
+        if (a != self_.impl() && !a->dead.load(std::memory_order_relaxed) &&
+            !a->linked.exchange(true, std::memory_order_relaxed))
+            note(e);
+    }
+    /// The provider refused to take `op` for now (-FI_EAGAIN): LinkEvent::backpressure, once
+    /// per wait (until it is in the provider).
+    void count_pressure(OfiOp* op) noexcept {
+        if (!op->pressed) note(LinkEvent::backpressure);
+        op->pressed = true;
+    }
     void complete_recv(OfiLane& l, OfiOp* op, const Addr& source, uint8_t ctx_id, Tag tag,
                        std::size_t size, Errc status);
     void watch_inc(OfiLane& l, Remote* r);

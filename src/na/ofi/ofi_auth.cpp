@@ -212,7 +212,8 @@ void OfiTransport::check_auth_locked(OfiLane& l, TimePoint now) {
                         a->auth.store(AuthState::none, std::memory_order_release);
                     }
                 }
-                if (late)
+                if (late) {
+                    note(LinkEvent::connect_failed);
                     route_failed_locked(
                         l, r, Errc::unreachable,
                         fmt::format("{} did not finish authenticating within {} s: its context 0 "
@@ -221,6 +222,7 @@ void OfiTransport::check_auth_locked(OfiLane& l, TimePoint now) {
                                     a->str,
                                     std::chrono::duration_cast<std::chrono::seconds>(kAuthTimeout)
                                         .count()));
+                }
                 break;
             }
             case AuthState::none:
@@ -282,6 +284,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             Remote* to = stranger_remote_locked(l, lraw, who);
             if (to == nullptr) return;
             if (!a.enabled()) {
+                note(LinkEvent::connect_failed);  // its attempt, refused here
                 send_refusal_locked(l, to,
                                     "the client asked to authenticate, but this server has no "
                                     "shared secret (na::Options::auth): configure the same key id "
@@ -289,6 +292,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
                 return;
             }
             if (m->key_id != a.key_id) {
+                note(LinkEvent::connect_failed);
                 // Escaped ({:?}): the peer's bytes go to our log and back to it.
                 send_refusal_locked(l, to,
                                     fmt::format("the client names key {:?}, this server holds key "
@@ -347,6 +351,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
                     pa->auth_since = now;
                     pa->auth.store(AuthState::refused, std::memory_order_release);
                     TALARIA_LOG(ofi, warn, "{}: {}", scheme_, pa->auth_refusal);
+                    note(LinkEvent::connect_failed);
                     return;
                 }
                 uint64_t known = 0;
@@ -393,6 +398,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             if (!auth::matches(
                     auth::prove(a.secret, auth::Role::connector, p->peer, p->own, a.key_id),
                     m->proof)) {
+                note(LinkEvent::connect_failed);
                 send_refusal_locked(l, stranger_remote_locked(l, lraw, who),
                                     fmt::format("the client's proof does not match the secret of "
                                                 "key '{}' (a different secret)",
@@ -411,6 +417,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             np->recv_token.store(to_acceptor, std::memory_order_release);
             np->proved.store(true, std::memory_order_release);
             np->auth.store(AuthState::admitted, std::memory_order_release);
+            link_up(np, LinkEvent::accepted);
             TALARIA_LOG(ofi, debug, "{}: {} authenticated (key '{}')", scheme_, np->str, a.key_id);
             send_auth_locked(l, remote_locked(l, lraw, s->addr), AuthStep::ok, {});
             return;
@@ -422,6 +429,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
                 pa->instance.load(std::memory_order_relaxed) == h.instance) {
                 pa->auth.store(AuthState::admitted, std::memory_order_release);
                 TALARIA_LOG(ofi, debug, "{}: {} admits us (key '{}')", scheme_, pa->str, a.key_id);
+                link_up(pa, LinkEvent::connected);
             }
             return;
         }
@@ -439,6 +447,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
             pa->auth_since = now;
             pa->auth.store(AuthState::refused, std::memory_order_release);
             TALARIA_LOG(ofi, warn, "{}: {}", scheme_, pa->auth_refusal);
+            note(LinkEvent::connect_failed);
             return;
         }
     }

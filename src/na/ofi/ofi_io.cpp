@@ -127,6 +127,7 @@ void OfiTransport::watch_dec(OfiLane& l, Remote* r) {
 
 void OfiTransport::to_provider_locked(OfiLane& l, OfiOp* op) {
     op->state = OpState::in_provider;
+    op->pressed = false;  // a later wait (a resend) counts again
     l.inflight.push_back(*op);
     if (op->rem) {
         op->solo_post = op->rem->solo;
@@ -301,6 +302,7 @@ void OfiTransport::send_ctl_or_retry_locked(OfiLane& l, Ctl* c, std::size_t tota
     if (rc == -FI_EAGAIN && l.ctl_retry.size() < kMaxCtlRetry) {
         // rxm still connecting to it: sent again from progress.
         l.ctl_retry.push_back(CtlRetry{c, to, total});
+        note(LinkEvent::backpressure);
         return;
     }
     if (rc != 0) {
@@ -325,6 +327,7 @@ void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
     // To the peer's context 0 (its transport address): it knows where its contexts live.
     Remote* r0 = remote_locked(l, a->raw, r.peer);
     if (auto ins = av_insert_locked(l, r0); !ins) {
+        if (ins.error().code() != Errc::no_memory) note(LinkEvent::connect_failed);
         route_failed_locked(
             l, r, ins.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable,
             ins.error().message());
@@ -353,7 +356,8 @@ void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
                                "nothing listens on its port any more (and the provider cannot "
                                "reach it): its process is gone");
         } else if (r0->refused_since == TimePoint{}) {
-            r0->refused_since = now;
+            r0->refused_since = now;  // a spell of refusals begins
+            note(LinkEvent::backpressure);
         } else if (auto refused = connect_refused_locked(r0, now)) {
             defer_death_locked(l, a, Errc::unreachable, std::move(*refused));
         } else if (now - r0->refused_since > kProbeTimeout) {
@@ -420,6 +424,7 @@ void OfiTransport::check_locates_locked(OfiLane& l, TimePoint now) {
         if (a->dead.load(std::memory_order_relaxed)) {
             route_failed_locked(l, r, Errc::disconnected, "the peer was declared dead");
         } else if (r.tries >= kLocateTries) {
+            note(LinkEvent::connect_failed);
             route_failed_locked(
                 l, r, Errc::unreachable,
                 fmt::format(
@@ -480,6 +485,7 @@ void OfiTransport::answer_locate_locked(OfiLane& l, Remote* to, uint32_t token,
     detail::store_le(start + 4, token, 4);
     stamp_token(start, ofi_addr(to->peer));
     std::size_t n = encode_located(ans, c->buf.data());
+    if (serving) link_up(ofi_addr(to->peer), LinkEvent::accepted);
     send_ctl_or_retry_locked(l, c, l.header_size + n, to, "a located answer (it asks again)");
 }
 
@@ -500,6 +506,7 @@ void OfiTransport::on_located_locked(OfiLane& l, const Addr& peer, uint32_t toke
     if (it == l.routes.end() || it->second.rem || it->second.token != token) return;  // stale
     Route& r = it->second;
     if (!ans->found) {
+        note(LinkEvent::connect_failed);
         route_failed_locked(
             l, r, Errc::not_found,
             fmt::format("{} has no context {}{}", a->str, r.ctx,
@@ -512,6 +519,7 @@ void OfiTransport::on_located_locked(OfiLane& l, const Addr& peer, uint32_t toke
                     a->str, scheme_);
         return;
     }
+    link_up(a, LinkEvent::connected);
     route_found_locked(l, r, remote_locked(l, raw, peer));
 }
 
@@ -551,6 +559,7 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
     Remote* to = route->rem ? route->rem : remote_locked(l, peer->raw, dest);
     if (auto r = av_insert_locked(l, to); !r) {
         if (r.error().code() == Errc::no_memory) return r.error();
+        note(LinkEvent::connect_failed);
         return fail_async(l, ctx, std::move(cb), type, Errc::unreachable, r.error().message());
     }
     OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
@@ -616,6 +625,7 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
     stamp_token(op->buf, peer);
     if (auto r = av_insert_locked(l, rem); !r) {
         TALARIA_LOG(ofi, debug, "{}: a send fails: {}", scheme_, r.error().message());
+        if (r.error().code() != Errc::no_memory) note(LinkEvent::connect_failed);
         op_finished(l, op,
                     r.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable);
         return;
@@ -636,6 +646,7 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
             return;
         }
         // Provider queue full: a send with a completion waits in the provider instead.
+        count_pressure(op);
     }
     op->counted = true;
     watch_inc(l, rem);
@@ -647,6 +658,7 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
     if (rc == 0) {
         to_provider_locked(l, op);
     } else if (rc == -FI_EAGAIN) {
+        count_pressure(op);
         defer_locked(l, op);  // e.g. rxm connecting: the peer must progress too
     } else {
         if (!peer->dead.load(std::memory_order_relaxed))
@@ -767,6 +779,7 @@ void OfiTransport::retry_deferred_locked(OfiLane& l) {
         }
         ssize_t rc = try_post_locked(l, &op);
         if (rc == -FI_EAGAIN) {
+            count_pressure(&op);  // once per wait, not per pass
             rem->stalled_pass = l.pass;
             return;
         }
@@ -909,6 +922,7 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     if (auto r = av_insert_locked(l, rem); !r) {
         // A full address vector is a local limit, reported here with its message.
         if (r.error().code() == Errc::no_memory) return r.error();
+        note(LinkEvent::connect_failed);
         return fail_async(l, ctx, std::move(cb), type, Errc::unreachable, r.error().message());
     }
     OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
@@ -932,6 +946,7 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     if (rc == 0) {
         to_provider_locked(l, op);
     } else if (rc == -FI_EAGAIN) {
+        count_pressure(op);
         defer_locked(l, op);
     } else {
         TALARIA_LOG(ofi, warn, "{}: {} to {} on {} failed: {}", scheme_,
@@ -1392,6 +1407,9 @@ void OfiTransport::peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const
         // An unreachable peer was never reached: the cause alone says it (the core prefixes
         // "cannot be reached"); any other status ends a peer that was there.
         note_failure(a, status == Errc::unreachable ? why : "declared dead: " + why);
+        // A peer a link came up with is lost; one never reached was an attempt that failed.
+        note(a->linked.load(std::memory_order_relaxed) ? LinkEvent::lost
+                                                       : LinkEvent::connect_failed);
         {
             // The next lookup of that name makes a new address (a restarted peer).
             std::lock_guard g(intern_mu_);
@@ -1477,15 +1495,15 @@ void OfiTransport::fail_peer_ops_locked(OfiLane& l, OfiAddr* a, Errc status) {
 void OfiTransport::sweep_dead_locked(OfiLane& l) {
     l.deaths_seen = deaths_.load(std::memory_order_acquire);
     std::vector<Addr> dead;
-    auto note = [&](const Addr& p) {
+    auto mark = [&](const Addr& p) {
         if (p && ofi_addr(p)->dead.load(std::memory_order_relaxed) &&
             std::find(dead.begin(), dead.end(), p) == dead.end())
             dead.push_back(Addr(ofi_addr(p)));
     };
     for (auto& [k, r] : l.routes)
-        note(r.peer);
+        mark(r.peer);
     for (Remote& r : l.watched)
-        note(r.peer);
+        mark(r.peer);
     for (const Addr& p : dead)
         fail_peer_ops_locked(l, ofi_addr(p), Errc::disconnected);
 }
@@ -1520,7 +1538,8 @@ void OfiTransport::send_probe_locked(OfiLane& l, Remote* r, TimePoint now) {
             return;
         }
         if (r->refused_since == TimePoint{}) {
-            r->refused_since = now;
+            r->refused_since = now;  // a spell of refusals begins
+            note(LinkEvent::backpressure);
         } else if (now - r->refused_since > kProbeTimeout) {
             defer_death_locked(l, a, Errc::disconnected,
                                fmt::format("the provider refused to send to it (-FI_EAGAIN, "

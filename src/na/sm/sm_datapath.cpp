@@ -178,10 +178,11 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
     }
     if (c->pending_sends.empty() && ring_push(c, *op)) [[likely]] {
         complete_op(op, Errc::ok);  // copied into the ring: the buffer is free again
-    } else {
+    } else {  // the ring is full (or others wait before it): in order, once there is room
         c->pending_sends.push_back(*op);
         op->list = &c->pending_sends;
         ++l.pending_sends;
+        note(LinkEvent::backpressure);
     }
     return id;
 }
@@ -838,6 +839,7 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
             if (peer->conns.empty()) {
                 auto r = connect_locked(l, peer, 0);
                 if (!r) {
+                    note(LinkEvent::connect_failed);
                     release();
                     return std::move(r).error();
                 }

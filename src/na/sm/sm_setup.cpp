@@ -728,8 +728,10 @@ Result<void> SmTransport::ensure_route(Lane& l, Peer* peer, uint8_t remote_ctx) 
         std::lock_guard lg(l.mu);
         if (route_locked(l, peer, remote_ctx)) return ok();  // another thread connected it
     }
-    TALARIA_TRY(c, connect_locked(l, peer, remote_ctx));
-    (void)c;
+    if (auto c = connect_locked(l, peer, remote_ctx); !c) {
+        note(LinkEvent::connect_failed);
+        return std::move(c).error();
+    }
     return ok();
 }
 
@@ -1100,6 +1102,7 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
     {
         std::lock_guard lg(l->mu);
         c->state = Conn::State::established;
+        note(LinkEvent::accepted);
         c->lane = l;
         c->rx->waiting.store(l->armed != 0 || l->try_armed ? 1 : 0, std::memory_order_seq_cst);
         l->active.push_back(c);
@@ -1160,6 +1163,7 @@ void SmTransport::on_ack_locked(Conn* c, const Handshake& m, int* fds, int nfds)
         std::lock_guard lg(c->lane->mu);
         c->peer_evfd = fds[0];
         c->state = Conn::State::established;
+        note(LinkEvent::connected);
         // A doorbell we could not ring while the eventfd was unknown went out as a wake
         // packet; ring once more in case the peer armed its flag since.
         if (c->tx->waiting.exchange(0, std::memory_order_acq_rel) != 0) ring_bell(c);
@@ -1349,6 +1353,12 @@ void SmTransport::close_conn(Conn* c, Errc why, bool complete) noexcept {
 }
 
 void SmTransport::close_conn_locked(Conn* c, Errc why, bool complete) noexcept {
+    if (why != Errc::shutdown && why != Errc::canceled) {  // else this side closes it
+        if (c->state == Conn::State::established)
+            note(LinkEvent::lost);
+        else if (c->state == Conn::State::ack_wait)  // ours, refused or gone before its ack
+            note(LinkEvent::connect_failed);
+    }
     if (Lane* l = c->lane) {
         if (c->paused) {
             c->paused = false;

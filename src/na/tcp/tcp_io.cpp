@@ -415,7 +415,10 @@ void TcpTransport::flush(Conn* c) {
         ssize_t w = ::sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                note(LinkEvent::backpressure);  // the socket's buffer is full: EPOLLOUT resumes
+                break;
+            }
             int e = errno;
             close_conn(c, Errc::disconnected,
                        fmt::format("send to {} failed: {}",
@@ -436,7 +439,10 @@ void TcpTransport::flush(Conn* c) {
             c->sendq.pop_front();
             item_done(c, it);
         }
-        if (std::size_t(w) < want) break;  // socket buffer full
+        if (std::size_t(w) < want) {  // socket buffer full
+            note(LinkEvent::backpressure);
+            break;
+        }
     }
     update_events(c);
 }
@@ -825,7 +831,10 @@ bool TcpTransport::finish_frame(Conn* c) {
             if (!auth_hello(c, *hello)) return false;
             // Open (once authenticated, where that is asked for), and still without a lane:
             // poll_setup() hands it to its lane (adopt_locked), which parses what follows.
-            if (!c->auth_wait) c->state = Conn::State::open;
+            if (!c->auth_wait) {
+                c->state = Conn::State::open;
+                note(LinkEvent::accepted);
+            }
             break;
         }
         case Conn::Sink::auth:
@@ -963,6 +972,14 @@ void TcpTransport::read_ready(Conn* c) {
 void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     if (c->state == Conn::State::closed) return;
     const bool was_connecting = c->state == Conn::State::connecting;
+    // canceled: this side closed it (its context is destroyed). Not up yet: not connected,
+    // still proving itself to its peer, or refused by either side's check.
+    const bool handshaking = c->outgoing && c->auth_wait;
+    if (status != Errc::canceled &&
+        (was_connecting || handshaking || status == Errc::access_denied))
+        note(LinkEvent::connect_failed);
+    else if (status != Errc::canceled && c->state == Conn::State::open)
+        note(LinkEvent::lost);
     std::string who = c->peer ? peer_of(c->peer)->str : std::string("an unidentified peer");
     if (status == Errc::protocol_error)
         TALARIA_LOG(tcp, warn, "disconnecting {} (fd {}): protocol error: {}", who, c->fd, why);
@@ -1127,6 +1144,7 @@ void TcpTransport::on_connected(Conn* c) {
         peer_of(c->peer)->failure.clear();  // reached now: an older failure no longer explains
     }
     c->state = Conn::State::open;
+    if (!c->auth_wait) note(LinkEvent::connected);  // else once authenticated
     TALARIA_LOG(tcp, debug, "connected to {} fd={}", peer_of(c->peer)->str, c->fd);
     flush(c);
 }

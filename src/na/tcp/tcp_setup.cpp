@@ -587,6 +587,7 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
     if (rc < 0 && errno != EINPROGRESS) {
         int e = errno;
         ::close(fd);
+        note(LinkEvent::connect_failed);
         return Error(Errc::unreachable, "tcp: " + connect_failure(peer, e));
     }
     Conn* c = new_conn(fd, true);
@@ -621,6 +622,7 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
         hello.key_id = opts_.auth.key_id;
         hello.nonce = c->own_nonce.data();
     }
+    if (rc == 0 && !c->auth_wait) note(LinkEvent::connected);  // else once authenticated
     FrameHeader fh;
     fh.type = FrameType::hello;
     fh.context_id = remote_ctx;
@@ -921,6 +923,7 @@ bool TcpTransport::auth_frame(Conn* c) {
             return false;
         }
         c->auth_wait = false;  // what waited behind the hello goes out (process_rx flushes)
+        note(LinkEvent::connected);
         if (a.protect != Protect::none && !start_protection(c)) return false;
         TALARIA_LOG(tcp, debug, "authenticated {} (key '{}'{})", who, a.key_id,
                     a.protect == Protect::none ? "" : ", protected");
@@ -937,6 +940,7 @@ bool TcpTransport::auth_frame(Conn* c) {
     }
     c->auth_wait = false;
     c->state = Conn::State::open;  // poll_setup() hands it to its lane now
+    note(LinkEvent::accepted);
     if (a.protect != Protect::none && !start_protection(c)) return false;
     TALARIA_LOG(tcp, debug, "authenticated a connection from {} (key '{}'{})", who, a.key_id,
                 a.protect == Protect::none ? "" : ", protected");

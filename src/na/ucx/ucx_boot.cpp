@@ -313,6 +313,7 @@ uint64_t UcxTransport::boot_alias() noexcept {
 }
 
 bool UcxTransport::boot_refuse(BootConn& c, const std::string& why) {
+    note(LinkEvent::connect_failed);  // a peer's attempt, refused here
     boot_warn(fmt::format("refusing the bootstrap of instance {:016x}: {}", c.instance, why));
     std::string_view reason(why);
     if (reason.size() > kBootMaxReason) reason = reason.substr(0, kBootMaxReason);
@@ -399,6 +400,7 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
         peer.failure.clear();  // a new attempt: an older failure no longer explains
     }
     auto fail = [&](Errc code, const std::string& why) {
+        note(LinkEvent::connect_failed);  // called once, by the path that gives up
         {
             // Kept for the error of the operations that waited on this (peer_failure).
             std::lock_guard fg(peer.failure_mu);

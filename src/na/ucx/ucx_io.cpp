@@ -997,6 +997,7 @@ void UcxTransport::on_rma_answer_locked(Lane& l, const MsgHeader& h, Stream& s,
         if (e.serial == x.ep_serial) e.rma_answered = true;
     const auto st = Errc(r->status);
     if (st == Errc::busy && !x.put && x.status == Errc::ok) {
+        note(LinkEvent::backpressure);  // its answers fill the target's queue: asked again
         sl.retry = true;
         sl.retry_at = Clock::now() + std::chrono::milliseconds(1 << std::min<int>(sl.tries, 6));
         if (sl.tries < 255) ++sl.tries;
@@ -1214,6 +1215,7 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h,
         // session to sign with: an unsigned or badly signed hello starts no stream, so nothing
         // its sender sends reaches a context.
         if (auto ok = check_hello(h, *hello); !ok) {
+            note(LinkEvent::connect_failed);  // a peer's endpoint to us, refused
             std::size_t unlogged = 0;
             if (l.match.log_refusal(&unlogged))
                 TALARIA_LOG(ucx, warn, "{}: context {} drops a hello from instance {:016x}: {}{}",
@@ -1277,10 +1279,15 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h,
     s.rx_next = 0;
     s.bye = false;
     l.last_stream = nullptr;
-    // Our endpoint to the context that said hello is up.
+    // Our endpoint to the context that said hello is up: a link we opened came up (its answer
+    // to our hello). Else the hello opens one: that context made an endpoint to us.
+    bool ours = false;
     for (Ep& e : l.eps)
-        if (!e.closing && !e.failed && ucx_addr(e.peer) == pa && e.peer_lane == h.source_ctx)
+        if (!e.closing && !e.failed && ucx_addr(e.peer) == pa && e.peer_lane == h.source_ctx) {
+            ours = ours || !e.established;
             e.established = true;
+        }
+    if (pa != self_.as<UcxAddr>()) note(ours ? LinkEvent::connected : LinkEvent::accepted);
     // Connect back at once (unless we have an endpoint to that context), so that replies need no
     // connection set-up and a dead peer is noticed (by the endpoint's keepalive) while we
     // wait for it.
@@ -1501,8 +1508,11 @@ void UcxTransport::peer_gone_locked(Lane& l, UcxAddr* pa, Errc st, const std::st
         for (auto& xp : l.xfers)
             if (xp->op && ucx_addr(xp->peer) == pa) rma_fail_locked(l, *xp, dst, dwhy);
     // Every endpoint of this lane to it: forced closes fail the UCX requests still pending.
+    // Each was a link that went down with it, or an attempt it never answered (no hello back).
     l.eps.for_each_safe([&](Ep& o) {
-        if (o.peer && ucx_addr(o.peer) == pa) close_ep_locked(l, &o);
+        if (!o.peer || ucx_addr(o.peer) != pa) return;
+        if (!o.closing) note(o.established ? LinkEvent::lost : LinkEvent::connect_failed);
+        close_ep_locked(l, &o);
     });
 }
 

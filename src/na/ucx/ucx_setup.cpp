@@ -765,6 +765,7 @@ Result<Ep*> UcxTransport::ep_create_locked(Lane& l, const ucp_ep_params_t& param
     params.err_handler.arg = e;
     ucs_status_t st = ucp_ep_create(l.worker, &params, &e->h);
     if (st != UCS_OK) {
+        note(LinkEvent::connect_failed);
         delete e;
         return ucs_error(errc_of(st) == Errc::disconnected ? Errc::unreachable : errc_of(st),
                          "ucp_ep_create", st, fmt::format("(to {})", who));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <random>
@@ -1712,6 +1713,129 @@ TEST_P(Conformance, UnexpectedFloodIsBoundedPerSender) {
     EXPECT_EQ(flood, kept) << "not the sender's bound of queued bytes";
     EXPECT_EQ(others, 4) << "the flood of one peer dropped another's messages";
     EXPECT_EQ(sent.failed + sent2.failed, 0) << "sends failed";
+}
+
+// --- link events (issue 12) ---------------------------------------------------------------------
+
+/// Which link events a transport sees (docs/transports.md, "Link events").
+struct LinkSight {
+    bool links = false;         ///< connected, accepted, lost, connect_failed
+    bool backpressure = false;  ///< a flood the receiver does not progress meets a full link
+};
+LinkSight link_sight(const std::string& label) {
+    if (label == "sm" || label == "tcp" || label == "tcp_ipv6") return {true, true};
+    // ofi: its links are its locate (or authentication) handshakes, rxm's connections are out
+    // of sight; a full link shows only as -FI_EAGAIN, which a flood may never meet. ucx: UCP
+    // queues a send on a full link without saying so.
+    if (label.rfind("ofi", 0) == 0 || label.rfind("ucx", 0) == 0) return {true, false};
+    return {};
+}
+
+uint64_t total(const LinkCounts& c) {
+    uint64_t n = 0;
+    for (uint64_t v : c.events)
+        n += v;
+    return n;
+}
+
+std::string describe(const LinkCounts& c) {
+    std::string s;
+    for (std::size_t i = 0; i < LinkCounts::kEvents; ++i)
+        s += std::string(i ? ", " : "") + std::string(link_event_name(static_cast<LinkEvent>(i))) +
+             " " + std::to_string(c.events[i]);
+    return s;
+}
+
+// A first message brings a link up on both sides; a flood the server does not read meets
+// back-pressure; the server's end is a lost link; a new client to its address fails to
+// connect. Each counted once it happened, and nothing else counted.
+TEST_P(Conformance, LinkEventsAreCounted) {
+    const LinkSight sight = link_sight(GetParam().label);
+    const std::string srv_string = server_.t->addr_to_string(server_.t->addr_self());
+    Addr srv = addr_of(client_, server_);
+    {
+        MsgBuffer rb = alloc_buf(*server_.t, 64);
+        MsgBuffer hi = alloc_buf(*client_.t, 8);
+        Recorder rr, sr;
+        ASSERT_TRUE(server_.t->post_recv_unexpected(*server_.ctx, record(rr), rb));
+        ASSERT_TRUE(client_.t->post_send_unexpected(*client_.ctx, record(sr), hi, 8, srv, 0, 1));
+        ASSERT_TRUE(progress_until({client_.ctx.get(), server_.ctx.get()},
+                                   [&] { return rr.done() && sr.done(); }));
+        ASSERT_EQ(sr.last.status, Errc::ok);
+    }
+    // The link is up once its handshake ends (the server's answer may still be on its way).
+    (void)progress_until({client_.ctx.get(), server_.ctx.get()}, [&] {
+        return !sight.links || (client_.t->link_counts()[LinkEvent::connected] > 0 &&
+                                server_.t->link_counts()[LinkEvent::accepted] > 0);
+    });
+    LinkCounts c = client_.t->link_counts();
+    LinkCounts s = server_.t->link_counts();
+    if (!sight.links) {
+        EXPECT_EQ(total(c) + total(s), 0u)
+            << "client: " << describe(c) << "; server: " << describe(s);
+        return;
+    }
+    EXPECT_GE(c[LinkEvent::connected], 1u) << describe(c);
+    EXPECT_GE(s[LinkEvent::accepted], 1u) << describe(s);
+    for (LinkEvent e : {LinkEvent::lost, LinkEvent::connect_failed}) {
+        EXPECT_EQ(c[e], 0u) << describe(c);
+        EXPECT_EQ(s[e], 0u) << describe(s);
+    }
+
+    // A flood the server does not progress: the link fills.
+    SendCount sent;
+    std::vector<MsgBuffer> out;
+    if (sight.backpressure) {
+        const std::size_t size = client_.t->max_unexpected_size();
+        out.push_back(alloc_buf(*client_.t, size));
+        const int n = int(std::clamp<std::size_t>((32u << 20) / size, 64, 1024));
+        ASSERT_TRUE(
+            post_counted_sends(*client_.t, *client_.ctx, out, size, srv, n, 5, false, &sent));
+        (void)progress_until({client_.ctx.get()},
+                             [&] { return client_.t->link_counts()[LinkEvent::backpressure] > 0; });
+        c = client_.t->link_counts();
+        EXPECT_GT(c[LinkEvent::backpressure], 0u)
+            << describe(c) << "; " << sent.done << " of " << n << " sends done";
+    }
+
+    // The server goes away: the client's link to it is lost (its sends still queued fail).
+    server_.close();
+    MsgBuffer m = alloc_buf(*client_.t, 8);
+    std::deque<Recorder> probes;  // each outlives its send (the client closes below)
+    for (auto until = Clock::now() + 10s;
+         client_.t->link_counts()[LinkEvent::lost] == 0 && Clock::now() < until;) {
+        Recorder& r = probes.emplace_back();
+        if (client_.t->post_send_unexpected(*client_.ctx, record(r), m, 8, srv, 0, 1))
+            (void)progress_until(
+                {client_.ctx.get()}, [&] { return r.done(); }, 1s);
+        progress_for({client_.ctx.get()}, 10ms);
+    }
+    c = client_.t->link_counts();
+    EXPECT_EQ(c[LinkEvent::lost], 1u) << describe(c);
+
+    // A new client to the address where nothing is now: its attempt to connect fails.
+    Side fresh;
+    ASSERT_TRUE(open_side(fresh));
+    auto gone = fresh.t->addr_lookup(srv_string);
+    ASSERT_TRUE(gone) << gone.error().describe();
+    MsgBuffer fm = alloc_buf(*fresh.t, 8);
+    Errc st = run_op({fresh.ctx.get()}, [&](Callback cb) {
+        return fresh.t->post_send_unexpected(*fresh.ctx, std::move(cb), fm, 8, *gone, 0, 1);
+    });
+    EXPECT_NE(st, Errc::ok);
+    LinkCounts f = fresh.t->link_counts();
+    EXPECT_GE(f[LinkEvent::connect_failed], 1u) << describe(f);
+    EXPECT_EQ(f[LinkEvent::connected], 0u) << describe(f);
+    fm = MsgBuffer{};
+    gone->reset();
+    fresh.close();
+    // What is still queued completes with the context, while `sent` and `probes` live; the
+    // buffers go before their transport.
+    client_.ctx.reset();
+    out.clear();
+    m = MsgBuffer{};
+    srv.reset();
+    client_.close();
 }
 
 INSTANTIATE_TEST_SUITE_P(na, Conformance, ::testing::ValuesIn(transport_kinds()), kind_name);
