@@ -401,7 +401,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.seq = seq;
         s.rpc_id = rpc;
         s.provider = opts.provider;
-        s.trace = opts.trace_id != 0 ? opts.trace_id : current_trace_id();
+        s.trace = opts.trace_id != 0 ? opts.trace_id : tl_trace;
         s.one_way = opts.one_way;
         s.target_ctx = opts.target_context;
         s.done = std::move(done);
