@@ -128,12 +128,12 @@ std::string label(std::string_view v) {
     return out;
 }
 
-/// Prometheus' text format (version 0.0.4): each metric family's # HELP and # TYPE once,
-/// then its samples.
 double seconds(uint64_t ns) {
     return double(ns) * 1e-9;
 }
 
+/// Prometheus' text format (version 0.0.4): each metric family's # HELP and # TYPE once,
+/// then its samples.
 class Exposition {
   public:
     void family(std::string_view name, std::string_view type, std::string_view help) {

@@ -281,7 +281,7 @@ struct Engine::Impl {
     StatsIndex stats_index;  ///< with opts.stats
     /// Bulk transfers by direction ([0] pull, [1] push), any thread (atomic adds).
     struct Transfers {
-        std::atomic<uint64_t> transfers{0}, ok{0}, failed{0}, bytes{0};
+        std::atomic<uint64_t> ok{0}, failed{0}, bytes{0};  // transfers: ok + failed
         Histogram latency;
     };
     std::array<Transfers, 2> transfers;

@@ -210,7 +210,6 @@ std::vector<uint32_t> Engine::requests_held() const {
 void Engine::note_transfer(bool pull, uint64_t bytes, bool ok, uint64_t ticks_taken) noexcept {
     if (!impl_->opts.stats) return;
     auto& t = impl_->transfers[pull ? 0 : 1];
-    CtxCounters::add(t.transfers);
     if (ok) {
         CtxCounters::add(t.ok);
         CtxCounters::add(t.bytes, bytes);
@@ -233,9 +232,9 @@ std::array<TransferStats, 2> Engine::transfer_stats() const {
     const double scale = impl_->tick_scale.ns_per_tick();
     for (std::size_t i = 0; i < 2; ++i) {
         const auto& t = impl_->transfers[i];
-        out[i].transfers = t.transfers.load(std::memory_order_relaxed);
         out[i].ok = t.ok.load(std::memory_order_relaxed);
         out[i].failed = t.failed.load(std::memory_order_relaxed);
+        out[i].transfers = out[i].ok + out[i].failed;
         out[i].bytes = t.bytes.load(std::memory_order_relaxed);
         out[i].latency.hist = t.latency.snapshot();
         out[i].latency.ns_per_tick = scale;

@@ -71,8 +71,8 @@ struct ProcStats {
 /// Bulk transfers of one direction through the API (Engine::pull/push, Request::pull/push),
 /// summed over the engine (Engine::transfer_stats).
 struct TransferStats {
-    uint64_t transfers = 0;  ///< completed, either way
-    uint64_t ok = 0;         ///< counted apart (a reader between two counts sees no dip)
+    uint64_t transfers = 0;  ///< completed, either way: ok + failed
+    uint64_t ok = 0;
     uint64_t failed = 0;
     uint64_t bytes = 0;  ///< of the transfers that succeeded
     Latency latency;     ///< from the start of a transfer to its completion

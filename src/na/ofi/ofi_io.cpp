@@ -203,7 +203,8 @@ static void note_failure(OfiAddr* a, const std::string& why) {
 
 Result<void> OfiTransport::av_insert_locked(OfiLane& l, Remote* r) {
     if (r->fi != FI_ADDR_NOTAVAIL) return ok();
-    auto failed = [&](Error e) {
+    auto failed = [&](Error e) {  // the peer cannot be reached: an attempt that failed
+        note(LinkEvent::connect_failed);
         note_failure(ofi_addr(r->peer), e.message());
         return e;
     };
@@ -327,7 +328,6 @@ void OfiTransport::send_locate_locked(OfiLane& l, Route& r, TimePoint now) {
     // To the peer's context 0 (its transport address): it knows where its contexts live.
     Remote* r0 = remote_locked(l, a->raw, r.peer);
     if (auto ins = av_insert_locked(l, r0); !ins) {
-        if (ins.error().code() != Errc::no_memory) note(LinkEvent::connect_failed);
         route_failed_locked(
             l, r, ins.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable,
             ins.error().message());
@@ -559,7 +559,6 @@ Result<OpId> OfiTransport::post_send(Context& ctx, Callback cb, const MsgBuffer&
     Remote* to = route->rem ? route->rem : remote_locked(l, peer->raw, dest);
     if (auto r = av_insert_locked(l, to); !r) {
         if (r.error().code() == Errc::no_memory) return r.error();
-        note(LinkEvent::connect_failed);
         return fail_async(l, ctx, std::move(cb), type, Errc::unreachable, r.error().message());
     }
     OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
@@ -625,7 +624,6 @@ void OfiTransport::start_send_locked(OfiLane& l, OfiOp* op) {
     stamp_token(op->buf, peer);
     if (auto r = av_insert_locked(l, rem); !r) {
         TALARIA_LOG(ofi, debug, "{}: a send fails: {}", scheme_, r.error().message());
-        if (r.error().code() != Errc::no_memory) note(LinkEvent::connect_failed);
         op_finished(l, op,
                     r.error().code() == Errc::no_memory ? Errc::no_memory : Errc::unreachable);
         return;
@@ -922,7 +920,6 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     if (auto r = av_insert_locked(l, rem); !r) {
         // A full address vector is a local limit, reported here with its message.
         if (r.error().code() == Errc::no_memory) return r.error();
-        note(LinkEvent::connect_failed);
         return fail_async(l, ctx, std::move(cb), type, Errc::unreachable, r.error().message());
     }
     OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);

@@ -179,10 +179,11 @@ Result<OpId> SmTransport::post_send(Context& ctx, Callback&& cb, const MsgBuffer
     if (c->pending_sends.empty() && ring_push(c, *op)) [[likely]] {
         complete_op(op, Errc::ok);  // copied into the ring: the buffer is free again
     } else {  // the ring is full (or others wait before it): in order, once there is room
+        // Counted once per stall, as the first send queues: not a shared atomic per send.
+        if (c->pending_sends.empty()) note(LinkEvent::backpressure);
         c->pending_sends.push_back(*op);
         op->list = &c->pending_sends;
         ++l.pending_sends;
-        note(LinkEvent::backpressure);
     }
     return id;
 }
@@ -839,7 +840,6 @@ Result<OpId> SmTransport::post_rma(Context& ctx, Callback&& cb, const MemHandle&
             if (peer->conns.empty()) {
                 auto r = connect_locked(l, peer, 0);
                 if (!r) {
-                    note(LinkEvent::connect_failed);
                     release();
                     return std::move(r).error();
                 }

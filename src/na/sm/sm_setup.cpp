@@ -728,14 +728,18 @@ Result<void> SmTransport::ensure_route(Lane& l, Peer* peer, uint8_t remote_ctx) 
         std::lock_guard lg(l.mu);
         if (route_locked(l, peer, remote_ctx)) return ok();  // another thread connected it
     }
-    if (auto c = connect_locked(l, peer, remote_ctx); !c) {
-        note(LinkEvent::connect_failed);
-        return std::move(c).error();
-    }
+    TALARIA_TRY(c, connect_locked(l, peer, remote_ctx));
+    (void)c;
     return ok();
 }
 
 Result<Conn*> SmTransport::connect_locked(Lane& l, Peer* peer, uint8_t remote_ctx) {
+    auto c = open_conn_locked(l, peer, remote_ctx);
+    if (!c) note(LinkEvent::connect_failed);
+    return c;
+}
+
+Result<Conn*> SmTransport::open_conn_locked(Lane& l, Peer* peer, uint8_t remote_ctx) {
     auto paths = find_sockets(peer->name);
     if (paths.empty())
         return Error(

@@ -314,7 +314,10 @@ class SmTransport final : public Transport {
     /// Who is admitted, for the message of a refusal.
     [[nodiscard]] std::string who_is_admitted() const;
     /// Connect lane `l` with context `remote_ctx` of `peer` (under setup_mu_, takes l.mu).
+    /// Open a connection to `peer`'s context (open_conn_locked); a failure counts as
+    /// LinkEvent::connect_failed.
     Result<Conn*> connect_locked(Lane& l, Peer* peer, uint8_t remote_ctx);
+    Result<Conn*> open_conn_locked(Lane& l, Peer* peer, uint8_t remote_ctx);
     /// The connection lane `l` sends to (peer, remote_ctx) on, connecting if there is none.
     /// Called without l.mu (takes setup_mu_, then l.mu).
     Result<void> ensure_route(Lane& l, Peer* peer, uint8_t remote_ctx);
