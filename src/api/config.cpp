@@ -180,6 +180,7 @@ Result<void> read_core(ObjectReader& r, core::Options& co) {
     TALARIA_CHECK(r.unsigned_int("max_requests_per_peer", co.max_requests_per_peer));
     TALARIA_CHECK(r.unsigned_int("peer_window", co.peer_window));
     TALARIA_CHECK(r.boolean("stats", co.stats));
+    TALARIA_CHECK(r.millis("stats_timing_gap_ms", co.stats_timing_gap));
     return r.millis("busy_retry_after_ms", co.busy_retry_after);
 }
 
@@ -268,6 +269,7 @@ std::string EngineConfig::to_json(int indent) const {
              {"peer_window", co.peer_window},
              {"busy_retry_after_ms", ms(co.busy_retry_after)},
              {"stats", co.stats},
+             {"stats_timing_gap_ms", ms(co.stats_timing_gap)},
          }},
         {"na",
          {

@@ -41,7 +41,9 @@ Context::Impl::Impl(Engine::Impl* e, std::unique_ptr<na::Context> n)
       thread_safe(e->opts.na.thread_safe),
       checksum(e->opts.checksum),
       mu(e->opts.na.thread_safe),
-      pool_mu(e->opts.na.thread_safe) {
+      pool_mu(e->opts.na.thread_safe),
+      client_timer(e->opts.stats_timing_gap),
+      server_timer(e->opts.stats_timing_gap) {
     if (e->opts.stats) procs = std::make_unique<std::atomic<ProcCounters*>[]>(StatsIndex::kMax);
 }
 
@@ -230,7 +232,7 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
     bool repost = false;
     const bool failed_peer = c.status != Errc::canceled && c.status != Errc::ok;
     {
-        std::lock_guard g(mu);
+        CallsLock g(*this);  // logs the calls ended, after
         // Its poster has not taken the lock again since posting it (post_watch): the peer is
         // the poster's to keep or erase.
         const bool posting = p->watch_posting;
@@ -294,6 +296,18 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
     }
 }
 
+CallsLock::~CallsLock() {
+    if (c_.ended_lines.empty()) [[likely]] {
+        c_.mu.unlock();
+        return;
+    }
+    std::vector<std::string> lines;
+    lines.swap(c_.ended_lines);
+    c_.mu.unlock();
+    for (const std::string& line : lines)
+        TALARIA_LOG(rpc, trace, "{}", line);
+}
+
 ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage,
                                               na::Addr* peer, Errc outcome, std::size_t bytes_in) {
     CallSlot& s = slots[idx];
@@ -301,15 +315,19 @@ ResponseFn Context::Impl::release_slot_locked(uint32_t idx, std::unique_ptr<Larg
         // Under mu: the client side's only writer (see ProcCounters).
         auto& c = pc->client;
         count_outcome(c, c.bytes_in, outcome, bytes_in, CtxCounters::bump);
-        c.latency.record(ticks_since(s.sent_at));
+        if (s.sent_at != 0) c.latency.record(ticks_since(s.sent_at));  // a timed call
     }
     if (s.logged_ns != 0) [[unlikely]] {
-        // rpc=trace (under mu: a debugging level; nothing here takes mu).
-        TALARIA_LOG(rpc, trace,
-                    "call {} seq {:#x} to {}: {} ({} bytes back) after {} us, trace {:016x}",
-                    eng->name_of(s.rpc_id, s.provider), s.seq,
-                    s.peer ? t->addr_to_string(s.peer->addr) : std::string("?"), errc_name(outcome),
-                    bytes_in, (now_ns() - s.logged_ns) / 1000, s.trace);
+        // rpc=trace: written here, logged by CallsLock once mu is released (a log sink may
+        // call into the engine).
+        try {
+            ended_lines.push_back(fmt::format(
+                "call {} seq {:#x} to {}: {} ({} bytes back) after {} us, trace {:016x}",
+                eng->name_of(s.rpc_id, s.provider), s.seq,
+                s.peer ? t->addr_to_string(s.peer->addr) : std::string("?"), errc_name(outcome),
+                bytes_in, (now_ns() - s.logged_ns) / 1000, s.trace));
+        } catch (...) {  // out of memory: the line is lost, the call is not
+        }
         s.logged_ns = 0;
     }
     ResponseFn fn = std::move(s.done);
@@ -410,7 +428,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.peer = peer_for_locked(dest);
         ++s.peer->inflight;
         if (procs) {
-            ProcCounters* pc = proc_counters(rpc, opts.provider);
+            ProcCounters* pc = client_counters_locked(rpc, opts.provider);
             s.stats = pc;
             CtxCounters::bump(pc->client.calls);
             CtxCounters::bump(pc->client.bytes_out, args.size());
@@ -432,7 +450,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         } else {
             s.deadline = TimePoint{};
         }
-        if (s.stats) s.sent_at = ticks();
+        if (s.stats) s.sent_at = client_timer.start(eng->tick_scale);
         if (log::enabled(log::Subsys::rpc, log::Level::trace)) [[unlikely]]
             s.logged_ns = now_ns();
         trace = s.trace;
@@ -462,7 +480,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         std::unique_ptr<LargeOut> garbage;
         ResponseFn fn;
         {
-            std::lock_guard g(mu);
+            CallsLock g(*this);  // logs the calls ended, after
             if (slots[idx].seq == seq) fn = release_slot_locked(idx, garbage, nullptr, r.code());
         }
         if (fn) return std::move(r).error();  // `done` never runs
@@ -519,7 +537,7 @@ bool Context::Impl::complete_call(uint32_t seq, const na::Addr* source,
     na::Addr kept;         // the peer, where no response names it (a one-way send, a local failure)
     Duration late_by{-1};  // >= 0: the response was read that long after the deadline
     {
-        std::lock_guard g(mu);
+        CallsLock g(*this);  // logs the calls ended, after
         if (idx >= slots.size() || slots[idx].seq != seq) return false;
         if (source && !(slots[idx].peer && slots[idx].peer->addr == *source)) return false;
         // A response read after the call's deadline, before the deadline timer ran (a loaded
@@ -605,7 +623,7 @@ Result<void> Context::Impl::cancel(CallId call) {
     na::Addr dest;
     wire::Header notice;  // flags stay 0 when the target is not told
     {
-        std::lock_guard g(mu);
+        CallsLock g(*this);  // logs the calls ended, after
         if (!call.valid() || idx >= slots.size() || slots[idx].seq != call.seq)
             return Error{Errc::not_found, "cancel: the call already completed"};
         const CallSlot& s = slots[idx];
@@ -793,7 +811,7 @@ unsigned Context::Impl::expire_timers() {
     std::vector<std::tuple<uint32_t, na::Addr, std::unique_ptr<LargeOut>>> large;
     std::vector<Resend> resend;
     {
-        std::lock_guard g(mu);
+        CallsLock g(*this);  // logs the calls ended, after
         while (!heap.empty() && slots[heap[0]].due() <= now) {
             CallSlot& s = slots[heap[0]];
             if (s.retry_at != TimePoint{}) {
@@ -890,7 +908,7 @@ void Context::Impl::begin_shutdown() {
     std::vector<std::pair<ResponseFn, na::Addr>> failed;
     std::vector<std::unique_ptr<LargeOut>> garbage;
     {
-        std::lock_guard g(mu);
+        CallsLock g(*this);  // logs the calls ended, after
         for (uint32_t i = 0; i < slots.size(); ++i) {
             if (slots[i].seq == 0) continue;
             garbage.emplace_back();

@@ -7,6 +7,7 @@
 //  - `pend_mu` guards large results waiting for their caller to pull them (slow path).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -35,6 +36,9 @@ struct RpcEntry {
     uint64_t signature = 0;      ///< 0: calls are not checked
     std::string signature_text;  ///< "int(int, int)", told to a caller whose signature differs
     std::atomic<bool> live{true};
+    /// Its StatsIndex index, found on its first call served (kNoStatsIndex until then).
+    static constexpr uint32_t kNoStatsIndex = UINT32_MAX;
+    std::atomic<uint32_t> stats_index{kNoStatsIndex};
 };
 
 /// (id, provider) -> entry: lock-free lookups (one probe in practice), inserts under a mutex.
@@ -106,6 +110,65 @@ void count_outcome(ProcCounters::Side& s, std::atomic<uint64_t>& bytes_field, Er
             one);
     }
 }
+
+/// Which calls one side of a context times for the latency histograms (Options::
+/// stats_timing_gap). Every call, while timed calls come at least `gap` apart; a busier side
+/// times one call in `period` (a power of two, up to kMaxPeriod), the others skipped at random
+/// (no period for a pipeline of calls to alias with), the period chosen at each timed call so
+/// that timed calls stay about `gap` apart: the clock's two readings and the histogram record
+/// per timed call then cost a small, bounded share of the time the calls take. One writer: the
+/// client side's under the context's `mu`, the server side's on its trigger thread.
+class CallTimer {
+  public:
+    static constexpr uint32_t kMaxPeriod = 64;
+    explicit CallTimer(Duration gap) noexcept
+        : gap_ns_(uint64_t(std::max<int64_t>(
+              0, std::chrono::duration_cast<std::chrono::nanoseconds>(gap).count()))) {}
+    /// ticks() if this call is to be timed, else 0 (the call is counted, not timed).
+    uint64_t start(const TickScale& scale) noexcept {
+        if (skip_ != 0) [[likely]] {
+            --skip_;
+            return 0;
+        }
+        const uint64_t now = ticks();
+        if (gap_ns_ != 0) adapt(now, scale);
+        return now;
+    }
+
+  private:
+    void adapt(uint64_t now, const TickScale& scale) noexcept {
+        const uint64_t since = now > last_ ? now - last_ : 0;
+        const uint32_t calls = last_calls_;  // since the last timed call, this one included
+        last_ = now;
+        if (gap_ticks_ == 0) {
+            // The counter's rate is known 2 ms after the engine's open: until then, time all.
+            const double ns_per_tick = scale.ns_per_tick_if_ready();
+            if (ns_per_tick <= 0) return;
+            gap_ticks_ = std::max<uint64_t>(1, uint64_t(double(gap_ns_) / ns_per_tick));
+            return;
+        }
+        // The period that puts `gap` between timed calls at the rate just seen.
+        uint32_t period = 1;
+        while (period < kMaxPeriod && since * period < gap_ticks_ * calls)
+            period *= 2;
+        if (period == 1) {
+            last_calls_ = 1;
+            return;
+        }
+        rng_ ^= rng_ << 13;  // xorshift32
+        rng_ ^= rng_ >> 17;
+        rng_ ^= rng_ << 5;
+        skip_ = rng_ & (2 * period - 1);  // 0 .. 2 period - 1: one call in about `period`
+        last_calls_ = skip_ + 1;
+    }
+
+    uint32_t skip_ = 0;        ///< calls to count untimed before the next timed one
+    uint32_t last_calls_ = 1;  ///< calls from the last timed one to the next (skip_ + 1)
+    uint32_t rng_ = 0x9e3779b9u;
+    uint64_t last_ = 0;       ///< ticks() of the last timed call
+    uint64_t gap_ns_;         ///< Options::stats_timing_gap; 0: time every call
+    uint64_t gap_ticks_ = 0;  ///< the same in ticks, once the counter's rate is known
+};
 
 /// (procedure id, provider) -> a dense index into each context's ProcCounters table, numbered
 /// in order of first use. Lookups are lock-free (one probe in practice); a new key is added
@@ -355,6 +418,26 @@ struct Context::Impl {
     std::unique_ptr<std::atomic<ProcCounters*>[]> procs;
     /// The statistics of (id, provider) on this context, made on first use. Any thread.
     ProcCounters* proc_counters(RpcId id, uint16_t provider);
+    /// The same by StatsIndex index.
+    ProcCounters* counters_at(uint32_t index) {
+        ProcCounters* p = procs[index].load(std::memory_order_acquire);
+        return p ? p : make_counters(index);
+    }
+    ProcCounters* make_counters(uint32_t index);
+    /// The same for the calls this context makes (under mu): the last procedure called is
+    /// kept, so a run of calls to one procedure looks nothing up.
+    ProcCounters* client_counters_locked(RpcId rpc, uint16_t provider) {
+        const uint64_t key = uint64_t(rpc) << 16 | provider | uint64_t(1) << 48;
+        if (key != last_called) [[unlikely]] {
+            last_called_pc = proc_counters(rpc, provider);
+            last_called = key;
+        }
+        return last_called_pc;
+    }
+    uint64_t last_called = 0;  ///< (1 << 48 | id << 16 | provider) of last_called_pc
+    ProcCounters* last_called_pc = nullptr;
+    CallTimer client_timer;  ///< under mu
+    CallTimer server_timer;  ///< trigger thread
     unsigned trigger_calls = 0;
     TimePoint next_sweep{};
 
@@ -418,6 +501,9 @@ struct Context::Impl {
     /// `outcome` and `bytes_in` (the result's size) count in the call's procedure statistics.
     ResponseFn release_slot_locked(uint32_t idx, std::unique_ptr<LargeOut>& garbage, na::Addr* peer,
                                    Errc outcome, std::size_t bytes_in = 0);
+    /// rpc=trace lines of the calls release_slot_locked ended (under mu), logged by CallsLock
+    /// once mu is released.
+    std::vector<std::string> ended_lines;
     /// Run a call's completion, `peer` being Context::response_peer() meanwhile.
     static void run_response(ResponseFn& fn, const na::Addr& peer,
                              Result<std::span<const std::byte>> r);
@@ -512,6 +598,19 @@ struct Context::Impl {
     void hold_args(uint32_t seq, na::Addr dest, std::unique_ptr<LargeOut> args);
     /// The target answered (or acked) call `seq`: arguments held for it can go.
     void release_held(uint32_t seq, const na::Addr& dest);
+};
+
+/// The call table's lock (Context::Impl::mu) where calls may end (release_slot_locked): on
+/// release, the rpc=trace lines of those calls are logged, without the lock.
+class CallsLock {
+  public:
+    explicit CallsLock(Context::Impl& c) noexcept : c_(c) { c_.mu.lock(); }
+    ~CallsLock();
+    CallsLock(const CallsLock&) = delete;
+    CallsLock& operator=(const CallsLock&) = delete;
+
+  private:
+    Context::Impl& c_;
 };
 
 /// The context whose trigger() runs on this thread now (Context::trigger), if any: an answer

@@ -133,11 +133,16 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
         return;
     }
     if (procs) {
-        ProcCounters* pc = proc_counters(h.rpc_id, h.provider);
+        uint32_t index = e->stats_index.load(std::memory_order_relaxed);
+        if (index == RpcEntry::kNoStatsIndex) [[unlikely]] {
+            index = eng->stats_index.index(h.rpc_id, h.provider);
+            e->stats_index.store(index, std::memory_order_relaxed);
+        }
+        ProcCounters* pc = counters_at(index);
         CtxCounters::bump(pc->server.calls);
         CtxCounters::bump(pc->server.bytes_in, input.size());
         req.stats_ = pc;
-        req.started_ = ticks();
+        req.started_ = server_timer.start(eng->tick_scale);  // 0: not timed
     }
     if (h.signature != 0 && e->signature != 0 && h.signature != e->signature) [[unlikely]] {
         CtxCounters::add(counters.errors);
@@ -177,21 +182,25 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
                     req.one_way_ ? ", one-way" : "", h.trace);
     }
     TraceScope trace(h.trace);  // the calls the handler makes carry its caller's trace id
+    // A handler that throws: counted, and its caller told (a one-way one counts internal).
+    auto threw = [&](const char* what) {
+        CtxCounters::add(counters.errors);
+        if (!req.valid()) return;
+        if (req.one_way()) {
+            (void)req.note_answered(Errc::internal, 0);
+        } else if (!req.responded()) {
+            (void)req.respond_error(
+                Errc::internal,
+                what ? fmt::format("handler '{}' threw: {}", e->name, what)
+                     : fmt::format("handler '{}' threw a non-standard exception", e->name));
+        }
+    };
     try {
         e->handler(req);
     } catch (const std::exception& ex) {
-        CtxCounters::add(counters.errors);
-        if (req.valid() && req.one_way()) (void)req.note_answered(Errc::internal, 0);
-        if (req.valid() && !req.responded() && !req.one_way())
-            (void)req.respond_error(Errc::internal,
-                                    fmt::format("handler '{}' threw: {}", e->name, ex.what()));
+        threw(ex.what());
     } catch (...) {
-        CtxCounters::add(counters.errors);
-        if (req.valid() && req.one_way()) (void)req.note_answered(Errc::internal, 0);
-        if (req.valid() && !req.responded() && !req.one_way())
-            (void)req.respond_error(
-                Errc::internal,
-                fmt::format("handler '{}' threw a non-standard exception", e->name));
+        threw(nullptr);
     }
     // A request the handler neither answered nor kept is answered by its destructor.
 }
@@ -727,8 +736,10 @@ Result<void> Request::send_response(Errc status, std::span<const std::byte> outp
     const Counted counted = note_answered(status, output.size());
     auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output, nullptr,
                                      trace_);
-    settle_answer(counted, status, output.size(), r);
-    if (r || r.code() != Errc::again) log_answer(r ? status : r.code(), output.size());
+    if (!r) [[unlikely]]
+        settle_answer(counted, status, output.size(), r);
+    if (logged_ns_ != 0 && (r || r.code() != Errc::again)) [[unlikely]]
+        log_answer(r ? status : r.code(), output.size());
     return answered(std::move(r));
 }
 
@@ -739,8 +750,10 @@ Result<void> Request::respond_in_place(PayloadWriter write) {
     const Counted counted = note_answered(Errc::ok, n);  // before it goes, as send_response
     auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf,
                                      trace_);
-    settle_answer(counted, Errc::ok, n, r);
-    if (r || r.code() != Errc::again) log_answer(r ? Errc::ok : r.code(), n);
+    if (!r) [[unlikely]]
+        settle_answer(counted, Errc::ok, n, r);
+    if (logged_ns_ != 0 && (r || r.code() != Errc::again)) [[unlikely]]
+        log_answer(r ? Errc::ok : r.code(), n);
     return answered(std::move(r));
 }
 

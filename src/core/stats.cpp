@@ -103,11 +103,12 @@ std::string Engine::Impl::name_of(RpcId id, uint16_t provider) const {
 }
 
 ProcCounters* Context::Impl::proc_counters(RpcId rpc, uint16_t provider) {
-    const uint32_t i = eng->stats_index.index(rpc, provider);
-    ProcCounters* p = procs[i].load(std::memory_order_acquire);
-    if (p) [[likely]]
-        return p;
+    return counters_at(eng->stats_index.index(rpc, provider));
+}
+
+ProcCounters* Context::Impl::make_counters(uint32_t i) {
     // The procedure's first call on this context (client and server sides may race to it).
+    ProcCounters* p = nullptr;
     auto fresh = std::make_unique<ProcCounters>();
     if (procs[i].compare_exchange_strong(p, fresh.get(), std::memory_order_acq_rel))
         return fresh.release();
@@ -115,7 +116,7 @@ ProcCounters* Context::Impl::proc_counters(RpcId rpc, uint16_t provider) {
 }
 
 void Request::note_started() noexcept {
-    if (!stats_) return;
+    if (!stats_ || started_ == 0) return;  // not timed (Options::stats_timing_gap)
     const uint64_t now = ticks();
     stats_->queue.record_shared(now > started_ ? now - started_ : 0);
     started_ = now;
@@ -124,16 +125,17 @@ void Request::note_started() noexcept {
 Request::Counted Request::note_answered(Errc status, std::size_t bytes) noexcept {
     ProcCounters* pc = std::exchange(stats_, nullptr);
     if (!pc) return {};
-    const uint64_t took = ticks_since(started_);
+    const bool timed = started_ != 0;  // Options::stats_timing_gap
+    const uint64_t took = timed ? ticks_since(started_) : 0;
     if (ctx_ && tl_triggering == ctx_->impl_.get()) {
         // The context's trigger thread: the only writer of `server`.
         count_outcome(pc->server, pc->server.bytes_out, status, bytes, CtxCounters::bump);
-        pc->server.latency.record(took);
-        return {pc, took, false};
+        if (timed) pc->server.latency.record(took);
+        return {pc, took, false, timed};
     }
     count_outcome(pc->server_shared, pc->server_shared.bytes_out, status, bytes, CtxCounters::add);
-    pc->server_shared.latency.record_shared(took);
-    return {pc, took, true};
+    if (timed) pc->server_shared.latency.record_shared(took);
+    return {pc, took, true, timed};
 }
 
 void Request::settle_answer(const Counted& c, Errc status, std::size_t bytes,
@@ -145,10 +147,8 @@ void Request::settle_answer(const Counted& c, Errc status, std::size_t bytes,
     count_outcome(side, side.bytes_out, status, bytes, add, uint64_t(-1));
     if (sent.code() == Errc::again) {
         // Not answered yet: the caller may respond again, and that one counts.
-        if (c.shared)
-            side.latency.remove_shared(c.took);
-        else
-            side.latency.remove(c.took);
+        if (c.timed && c.shared) side.latency.remove_shared(c.took);
+        if (c.timed && !c.shared) side.latency.remove(c.took);
         stats_ = c.pc;
         return;
     }

@@ -58,7 +58,7 @@ TEST(Config, EveryKeyIsReadAndWrittenBack) {
       "core": { "recv_depth": 32, "max_inflight": 100, "ack_linger_ms": 1500, "eager_limit": 1024,
                 "max_payload": 65536, "large_budget": 131072, "pull_timeout_ms": 999,
                 "max_requests": 200, "max_requests_per_peer": 50, "peer_window": 8,
-                "busy_retry_after_ms": 3, "stats": false },
+                "busy_retry_after_ms": 3, "stats": false, "stats_timing_gap_ms": 0.005 },
       "na": { "thread_safe": false, "max_ops": 512, "max_contexts": 9, "hello_timeout_ms": 250,
               "sm_group": 1234, "auth": { "key_id": "svc", "protect": "integrity" } }
     })";
@@ -84,6 +84,7 @@ TEST(Config, EveryKeyIsReadAndWrittenBack) {
     EXPECT_EQ(o.core.peer_window, 8u);
     EXPECT_EQ(o.core.busy_retry_after, 3ms);
     EXPECT_FALSE(o.core.stats);
+    EXPECT_EQ(o.core.stats_timing_gap, 5us);
     EXPECT_FALSE(o.core.na.thread_safe);
     EXPECT_EQ(o.core.na.max_ops, 512u);
     EXPECT_EQ(o.core.na.max_contexts, 9);

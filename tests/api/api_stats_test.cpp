@@ -25,7 +25,16 @@
 namespace talaria::api_test {
 namespace {
 
-class Stats : public Api {};
+class Stats : public Api {
+  protected:
+    /// Engines that time every call (core::Options::stats_timing_gap 0), so the histograms'
+    /// counts are the calls' whatever the machine's speed.
+    void open_timing_all() {
+        EngineOptions o;
+        o.core.stats_timing_gap = Duration::zero();
+        open(o, o);
+    }
+};
 
 const core::ProcStats* find(const std::vector<core::ProcStats>& all, std::string_view name,
                             uint16_t provider = 0) {
@@ -39,7 +48,7 @@ uint64_t errors_of(const core::ProcSideStats& s, Errc code) {
 }
 
 TEST_P(Stats, CallsOutcomesAndBytesOnBothSides) {
-    open();
+    open_timing_all();
     server->define("echo", [](std::string s) { return s; });
     server->define("refuse", [](Request req) { req.respond_error(Errc::access_denied, "no"); });
     auto echo = client->remote<std::string(std::string)>("echo").on(ep);
@@ -87,7 +96,7 @@ TEST_P(Stats, CallsOutcomesAndBytesOnBothSides) {
 }
 
 TEST_P(Stats, TimeoutsAndProvidersAreCountedApart) {
-    open();
+    open_timing_all();
     server->define("slow", [](int ms) {
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         return ms;
@@ -126,8 +135,61 @@ TEST_P(Stats, TimeoutsAndProvidersAreCountedApart) {
     EXPECT_GE(s->server.latency.max(), 300'000'000u) << "handler time of the 300 ms call";
 }
 
+TEST_P(Stats, BusyContextsTimeASampleAndCountEveryCall) {
+    // A gap of a second makes any run of calls "busy": each side times about one call in
+    // CallTimer::kMaxPeriod (64) once the counter's rate is known (2 ms after the open).
+    EngineOptions o;
+    o.core.stats_timing_gap = std::chrono::seconds(1);
+    open(o, o);
+    server->define("echo", [](int v) { return v; });
+    auto echo = client->remote<int(int)>("echo").on(ep);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    constexpr int kCalls = 1000;
+    std::vector<Future<int>> batch;
+    for (int i = 0; i < kCalls; i += 8) {
+        batch.clear();
+        for (int j = i; j < i + 8; ++j)
+            batch.push_back(echo(j));
+        for (int j = 0; j < 8; ++j)
+            ASSERT_EQ(value_within(std::move(batch[std::size_t(j)])), i + j);
+    }
+    const auto cs = client->stats();
+    const auto ss = server->stats();
+    const auto* c = find(cs, "echo");
+    const auto* s = find(ss, "echo");
+    ASSERT_NE(c, nullptr);
+    ASSERT_NE(s, nullptr);
+    for (const core::ProcSideStats* side : {&c->client, &s->server}) {
+        EXPECT_EQ(side->calls, uint64_t(kCalls)) << "every call is counted";
+        EXPECT_EQ(side->ok, uint64_t(kCalls));
+        EXPECT_GE(side->latency.count(), 1u) << "some are timed";
+        EXPECT_LE(side->latency.count(), uint64_t(kCalls) / 4) << "a sample, not every call";
+        EXPECT_LE(side->latency.quantile(0.5), side->latency.max());
+    }
+    EXPECT_GT(c->client.latency.quantile(0.5), 0u);
+}
+
+TEST_P(Stats, CallsFurtherApartThanTheGapAreAllTimed) {
+    EngineOptions o;
+    o.core.stats_timing_gap = std::chrono::microseconds(200);
+    open(o, o);
+    server->define("echo", [](int v) { return v; });
+    auto echo = client->remote<int(int)>("echo").on(ep);
+    constexpr int kCalls = 12;
+    for (int i = 0; i < kCalls; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        ASSERT_EQ(value_within(echo(i)), i);
+    }
+    const auto cs = client->stats();
+    const auto ss = server->stats();
+    ASSERT_NE(find(cs, "echo"), nullptr);
+    ASSERT_NE(find(ss, "echo"), nullptr);
+    EXPECT_EQ(find(cs, "echo")->client.latency.count(), uint64_t(kCalls));
+    EXPECT_EQ(find(ss, "echo")->server.latency.count(), uint64_t(kCalls));
+}
+
 TEST_P(Stats, QueueingDelayOfHandlersOnAnExecutor) {
-    open();
+    open_timing_all();
     ThreadPool pool(1);
     server->define(
         "nap",
@@ -154,7 +216,7 @@ TEST_P(Stats, QueueingDelayOfHandlersOnAnExecutor) {
 }
 
 TEST_P(Stats, TransfersCountByDirection) {
-    open();
+    open_timing_all();
     server->define("fetch", [this](const Request& req, Bulk b) {
         std::vector<std::byte> buf(b.size());
         auto local = server->expose({buf.data(), buf.size()}, write_only);
@@ -191,7 +253,7 @@ TEST_P(Stats, OffKeepsNothing) {
 }
 
 TEST_P(Stats, JsonParsesWithNumbersAsNumbers) {
-    open();
+    open_timing_all();
     server->define("echo", [](int v) { return v; });
     auto echo = client->remote<int(int)>("echo").on(ep);
     for (int i = 0; i < 10; ++i)
@@ -278,7 +340,7 @@ std::pair<std::map<std::string, std::string>, int> check_exposition(const std::s
 }
 
 TEST_P(Stats, PrometheusTextParsesLineByLine) {
-    open();
+    open_timing_all();
     server->define("echo \"quoted\"", [](int v) { return v; });
     auto echo = client->remote<int(int)>("echo \"quoted\"").on(ep);
     for (int i = 0; i < 5; ++i)

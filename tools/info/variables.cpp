@@ -67,6 +67,8 @@ constexpr Meaning kKeys[] = {
     {"core.stats",
      "per-procedure statistics: calls, outcomes, bytes, latency histograms (talaria-info "
      "--attach)"},
+    {"core.stats_timing_gap_ms",
+     "time every call while calls come this far apart, a sample when faster (0: every call)"},
     {"na.thread_safe", "any thread may use the transport (off: one thread per context)"},
     {"na.max_ops", "operations in flight per transport context"},
     {"na.max_contexts", "transport contexts an engine may open"},

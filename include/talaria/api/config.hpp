@@ -9,7 +9,8 @@
 //     "core": { "recv_depth": 16, "max_inflight": 4096, "ack_linger_ms": 60000,
 //               "eager_limit": 0, "max_payload": 1073741824, "large_budget": 2147483648,
 //               "pull_timeout_ms": 60000, "max_requests": 16384, "max_requests_per_peer": 4096,
-//               "peer_window": 0, "busy_retry_after_ms": 0, "stats": true },
+//               "peer_window": 0, "busy_retry_after_ms": 0, "stats": true,
+//               "stats_timing_gap_ms": 0.01 },
 //     "na": { "thread_safe": true, "max_ops": 4096, "max_contexts": 16,
 //             "hello_timeout_ms": 10000, "sm_group": -1,
 //             "auth": { "key_id": "svc", "secret_file": "/etc/svc/secret", "protect": "none" } }

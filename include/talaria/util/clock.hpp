@@ -62,6 +62,12 @@ class TickScale {
         }
         return t > ticks0_ ? double(ns - ns0_) / double(t - ticks0_) : 1.0;
     }
+    /// The same without waiting: 0 while less than kMinNs passed since the first reading.
+    [[nodiscard]] double ns_per_tick_if_ready() const noexcept {
+        const uint64_t t = ticks(), ns = now_ns();
+        if (ns - ns0_ < kMinNs || t <= ticks0_) return 0.0;
+        return double(ns - ns0_) / double(t - ticks0_);
+    }
 
   private:
     uint64_t ticks0_;

@@ -60,8 +60,9 @@ struct Record {
 };
 /// Where messages go instead of the default writer (TALARIA_LOG_FILE or stderr): called for
 /// every enabled message, from the thread that logs it, one call at a time (under the log's
-/// lock, and at rpc=trace under a context's own lock too: a sink must neither log nor call
-/// into Talaria; hand the record to your logger). The views are valid during the call only.
+/// lock, so a sink must not log; a warning may come from code that holds one of Talaria's
+/// locks, so it should not call into Talaria either: hand the record to your logger). The
+/// views are valid during the call only.
 using Sink = std::function<void(const Record&)>;
 /// Replace the writer with `sink` (an empty one restores the default). The logger is the
 /// process's, as TALARIA_LOG is: a library that sets a sink sets it for its whole process.
