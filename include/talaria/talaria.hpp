@@ -20,6 +20,7 @@
 #include "talaria/api/error.hpp"
 #include "talaria/api/executor.hpp"
 #include "talaria/api/future.hpp"
+#include "talaria/api/group.hpp"
 #include "talaria/api/procedure.hpp"
 #include "talaria/api/provider.hpp"
 #include "talaria/api/signature.hpp"

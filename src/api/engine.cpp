@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "api/introspection.hpp"
+#include "api/state_access.hpp"
 #include "talaria/util/cpu.hpp"
 #include "talaria/util/log.hpp"
 #include "talaria/version.hpp"
@@ -990,6 +991,11 @@ Endpoint Engine::self() const {
 Result<Endpoint> Engine::try_lookup(std::string_view address) {
     TALARIA_TRY(a, state_->core->lookup(address));
     return Endpoint(state_.get(), std::move(a));
+}
+
+Result<Endpoint> detail::lookup_through(EngineState* state, std::string_view address) {
+    TALARIA_TRY(a, state->core->lookup(address));
+    return Endpoint(state, std::move(a));
 }
 
 Endpoint Engine::lookup(std::string_view address) {

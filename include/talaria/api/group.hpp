@@ -1,0 +1,404 @@
+// Groups of ranks (issue 13): processes numbered 0..N-1 by the addresses of their engines, as
+// CaRT's groups number the servers of a DAOS system, with a version that every membership
+// change bumps; and the k-nomial trees over them that collective calls travel.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "talaria/api/define.hpp"
+#include "talaria/api/endpoint.hpp"
+#include "talaria/api/engine.hpp"
+#include "talaria/api/procedure.hpp"
+#include "talaria/util/result.hpp"
+
+#pragma GCC visibility push(default)
+
+namespace talaria {
+
+namespace detail {
+template <class Sig>
+struct CollectiveCall;
+}  // namespace detail
+
+/// A k-nomial tree over ranks 0..size-1 rooted at `root`. In a rank's relative number
+/// v = (rank - root) mod size, written in base k: the parent of v is v with its most
+/// significant nonzero digit cleared, and its children are v + c * k^j for every j at or
+/// above v's number of digits and every c in 1..k-1, while below size. So the root reaches
+/// every rank exactly once, in at most ceil(log_k(size)) hops, and the ranks below a child
+/// are those whose relative number ends in the child's digits. k = 2 is the binomial tree.
+struct KnomialTree {
+    uint32_t size = 1;
+    uint32_t root = 0;
+    uint32_t k = 2;
+
+    /// The rank that sends to `rank` (none for the root).
+    [[nodiscard]] std::optional<uint32_t> parent(uint32_t rank) const;
+    /// The ranks `rank` sends to, the largest subtree first (the smallest k^j).
+    [[nodiscard]] std::vector<uint32_t> children(uint32_t rank) const;
+    /// Hops from the root to `rank`: the nonzero base-k digits of its relative number.
+    [[nodiscard]] unsigned depth(uint32_t rank) const;
+    /// The ranks in the subtree of `rank`, itself first.
+    [[nodiscard]] std::vector<uint32_t> subtree(uint32_t rank) const;
+    /// size >= 1, root < size, 2 <= k <= 64; what is wrong otherwise, naming the field.
+    [[nodiscard]] Result<void> check() const;
+};
+
+/// A rank a collective call got no answer from, and why.
+struct RankFailure {
+    uint32_t rank = 0;
+    Errc code = Errc::ok;
+    std::string message;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+        auto c = static_cast<uint16_t>(code);
+        ar(rank, c, message);
+        if constexpr (!Archive::encoding)
+            code = c <= uint16_t(kLastErrc) ? static_cast<Errc>(c) : Errc::internal;
+    }
+    friend bool operator==(const RankFailure&, const RankFailure&) = default;
+};
+
+/// What a collective call gathered from the ranks (Group::broadcast).
+template <class R>
+struct Collective {
+    /// Every answer combined with the procedure's reduction (none when no rank answered).
+    std::optional<R> value;
+    uint32_t answered = 0;            ///< ranks whose handler returned a value
+    std::vector<RankFailure> failed;  ///< the others, by rank
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(value, answered, failed);
+    }
+};
+
+/// How a collective call travels (Group::broadcast).
+struct CollectiveOptions {
+    /// A deadline for the whole tree: each rank gives the ranks it sends to seven eighths of
+    /// the time it has left, so their answers come back before its own deadline. 0: the
+    /// engine's default_timeout.
+    Duration timeout = Duration::zero();
+    uint32_t k = 2;  ///< the tree's radix (KnomialTree): 2 to 64
+};
+
+/// Ranks 0..N-1, each the address of an engine, seen from one engine of this process (which
+/// must outlive the group). Ranks are numbered once: a removed rank keeps its number (calls to
+/// it fail at once), an added one takes the next. Every change bumps version(). Endpoints are
+/// looked up on first use of a rank, so a group of many ranks costs only its address strings
+/// until it is used. A Group is a handle: copies share one membership. Thread-safe: any thread
+/// may read, call and change it.
+class Group {
+  public:
+    /// Ranks at `addresses`, in order (what Engine::lookup accepts: "tcp://10.0.0.7:7000").
+    /// self_rank() is the rank whose address is `engine`'s own, if one is. Throws
+    /// talaria::Exception (invalid_argument) for an empty list, an empty or a repeated address.
+    Group(Engine& engine, std::vector<std::string> addresses);
+    /// Non-throwing twin.
+    static Result<Group> make(Engine& engine, std::vector<std::string> addresses);
+    /// One address per line; blank lines and lines starting with '#' are skipped, as are
+    /// blanks around an address. Errors name the file and the line.
+    static Result<Group> from_file(Engine& engine, const std::string& path);
+
+    Group(const Group&) = default;
+    Group& operator=(const Group&) = default;
+    Group(Group&&) noexcept = default;
+    Group& operator=(Group&&) noexcept = default;
+    ~Group() = default;
+
+    /// Ranks ever numbered (removed ones included): the ranks are 0..size()-1.
+    [[nodiscard]] uint32_t size() const;
+    /// Ranks that are members now.
+    [[nodiscard]] std::vector<uint32_t> members() const;
+    [[nodiscard]] bool is_member(uint32_t rank) const;
+    /// Starts at 1; every remove() and add() adds one.
+    [[nodiscard]] uint64_t version() const;
+    /// This process's rank, where its engine's address is one of the group's.
+    [[nodiscard]] std::optional<uint32_t> self_rank() const;
+    /// The address of `rank` ("" past size()).
+    [[nodiscard]] std::string address(uint32_t rank) const;
+    /// The members, the version and this process's rank, read at one time.
+    struct View {
+        uint64_t version = 0;
+        std::vector<uint32_t> members;  ///< increasing
+        std::optional<uint32_t> self;
+    };
+    [[nodiscard]] View view() const;
+
+    /// The endpoint of `rank`, looked up on first use. Errors: out_of_range past size(),
+    /// disconnected for a removed rank (naming it and the version that removed it), and the
+    /// lookup's own error (naming the rank and its address).
+    Result<Endpoint> try_rank(uint32_t rank);
+    /// The same; throws talaria::Exception.
+    Endpoint rank(uint32_t rank);
+
+    /// Take `rank` out of the group; returns the new version. Errors: out_of_range,
+    /// invalid_argument for a rank already removed.
+    Result<uint64_t> remove(uint32_t rank);
+    /// A new rank at `address` (the next number); returns it. Errors: invalid_argument for an
+    /// empty address or one a member already has.
+    Result<uint32_t> add(std::string address);
+
+    // --- collective calls ----------------------------------------------------------------
+    /// Serve collective `name` on this rank: `handler(args...)` computes this rank's value, and
+    /// `reduce(a, b)` combines two values (it must be associative and commutative: answers
+    /// are combined in the order they arrive). Every rank of the group defines it, with the
+    /// same signature `Sig` = R(Args...), on the engine the group was made with. A call
+    /// arrives from the rank above this one in the tree: this rank sends it on to the ranks
+    /// below (KnomialTree over the members, in rank order), runs its handler, and answers with
+    /// the reduction of its own value and theirs, and the ranks that failed. A rank below that
+    /// cannot be reached, fails or runs out of time is named in `failed` with its error, and so
+    /// is every rank of its subtree (not reached, or reached with the answer lost). A handler
+    /// that throws names only its own rank.
+    template <class Sig, class H, class Reduce>
+    Result<void> try_define_collective(std::string_view name, H handler, Reduce reduce);
+    template <class Sig, class H, class Reduce>
+    void define_collective(std::string_view name, H handler, Reduce reduce) {
+        detail::value_or_throw(
+            try_define_collective<Sig>(name, std::move(handler), std::move(reduce)));
+    }
+    /// Call collective `name` on every member: sent to this process's rank (or, where it is not
+    /// a member, the first member), the root of the tree, which spreads it. The future holds
+    /// the reduction and the failed ranks; it fails only when the root cannot be reached or
+    /// refuses the call (another group version: every rank must see the same membership).
+    template <class Sig, class... A>
+    auto broadcast(std::string_view name, const A&... args) {
+        return broadcast<Sig>(CollectiveOptions{}, name, args...);
+    }
+    template <class Sig, class... A>
+    auto broadcast(const CollectiveOptions& opts, std::string_view name, const A&... args);
+
+    /// The name collective `name` is defined under on the wire.
+    [[nodiscard]] static std::string wire_name(std::string_view name) {
+        return "talaria.collective." + std::string(name);
+    }
+
+  private:
+    struct Impl;
+    template <class Sig>
+    friend struct detail::CollectiveCall;
+    explicit Group(std::shared_ptr<Impl> impl) noexcept;
+    [[nodiscard]] detail::EngineState* engine_state() const noexcept;
+    std::shared_ptr<Impl> impl_;
+};
+
+namespace detail {
+
+/// Group::define_collective and Group::broadcast for one signature.
+template <class R, class... Args>
+struct CollectiveCall<R(Args...)> {
+    static_assert(!std::is_void_v<R>,
+                  "talaria: a collective procedure returns a value (its reduction combines them)");
+    using Tuple = std::tuple<std::decay_t<Args>...>;
+    /// On the wire: the group version, the root rank, the radix, the arguments.
+    using WireSig = Collective<R>(uint64_t, uint32_t, uint32_t, Tuple);
+    using Reduce = std::function<R(const R&, const R&)>;
+
+    /// One rank's answer in the making: its own value and those of the ranks below it, sent
+    /// once every part is in. Parts arrive on the progress threads of the calls below.
+    struct Gather {
+        std::mutex mu;
+        Collective<R> acc;
+        unsigned pending = 0;
+        Request req;
+        Reduce reduce;
+        Gather(Request r, Reduce f) : req(std::move(r)), reduce(std::move(f)) {}
+
+        /// Combine `v` (from `ranks` ranks, the first of them `rank`), under mu.
+        void add_locked(uint32_t rank, uint32_t ranks, R&& v) {
+            try {
+                if (acc.value)
+                    acc.value = reduce(*acc.value, v);
+                else
+                    acc.value = std::move(v);
+                acc.answered += ranks;
+            } catch (const std::exception& e) {
+                acc.failed.push_back(
+                    {rank, Errc::internal,
+                     std::string("the collective's reduction threw: ") + e.what()});
+            } catch (...) {
+                acc.failed.push_back({rank, Errc::internal,
+                                      "the collective's reduction threw a non-standard exception"});
+            }
+        }
+        void local(uint32_t rank, R&& v) {
+            std::lock_guard g(mu);
+            add_locked(rank, 1, std::move(v));
+        }
+        void below(uint32_t rank, Collective<R>&& c) {
+            std::lock_guard g(mu);
+            if (c.value) add_locked(rank, c.answered, std::move(*c.value));
+            for (auto& f : c.failed)
+                acc.failed.push_back(std::move(f));
+        }
+        /// `head` failed with `code`: it and the ranks of its subtree are named.
+        void lost(const std::vector<uint32_t>& subtree, uint32_t head, Errc code,
+                  const std::string& why) {
+            std::lock_guard g(mu);
+            for (uint32_t r : subtree)
+                acc.failed.push_back(
+                    {r, code,
+                     r == head ? why
+                               : "rank " + std::to_string(head) +
+                                     ", which sends the call to this rank, failed: " + why});
+        }
+        void done() {
+            std::unique_lock g(mu);
+            if (--pending != 0) return;
+            std::sort(acc.failed.begin(), acc.failed.end(),
+                      [](const RankFailure& a, const RankFailure& b) { return a.rank < b.rank; });
+            Collective<R> out = std::move(acc);
+            g.unlock();
+            (void)req.try_respond(out);  // a caller gone: nothing to tell
+        }
+    };
+
+    static std::optional<uint32_t> position(const std::vector<uint32_t>& members, uint32_t r) {
+        auto it = std::lower_bound(members.begin(), members.end(), r);
+        if (it == members.end() || *it != r) return std::nullopt;
+        return uint32_t(it - members.begin());
+    }
+
+    template <class H>
+    static void serve(Group group, const std::string& name, const H& handler, const Reduce& reduce,
+                      Request req, uint64_t version, uint32_t root, uint32_t k, const Tuple& args) {
+        const Group::View v = group.view();
+        const std::string what = "collective '" + name + "'";
+        if (v.version != version) {
+            (void)req.try_respond_error(
+                Errc::invalid_state,
+                what + ": " + (v.self ? "rank " + std::to_string(*v.self) : "this engine") +
+                    " is at group version " + std::to_string(v.version) + ", the caller at " +
+                    std::to_string(version) + " (every rank must see the same membership)");
+            return;
+        }
+        const auto self_pos = v.self ? position(v.members, *v.self) : std::nullopt;
+        const auto root_pos = position(v.members, root);
+        const KnomialTree tree{uint32_t(v.members.size()), root_pos.value_or(0), k};
+        auto shape = tree.check();
+        if (!self_pos || !root_pos || !shape) {
+            (void)req.try_respond_error(
+                Errc::invalid_argument,
+                what + ": " +
+                    (!self_pos   ? std::string("this engine is not a member of its group")
+                     : !root_pos ? "the root rank " + std::to_string(root) + " is not a member"
+                                 : shape.error().message()));
+            return;
+        }
+        const uint32_t self = *v.self;
+        const auto below = tree.children(*self_pos);
+        auto st = std::make_shared<Gather>(std::move(req), reduce);
+        st->pending = unsigned(below.size()) + 1;
+        const TimePoint deadline = st->req.deadline();
+        EngineState* engine = group.engine_state();
+        const ProcInfo* info = proc_info(*engine, Group::wire_name(name));
+        for (uint32_t pos : below) {
+            const uint32_t rank = v.members[pos];
+            std::vector<uint32_t> subtree;
+            for (uint32_t p : tree.subtree(pos))
+                subtree.push_back(v.members[p]);
+            auto ep = group.try_rank(rank);
+            if (!ep) {
+                st->lost(subtree, rank, ep.code(), ep.error().message());
+                st->done();
+                continue;
+            }
+            auto call = Procedure<WireSig>(engine, info).on(*ep);
+            if (deadline != TimePoint::max()) {
+                // Seven eighths of what is left, so the answer is back before ours is due.
+                Duration left = deadline - Clock::now();
+                left -= left / 8;
+                call = call.timeout(std::max<Duration>(left, std::chrono::microseconds(1)));
+            }
+            call(version, root, k, args)
+                .then([st, subtree = std::move(subtree), rank](Result<Collective<R>>&& r) {
+                    if (r)
+                        st->below(rank, std::move(*r));
+                    else
+                        st->lost(subtree, rank, r.code(),
+                                 "rank " + std::to_string(rank) + ": " + r.error().message());
+                    st->done();
+                });
+        }
+        try {
+            st->local(self, std::apply(handler, args));
+        } catch (const std::exception& e) {
+            st->lost({self}, self, Errc::internal,
+                     "rank " + std::to_string(self) + ": the handler of " + what +
+                         " threw: " + e.what());
+        } catch (...) {
+            st->lost({self}, self, Errc::internal,
+                     "rank " + std::to_string(self) + ": the handler of " + what +
+                         " threw a non-standard exception");
+        }
+        st->done();
+    }
+
+    template <class H, class F>
+    static Result<void> define(Group& group, std::string_view name, H handler, F reduce) {
+        static_assert(std::is_invocable_r_v<R, const H&, const std::decay_t<Args>&...>,
+                      "talaria: a collective's handler takes the procedure's arguments and "
+                      "returns its result type");
+        static_assert(std::is_invocable_r_v<R, const F&, const R&, const R&>,
+                      "talaria: a collective's reduction combines two results into one: "
+                      "R reduce(const R&, const R&)");
+        auto h = std::make_shared<const H>(std::move(handler));
+        auto red = std::make_shared<const Reduce>(Reduce(std::move(reduce)));
+        auto fn = [group, n = std::string(name), h, red](Request req, uint64_t version,
+                                                         uint32_t root, uint32_t k, Tuple args) {
+            serve(group, n, *h, *red, std::move(req), version, root, k, args);
+        };
+        using Fn = decltype(fn);
+        return define_params<Fn, void>(*group.engine_state(), Group::wire_name(name), 0, nullptr,
+                                       std::move(fn), typename FnTraits<Fn>::Params{});
+    }
+
+    template <class... A>
+    static Future<Collective<R>> call(Group& group, const CollectiveOptions& opts,
+                                      std::string_view name, const A&... args) {
+        const Group::View v = group.view();
+        if (auto shape = KnomialTree{2, 0, opts.k}.check(); !shape)
+            return Future<Collective<R>>::ready_with(std::move(shape).error());
+        if (v.members.empty())
+            return Future<Collective<R>>::ready_with(
+                Error{Errc::invalid_state,
+                      "collective '" + std::string(name) + "': the group has no member left"});
+        const uint32_t root = v.self ? *v.self : v.members.front();
+        auto ep = group.try_rank(root);
+        if (!ep)
+            return Future<Collective<R>>::ready_with(
+                Error{ep.code(),
+                      "collective '" + std::string(name) + "': its root, " + ep.error().message()});
+        EngineState* engine = group.engine_state();
+        auto p = Procedure<WireSig>(engine, proc_info(*engine, Group::wire_name(name))).on(*ep);
+        if (opts.timeout > Duration::zero()) p = p.timeout(opts.timeout);
+        return p(v.version, root, opts.k, Tuple(args...));
+    }
+};
+
+}  // namespace detail
+
+template <class Sig, class H, class Reduce>
+Result<void> Group::try_define_collective(std::string_view name, H handler, Reduce reduce) {
+    return detail::CollectiveCall<Sig>::define(*this, name, std::move(handler), std::move(reduce));
+}
+
+template <class Sig, class... A>
+auto Group::broadcast(const CollectiveOptions& opts, std::string_view name, const A&... args) {
+    return detail::CollectiveCall<Sig>::call(*this, opts, name, args...);
+}
+
+}  // namespace talaria
+
+#pragma GCC visibility pop

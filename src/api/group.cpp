@@ -1,0 +1,272 @@
+// Groups of ranks and k-nomial trees (include/talaria/api/group.hpp).
+#include "talaria/api/group.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <mutex>
+#include <utility>
+
+#include "api/state_access.hpp"
+#include "talaria/api/engine.hpp"
+#include "talaria/api/error.hpp"
+
+namespace talaria {
+
+// --- KnomialTree ------------------------------------------------------------------------------
+
+namespace {
+
+/// k^n for the first n with k^n > v: the place of v's next digit (1 for v = 0).
+uint64_t next_place(uint64_t v, uint64_t k) noexcept {
+    uint64_t p = 1;
+    while (p <= v)
+        p *= k;
+    return p;
+}
+
+}  // namespace
+
+Result<void> KnomialTree::check() const {
+    if (size == 0) return Error{Errc::invalid_argument, "KnomialTree: size is 0 (at least 1 rank)"};
+    if (root >= size)
+        return Error{
+            Errc::invalid_argument,
+            fmt::format("KnomialTree: root {} is not a rank of {} (0..{})", root, size, size - 1)};
+    if (k < 2 || k > 64)
+        return Error{Errc::invalid_argument,
+                     fmt::format("KnomialTree: k = {} (the radix is 2 to 64; 2 is binomial)", k)};
+    return ok();
+}
+
+std::optional<uint32_t> KnomialTree::parent(uint32_t rank) const {
+    const uint64_t v = (uint64_t(rank) + size - root) % size;
+    if (v == 0) return std::nullopt;
+    const uint64_t place = next_place(v, k) / k;  // of v's most significant digit
+    const uint64_t up = v - (v / place) * place;  // that digit cleared
+    return uint32_t((up + root) % size);
+}
+
+std::vector<uint32_t> KnomialTree::children(uint32_t rank) const {
+    const uint64_t v = (uint64_t(rank) + size - root) % size;
+    std::vector<uint32_t> out;
+    // v + c k^j for k^j at or above v's digits, in increasing order: the child at the smallest
+    // place heads the largest subtree (every rank ending in its digits), so its sends, which
+    // take the most hops, start first.
+    for (uint64_t p = next_place(v, k); v + p < size; p *= k)
+        for (uint64_t c = 1; c < k && v + c * p < size; ++c)
+            out.push_back(uint32_t((v + c * p + root) % size));
+    return out;
+}
+
+unsigned KnomialTree::depth(uint32_t rank) const {
+    uint64_t v = (uint64_t(rank) + size - root) % size;
+    unsigned d = 0;
+    for (; v != 0; v /= k)
+        d += (v % k) != 0;
+    return d;
+}
+
+std::vector<uint32_t> KnomialTree::subtree(uint32_t rank) const {
+    std::vector<uint32_t> out{rank};
+    for (std::size_t i = 0; i < out.size(); ++i)
+        for (uint32_t c : children(out[i]))
+            out.push_back(c);
+    return out;
+}
+
+// --- Group ------------------------------------------------------------------------------------
+
+struct Group::Impl {
+    detail::EngineState* engine = nullptr;
+    std::string self_address;
+
+    struct Rank {
+        std::string address;
+        bool member = true;
+        uint64_t removed_in = 0;  ///< the version its removal made
+        Endpoint ep;              ///< looked up on first use
+    };
+    mutable std::mutex mu;
+    std::vector<Rank> ranks;  // under mu
+    uint64_t version = 1;     // under mu
+
+    [[nodiscard]] bool member_address_locked(std::string_view a) const {
+        return std::any_of(ranks.begin(), ranks.end(),
+                           [&](const Rank& r) { return r.member && r.address == a; });
+    }
+};
+
+Group::Group(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+
+detail::EngineState* Group::engine_state() const noexcept {
+    return impl_->engine;
+}
+
+Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses) {
+    if (addresses.empty())
+        return Error{Errc::invalid_argument, "Group: no addresses (a group has at least 1 rank)"};
+    auto impl = std::make_shared<Impl>();
+    impl->engine = engine.self().engine();
+    impl->self_address = engine.self_address();
+    impl->ranks.reserve(addresses.size());
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+        if (addresses[i].empty())
+            return Error{Errc::invalid_argument,
+                         fmt::format("Group: the address of rank {} is empty", i)};
+        if (impl->member_address_locked(addresses[i])) {
+            std::size_t first = 0;
+            while (impl->ranks[first].address != addresses[i])
+                ++first;
+            return Error{Errc::invalid_argument,
+                         fmt::format("Group: ranks {} and {} have the same address {} (one "
+                                     "engine is one rank)",
+                                     first, i, addresses[i])};
+        }
+        impl->ranks.push_back(Impl::Rank{std::move(addresses[i]), true, 0, Endpoint{}});
+    }
+    return Group(std::move(impl));
+}
+
+Group::Group(Engine& engine, std::vector<std::string> addresses)
+    : Group(detail::value_or_throw(make(engine, std::move(addresses)))) {}
+
+Result<Group> Group::from_file(Engine& engine, const std::string& path) {
+    std::ifstream in(path);
+    if (!in)
+        return Error{Errc::not_found,
+                     fmt::format("Group::from_file: cannot read {} (does it exist, and may this "
+                                 "process read it?)",
+                                 path)};
+    std::vector<std::string> addresses;
+    std::string line;
+    while (std::getline(in, line)) {
+        const auto b = line.find_first_not_of(" \t\r");
+        if (b == std::string::npos || line[b] == '#') continue;
+        const auto e = line.find_last_not_of(" \t\r");
+        addresses.push_back(line.substr(b, e - b + 1));
+    }
+    if (addresses.empty())
+        return Error{Errc::invalid_argument,
+                     fmt::format("Group::from_file: {} names no address (one per line; '#' "
+                                 "starts a comment)",
+                                 path)};
+    auto g = make(engine, std::move(addresses));
+    if (!g)
+        return Error{g.code(), fmt::format("Group::from_file: {}: {}", path, g.error().message())};
+    return g;
+}
+
+uint32_t Group::size() const {
+    std::lock_guard g(impl_->mu);
+    return uint32_t(impl_->ranks.size());
+}
+
+std::vector<uint32_t> Group::members() const {
+    std::lock_guard g(impl_->mu);
+    std::vector<uint32_t> out;
+    for (uint32_t r = 0; r < impl_->ranks.size(); ++r)
+        if (impl_->ranks[r].member) out.push_back(r);
+    return out;
+}
+
+bool Group::is_member(uint32_t rank) const {
+    std::lock_guard g(impl_->mu);
+    return rank < impl_->ranks.size() && impl_->ranks[rank].member;
+}
+
+uint64_t Group::version() const {
+    std::lock_guard g(impl_->mu);
+    return impl_->version;
+}
+
+std::optional<uint32_t> Group::self_rank() const {
+    std::lock_guard g(impl_->mu);
+    for (uint32_t r = 0; r < impl_->ranks.size(); ++r)
+        if (impl_->ranks[r].member && impl_->ranks[r].address == impl_->self_address) return r;
+    return std::nullopt;
+}
+
+std::string Group::address(uint32_t rank) const {
+    std::lock_guard g(impl_->mu);
+    return rank < impl_->ranks.size() ? impl_->ranks[rank].address : std::string();
+}
+
+Group::View Group::view() const {
+    std::lock_guard g(impl_->mu);
+    View v;
+    v.version = impl_->version;
+    for (uint32_t r = 0; r < impl_->ranks.size(); ++r) {
+        if (!impl_->ranks[r].member) continue;
+        v.members.push_back(r);
+        if (impl_->ranks[r].address == impl_->self_address) v.self = r;
+    }
+    return v;
+}
+
+Result<Endpoint> Group::try_rank(uint32_t rank) {
+    std::string address;
+    {
+        std::lock_guard g(impl_->mu);
+        if (rank >= impl_->ranks.size())
+            return Error{Errc::out_of_range,
+                         fmt::format("Group: no rank {} (the group has ranks 0..{})", rank,
+                                     impl_->ranks.size() - 1)};
+        const Impl::Rank& r = impl_->ranks[rank];
+        if (!r.member)
+            return Error{Errc::disconnected,
+                         fmt::format("Group: rank {} ({}) was removed from the group (version "
+                                     "{}; the group is at version {})",
+                                     rank, r.address, r.removed_in, impl_->version)};
+        if (r.ep.valid()) return r.ep;
+        address = r.address;
+    }
+    // Without the lock: a lookup may resolve a name or open a connection.
+    auto ep = detail::lookup_through(impl_->engine, address);
+    if (!ep)
+        return Error{ep.code(),
+                     fmt::format("Group: rank {} at {}: {}", rank, address, ep.error().message())};
+    std::lock_guard g(impl_->mu);
+    Impl::Rank& r = impl_->ranks[rank];
+    if (!r.member)
+        return Error{Errc::disconnected,
+                     fmt::format("Group: rank {} ({}) was removed from the group (version {})",
+                                 rank, r.address, r.removed_in)};
+    if (!r.ep.valid()) r.ep = *ep;
+    return r.ep;
+}
+
+Endpoint Group::rank(uint32_t rank) {
+    return detail::value_or_throw(try_rank(rank));
+}
+
+Result<uint64_t> Group::remove(uint32_t rank) {
+    std::lock_guard g(impl_->mu);
+    if (rank >= impl_->ranks.size())
+        return Error{Errc::out_of_range,
+                     fmt::format("Group::remove: no rank {} (the group has ranks 0..{})", rank,
+                                 impl_->ranks.size() - 1)};
+    Impl::Rank& r = impl_->ranks[rank];
+    if (!r.member)
+        return Error{Errc::invalid_argument,
+                     fmt::format("Group::remove: rank {} was already removed (version {})", rank,
+                                 r.removed_in)};
+    r.member = false;
+    r.removed_in = ++impl_->version;
+    r.ep = Endpoint{};
+    return impl_->version;
+}
+
+Result<uint32_t> Group::add(std::string address) {
+    if (address.empty()) return Error{Errc::invalid_argument, "Group::add: an empty address"};
+    std::lock_guard g(impl_->mu);
+    if (impl_->member_address_locked(address))
+        return Error{Errc::invalid_argument,
+                     fmt::format("Group::add: {} is already a member's address", address)};
+    impl_->ranks.push_back(Impl::Rank{std::move(address), true, 0, Endpoint{}});
+    ++impl_->version;
+    return uint32_t(impl_->ranks.size() - 1);
+}
+
+}  // namespace talaria

@@ -1,0 +1,15 @@
+// What the API's other files ask of an engine's state (engine.cpp), where they keep the
+// state an Endpoint names instead of an Engine (which may move).
+#pragma once
+
+#include <string_view>
+
+#include "talaria/api/endpoint.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria::detail {
+
+/// Engine::try_lookup through `state`.
+Result<Endpoint> lookup_through(EngineState* state, std::string_view address);
+
+}  // namespace talaria::detail

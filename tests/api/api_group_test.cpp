@@ -1,0 +1,339 @@
+// Issue 13: groups of ranks (talaria::Group) and the k-nomial trees collective calls travel
+// (talaria::KnomialTree).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "api_fixture.hpp"
+
+namespace talaria::api_test {
+namespace {
+
+/// ceil(log_k(n)) for n >= 1, in integers.
+unsigned ceil_log(uint32_t n, uint32_t k) {
+    unsigned d = 0;
+    for (uint64_t p = 1; p < n; p *= k)
+        ++d;
+    return d;
+}
+
+TEST(KnomialTree, EveryRankIsReachedOnceWithinCeilLogKHops) {
+    for (uint32_t k : {2u, 3u, 4u, 8u}) {
+        for (uint32_t size = 1; size <= 70; ++size) {
+            for (uint32_t root : {0u, size / 2, size - 1}) {
+                const KnomialTree t{size, root, k};
+                ASSERT_TRUE(t.check());
+                SCOPED_TRACE(::testing::Message()
+                             << "k " << k << " size " << size << " root " << root);
+                std::vector<int> seen(size, 0);
+                std::vector<uint32_t> todo{root};
+                seen[root] = 1;
+                EXPECT_FALSE(t.parent(root).has_value());
+                EXPECT_EQ(t.depth(root), 0u);
+                unsigned deepest = 0;
+                while (!todo.empty()) {
+                    const uint32_t r = todo.back();
+                    todo.pop_back();
+                    const auto kids = t.children(r);
+                    EXPECT_LE(kids.size(), std::size_t(k - 1) * (ceil_log(size, k) + 1));
+                    for (uint32_t c : kids) {
+                        ASSERT_LT(c, size);
+                        ASSERT_EQ(seen[c], 0) << "rank " << c << " reached twice";
+                        seen[c] = 1;
+                        ASSERT_EQ(t.parent(c), std::optional<uint32_t>(r));
+                        ASSERT_EQ(t.depth(c), t.depth(r) + 1);
+                        deepest = std::max(deepest, t.depth(c));
+                        todo.push_back(c);
+                    }
+                }
+                for (uint32_t r = 0; r < size; ++r)
+                    EXPECT_EQ(seen[r], 1) << "rank " << r << " never reached";
+                EXPECT_LE(deepest, ceil_log(size, k));
+            }
+        }
+    }
+}
+
+TEST(KnomialTree, BinomialChildrenAndSubtrees) {
+    const KnomialTree t{8, 0, 2};
+    // The largest subtree first: 1 heads the odd ranks (4), 2 heads {2, 6}, 4 is a leaf.
+    EXPECT_EQ(t.children(0), (std::vector<uint32_t>{1, 2, 4}));
+    EXPECT_EQ(t.children(1), (std::vector<uint32_t>{3, 5}));
+    EXPECT_EQ(t.children(2), (std::vector<uint32_t>{6}));
+    EXPECT_EQ(t.children(7), std::vector<uint32_t>{});
+    EXPECT_EQ(t.subtree(1), (std::vector<uint32_t>{1, 3, 5, 7}));
+    EXPECT_EQ(t.subtree(4), (std::vector<uint32_t>{4}));
+    EXPECT_EQ(t.parent(7), std::optional<uint32_t>(3));
+    EXPECT_EQ(t.parent(6), std::optional<uint32_t>(2));
+    EXPECT_EQ(t.depth(7), 3u);
+    // Rooted elsewhere, the same shape over relative ranks.
+    const KnomialTree r{8, 5, 2};
+    EXPECT_EQ(r.children(5), (std::vector<uint32_t>{6, 7, 1}));
+    EXPECT_EQ(r.parent(4), std::optional<uint32_t>(0));  // relative 7 -> 3
+    // Radix 4 over 16 ranks: two hops at most.
+    const KnomialTree q{16, 0, 4};
+    EXPECT_EQ(q.children(0), (std::vector<uint32_t>{1, 2, 3, 4, 8, 12}));
+    EXPECT_EQ(q.children(1), (std::vector<uint32_t>{5, 9, 13}));
+    EXPECT_EQ(q.children(5), std::vector<uint32_t>{});
+    EXPECT_EQ(q.depth(15), 2u);
+}
+
+TEST(KnomialTree, CheckNamesWhatIsWrong) {
+    EXPECT_EQ((KnomialTree{0, 0, 2}.check().code()), Errc::invalid_argument);
+    auto root = KnomialTree{4, 4, 2}.check();
+    ASSERT_FALSE(root);
+    EXPECT_NE(root.error().message().find("root 4"), std::string::npos) << root.error().message();
+    auto radix = KnomialTree{4, 0, 1}.check();
+    ASSERT_FALSE(radix);
+    EXPECT_NE(radix.error().message().find("k = 1"), std::string::npos);
+}
+
+/// Three servers that answer their own index, and a client.
+struct Ranks {
+    std::vector<std::unique_ptr<Engine>> servers;
+    std::vector<std::string> addresses;
+    Engine client{"tcp://127.0.0.1:0"};
+    explicit Ranks(int n) {
+        for (int i = 0; i < n; ++i) {
+            servers.push_back(std::make_unique<Engine>("tcp://127.0.0.1:0", listen));
+            servers.back()->define("whoami", [i]() { return i; });
+            addresses.push_back(servers.back()->self_address());
+        }
+    }
+};
+
+TEST(Group, RanksAreTheAddressesInOrder) {
+    Ranks ranks(3);
+    Group g(ranks.client, ranks.addresses);
+    EXPECT_EQ(g.size(), 3u);
+    EXPECT_EQ(g.version(), 1u);
+    EXPECT_EQ(g.members(), (std::vector<uint32_t>{0, 1, 2}));
+    EXPECT_FALSE(g.self_rank().has_value()) << "the client is not one of the ranks";
+    for (uint32_t r = 0; r < 3; ++r) {
+        EXPECT_EQ(g.address(r), ranks.addresses[r]);
+        auto who = ranks.client.remote<int()>("whoami").on(g.rank(r));
+        EXPECT_EQ(value_within(who()), int(r));
+    }
+    EXPECT_EQ(g.rank(1), g.rank(1)) << "looked up once";
+    // A server's own group knows its rank.
+    Group seen_by_1(*ranks.servers[1], ranks.addresses);
+    EXPECT_EQ(seen_by_1.self_rank(), std::optional<uint32_t>(1));
+}
+
+TEST(Group, RemovedRanksFailAtOnceAndChangesBumpTheVersion) {
+    Ranks ranks(3);
+    Group g(ranks.client, ranks.addresses);
+    auto v = g.remove(1);
+    ASSERT_TRUE(v);
+    EXPECT_EQ(*v, 2u);
+    EXPECT_EQ(g.version(), 2u);
+    EXPECT_FALSE(g.is_member(1));
+    EXPECT_EQ(g.members(), (std::vector<uint32_t>{0, 2}));
+    auto gone = g.try_rank(1);
+    ASSERT_FALSE(gone);
+    EXPECT_EQ(gone.code(), Errc::disconnected);
+    EXPECT_NE(gone.error().message().find("rank 1"), std::string::npos) << gone.error().message();
+    EXPECT_THROW(g.rank(1), Exception);
+    EXPECT_EQ(g.remove(1).code(), Errc::invalid_argument) << "removed twice";
+    EXPECT_EQ(g.remove(9).code(), Errc::out_of_range);
+    EXPECT_EQ(g.try_rank(3).code(), Errc::out_of_range);
+
+    // The same engine joins again under a new number.
+    auto added = g.add(ranks.addresses[1]);
+    ASSERT_TRUE(added);
+    EXPECT_EQ(*added, 3u);
+    EXPECT_EQ(g.version(), 3u);
+    EXPECT_EQ(g.size(), 4u);
+    auto who = ranks.client.remote<int()>("whoami").on(g.rank(3));
+    EXPECT_EQ(value_within(who()), 1);
+    EXPECT_EQ(g.add(ranks.addresses[0]).code(), Errc::invalid_argument) << "a member's address";
+    EXPECT_EQ(g.add("").code(), Errc::invalid_argument);
+}
+
+TEST(Group, BadListsAreRefusedWithTheReason) {
+    Engine e("tcp://127.0.0.1:0");
+    auto none = Group::make(e, {});
+    ASSERT_FALSE(none);
+    EXPECT_EQ(none.code(), Errc::invalid_argument);
+    auto twice =
+        Group::make(e, {"tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001", "tcp://127.0.0.1:7000"});
+    ASSERT_FALSE(twice);
+    EXPECT_NE(twice.error().message().find("ranks 0 and 2"), std::string::npos)
+        << twice.error().message();
+    EXPECT_THROW((void)Group(e, {""}), Exception);
+    // A rank nobody listens at fails when it is used, naming the rank and its address.
+    Group g(e, {"tcp://127.0.0.1:1"});
+    auto r = g.try_rank(0);
+    if (r) {
+        auto call = e.remote<int()>("whoami").on(*r);
+        EXPECT_FALSE(result_within(call()));
+    } else {
+        EXPECT_NE(r.error().message().find("rank 0 at tcp://127.0.0.1:1"), std::string::npos)
+            << r.error().message();
+    }
+}
+
+TEST(Group, FromAFileOfAddresses) {
+    Ranks ranks(2);
+    const std::string path =
+        ::testing::TempDir() + "talaria_group_" + std::to_string(::getpid()) + ".txt";
+    {
+        std::ofstream f(path);
+        f << "# the servers of this job\n\n  " << ranks.addresses[0] << "  \r\n"
+          << ranks.addresses[1] << "\n";
+    }
+    auto g = Group::from_file(ranks.client, path);
+    ASSERT_TRUE(g) << g.error().message();
+    EXPECT_EQ(g->size(), 2u);
+    EXPECT_EQ(g->address(0), ranks.addresses[0]);
+    auto who = ranks.client.remote<int()>("whoami").on(g->rank(1));
+    EXPECT_EQ(value_within(who()), 1);
+    std::remove(path.c_str());
+
+    auto missing = Group::from_file(ranks.client, path);
+    ASSERT_FALSE(missing);
+    EXPECT_NE(missing.error().message().find(path), std::string::npos);
+    {
+        std::ofstream f(path);
+        f << "# nothing\n";
+    }
+    auto empty = Group::from_file(ranks.client, path);
+    ASSERT_FALSE(empty);
+    EXPECT_EQ(empty.code(), Errc::invalid_argument);
+    std::remove(path.c_str());
+}
+
+/// N ranks, each with its group and collective "sum": rank r answers 10 r + x.
+struct Cluster {
+    Ranks ranks;
+    std::vector<std::optional<Group>> groups;  // each rank's own view
+    explicit Cluster(int n, int throws_at = -1) : ranks(n) {
+        for (int i = 0; i < n; ++i) {
+            groups.emplace_back(std::in_place, *ranks.servers[std::size_t(i)], ranks.addresses);
+            groups.back()->define_collective<uint64_t(uint32_t)>(
+                "sum",
+                [i, throws_at](uint32_t x) -> uint64_t {
+                    if (i == throws_at) throw std::runtime_error("rank refuses");
+                    return uint64_t(10 * i) + x;
+                },
+                [](const uint64_t& a, const uint64_t& b) { return a + b; });
+        }
+    }
+    /// Rank `i` dies (its group goes first: a group must not outlive its engine).
+    void kill(std::size_t i) {
+        groups[i].reset();
+        ranks.servers[i].reset();
+    }
+    static uint64_t expected(const std::vector<int>& answering, uint32_t x) {
+        uint64_t s = 0;
+        for (int r : answering)
+            s += uint64_t(10 * r) + x;
+        return s;
+    }
+};
+
+std::vector<uint32_t> ranks_of(const std::vector<RankFailure>& f) {
+    std::vector<uint32_t> out;
+    for (const auto& x : f)
+        out.push_back(x.rank);
+    return out;
+}
+
+TEST(Collective, BroadcastReducesOverEveryRank) {
+    Cluster c(6);
+    Group from_client(c.ranks.client, c.ranks.addresses);
+    for (uint32_t k : {2u, 3u, 8u}) {
+        CollectiveOptions o;
+        o.k = k;
+        o.timeout = 10s;
+        auto r = value_within(from_client.broadcast<uint64_t(uint32_t)>(o, "sum", 7u));
+        ASSERT_TRUE(r.value.has_value()) << "k " << k;
+        EXPECT_EQ(*r.value, Cluster::expected({0, 1, 2, 3, 4, 5}, 7)) << "k " << k;
+        EXPECT_EQ(r.answered, 6u);
+        EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
+    }
+    // From a member: it is the root.
+    auto r = value_within(c.groups[3]->broadcast<uint64_t(uint32_t)>("sum", 1u));
+    EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 1, 2, 3, 4, 5}, 1)));
+    EXPECT_EQ(r.answered, 6u);
+}
+
+TEST(Collective, ADeadRankIsNamedWithItsSubtreeAndTheOthersAnswer) {
+    Cluster c(6);
+    Group from_client(c.ranks.client, c.ranks.addresses);
+    CollectiveOptions o;
+    o.timeout = 10s;
+    // Binomial from rank 0: 0 -> 1, 2, 4 and 1 -> 3, 5: rank 5 is a leaf under 1, and 1 heads
+    // {1, 3, 5}.
+    ASSERT_EQ((KnomialTree{6, 0, 2}.subtree(1)), (std::vector<uint32_t>{1, 3, 5}));
+    c.kill(5);  // a leaf dies
+    auto leaf = value_within(from_client.broadcast<uint64_t(uint32_t)>(o, "sum", 2u));
+    EXPECT_EQ(ranks_of(leaf.failed), (std::vector<uint32_t>{5}));
+    EXPECT_EQ(leaf.answered, 5u);
+    EXPECT_EQ(leaf.value, std::optional<uint64_t>(Cluster::expected({0, 1, 2, 3, 4}, 2)));
+    EXPECT_NE(leaf.failed[0].message.find("rank 5"), std::string::npos) << leaf.failed[0].message;
+
+    c.kill(1);  // a rank that sends on dies: its subtree is not reached
+    auto mid = value_within(from_client.broadcast<uint64_t(uint32_t)>(o, "sum", 2u));
+    EXPECT_EQ(ranks_of(mid.failed), (std::vector<uint32_t>{1, 3, 5}));
+    EXPECT_EQ(mid.answered, 3u);
+    EXPECT_EQ(mid.value, std::optional<uint64_t>(Cluster::expected({0, 2, 4}, 2)));
+    for (const auto& f : mid.failed)
+        EXPECT_NE(f.message.find("rank 1"), std::string::npos) << f.message;
+}
+
+TEST(Collective, AThrowingHandlerNamesOnlyItsRank) {
+    Cluster c(5, /*throws_at=*/1);
+    Group from_client(c.ranks.client, c.ranks.addresses);
+    auto r = value_within(from_client.broadcast<uint64_t(uint32_t)>("sum", 0u));
+    ASSERT_EQ(r.failed.size(), 1u);
+    EXPECT_EQ(r.failed[0].rank, 1u);
+    EXPECT_EQ(r.failed[0].code, Errc::internal);
+    EXPECT_NE(r.failed[0].message.find("rank refuses"), std::string::npos) << r.failed[0].message;
+    EXPECT_EQ(r.answered, 4u) << "rank 1's subtree still answered";
+    EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 2, 3, 4}, 0)));
+}
+
+TEST(Collective, ARankAtAnotherVersionRefusesAndIsNamed) {
+    Cluster c(4);
+    Group from_client(c.ranks.client, c.ranks.addresses);
+    // Rank 2 alone has seen rank 3 leave and come back: version 3, the others 1.
+    ASSERT_TRUE(c.groups[2]->remove(3));
+    ASSERT_TRUE(c.groups[2]->add(c.ranks.addresses[3]));
+    auto r = value_within(from_client.broadcast<uint64_t(uint32_t)>("sum", 0u));
+    // Binomial from 0: 0 -> 1, 2; 1 -> 3. Rank 2 refuses; 3 is below 1 and answers.
+    ASSERT_EQ(ranks_of(r.failed), (std::vector<uint32_t>{2}));
+    EXPECT_EQ(r.failed[0].code, Errc::invalid_state);
+    EXPECT_NE(r.failed[0].message.find("version 3"), std::string::npos) << r.failed[0].message;
+    EXPECT_EQ(r.answered, 3u);
+    // The root refusing fails the whole call.
+    Group stale(c.ranks.client, c.ranks.addresses);
+    ASSERT_TRUE(stale.remove(3));
+    auto refused = result_within(stale.broadcast<uint64_t(uint32_t)>("sum", 0u));
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.code(), Errc::invalid_state);
+}
+
+TEST(Collective, RemovedRanksAreLeftOutOfTheTree) {
+    Cluster c(5);
+    for (auto& g : c.groups)
+        ASSERT_TRUE(g->remove(2));
+    c.kill(2);
+    Group from_client(c.ranks.client, c.ranks.addresses);
+    ASSERT_TRUE(from_client.remove(2));
+    auto r = value_within(from_client.broadcast<uint64_t(uint32_t)>("sum", 0u));
+    EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
+    EXPECT_EQ(r.answered, 4u);
+    EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 1, 3, 4}, 0)));
+}
+
+}  // namespace
+}  // namespace talaria::api_test
