@@ -41,6 +41,7 @@ Result<void> KnomialTree::check() const {
 }
 
 std::optional<uint32_t> KnomialTree::parent(uint32_t rank) const {
+    if (!valid()) return std::nullopt;
     const uint64_t v = (uint64_t(rank) + size - root) % size;
     if (v == 0) return std::nullopt;
     const uint64_t place = next_place(v, k) / k;  // of v's most significant digit
@@ -49,6 +50,7 @@ std::optional<uint32_t> KnomialTree::parent(uint32_t rank) const {
 }
 
 std::vector<uint32_t> KnomialTree::children(uint32_t rank) const {
+    if (!valid()) return {};
     const uint64_t v = (uint64_t(rank) + size - root) % size;
     std::vector<uint32_t> out;
     // v + c k^j for k^j at or above v's digits, in increasing order: the child at the smallest
@@ -61,6 +63,7 @@ std::vector<uint32_t> KnomialTree::children(uint32_t rank) const {
 }
 
 unsigned KnomialTree::depth(uint32_t rank) const {
+    if (!valid()) return 0;
     uint64_t v = (uint64_t(rank) + size - root) % size;
     unsigned d = 0;
     for (; v != 0; v /= k)
@@ -69,6 +72,7 @@ unsigned KnomialTree::depth(uint32_t rank) const {
 }
 
 std::vector<uint32_t> KnomialTree::subtree(uint32_t rank) const {
+    if (!valid() || rank >= size) return {};
     std::vector<uint32_t> out{rank};
     for (std::size_t i = 0; i < out.size(); ++i)
         for (uint32_t c : children(out[i]))
@@ -81,6 +85,7 @@ std::vector<uint32_t> KnomialTree::subtree(uint32_t rank) const {
 struct Group::Impl {
     detail::EngineState* engine = nullptr;
     std::string self_address;
+    std::optional<uint32_t> self;  ///< given to make(); else found by self_address
 
     struct Rank {
         std::string address;
@@ -104,10 +109,16 @@ detail::EngineState* Group::engine_state() const noexcept {
     return impl_->engine;
 }
 
-Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses) {
+Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses,
+                          std::optional<uint32_t> self) {
     if (addresses.empty())
         return Error{Errc::invalid_argument, "Group: no addresses (a group has at least 1 rank)"};
+    if (self && *self >= addresses.size())
+        return Error{Errc::invalid_argument,
+                     fmt::format("Group: this process's rank {} is not one of the {} listed", *self,
+                                 addresses.size())};
     auto impl = std::make_shared<Impl>();
+    impl->self = self;
     impl->engine = engine.self().engine();
     impl->self_address = engine.self_address();
     impl->ranks.reserve(addresses.size());
@@ -129,10 +140,11 @@ Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses) {
     return Group(std::move(impl));
 }
 
-Group::Group(Engine& engine, std::vector<std::string> addresses)
-    : Group(detail::value_or_throw(make(engine, std::move(addresses)))) {}
+Group::Group(Engine& engine, std::vector<std::string> addresses, std::optional<uint32_t> self)
+    : Group(detail::value_or_throw(make(engine, std::move(addresses), self))) {}
 
-Result<Group> Group::from_file(Engine& engine, const std::string& path) {
+Result<Group> Group::from_file(Engine& engine, const std::string& path,
+                               std::optional<uint32_t> self) {
     std::ifstream in(path);
     if (!in)
         return Error{Errc::not_found,
@@ -140,19 +152,28 @@ Result<Group> Group::from_file(Engine& engine, const std::string& path) {
                                  "process read it?)",
                                  path)};
     std::vector<std::string> addresses;
+    std::vector<unsigned> lines;  // of each address, for errors
     std::string line;
-    while (std::getline(in, line)) {
+    for (unsigned n = 1; std::getline(in, line); ++n) {
         const auto b = line.find_first_not_of(" \t\r");
         if (b == std::string::npos || line[b] == '#') continue;
         const auto e = line.find_last_not_of(" \t\r");
-        addresses.push_back(line.substr(b, e - b + 1));
+        std::string a = line.substr(b, e - b + 1);
+        for (std::size_t i = 0; i < addresses.size(); ++i)
+            if (addresses[i] == a)
+                return Error{Errc::invalid_argument,
+                             fmt::format("Group::from_file: {}:{}: {} is already rank {} (line "
+                                         "{}): one engine is one rank",
+                                         path, n, a, i, lines[i])};
+        addresses.push_back(std::move(a));
+        lines.push_back(n);
     }
     if (addresses.empty())
         return Error{Errc::invalid_argument,
                      fmt::format("Group::from_file: {} names no address (one per line; '#' "
                                  "starts a comment)",
                                  path)};
-    auto g = make(engine, std::move(addresses));
+    auto g = make(engine, std::move(addresses), self);
     if (!g)
         return Error{g.code(), fmt::format("Group::from_file: {}: {}", path, g.error().message())};
     return g;
@@ -182,10 +203,7 @@ uint64_t Group::version() const {
 }
 
 std::optional<uint32_t> Group::self_rank() const {
-    std::lock_guard g(impl_->mu);
-    for (uint32_t r = 0; r < impl_->ranks.size(); ++r)
-        if (impl_->ranks[r].member && impl_->ranks[r].address == impl_->self_address) return r;
-    return std::nullopt;
+    return view().self;
 }
 
 std::string Group::address(uint32_t rank) const {
@@ -200,7 +218,8 @@ Group::View Group::view() const {
     for (uint32_t r = 0; r < impl_->ranks.size(); ++r) {
         if (!impl_->ranks[r].member) continue;
         v.members.push_back(r);
-        if (impl_->ranks[r].address == impl_->self_address) v.self = r;
+        if (impl_->self ? r == *impl_->self : impl_->ranks[r].address == impl_->self_address)
+            v.self = r;
     }
     return v;
 }

@@ -94,6 +94,11 @@ TEST(KnomialTree, CheckNamesWhatIsWrong) {
     auto radix = KnomialTree{4, 0, 1}.check();
     ASSERT_FALSE(radix);
     EXPECT_NE(radix.error().message().find("k = 1"), std::string::npos);
+    // A bad tree answers nothing (and does not loop or divide by zero).
+    EXPECT_TRUE((KnomialTree{4, 0, 1}.children(0).empty()));
+    EXPECT_TRUE((KnomialTree{4, 0, 0}.subtree(0).empty()));
+    EXPECT_FALSE((KnomialTree{0, 0, 2}.parent(0).has_value()));
+    EXPECT_EQ((KnomialTree{0, 0, 2}.depth(3)), 0u);
 }
 
 /// Three servers that answer their own index, and a client.
@@ -123,9 +128,14 @@ TEST(Group, RanksAreTheAddressesInOrder) {
         EXPECT_EQ(value_within(who()), int(r));
     }
     EXPECT_EQ(g.rank(1), g.rank(1)) << "looked up once";
-    // A server's own group knows its rank.
+    // A server's own group knows its rank, by its address or as it is told.
     Group seen_by_1(*ranks.servers[1], ranks.addresses);
     EXPECT_EQ(seen_by_1.self_rank(), std::optional<uint32_t>(1));
+    Group told(ranks.client, ranks.addresses, 2);
+    EXPECT_EQ(told.self_rank(), std::optional<uint32_t>(2));
+    auto past = Group::make(ranks.client, ranks.addresses, 3);
+    ASSERT_FALSE(past);
+    EXPECT_NE(past.error().message().find("rank 3"), std::string::npos) << past.error().message();
 }
 
 TEST(Group, RemovedRanksFailAtOnceAndChangesBumpTheVersion) {
@@ -208,6 +218,18 @@ TEST(Group, FromAFileOfAddresses) {
     auto empty = Group::from_file(ranks.client, path);
     ASSERT_FALSE(empty);
     EXPECT_EQ(empty.code(), Errc::invalid_argument);
+    {
+        std::ofstream f(path);
+        f << "# twice\n"
+          << ranks.addresses[0] << "\n"
+          << ranks.addresses[1] << "\n\n"
+          << ranks.addresses[0] << "\n";
+    }
+    auto twice = Group::from_file(ranks.client, path);
+    ASSERT_FALSE(twice);
+    EXPECT_NE(twice.error().message().find(path + ":5:"), std::string::npos)
+        << twice.error().message();
+    EXPECT_NE(twice.error().message().find("line 2"), std::string::npos) << twice.error().message();
     std::remove(path.c_str());
 }
 
@@ -217,7 +239,9 @@ struct Cluster {
     std::vector<std::optional<Group>> groups;  // each rank's own view
     explicit Cluster(int n, int throws_at = -1) : ranks(n) {
         for (int i = 0; i < n; ++i) {
-            groups.emplace_back(std::in_place, *ranks.servers[std::size_t(i)], ranks.addresses);
+            // Each rank told its number (as a launcher would), not found by its address.
+            groups.emplace_back(std::in_place, *ranks.servers[std::size_t(i)], ranks.addresses,
+                                uint32_t(i));
             groups.back()->define_collective<uint64_t(uint32_t)>(
                 "sum",
                 [i, throws_at](uint32_t x) -> uint64_t {
@@ -270,20 +294,20 @@ TEST(Collective, ADeadRankIsNamedWithItsSubtreeAndTheOthersAnswer) {
     Cluster c(6);
     Group from_client(c.ranks.client, c.ranks.addresses);
     CollectiveOptions o;
-    o.timeout = 10s;
+    o.timeout = 3s;  // a dead rank is noticed at once; this only bounds a failure of the test
     // Binomial from rank 0: 0 -> 1, 2, 4 and 1 -> 3, 5: rank 5 is a leaf under 1, and 1 heads
     // {1, 3, 5}.
     ASSERT_EQ((KnomialTree{6, 0, 2}.subtree(1)), (std::vector<uint32_t>{1, 3, 5}));
     c.kill(5);  // a leaf dies
     auto leaf = value_within(from_client.broadcast<uint64_t(uint32_t)>(o, "sum", 2u));
-    EXPECT_EQ(ranks_of(leaf.failed), (std::vector<uint32_t>{5}));
+    ASSERT_EQ(ranks_of(leaf.failed), (std::vector<uint32_t>{5}));
     EXPECT_EQ(leaf.answered, 5u);
     EXPECT_EQ(leaf.value, std::optional<uint64_t>(Cluster::expected({0, 1, 2, 3, 4}, 2)));
     EXPECT_NE(leaf.failed[0].message.find("rank 5"), std::string::npos) << leaf.failed[0].message;
 
     c.kill(1);  // a rank that sends on dies: its subtree is not reached
     auto mid = value_within(from_client.broadcast<uint64_t(uint32_t)>(o, "sum", 2u));
-    EXPECT_EQ(ranks_of(mid.failed), (std::vector<uint32_t>{1, 3, 5}));
+    ASSERT_EQ(ranks_of(mid.failed), (std::vector<uint32_t>{1, 3, 5}));
     EXPECT_EQ(mid.answered, 3u);
     EXPECT_EQ(mid.value, std::optional<uint64_t>(Cluster::expected({0, 2, 4}, 2)));
     for (const auto& f : mid.failed)
@@ -320,6 +344,30 @@ TEST(Collective, ARankAtAnotherVersionRefusesAndIsNamed) {
     auto refused = result_within(stale.broadcast<uint64_t(uint32_t)>("sum", 0u));
     ASSERT_FALSE(refused);
     EXPECT_EQ(refused.code(), Errc::invalid_state);
+}
+
+TEST(Collective, ARankWithOtherTypesRefusesAndIsNamed) {
+    Ranks ranks(3);
+    std::vector<Group> groups;
+    for (uint32_t i = 0; i < 3; ++i) {
+        groups.emplace_back(*ranks.servers[i], ranks.addresses, i);
+        if (i == 2)  // the same name, another result type
+            groups.back().define_collective<uint32_t(uint32_t)>(
+                "sum", [](uint32_t x) { return x; },
+                [](const uint32_t& a, const uint32_t& b) { return a + b; });
+        else
+            groups.back().define_collective<uint64_t(uint32_t)>(
+                "sum", [](uint32_t x) { return uint64_t(x); },
+                [](const uint64_t& a, const uint64_t& b) { return a + b; });
+    }
+    Group from_client(ranks.client, ranks.addresses);
+    auto r = value_within(from_client.broadcast<uint64_t(uint32_t)>("sum", 5u));
+    ASSERT_EQ(ranks_of(r.failed), (std::vector<uint32_t>{2}));
+    EXPECT_EQ(r.failed[0].code, Errc::invalid_argument);
+    EXPECT_NE(r.failed[0].message.find("other argument or result types"), std::string::npos)
+        << r.failed[0].message;
+    EXPECT_EQ(r.value, std::optional<uint64_t>(10));
+    groups.clear();
 }
 
 TEST(Collective, RemovedRanksAreLeftOutOfTheTree) {

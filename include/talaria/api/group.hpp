@@ -21,6 +21,7 @@
 #include "talaria/api/endpoint.hpp"
 #include "talaria/api/engine.hpp"
 #include "talaria/api/procedure.hpp"
+#include "talaria/api/signature.hpp"
 #include "talaria/util/result.hpp"
 
 #pragma GCC visibility push(default)
@@ -43,6 +44,7 @@ struct KnomialTree {
     uint32_t root = 0;
     uint32_t k = 2;
 
+    // Every query answers nothing (none, empty, 0) for a tree that fails check().
     /// The rank that sends to `rank` (none for the root).
     [[nodiscard]] std::optional<uint32_t> parent(uint32_t rank) const;
     /// The ranks `rank` sends to, the largest subtree first (the smallest k^j).
@@ -53,6 +55,9 @@ struct KnomialTree {
     [[nodiscard]] std::vector<uint32_t> subtree(uint32_t rank) const;
     /// size >= 1, root < size, 2 <= k <= 64; what is wrong otherwise, naming the field.
     [[nodiscard]] Result<void> check() const;
+    [[nodiscard]] bool valid() const noexcept {
+        return size >= 1 && root < size && k >= 2 && k <= 64;
+    }
 };
 
 /// A rank a collective call got no answer from, and why.
@@ -87,9 +92,11 @@ struct Collective {
 /// How a collective call travels (Group::broadcast).
 struct CollectiveOptions {
     /// A deadline for the whole tree: each rank gives the ranks it sends to seven eighths of
-    /// the time it has left, so their answers come back before its own deadline. 0: the
-    /// engine's default_timeout.
-    Duration timeout = Duration::zero();
+    /// the time it has left, so their answers come back before its own deadline. A dead rank
+    /// is noticed at once (its connections fail); a rank that hangs, or is cut off without a
+    /// word, holds its part of the tree until then. Zero: the engine's default_timeout (none
+    /// unless set: such a rank then holds the call for good).
+    Duration timeout = std::chrono::seconds(30);
     uint32_t k = 2;  ///< the tree's radix (KnomialTree): 2 to 64
 };
 
@@ -102,19 +109,25 @@ struct CollectiveOptions {
 class Group {
   public:
     /// Ranks at `addresses`, in order (what Engine::lookup accepts: "tcp://10.0.0.7:7000").
-    /// self_rank() is the rank whose address is `engine`'s own, if one is. Throws
-    /// talaria::Exception (invalid_argument) for an empty list, an empty or a repeated address.
-    Group(Engine& engine, std::vector<std::string> addresses);
+    /// This process's rank is `self` when given (a launcher's rank, or the line of the file
+    /// this process was started for); otherwise the rank whose address string is the engine's
+    /// own self_address(), if one is (a server listening on 0.0.0.0 or known by a host name
+    /// is listed under another string: give `self`). Throws talaria::Exception
+    /// (invalid_argument) for an empty list, an empty or a repeated address, or `self` past the
+    /// list.
+    Group(Engine& engine, std::vector<std::string> addresses,
+          std::optional<uint32_t> self = std::nullopt);
     /// Non-throwing twin.
-    static Result<Group> make(Engine& engine, std::vector<std::string> addresses);
+    static Result<Group> make(Engine& engine, std::vector<std::string> addresses,
+                              std::optional<uint32_t> self = std::nullopt);
     /// One address per line; blank lines and lines starting with '#' are skipped, as are
     /// blanks around an address. Errors name the file and the line.
-    static Result<Group> from_file(Engine& engine, const std::string& path);
+    static Result<Group> from_file(Engine& engine, const std::string& path,
+                                   std::optional<uint32_t> self = std::nullopt);
 
+    // A handle: copies (moves too: a moved-from Group stays usable) share one membership.
     Group(const Group&) = default;
     Group& operator=(const Group&) = default;
-    Group(Group&&) noexcept = default;
-    Group& operator=(Group&&) noexcept = default;
     ~Group() = default;
 
     /// Ranks ever numbered (removed ones included): the ranks are 0..size()-1.
@@ -200,10 +213,17 @@ template <class R, class... Args>
 struct CollectiveCall<R(Args...)> {
     static_assert(!std::is_void_v<R>,
                   "talaria: a collective procedure returns a value (its reduction combines them)");
+    static_assert(std::is_default_constructible_v<R> &&
+                      (std::is_default_constructible_v<std::decay_t<Args>> && ...),
+                  "talaria: a collective's result and argument types must be default-"
+                  "constructible (they are decoded into)");
     using Tuple = std::tuple<std::decay_t<Args>...>;
-    /// On the wire: the group version, the root rank, the radix, the arguments.
-    using WireSig = Collective<R>(uint64_t, uint32_t, uint32_t, Tuple);
+    /// On the wire: the group version, the root rank, the radix, the signature's hash, the
+    /// arguments.
+    using WireSig = Collective<R>(uint64_t, uint32_t, uint32_t, uint64_t, Tuple);
     using Reduce = std::function<R(const R&, const R&)>;
+    /// Ranks that defined the collective with other types refuse the call.
+    static constexpr uint64_t kSignature = kSignatureHash<R, std::decay_t<Args>...>;
 
     /// One rank's answer in the making: its own value and those of the ranks below it, sent
     /// once every part is in. Parts arrive on the progress threads of the calls below.
@@ -212,34 +232,55 @@ struct CollectiveCall<R(Args...)> {
         Collective<R> acc;
         unsigned pending = 0;
         Request req;
-        Reduce reduce;
-        Gather(Request r, Reduce f) : req(std::move(r)), reduce(std::move(f)) {}
+        std::shared_ptr<const Reduce> reduce;
+        std::string what;  ///< "collective 'name'"
+        Gather(Request r, std::shared_ptr<const Reduce> f, std::string w)
+            : req(std::move(r)), reduce(std::move(f)), what(std::move(w)) {}
 
-        /// Combine `v` (from `ranks` ranks, the first of them `rank`), under mu.
-        void add_locked(uint32_t rank, uint32_t ranks, R&& v) {
+        /// Combine `v` (the value of `ranks` ranks), under mu; the reduction's error if it
+        /// threw.
+        std::optional<std::string> add_locked(uint32_t ranks, R&& v) {
             try {
                 if (acc.value)
-                    acc.value = reduce(*acc.value, v);
+                    acc.value = (*reduce)(*acc.value, v);
                 else
                     acc.value = std::move(v);
                 acc.answered += ranks;
+                return std::nullopt;
             } catch (const std::exception& e) {
-                acc.failed.push_back(
-                    {rank, Errc::internal,
-                     std::string("the collective's reduction threw: ") + e.what()});
+                return "the reduction of " + what + " threw: " + e.what();
             } catch (...) {
-                acc.failed.push_back({rank, Errc::internal,
-                                      "the collective's reduction threw a non-standard exception"});
+                return "the reduction of " + what + " threw a non-standard exception";
             }
         }
         void local(uint32_t rank, R&& v) {
             std::lock_guard g(mu);
-            add_locked(rank, 1, std::move(v));
+            if (auto err = add_locked(1, std::move(v)))
+                acc.failed.push_back({rank, Errc::internal, std::move(*err)});
         }
-        void below(uint32_t rank, Collective<R>&& c) {
-            std::lock_guard g(mu);
-            if (c.value) add_locked(rank, c.answered, std::move(*c.value));
+        /// The answer of the rank heading `subtree`. What it says is held to that subtree: a
+        /// peer cannot name other ranks or claim more answers than it has ranks below.
+        void below(const std::vector<uint32_t>& subtree, Collective<R>&& c) {
+            std::vector<uint32_t> sorted = subtree;
+            std::sort(sorted.begin(), sorted.end());
+            auto in_subtree = [&](uint32_t r) {
+                return std::binary_search(sorted.begin(), sorted.end(), r);
+            };
+            std::vector<RankFailure> failed;
             for (auto& f : c.failed)
+                if (in_subtree(f.rank)) failed.push_back(std::move(f));
+            const auto most = uint32_t(subtree.size() - std::min(subtree.size(), failed.size()));
+            std::lock_guard g(mu);
+            if (c.value) {
+                if (auto err = add_locked(std::min(c.answered, most), std::move(*c.value))) {
+                    // Its answers are lost: name every rank of the subtree not failed already.
+                    for (uint32_t r : subtree)
+                        if (std::none_of(failed.begin(), failed.end(),
+                                         [r](const RankFailure& f) { return f.rank == r; }))
+                            failed.push_back({r, Errc::internal, *err});
+                }
+            }
+            for (auto& f : failed)
                 acc.failed.push_back(std::move(f));
         }
         /// `head` failed with `code`: it and the ranks of its subtree are named.
@@ -260,7 +301,9 @@ struct CollectiveCall<R(Args...)> {
                       [](const RankFailure& a, const RankFailure& b) { return a.rank < b.rank; });
             Collective<R> out = std::move(acc);
             g.unlock();
-            (void)req.try_respond(out);  // a caller gone: nothing to tell
+            if (auto r = req.try_respond(out); !r)  // too large to send, say: tell the caller
+                (void)req.try_respond_error(
+                    r.code(), what + ": the answer could not be sent: " + r.error().message());
         }
     };
 
@@ -270,35 +313,40 @@ struct CollectiveCall<R(Args...)> {
         return uint32_t(it - members.begin());
     }
 
+    /// What a rank answers when it cannot take part (the call fails at its parent).
+    static std::optional<std::string> refusal(const Group::View& v, const std::string& what,
+                                              uint64_t version, uint32_t root, uint32_t k,
+                                              uint64_t signature) {
+        if (signature != kSignature)
+            return what + ": this rank defined it with other argument or result types";
+        if (v.version != version)
+            return what + ": " +
+                   (v.self ? "rank " + std::to_string(*v.self) : std::string("this engine")) +
+                   " is at group version " + std::to_string(v.version) + ", the caller at " +
+                   std::to_string(version) + " (every rank must see the same membership)";
+        if (!v.self || !position(v.members, *v.self))
+            return what + ": this engine is not a member of its group (give Group its rank)";
+        if (!position(v.members, root))
+            return what + ": the root rank " + std::to_string(root) + " is not a member";
+        if (auto shape = KnomialTree{1, 0, k}.check(); !shape) return shape.error().message();
+        return std::nullopt;
+    }
+
     template <class H>
-    static void serve(Group group, const std::string& name, const H& handler, const Reduce& reduce,
-                      Request req, uint64_t version, uint32_t root, uint32_t k, const Tuple& args) {
+    static void serve(Group group, const std::string& name, const H& handler,
+                      const std::shared_ptr<const Reduce>& reduce, Request req, uint64_t version,
+                      uint32_t root, uint32_t k, uint64_t signature, const Tuple& args) {
         const Group::View v = group.view();
-        const std::string what = "collective '" + name + "'";
-        if (v.version != version) {
+        std::string what = "collective '" + name + "'";
+        if (auto no = refusal(v, what, version, root, k, signature)) {
             (void)req.try_respond_error(
-                Errc::invalid_state,
-                what + ": " + (v.self ? "rank " + std::to_string(*v.self) : "this engine") +
-                    " is at group version " + std::to_string(v.version) + ", the caller at " +
-                    std::to_string(version) + " (every rank must see the same membership)");
-            return;
-        }
-        const auto self_pos = v.self ? position(v.members, *v.self) : std::nullopt;
-        const auto root_pos = position(v.members, root);
-        const KnomialTree tree{uint32_t(v.members.size()), root_pos.value_or(0), k};
-        auto shape = tree.check();
-        if (!self_pos || !root_pos || !shape) {
-            (void)req.try_respond_error(
-                Errc::invalid_argument,
-                what + ": " +
-                    (!self_pos   ? std::string("this engine is not a member of its group")
-                     : !root_pos ? "the root rank " + std::to_string(root) + " is not a member"
-                                 : shape.error().message()));
+                signature != kSignature ? Errc::invalid_argument : Errc::invalid_state, *no);
             return;
         }
         const uint32_t self = *v.self;
-        const auto below = tree.children(*self_pos);
-        auto st = std::make_shared<Gather>(std::move(req), reduce);
+        const KnomialTree tree{uint32_t(v.members.size()), *position(v.members, root), k};
+        const auto below = tree.children(*position(v.members, self));
+        auto st = std::make_shared<Gather>(std::move(req), reduce, what);
         st->pending = unsigned(below.size()) + 1;
         const TimePoint deadline = st->req.deadline();
         EngineState* engine = group.engine_state();
@@ -308,28 +356,35 @@ struct CollectiveCall<R(Args...)> {
             std::vector<uint32_t> subtree;
             for (uint32_t p : tree.subtree(pos))
                 subtree.push_back(v.members[p]);
-            auto ep = group.try_rank(rank);
-            if (!ep) {
-                st->lost(subtree, rank, ep.code(), ep.error().message());
-                st->done();
-                continue;
-            }
-            auto call = Procedure<WireSig>(engine, info).on(*ep);
-            if (deadline != TimePoint::max()) {
-                // Seven eighths of what is left, so the answer is back before ours is due.
-                Duration left = deadline - Clock::now();
-                left -= left / 8;
-                call = call.timeout(std::max<Duration>(left, std::chrono::microseconds(1)));
-            }
-            call(version, root, k, args)
-                .then([st, subtree = std::move(subtree), rank](Result<Collective<R>>&& r) {
-                    if (r)
-                        st->below(rank, std::move(*r));
-                    else
-                        st->lost(subtree, rank, r.code(),
-                                 "rank " + std::to_string(rank) + ": " + r.error().message());
+            try {
+                auto ep = group.try_rank(rank);
+                if (!ep) {
+                    st->lost(subtree, rank, ep.code(), ep.error().message());
                     st->done();
-                });
+                    continue;
+                }
+                auto call = Procedure<WireSig>(engine, info).on(*ep);
+                if (deadline != TimePoint::max()) {
+                    // Seven eighths of what is left, so the answer is back before ours is due.
+                    Duration left = deadline - Clock::now();
+                    left -= left / 8;
+                    call = call.timeout(std::max<Duration>(left, std::chrono::microseconds(1)));
+                }
+                call(version, root, k, signature, args)
+                    .then([st, subtree, rank](Result<Collective<R>>&& r) {
+                        if (r)
+                            st->below(subtree, std::move(*r));
+                        else
+                            st->lost(subtree, rank, r.code(),
+                                     "rank " + std::to_string(rank) + ": " + r.error().message());
+                        st->done();
+                    });
+            } catch (const std::exception& e) {  // an argument's serialize threw, say
+                st->lost(
+                    subtree, rank, Errc::internal,
+                    "rank " + std::to_string(rank) + ": the call could not be sent: " + e.what());
+                st->done();
+            }
         }
         try {
             st->local(self, std::apply(handler, args));
@@ -353,11 +408,14 @@ struct CollectiveCall<R(Args...)> {
         static_assert(std::is_invocable_r_v<R, const F&, const R&, const R&>,
                       "talaria: a collective's reduction combines two results into one: "
                       "R reduce(const R&, const R&)");
+        static_assert(std::is_copy_constructible_v<F>,
+                      "talaria: a collective's reduction must be copyable");
         auto h = std::make_shared<const H>(std::move(handler));
-        auto red = std::make_shared<const Reduce>(Reduce(std::move(reduce)));
+        auto red = std::make_shared<const Reduce>(std::move(reduce));
         auto fn = [group, n = std::string(name), h, red](Request req, uint64_t version,
-                                                         uint32_t root, uint32_t k, Tuple args) {
-            serve(group, n, *h, *red, std::move(req), version, root, k, args);
+                                                         uint32_t root, uint32_t k,
+                                                         uint64_t signature, Tuple args) {
+            serve(group, n, *h, red, std::move(req), version, root, k, signature, args);
         };
         using Fn = decltype(fn);
         return define_params<Fn, void>(*group.engine_state(), Group::wire_name(name), 0, nullptr,
@@ -368,7 +426,7 @@ struct CollectiveCall<R(Args...)> {
     static Future<Collective<R>> call(Group& group, const CollectiveOptions& opts,
                                       std::string_view name, const A&... args) {
         const Group::View v = group.view();
-        if (auto shape = KnomialTree{2, 0, opts.k}.check(); !shape)
+        if (auto shape = KnomialTree{1, 0, opts.k}.check(); !shape)
             return Future<Collective<R>>::ready_with(std::move(shape).error());
         if (v.members.empty())
             return Future<Collective<R>>::ready_with(
@@ -383,7 +441,7 @@ struct CollectiveCall<R(Args...)> {
         EngineState* engine = group.engine_state();
         auto p = Procedure<WireSig>(engine, proc_info(*engine, Group::wire_name(name))).on(*ep);
         if (opts.timeout > Duration::zero()) p = p.timeout(opts.timeout);
-        return p(v.version, root, opts.k, Tuple(args...));
+        return p(v.version, root, opts.k, kSignature, Tuple(args...));
     }
 };
 
