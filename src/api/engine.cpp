@@ -988,14 +988,13 @@ Endpoint Engine::self() const {
     return Endpoint(state_.get(), state_->core->self());
 }
 
-Result<Endpoint> Engine::try_lookup(std::string_view address) {
-    TALARIA_TRY(a, state_->core->lookup(address));
-    return Endpoint(state_.get(), std::move(a));
-}
-
 Result<Endpoint> detail::lookup_through(EngineState* state, std::string_view address) {
     TALARIA_TRY(a, state->core->lookup(address));
     return Endpoint(state, std::move(a));
+}
+
+Result<Endpoint> Engine::try_lookup(std::string_view address) {
+    return detail::lookup_through(state_.get(), address);
 }
 
 Endpoint Engine::lookup(std::string_view address) {
