@@ -14,6 +14,7 @@ TALARIA_PACKAGES=(
   libfabric-dev libfabric-bin libucx-dev ucx-utils
   libssl-dev
   iproute2
+  libpmix-dev openmpi-bin
 )
 
 talaria_install_deps() {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "api/group_impl.hpp"
 #include "api/state_access.hpp"
 #include "talaria/api/engine.hpp"
 #include "talaria/api/error.hpp"
@@ -81,27 +82,6 @@ std::vector<uint32_t> KnomialTree::subtree(uint32_t rank) const {
 }
 
 // --- Group ------------------------------------------------------------------------------------
-
-struct Group::Impl {
-    detail::EngineState* engine = nullptr;
-    std::string self_address;
-    std::optional<uint32_t> self;  ///< given to make(); else found by self_address
-
-    struct Rank {
-        std::string address;
-        bool member = true;
-        uint64_t removed_in = 0;  ///< the version its removal made
-        Endpoint ep;              ///< looked up on first use
-    };
-    mutable std::mutex mu;
-    std::vector<Rank> ranks;  // under mu
-    uint64_t version = 1;     // under mu
-
-    [[nodiscard]] bool member_address_locked(std::string_view a) const {
-        return std::any_of(ranks.begin(), ranks.end(),
-                           [&](const Rank& r) { return r.member && r.address == a; });
-    }
-};
 
 Group::Group(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
 
@@ -207,8 +187,35 @@ std::optional<uint32_t> Group::self_rank() const {
 }
 
 std::string Group::address(uint32_t rank) const {
+    auto a = try_address(rank);
+    return a ? std::move(*a) : std::string();
+}
+
+Result<std::string> Group::try_address(uint32_t rank) const {
+    {
+        std::lock_guard g(impl_->mu);
+        if (rank >= impl_->ranks.size())
+            return Error{Errc::out_of_range,
+                         fmt::format("Group: no rank {} (the group has ranks 0..{})", rank,
+                                     impl_->ranks.size() - 1)};
+        if (!impl_->ranks[rank].address.empty() || !impl_->source)
+            return impl_->ranks[rank].address;
+    }
+    // Without the lock: the launcher may ask its server, or the node of that rank.
+    auto a = impl_->source->address(rank);
+    if (!a) return Error{a.code(), fmt::format("Group: rank {}: {}", rank, a.error().message())};
     std::lock_guard g(impl_->mu);
-    return rank < impl_->ranks.size() ? impl_->ranks[rank].address : std::string();
+    std::string& known = impl_->ranks[rank].address;
+    if (known.empty()) known = std::move(*a);
+    return known;
+}
+
+Result<void> Group::fence() {
+    if (!impl_->source)
+        return Error{Errc::not_supported,
+                     "Group::fence: this group was not made by a launcher (Group::from_pmix); "
+                     "its processes have no job to wait for"};
+    return impl_->source->fence();
 }
 
 Group::View Group::view() const {
@@ -240,6 +247,11 @@ Result<Endpoint> Group::try_rank(uint32_t rank) {
                                      rank, r.address, r.removed_in, impl_->version)};
         if (r.ep.valid()) return r.ep;
         address = r.address;
+    }
+    if (address.empty()) {  // a launcher's rank, not resolved yet
+        auto a = try_address(rank);
+        if (!a) return std::move(a).error();
+        address = std::move(*a);
     }
     // Without the lock: a lookup may resolve a name or open a connection.
     auto ep = detail::lookup_through(impl_->engine, address);

@@ -125,6 +125,19 @@ class Group {
     static Result<Group> from_file(Engine& engine, const std::string& path,
                                    std::optional<uint32_t> self = std::nullopt);
 
+    /// The ranks of the job this process was started in by a PMIx launcher (Open MPI's
+    /// mpirun, Slurm's srun --mpi=pmix, PRRTE's prterun): its rank and the job's size come from
+    /// PMIx, and this engine's self_address() is published under the key "<name>.address"
+    /// (PMIx_Put, PMIx_Commit) before a fence of the whole job, so every rank calls from_pmix
+    /// (with the same name) before any returns. Another rank's address is fetched from PMIx on
+    /// first use of that rank, so a large job costs only what it calls. Several engines of one
+    /// process join one job under different names. Errors: not_supported (built without PMIx:
+    /// install libpmix-dev and rebuild), unreachable (not started by a PMIx launcher),
+    /// address_invalid (an address other nodes cannot reach: a loopback or sm:// one in a job
+    /// over several nodes; open the engine on this node's network address), and PMIx's own
+    /// errors, by name.
+    static Result<Group> from_pmix(Engine& engine, std::string_view name = "talaria");
+
     // A handle: copies (moves too: a moved-from Group stays usable) share one membership.
     Group(const Group&) = default;
     Group& operator=(const Group&) = default;
@@ -139,8 +152,15 @@ class Group {
     [[nodiscard]] uint64_t version() const;
     /// This process's rank, where its engine's address is one of the group's.
     [[nodiscard]] std::optional<uint32_t> self_rank() const;
-    /// The address of `rank` ("" past size()).
+    /// The address of `rank` ("" past size(), or where a launcher cannot tell it).
     [[nodiscard]] std::string address(uint32_t rank) const;
+    /// The same, with why it is unknown: out_of_range, or the launcher's error.
+    [[nodiscard]] Result<std::string> try_address(uint32_t rank) const;
+    /// Wait until every process of the launcher's job has called fence() (PMIx_Fence): after
+    /// each rank defined its collectives, say, and before a rank closes its engine while others
+    /// may still call it. Errors: not_supported for a group not made by from_pmix, and the
+    /// launcher's (a process of the job that died: PMIx names it).
+    Result<void> fence();
     /// The members, the version and this process's rank, read at one time.
     struct View {
         uint64_t version = 0;

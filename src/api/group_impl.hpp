@@ -1,0 +1,53 @@
+// The state a Group handle shares (include/talaria/api/group.hpp), for group.cpp and the
+// launcher bootstraps (group_pmix.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "talaria/api/endpoint.hpp"
+#include "talaria/api/group.hpp"
+#include "talaria/util/result.hpp"
+
+namespace talaria {
+
+/// Where a group's addresses come from when they are not all known at its making: a launcher
+/// (PMIx) resolves a rank's address on first use, so a job of many ranks asks only for those
+/// it calls. Called without the group's lock, from any thread.
+struct GroupSource {
+    virtual ~GroupSource() = default;
+    /// The address rank `rank` published.
+    virtual Result<std::string> address(uint32_t rank) = 0;
+    /// Wait for every process of the launcher's job (Group::fence).
+    virtual Result<void> fence() = 0;
+};
+
+struct Group::Impl {
+    detail::EngineState* engine = nullptr;
+    std::string self_address;
+    std::optional<uint32_t> self;         ///< given to make(); else found by self_address
+    std::shared_ptr<GroupSource> source;  ///< null: every address was given
+
+    struct Rank {
+        std::string address;  ///< empty until the source resolved it
+        bool member = true;
+        uint64_t removed_in = 0;  ///< the version its removal made
+        Endpoint ep;              ///< looked up on first use
+    };
+    mutable std::mutex mu;
+    std::vector<Rank> ranks;  // under mu
+    uint64_t version = 1;     // under mu
+
+    [[nodiscard]] bool member_address_locked(std::string_view a) const {
+        return std::any_of(ranks.begin(), ranks.end(),
+                           [&](const Rank& r) { return r.member && r.address == a; });
+    }
+};
+
+}  // namespace talaria
