@@ -10,6 +10,7 @@
 
 #include "api/group_impl.hpp"
 #include "api/state_access.hpp"
+#include "api/swim.hpp"
 #include "talaria/api/engine.hpp"
 #include "talaria/api/error.hpp"
 
@@ -82,6 +83,10 @@ std::vector<uint32_t> KnomialTree::subtree(uint32_t rank) const {
 }
 
 // --- Group ------------------------------------------------------------------------------------
+
+Group::Impl::~Impl() {
+    if (swim) swim->stop();
+}
 
 Group::Group(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
 
@@ -245,6 +250,8 @@ Result<Endpoint> Group::try_rank(uint32_t rank) {
                          fmt::format("Group: rank {} ({}) was removed from the group (version "
                                      "{}; the group is at version {})",
                                      rank, r.address, r.removed_in, impl_->version)};
+        if (impl_->swim)
+            if (auto why = impl_->swim->dead(rank)) return Error{Errc::disconnected, *why};
         if (r.ep.valid()) return r.ep;
         address = r.address;
     }
@@ -286,6 +293,7 @@ Result<uint64_t> Group::remove(uint32_t rank) {
     r.member = false;
     r.removed_in = ++impl_->version;
     r.ep = Endpoint{};
+    if (impl_->swim) impl_->swim->member(rank, std::string(), false);
     return impl_->version;
 }
 
@@ -295,9 +303,90 @@ Result<uint32_t> Group::add(std::string address) {
     if (impl_->member_address_locked(address))
         return Error{Errc::invalid_argument,
                      fmt::format("Group::add: {} is already a member's address", address)};
-    impl_->ranks.push_back(Impl::Rank{std::move(address), true, 0, Endpoint{}});
+    impl_->ranks.push_back(Impl::Rank{address, true, 0, Endpoint{}});
     ++impl_->version;
-    return uint32_t(impl_->ranks.size() - 1);
+    const auto rank = uint32_t(impl_->ranks.size() - 1);
+    if (impl_->swim) impl_->swim->member(rank, std::move(address), true);
+    return rank;
+}
+
+// --- failure detection ------------------------------------------------------------------------
+
+Result<void> Group::start_failure_detection(const FailureDetection& options) {
+    using std::chrono::milliseconds;
+    if (options.period < milliseconds(1))
+        return Error{Errc::invalid_argument,
+                     "Group::start_failure_detection: the period is under 1 ms"};
+    if (options.ping_timeout < Duration::zero() || options.ping_timeout > options.period)
+        return Error{Errc::invalid_argument,
+                     "Group::start_failure_detection: ping_timeout is negative or longer than "
+                     "the period (a ping and the indirect pings share one period)"};
+    if (options.indirect > 16)
+        return Error{Errc::invalid_argument,
+                     fmt::format("Group::start_failure_detection: indirect = {} (0 to 16)",
+                                 options.indirect)};
+    if (options.suspicion < options.period)
+        return Error{Errc::invalid_argument,
+                     "Group::start_failure_detection: the suspicion time is shorter than the "
+                     "period (a suspect rank needs a period at least to hear of it and refute)"};
+    if (options.name.empty() || options.name.size() > 200)
+        return Error{Errc::invalid_argument,
+                     "Group::start_failure_detection: the name is empty or longer than 200"};
+    const View v = view();
+    if (!v.self)
+        return Error{Errc::invalid_state,
+                     "Group::start_failure_detection: this engine is not a member of its group "
+                     "(give Group its rank)"};
+    std::shared_ptr<Swim> swim;
+    std::vector<std::function<void(uint32_t, RankState)>> listeners;
+    {
+        std::lock_guard g(impl_->mu);
+        if (!impl_->swim) {
+            std::vector<Swim::Peer> peers;
+            for (const auto& r : impl_->ranks)
+                peers.push_back(Swim::Peer{r.address, Endpoint{}, r.member});
+            impl_->swim = std::make_shared<Swim>(impl_->engine, impl_->source, *v.self,
+                                                 std::move(peers), options);
+        }
+        swim = impl_->swim;
+        listeners = impl_->listeners;
+    }
+    auto started = swim->start(options, std::move(listeners));
+    if (!started) {
+        // Its procedures could not be defined (another group's detection under this name): a
+        // later start may name another.
+        std::lock_guard g(impl_->mu);
+        if (impl_->swim == swim && !swim->defined()) impl_->swim.reset();
+    }
+    return started;
+}
+
+void Group::stop_failure_detection() {
+    std::shared_ptr<Swim> swim;
+    {
+        std::lock_guard g(impl_->mu);
+        swim = impl_->swim;
+    }
+    if (swim) swim->stop();
+}
+
+RankState Group::rank_state(uint32_t rank) const {
+    std::shared_ptr<Swim> swim;
+    {
+        std::lock_guard g(impl_->mu);
+        swim = impl_->swim;
+    }
+    return swim ? swim->state(rank) : RankState::alive;
+}
+
+void Group::on_rank_state(std::function<void(uint32_t rank, RankState state)> fn) {
+    std::shared_ptr<Swim> swim;
+    {
+        std::lock_guard g(impl_->mu);
+        impl_->listeners.push_back(fn);
+        swim = impl_->swim;
+    }
+    if (swim) swim->add_listener(std::move(fn));
 }
 
 }  // namespace talaria

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,7 +29,14 @@ struct GroupSource {
     virtual Result<void> fence() = 0;
 };
 
+class Swim;
+
 struct Group::Impl {
+    Impl() = default;
+    ~Impl();  // stops failure detection
+    Impl(const Impl&) = delete;
+    Impl& operator=(const Impl&) = delete;
+
     detail::EngineState* engine = nullptr;
     std::string self_address;
     std::optional<uint32_t> self;         ///< given to make(); else found by self_address
@@ -41,8 +49,10 @@ struct Group::Impl {
         Endpoint ep;              ///< looked up on first use
     };
     mutable std::mutex mu;
-    std::vector<Rank> ranks;  // under mu
-    uint64_t version = 1;     // under mu
+    std::vector<Rank> ranks;     // under mu
+    uint64_t version = 1;        // under mu
+    std::shared_ptr<Swim> swim;  ///< under mu: failure detection, once started
+    std::vector<std::function<void(uint32_t, RankState)>> listeners;  // under mu
 
     [[nodiscard]] bool member_address_locked(std::string_view a) const {
         return std::any_of(ranks.begin(), ranks.end(),

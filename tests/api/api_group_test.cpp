@@ -4,12 +4,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "api_fixture.hpp"
@@ -381,6 +386,167 @@ TEST(Collective, RemovedRanksAreLeftOutOfTheTree) {
     EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
     EXPECT_EQ(r.answered, 4u);
     EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 1, 3, 4}, 0)));
+}
+
+// --- failure detection (SWIM) -------------------------------------------------------------------
+
+/// What ranks saw of each other: (observer, rank, state), in order.
+struct Seen {
+    std::mutex mu;
+    std::vector<std::tuple<uint32_t, uint32_t, RankState>> events;
+    Clock::time_point first_dead{};
+    void add(uint32_t observer, uint32_t rank, RankState s) {
+        std::lock_guard g(mu);
+        events.emplace_back(observer, rank, s);
+    }
+    std::size_t count(uint32_t rank, RankState s) {
+        std::lock_guard g(mu);
+        std::set<uint32_t> observers;
+        for (auto& [o, r, st] : events)
+            if (r == rank && st == s) observers.insert(o);
+        return observers.size();
+    }
+    /// Ranks other than `dead` declared dead (false positives). A suspicion of a live rank
+    /// on a loaded machine is not one: the rank refutes it, as SWIM means it to.
+    std::size_t live_declared_dead(uint32_t dead) {
+        std::lock_guard g(mu);
+        return std::size_t(std::count_if(events.begin(), events.end(), [dead](const auto& e) {
+            return std::get<1>(e) != dead && std::get<2>(e) == RankState::dead;
+        }));
+    }
+};
+
+FailureDetection fast_detection() {
+    FailureDetection fd;
+    fd.period = 50ms;
+    fd.suspicion = 300ms;
+    return fd;
+}
+
+TEST(FailureDetection, ADeadRankIsDeclaredDeadByEverySurvivorWithinTheBound) {
+    Cluster c(5);
+    Seen seen;
+    for (uint32_t i = 0; i < 5; ++i) {
+        c.groups[i]->on_rank_state(
+            [&seen, i](uint32_t rank, RankState s) { seen.add(i, rank, s); });
+        ASSERT_TRUE(c.groups[i]->start_failure_detection(fast_detection()));
+    }
+    std::this_thread::sleep_for(600ms);  // every rank probed several times
+    EXPECT_EQ(seen.live_declared_dead(99), 0u) << "a live rank was declared dead";
+
+    const auto t0 = Clock::now();
+    c.kill(2);
+    // Probed within a round (4 periods at most), suspected, declared dead after the suspicion
+    // time, and the news spread: well under 2 s with a 50 ms period and 300 ms suspicion.
+    while (seen.count(2, RankState::dead) < 4 && Clock::now() - t0 < 5s)
+        std::this_thread::sleep_for(10ms);
+    const auto took = Clock::now() - t0;
+    EXPECT_EQ(seen.count(2, RankState::dead), 4u) << "every survivor learns it";
+    EXPECT_LT(took, 2s) << "detection took "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                        << " ms";
+    EXPECT_EQ(seen.live_declared_dead(2), 0u) << "a live rank was declared dead";
+    for (uint32_t i : {0u, 1u, 3u, 4u}) {
+        EXPECT_EQ(c.groups[i]->rank_state(2), RankState::dead);
+        auto ep = c.groups[i]->try_rank(2);
+        ASSERT_FALSE(ep);
+        EXPECT_EQ(ep.code(), Errc::disconnected);
+        EXPECT_NE(ep.error().message().find("declared dead"), std::string::npos)
+            << ep.error().message();
+    }
+    // A collective names it at once, and the others answer.
+    auto r = value_within(c.groups[0]->broadcast<uint64_t(uint32_t)>("sum", 0u));
+    EXPECT_EQ(r.answered, 4u);
+    ASSERT_EQ(ranks_of(r.failed), (std::vector<uint32_t>{2}));
+    EXPECT_NE(r.failed[0].message.find("declared dead"), std::string::npos) << r.failed[0].message;
+}
+
+/// The detector's messages as the wire has them (src/api/swim.hpp), for a test client.
+struct WireUpdate {
+    uint32_t rank = 0;
+    uint8_t state = 0;
+    uint64_t incarnation = 0;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(rank, state, incarnation);
+    }
+};
+struct WireMessage {
+    uint32_t from = 0;
+    uint32_t target = 0;
+    std::vector<WireUpdate> updates;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(from, target, updates);
+    }
+};
+
+TEST(FailureDetection, ASuspectRankRefutesAndBadGossipIsIgnored) {
+    Cluster c(3);
+    FailureDetection slow;  // probes rarely: this test speaks for rank 0 itself
+    slow.period = 5s;
+    slow.suspicion = 10s;
+    for (auto& g : c.groups)
+        ASSERT_TRUE(g->start_failure_detection(slow));
+    auto ping = c.ranks.client.remote<WireMessage(WireMessage)>("talaria.swim.talaria.ping")
+                    .on(c.ranks.client.lookup(c.ranks.addresses[1]));
+    // Rank 1 hears it is suspect at incarnation 0: it answers alive at incarnation 1.
+    auto a = value_within(ping(WireMessage{0, 1, {{1, uint8_t(RankState::suspect), 0}}}));
+    EXPECT_EQ(a.from, 1u);
+    bool refuted = false;
+    for (const auto& u : a.updates)
+        refuted |= u.rank == 1 && u.state == uint8_t(RankState::alive) && u.incarnation == 1;
+    EXPECT_TRUE(refuted) << "rank 1 refutes with incarnation 1";
+    // Gossip about rank 2: suspect at incarnation 5, then alive at 6 clears it.
+    (void)value_within(ping(WireMessage{0, 1, {{2, uint8_t(RankState::suspect), 5}}}));
+    EXPECT_EQ(c.groups[1]->rank_state(2), RankState::suspect);
+    (void)value_within(ping(WireMessage{0, 1, {{2, uint8_t(RankState::alive), 5}}}));
+    EXPECT_EQ(c.groups[1]->rank_state(2), RankState::suspect) << "alive needs a newer one";
+    (void)value_within(ping(WireMessage{0, 1, {{2, uint8_t(RankState::alive), 6}}}));
+    EXPECT_EQ(c.groups[1]->rank_state(2), RankState::alive);
+    // Garbage: ranks past the group, states past dead, more updates than are read.
+    WireMessage junk{0, 1, {}};
+    for (uint32_t i = 0; i < 200; ++i)
+        junk.updates.push_back({1000 + i, uint8_t(3 + i % 200), ~uint64_t(0)});
+    (void)value_within(ping(junk));
+    for (uint32_t r = 0; r < 3; ++r)
+        EXPECT_EQ(c.groups[1]->rank_state(r), RankState::alive);
+    // A ping meant for another rank is refused, naming both.
+    auto wrong = result_within(ping(WireMessage{0, 2, {}}));
+    ASSERT_FALSE(wrong);
+    EXPECT_EQ(wrong.code(), Errc::invalid_argument);
+    EXPECT_NE(wrong.error().message().find("rank 2 reached rank 1"), std::string::npos)
+        << wrong.error().message();
+}
+
+TEST(FailureDetection, BadOptionsAndSecondStartsAreRefused) {
+    Cluster c(2);
+    auto bad = [&](auto change) {
+        FailureDetection fd;
+        change(fd);
+        auto r = c.groups[0]->start_failure_detection(fd);
+        EXPECT_FALSE(r);
+        return r ? Errc::ok : r.code();
+    };
+    EXPECT_EQ(bad([](FailureDetection& f) { f.period = 0ms; }), Errc::invalid_argument);
+    EXPECT_EQ(bad([](FailureDetection& f) { f.ping_timeout = 1s; }), Errc::invalid_argument);
+    EXPECT_EQ(bad([](FailureDetection& f) { f.suspicion = 10ms; }), Errc::invalid_argument);
+    EXPECT_EQ(bad([](FailureDetection& f) { f.indirect = 17; }), Errc::invalid_argument);
+    EXPECT_EQ(bad([](FailureDetection& f) { f.name.clear(); }), Errc::invalid_argument);
+    ASSERT_TRUE(c.groups[0]->start_failure_detection());
+    EXPECT_EQ(c.groups[0]->start_failure_detection().code(), Errc::invalid_state);
+    // Another group of the same engine under the same name.
+    Group other(*c.ranks.servers[0], c.ranks.addresses, 0);
+    EXPECT_EQ(other.start_failure_detection().code(), Errc::already_exists);
+    FailureDetection named;
+    named.name = "other";
+    EXPECT_TRUE(other.start_failure_detection(named));
+    // Not a member: nothing to detect from.
+    Group outside(c.ranks.client, c.ranks.addresses);
+    EXPECT_EQ(outside.start_failure_detection().code(), Errc::invalid_state);
+    // Stopped and started again.
+    c.groups[0]->stop_failure_detection();
+    EXPECT_TRUE(c.groups[0]->start_failure_detection());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -100,6 +101,29 @@ struct CollectiveOptions {
     uint32_t k = 2;  ///< the tree's radix (KnomialTree): 2 to 64
 };
 
+/// A rank's health as the group's failure detector sees it (Group::start_failure_detection).
+/// A rank goes alive -> suspect -> dead, or back to alive when it refutes the suspicion;
+/// dead is final (a restarted process joins as a new rank, Group::add).
+enum class RankState : uint8_t { alive = 0, suspect = 1, dead = 2 };
+std::string_view rank_state_name(RankState s) noexcept;
+
+/// SWIM failure detection (Das, Gupta, Motivala 2002), as DAOS's CaRT runs it: every period
+/// each rank pings one other, in a shuffled round over the members; a rank that does not answer
+/// within ping_timeout is pinged through `indirect` others for the rest of the period; if none
+/// of them hears it either, it is suspect, and once `suspicion` has passed without it refuting
+/// (a rank told it is suspect answers with a newer incarnation) it is dead. What each rank learns
+/// travels piggybacked on these pings and their answers, each piece about 3 log2(N) times.
+struct FailureDetection {
+    Duration period = std::chrono::milliseconds(200);
+    /// How long a direct ping waits (0: half the period; at most the period).
+    Duration ping_timeout = Duration::zero();
+    uint32_t indirect = 3;  ///< ranks asked to ping a rank that did not answer (0 to 16)
+    Duration suspicion = std::chrono::seconds(1);
+    /// The procedures are talaria.swim.<name>.ping and .ping_req: one name per group an engine
+    /// runs detection for. Every rank of a group uses the same.
+    std::string name = "talaria";
+};
+
 /// Ranks 0..N-1, each the address of an engine, seen from one engine of this process (which
 /// must outlive the group). Ranks are numbered once: a removed rank keeps its number (calls to
 /// it fail at once), an added one takes the next. Every change bumps version(). Endpoints are
@@ -182,6 +206,25 @@ class Group {
     /// A new rank at `address` (the next number); returns it. Errors: invalid_argument for an
     /// empty address or one a member already has.
     Result<uint32_t> add(std::string address);
+
+    // --- failure detection -----------------------------------------------------------------
+    /// Run SWIM failure detection (FailureDetection) on this rank until stop_failure_detection()
+    /// or the last handle of the group goes; every rank of the group runs it. Its probes run on
+    /// a thread of the group; its procedures on the engine's progress threads, like any other.
+    /// A rank declared dead fails try_rank() at once with disconnected, and so every call the
+    /// group makes to it (a collective names it with its subtree). Errors: invalid_argument for
+    /// bad options, invalid_state when this process is not a member or detection already runs,
+    /// already_exists when the engine serves another group's detection under the same name.
+    Result<void> start_failure_detection(const FailureDetection& options = {});
+    /// Stop probing (joins the thread); this rank still answers others' pings while its engine
+    /// is open. No-op when not running.
+    void stop_failure_detection();
+    /// What the detector thinks of `rank` (alive when detection does not run).
+    [[nodiscard]] RankState rank_state(uint32_t rank) const;
+    /// `fn(rank, state)` whenever a rank's state changes (suspect, dead, or alive again after a
+    /// suspicion), on the detector's thread or a progress thread, without any lock of the group
+    /// held: it may call the group (remove the rank, say) but must not block for long.
+    void on_rank_state(std::function<void(uint32_t rank, RankState state)> fn);
 
     // --- collective calls ----------------------------------------------------------------
     /// Serve collective `name` on this rank: `handler(args...)` computes this rank's value, and
@@ -432,10 +475,20 @@ struct CollectiveCall<R(Args...)> {
                       "talaria: a collective's reduction must be copyable");
         auto h = std::make_shared<const H>(std::move(handler));
         auto red = std::make_shared<const Reduce>(std::move(reduce));
-        auto fn = [group, n = std::string(name), h, red](Request req, uint64_t version,
-                                                         uint32_t root, uint32_t k,
-                                                         uint64_t signature, Tuple args) {
-            serve(group, n, *h, red, std::move(req), version, root, k, signature, args);
+        // The engine keeps the handler until it closes: it holds the group weakly, so that the
+        // group (and its failure detector's thread) goes with the user's last handle.
+        std::weak_ptr<Group::Impl> weak = group.impl_;
+        auto fn = [weak, n = std::string(name), h, red](Request req, uint64_t version,
+                                                        uint32_t root, uint32_t k,
+                                                        uint64_t signature, Tuple args) {
+            auto impl = weak.lock();
+            if (!impl) {
+                (void)req.try_respond_error(Errc::shutdown,
+                                            "collective '" + n + "': this rank's group is gone");
+                return;
+            }
+            serve(Group(std::move(impl)), n, *h, red, std::move(req), version, root, k, signature,
+                  args);
         };
         using Fn = decltype(fn);
         return define_params<Fn, void>(*group.engine_state(), Group::wire_name(name), 0, nullptr,
