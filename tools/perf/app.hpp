@@ -89,4 +89,25 @@ struct OverloadOptions {
 };
 int run_overload(const OverloadOptions& opt);
 
+/// `talaria-perf group` (group.cpp): collective calls over N ranks of this machine, and
+/// failure detection under load.
+struct GroupBenchOptions {
+    std::string transport = "tcp";
+    std::vector<uint32_t> ranks{2, 4, 8};
+    std::vector<uint32_t> k{2};
+    unsigned calls = 2000;  ///< timed calls per point (and a tenth more to warm up)
+    bool detect = false;
+    unsigned period_ms = 200, suspicion_ms = 1000;
+    unsigned load_inflight = 64;  ///< calls each rank keeps in flight during detection
+    unsigned load_seconds = 10;
+};
+int run_group_bench(const GroupBenchOptions& opt);
+
+/// The address an engine listens on for `transport` ("tcp", "sm", "ofi+tcp", ...).
+inline std::string listen_url(const std::string& transport) {
+    if (transport == "sm" || transport.ends_with("+sm") || transport.ends_with("+shm"))
+        return transport + "://";
+    return transport + "://127.0.0.1:0";
+}
+
 }  // namespace talaria::perf

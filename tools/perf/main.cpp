@@ -246,6 +246,36 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(0u, 255u));
 
+    GroupBenchOptions gb;
+    auto* group = app.add_subcommand(
+        "group",
+        "Collective calls over N ranks of this machine (rank 0 here, the others child "
+        "processes): broadcast + reduce latency against ceil(log_k N) x the round trip of the "
+        "same run; with --detect, SWIM failure detection under load and after a SIGKILL");
+    group->add_option("--transport,-t", gb.transport, "tcp, sm, ofi+tcp, ucx+tcp, ...")
+        ->capture_default_str();
+    group->add_option("--ranks", gb.ranks, "Group sizes (comma-separated)")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 256u));
+    group->add_option("-k", gb.k, "Tree radixes (comma-separated)")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::Range(2u, 64u));
+    group->add_option("--calls", gb.calls, "Timed calls per point")
+        ->capture_default_str()
+        ->check(CLI::Range(10u, 10000000u));
+    group->add_flag("--detect", gb.detect, "Measure failure detection on the largest group");
+    group->add_option("--period-ms", gb.period_ms, "SWIM period")->capture_default_str();
+    group->add_option("--suspicion-ms", gb.suspicion_ms, "SWIM suspicion time")
+        ->capture_default_str();
+    group
+        ->add_option("--load-inflight", gb.load_inflight,
+                     "Calls each rank keeps in flight while detection runs (0: none)")
+        ->capture_default_str();
+    group->add_option("--load-seconds", gb.load_seconds, "How long the load runs before the kill")
+        ->capture_default_str();
+
     CLI11_PARSE(app, argc, argv);
     std::signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as an error, not a signal
 
@@ -271,6 +301,7 @@ int main(int argc, char** argv) {
     }
 #endif
     if (api_worker->parsed()) return run_api_worker(worker);
+    if (group->parsed()) return run_group_bench(gb);
     if (overload->parsed()) {
         ov.good_retries = uint8_t(good_retries);
         return run_overload(ov);

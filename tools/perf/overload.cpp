@@ -49,12 +49,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string listen_url(const std::string& transport) {
-    if (transport == "sm" || transport.ends_with("+sm") || transport.ends_with("+shm"))
-        return transport + "://";
-    return transport + "://127.0.0.1:0";
-}
-
 long rss_kib(pid_t pid) {
     std::ifstream f("/proc/" + std::to_string(pid) + "/status");
     std::string line;
