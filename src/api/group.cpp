@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "api/group_impl.hpp"
@@ -13,6 +14,7 @@
 #include "api/swim.hpp"
 #include "talaria/api/engine.hpp"
 #include "talaria/api/error.hpp"
+#include "talaria/api/procedure.hpp"
 
 namespace talaria {
 
@@ -308,6 +310,142 @@ Result<uint32_t> Group::add(std::string address) {
     const auto rank = uint32_t(impl_->ranks.size() - 1);
     if (impl_->swim) impl_->swim->member(rank, std::move(address), true);
     return rank;
+}
+
+// --- barrier ----------------------------------------------------------------------------------
+
+namespace {
+
+/// On the wire: the group version, the barrier number, the round, the sender's rank.
+using BarrierSig = uint32_t(uint64_t, uint64_t, uint32_t, uint32_t);
+/// Barrier numbers this far ahead of the rank's own are refused (a confused or hostile peer
+/// cannot fill the arrival set).
+constexpr uint64_t kBarrierWindow = 64;
+
+}  // namespace
+
+Result<void> Group::barrier(Duration timeout, std::string_view name) {
+    const TimePoint deadline = Clock::now() + timeout;
+    const View v = view();
+    if (!v.self)
+        return Error{Errc::invalid_state,
+                     "Group::barrier: this engine is not a member of its group (give Group its "
+                     "rank)"};
+    if (name.empty() || name.size() > 200)
+        return Error{Errc::invalid_argument,
+                     "Group::barrier: the name is empty or longer than 200 characters"};
+    const std::string proc = "talaria.barrier." + std::string(name);
+    std::shared_ptr<GroupBarriers> b;
+    bool define = false;
+    {
+        std::lock_guard g(impl_->mu);
+        if (!impl_->barriers) {
+            impl_->barriers = std::make_shared<GroupBarriers>();
+            impl_->barriers->name = std::string(name);
+            impl_->barriers->info = detail::proc_info(*impl_->engine, proc);
+            define = true;
+        } else if (impl_->barriers->name != name) {
+            return Error{Errc::invalid_argument,
+                         fmt::format("Group::barrier: this group's barriers are '{}', not '{}'",
+                                     impl_->barriers->name, name)};
+        }
+        b = impl_->barriers;
+    }
+    if (define) {
+        // Held weakly, as a collective's handler holds its group; the version is read at each
+        // arrival, so that it is the group's at the time.
+        std::weak_ptr<Impl> weak = impl_;
+        auto fn = [weak](Request req, uint64_t their_version, uint64_t number, uint32_t round,
+                         uint32_t from) {
+            auto impl = weak.lock();
+            std::shared_ptr<GroupBarriers> bs;
+            uint64_t version = 0;
+            if (impl) {
+                std::lock_guard g(impl->mu);
+                bs = impl->barriers;
+                version = impl->version;
+            }
+            if (!bs) {
+                (void)req.try_respond_error(Errc::shutdown, "this rank's group is gone");
+                return;
+            }
+            if (their_version != version) {
+                (void)req.try_respond_error(
+                    Errc::invalid_state,
+                    fmt::format("barrier: this rank is at group version {}, the caller at {} "
+                                "(every rank must see the same membership)",
+                                version, their_version));
+                return;
+            }
+            {
+                std::lock_guard g(bs->mu);
+                if (number == 0 || number > bs->entered + kBarrierWindow || round >= 32) {
+                    (void)req.try_respond_error(
+                        Errc::invalid_argument,
+                        fmt::format("barrier: number {} round {} is outside this rank's window "
+                                    "(it entered {})",
+                                    number, round, bs->entered));
+                    return;
+                }
+                bs->arrived.emplace(number, round, from);
+            }
+            bs->cv.notify_all();
+            (void)req.try_respond(uint32_t{0});
+        };
+        using Fn = decltype(fn);
+        if (auto r =
+                detail::define_params<Fn, void>(*impl_->engine, proc, 0, nullptr, std::move(fn),
+                                                typename detail::FnTraits<Fn>::Params{});
+            !r) {
+            std::lock_guard g(impl_->mu);
+            impl_->barriers.reset();
+            return Error{r.code(), "Group::barrier: " + r.error().message()};
+        }
+    }
+    uint64_t number = 0;
+    {
+        std::lock_guard g(b->mu);
+        number = ++b->entered;
+        // Arrivals of barriers before the last are done with.
+        std::erase_if(b->arrived, [number](const auto& a) { return std::get<0>(a) + 1 < number; });
+    }
+    const auto n = uint32_t(v.members.size());
+    const auto me =
+        uint32_t(std::lower_bound(v.members.begin(), v.members.end(), *v.self) - v.members.begin());
+    uint32_t round = 0;
+    for (uint32_t d = 1; d < n; d <<= 1, ++round) {
+        const uint32_t to = v.members[(me + d) % n];
+        const uint32_t from = v.members[(me + n - d % n) % n];
+        auto ep = try_rank(to);
+        if (!ep)
+            return Error{ep.code(),
+                         fmt::format("Group::barrier #{}: {}", number, ep.error().message())};
+        for (;;) {
+            const Duration left = deadline - Clock::now();
+            if (left <= Duration::zero())
+                return Error{Errc::timeout,
+                             fmt::format("Group::barrier #{}: rank {} did not take round {} in "
+                                         "time (has it called barrier('{}')?)",
+                                         number, to, round, name)};
+            auto r = Procedure<BarrierSig>(impl_->engine, b->info)
+                         .on(*ep)
+                         .timeout(left)(v.version, number, round, *v.self)
+                         .try_get();
+            if (r) break;
+            if (r.code() != Errc::not_found)  // not_found: it has not defined it yet
+                return Error{r.code(), fmt::format("Group::barrier #{}: rank {}: {}", number, to,
+                                                   r.error().message())};
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        std::unique_lock g(b->mu);
+        const auto key = std::make_tuple(number, round, from);
+        if (!b->cv.wait_until(g, deadline, [&] { return b->arrived.count(key) != 0; }))
+            return Error{Errc::timeout,
+                         fmt::format("Group::barrier #{}: rank {} has not reached it (round {}; "
+                                     "has it called barrier('{}')?)",
+                                     number, from, round, name)};
+    }
+    return ok();
 }
 
 // --- failure detection ------------------------------------------------------------------------

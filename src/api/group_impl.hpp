@@ -3,16 +3,20 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "talaria/api/endpoint.hpp"
+#include "talaria/api/engine.hpp"
 #include "talaria/api/group.hpp"
 #include "talaria/util/result.hpp"
 
@@ -30,6 +34,18 @@ struct GroupSource {
 };
 
 class Swim;
+
+/// Barriers of one group (Group::barrier): the arrivals heard from other ranks, by barrier
+/// number and round, and how many barriers this rank has entered.
+struct GroupBarriers {
+    std::string name;
+    const detail::ProcInfo* info = nullptr;
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t entered = 0;  // under mu
+    /// (barrier number, round, from rank), under mu; numbers far from `entered` are refused.
+    std::set<std::tuple<uint64_t, uint32_t, uint32_t>> arrived;
+};
 
 struct Group::Impl {
     Impl() = default;
@@ -49,9 +65,10 @@ struct Group::Impl {
         Endpoint ep;              ///< looked up on first use
     };
     mutable std::mutex mu;
-    std::vector<Rank> ranks;     // under mu
-    uint64_t version = 1;        // under mu
-    std::shared_ptr<Swim> swim;  ///< under mu: failure detection, once started
+    std::vector<Rank> ranks;                  // under mu
+    uint64_t version = 1;                     // under mu
+    std::shared_ptr<Swim> swim;               ///< under mu: failure detection, once started
+    std::shared_ptr<GroupBarriers> barriers;  ///< under mu: once a barrier was entered
     std::vector<std::function<void(uint32_t, RankState)>> listeners;  // under mu
 
     [[nodiscard]] bool member_address_locked(std::string_view a) const {

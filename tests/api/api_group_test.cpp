@@ -549,5 +549,81 @@ TEST(FailureDetection, BadOptionsAndSecondStartsAreRefused) {
     EXPECT_TRUE(c.groups[0]->start_failure_detection());
 }
 
+// --- gather and barrier ---------------------------------------------------------------------
+
+TEST(Gather, EveryMembersValueInRankOrder) {
+    Cluster c(5);
+    for (uint32_t i = 0; i < 5; ++i)
+        c.groups[i]->define_gather<std::string>("name",
+                                                [i] { return "rank-" + std::to_string(i); });
+    Group from_client(c.ranks.client, c.ranks.addresses);
+    for (uint32_t k : {2u, 4u}) {
+        CollectiveOptions o;
+        o.k = k;
+        auto r = value_within(from_client.gather<std::string>("name", o));
+        ASSERT_TRUE(r.value.has_value());
+        ASSERT_EQ(r.value->size(), 5u);
+        for (uint32_t i = 0; i < 5; ++i)
+            EXPECT_EQ((*r.value)[i], (Ranked<std::string>{i, "rank-" + std::to_string(i)}));
+    }
+    // From a member, with a dead rank: the others' values, and the dead one named.
+    c.kill(3);
+    auto r = value_within(c.groups[0]->gather<std::string>("name"));
+    ASSERT_TRUE(r.value.has_value());
+    std::vector<uint32_t> got;
+    for (auto& v : *r.value)
+        got.push_back(v.rank);
+    EXPECT_EQ(got, (std::vector<uint32_t>{0, 1, 2, 4}));
+    EXPECT_EQ(ranks_of(r.failed), (std::vector<uint32_t>{3}));
+}
+
+TEST(Barrier, NoRankLeavesBeforeTheLastArrives) {
+    for (int n : {1, 2, 5}) {
+        Cluster c(n);
+        std::vector<Clock::time_point> left(std::size_t(n), Clock::time_point{});
+        std::vector<Errc> codes(std::size_t(n), Errc::internal);
+        const auto start = Clock::now();
+        const auto late = 150ms;
+        for (int round = 0; round < 3; ++round) {
+            std::vector<std::thread> ts;
+            for (int i = 0; i < n; ++i)
+                ts.emplace_back([&, i] {
+                    if (i == n - 1) std::this_thread::sleep_for(late);  // the last comes late
+                    auto r = c.groups[std::size_t(i)]->barrier(5s);
+                    codes[std::size_t(i)] = r ? Errc::ok : r.code();
+                    if (!r) ADD_FAILURE() << "rank " << i << ": " << r.error().message();
+                    left[std::size_t(i)] = Clock::now();
+                });
+            const auto entered_last = Clock::now() + late;
+            for (auto& t : ts)
+                t.join();
+            for (int i = 0; i < n; ++i) {
+                EXPECT_EQ(codes[std::size_t(i)], Errc::ok) << n << " ranks, rank " << i;
+                EXPECT_GE(left[std::size_t(i)], entered_last - 20ms)
+                    << n << " ranks: rank " << i << " left before the last arrived";
+            }
+        }
+        EXPECT_LT(Clock::now() - start, 5s);
+    }
+}
+
+TEST(Barrier, ARankThatNeverComesIsNamedAtTheDeadline) {
+    Cluster c(3);
+    std::vector<Result<void>> results(2, ok());
+    std::vector<std::thread> ts;
+    for (int i = 0; i < 2; ++i)  // rank 2 never calls barrier()
+        ts.emplace_back(
+            [&, i] { results[std::size_t(i)] = c.groups[std::size_t(i)]->barrier(300ms); });
+    for (auto& t : ts)
+        t.join();
+    for (auto& r : results) {
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.code(), Errc::timeout);
+        EXPECT_NE(r.error().message().find("rank 2"), std::string::npos) << r.error().message();
+    }
+    Group outside(c.ranks.client, c.ranks.addresses);
+    EXPECT_EQ(outside.barrier(100ms).code(), Errc::invalid_state);
+}
+
 }  // namespace
 }  // namespace talaria::api_test

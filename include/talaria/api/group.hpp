@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -88,6 +89,18 @@ struct Collective {
     void serialize(Archive& ar) {
         ar(value, answered, failed);
     }
+};
+
+/// One rank's value in a gather (Group::gather).
+template <class T>
+struct Ranked {
+    uint32_t rank = 0;
+    T value{};
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(rank, value);
+    }
+    friend bool operator==(const Ranked&, const Ranked&) = default;
 };
 
 /// How a collective call travels (Group::broadcast).
@@ -254,6 +267,34 @@ class Group {
     }
     template <class Sig, class... A>
     auto broadcast(const CollectiveOptions& opts, std::string_view name, const A&... args);
+
+    // --- uses of collectives and of point-to-point calls --------------------------------
+    /// Serve gather `name` on this rank: `value()` is what it contributes (every rank defines
+    /// it with the same T). A gather is the collective std::vector<Ranked<T>>() whose
+    /// reduction merges the ranks' values in rank order.
+    template <class T, class F>
+    Result<void> try_define_gather(std::string_view name, F value);
+    template <class T, class F>
+    void define_gather(std::string_view name, F value) {
+        detail::value_or_throw(try_define_gather<T>(name, std::move(value)));
+    }
+    /// Every member's value of gather `name`, in rank order, with the ranks that failed: an
+    /// all-gather of small values when every rank calls it.
+    template <class T>
+    auto gather(std::string_view name, const CollectiveOptions& opts = {}) {
+        return broadcast<std::vector<Ranked<T>>()>(opts, name);
+    }
+
+    /// Wait until every member has called barrier() as many times as this rank has (a
+    /// dissemination barrier: ceil(log2 N) rounds of one call to the rank 2^i ahead in the
+    /// member list, and a wait for the one 2^i behind). Every member calls it, with the same
+    /// membership; the procedure talaria.barrier.<name> is defined on the engine at the first
+    /// call (one name per group an engine holds barriers for). Errors: invalid_state when this
+    /// process is not a member; timeout naming the rank not heard from; a rank's call error
+    /// (a dead rank, another group version) naming it. A barrier that failed leaves the ranks
+    /// disagreeing on how many have passed: make the group again.
+    Result<void> barrier(Duration timeout = std::chrono::seconds(30),
+                         std::string_view name = "talaria");
 
     /// The name collective `name` is defined under on the wire.
     [[nodiscard]] static std::string wire_name(std::string_view name) {
@@ -523,6 +564,30 @@ struct CollectiveCall<R(Args...)> {
 template <class Sig, class H, class Reduce>
 Result<void> Group::try_define_collective(std::string_view name, H handler, Reduce reduce) {
     return detail::CollectiveCall<Sig>::define(*this, name, std::move(handler), std::move(reduce));
+}
+
+template <class T, class F>
+Result<void> Group::try_define_gather(std::string_view name, F value) {
+    static_assert(std::is_invocable_r_v<T, const F&>,
+                  "talaria: a gather's value function takes nothing and returns T");
+    const auto self = self_rank();
+    if (!self)
+        return Error{Errc::invalid_state,
+                     "Group::define_gather: this engine is not a member of its group (give Group "
+                     "its rank)"};
+    using V = std::vector<Ranked<T>>;
+    return try_define_collective<V()>(
+        name,
+        [value = std::move(value), r = *self] {
+            return V{Ranked<T>{r, value()}};
+        },
+        [](const V& a, const V& b) {
+            V out;
+            out.reserve(a.size() + b.size());
+            std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out),
+                       [](const Ranked<T>& x, const Ranked<T>& y) { return x.rank < y.rank; });
+            return out;
+        });
 }
 
 template <class Sig, class... A>
