@@ -1007,6 +1007,10 @@ Executor& Engine::handler_pool() {
     return *state_->pool;
 }
 
+Result<void> detail::undefine_through(EngineState* state, std::string_view name) {
+    return state->core->deregister_rpc(core::rpc_id(name), 0);
+}
+
 Result<void> Engine::try_undefine(std::string_view name, uint16_t provider) {
     return state_->core->deregister_rpc(core::rpc_id(name), provider);
 }

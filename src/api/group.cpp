@@ -87,7 +87,15 @@ std::vector<uint32_t> KnomialTree::subtree(uint32_t rank) const {
 // --- Group ------------------------------------------------------------------------------------
 
 Group::Impl::~Impl() {
-    if (swim) swim->stop();
+    // The engine outlives the group: its procedures for this group go with it, so that a new
+    // group of the engine can take the names.
+    if (swim) {
+        swim->stop();
+        if (swim->defined())
+            for (const char* p : {".ping", ".ping_req"})
+                (void)detail::undefine_through(engine, "talaria.swim." + swim->name() + p);
+    }
+    if (barriers) (void)detail::undefine_through(engine, "talaria.barrier." + barriers->name);
 }
 
 Group::Group(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
@@ -377,9 +385,33 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
                                 version, their_version));
                 return;
             }
+            // Only the rank this one hears from in that round may send it (the member 2^round
+            // places behind in rank order): no other peer can release it or fill the set.
+            bool expected = false;
+            {
+                std::lock_guard g(impl->mu);
+                std::vector<uint32_t> members;
+                for (uint32_t r = 0; r < impl->ranks.size(); ++r)
+                    if (impl->ranks[r].member) members.push_back(r);
+                const auto self = impl->self;
+                auto it =
+                    self ? std::lower_bound(members.begin(), members.end(), *self) : members.end();
+                const auto n = uint32_t(members.size());
+                if (it != members.end() && *it == *self && round < 32 && (1u << round) < n) {
+                    const auto me = uint32_t(it - members.begin());
+                    expected = members[(me + n - (1u << round) % n) % n] == from;
+                }
+            }
+            if (!expected) {
+                (void)req.try_respond_error(
+                    Errc::invalid_argument,
+                    fmt::format("barrier: rank {} does not send round {} to this rank", from,
+                                round));
+                return;
+            }
             {
                 std::lock_guard g(bs->mu);
-                if (number == 0 || number > bs->entered + kBarrierWindow || round >= 32) {
+                if (number == 0 || number > bs->entered + kBarrierWindow) {
                     (void)req.try_respond_error(
                         Errc::invalid_argument,
                         fmt::format("barrier: number {} round {} is outside this rank's window "
@@ -441,9 +473,9 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
         const auto key = std::make_tuple(number, round, from);
         if (!b->cv.wait_until(g, deadline, [&] { return b->arrived.count(key) != 0; }))
             return Error{Errc::timeout,
-                         fmt::format("Group::barrier #{}: rank {} has not reached it (round {}; "
-                                     "has it called barrier('{}')?)",
-                                     number, from, round, name)};
+                         fmt::format("Group::barrier #{}: round {} heard nothing from rank {} (it, "
+                                     "or a rank it waits for, has not called barrier('{}'))",
+                                     number, round, from, name)};
     }
     return ok();
 }
@@ -475,10 +507,9 @@ Result<void> Group::start_failure_detection(const FailureDetection& options) {
         return Error{Errc::invalid_state,
                      "Group::start_failure_detection: this engine is not a member of its group "
                      "(give Group its rank)"};
-    std::shared_ptr<Swim> swim;
-    std::vector<std::function<void(uint32_t, RankState)>> listeners;
+    // Under the group's mutex throughout, so that a listener added meanwhile is not lost.
+    std::lock_guard g(impl_->mu);
     {
-        std::lock_guard g(impl_->mu);
         if (!impl_->swim) {
             std::vector<Swim::Peer> peers;
             for (const auto& r : impl_->ranks)
@@ -486,16 +517,11 @@ Result<void> Group::start_failure_detection(const FailureDetection& options) {
             impl_->swim = std::make_shared<Swim>(impl_->engine, impl_->source, *v.self,
                                                  std::move(peers), options);
         }
-        swim = impl_->swim;
-        listeners = impl_->listeners;
     }
-    auto started = swim->start(options, std::move(listeners));
-    if (!started) {
-        // Its procedures could not be defined (another group's detection under this name): a
-        // later start may name another.
-        std::lock_guard g(impl_->mu);
-        if (impl_->swim == swim && !swim->defined()) impl_->swim.reset();
-    }
+    auto started = impl_->swim->start(options, impl_->listeners);
+    // Its procedures could not be defined (another group's detection under this name): a later
+    // start may name another.
+    if (!started && !impl_->swim->defined()) impl_->swim.reset();
     return started;
 }
 
@@ -518,13 +544,9 @@ RankState Group::rank_state(uint32_t rank) const {
 }
 
 void Group::on_rank_state(std::function<void(uint32_t rank, RankState state)> fn) {
-    std::shared_ptr<Swim> swim;
-    {
-        std::lock_guard g(impl_->mu);
-        impl_->listeners.push_back(fn);
-        swim = impl_->swim;
-    }
-    if (swim) swim->add_listener(std::move(fn));
+    std::lock_guard g(impl_->mu);  // as start_failure_detection, which copies the listeners
+    impl_->listeners.push_back(fn);
+    if (impl_->swim) impl_->swim->add_listener(std::move(fn));
 }
 
 }  // namespace talaria

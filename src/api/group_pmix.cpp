@@ -28,6 +28,7 @@ std::string pmix_says(pmix_status_t rc) {
 /// it. PMIx's calls are thread-safe: they hand the work to PMIx's own progress thread.
 class PmixSource final : public GroupSource {
   public:
+    static constexpr int kGetTimeoutSeconds = 10;
     PmixSource(const pmix_proc_t& me, std::string key) : me_(me), key_(std::move(key)) {}
     ~PmixSource() override { (void)PMIx_Finalize(nullptr, 0); }
     PmixSource(const PmixSource&) = delete;
@@ -82,9 +83,18 @@ class PmixSource final : public GroupSource {
         pmix_proc_t p;
         PMIX_LOAD_PROCID(&p, me_.nspace, rank);
         pmix_value_t* v = nullptr;
-        pmix_status_t rc = PMIx_Get(&p, key_.c_str(), nullptr, 0, &v);
+        // Bounded: a rank's address may be fetched on a progress thread (a collective's
+        // handler), which must not wait for good on a launcher that does not answer.
+        pmix_info_t limit;
+        PMIX_INFO_CONSTRUCT(&limit);
+        int seconds = kGetTimeoutSeconds;
+        PMIX_INFO_LOAD(&limit, PMIX_TIMEOUT, &seconds, PMIX_INT);
+        pmix_status_t rc = PMIx_Get(&p, key_.c_str(), &limit, 1, &v);
+        PMIX_INFO_DESTRUCT(&limit);
         if (rc != PMIX_SUCCESS)
-            return Error{rc == PMIX_ERR_NOT_FOUND ? Errc::not_found : Errc::unreachable,
+            return Error{rc == PMIX_ERR_NOT_FOUND ? Errc::not_found
+                         : rc == PMIX_ERR_TIMEOUT ? Errc::timeout
+                                                  : Errc::unreachable,
                          fmt::format("PMIx_Get({}) of rank {} in job {}: {} (did that rank call "
                                      "Group::from_pmix with the same name?)",
                                      key_, rank, me_.nspace, pmix_says(rc))};
@@ -137,6 +147,11 @@ Result<Group> Group::from_pmix(Engine& engine, std::string_view name) {
     pmix_status_t rc = PMIx_Init(&me, nullptr, 0);
     if (rc != PMIX_SUCCESS) {
         (void)PMIx_Finalize(nullptr, 0);  // a singleton's init counts, and fails
+        if (rc != PMIX_ERR_UNREACH)
+            return Error{Errc::io_error,
+                         fmt::format("Group::from_pmix: PMIx_Init: {} (is the launcher's PMIx "
+                                     "server of another version than this process's libpmix?)",
+                                     pmix_says(rc))};
         return Error{Errc::unreachable,
                      fmt::format("Group::from_pmix: PMIx_Init: {}: this process was not started "
                                  "by a PMIx launcher (mpirun, srun --mpi=pmix, prterun); without "

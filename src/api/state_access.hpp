@@ -12,4 +12,7 @@ namespace talaria::detail {
 /// Engine::try_lookup through `state`.
 Result<Endpoint> lookup_through(EngineState* state, std::string_view address);
 
+/// Engine::try_undefine through `state` (provider 0).
+Result<void> undefine_through(EngineState* state, std::string_view name);
+
 }  // namespace talaria::detail

@@ -52,6 +52,7 @@ Swim::~Swim() {
 }
 
 Result<void> Swim::start(const FailureDetection& options, std::vector<Listener> listeners) {
+    std::lock_guard control(control_);
     {
         std::lock_guard g(mu_);
         if (thread_.joinable())
@@ -111,6 +112,7 @@ Result<void> Swim::start(const FailureDetection& options, std::vector<Listener> 
                                                     std::move(ping_req_fn),
                                                     typename detail::FnTraits<Q>::Params{});
             !r) {
+            (void)detail::undefine_through(engine_, base + ".ping");  // not half of it
             undefined();
             return Error{r.code(), fmt::format("Group: failure detection '{}': {}", opt_.name,
                                                r.error().message())};
@@ -122,19 +124,28 @@ Result<void> Swim::start(const FailureDetection& options, std::vector<Listener> 
 }
 
 void Swim::stop() {
+    // Not from the detector's own thread (a listener): it cannot join itself.
+    const bool own = thread_.joinable() && thread_.get_id() == std::this_thread::get_id();
+    std::unique_lock control(control_, std::defer_lock);
+    if (!own) control.lock();
     {
         std::lock_guard g(mu_);
         stop_ = true;
     }
     cv_.notify_all();
     if (!thread_.joinable()) return;
-    if (thread_.get_id() == std::this_thread::get_id()) {
+    if (own) {
         // A listener dropped the group's last handle, or this is the thread's own last
         // reference going: it ends at its next check of stop_, and cannot join itself.
         thread_.detach();
         return;
     }
     thread_.join();
+}
+
+std::string Swim::name() const {
+    std::lock_guard g(mu_);
+    return opt_.name;
 }
 
 bool Swim::defined() const {
@@ -156,10 +167,9 @@ std::optional<std::string> Swim::dead(uint32_t rank) const {
     std::lock_guard g(mu_);
     if (rank >= peers_.size() || peers_[rank].state != RankState::dead) return std::nullopt;
     return fmt::format(
-        "Group: rank {} ({}) was declared dead by failure detection (it answered neither a "
-        "ping nor {} ranks' indirect pings, nor refuted the suspicion within {} ms)",
+        "Group: rank {} ({}) was declared dead by failure detection (it answered no ping, "
+        "direct or through other ranks, and did not refute the suspicion within {} ms)",
         rank, peers_[rank].address.empty() ? "address not resolved" : peers_[rank].address,
-        opt_.indirect,
         std::chrono::duration_cast<std::chrono::milliseconds>(opt_.suspicion).count());
 }
 
@@ -212,9 +222,11 @@ void Swim::apply_locked(const SwimUpdate& u, std::vector<Event>& out) {
     if (u.rank >= peers_.size() || u.state > uint8_t(RankState::dead)) return;  // not ours
     const auto state = RankState(u.state);
     if (u.rank == self_) {
-        // Told this rank is suspect (or dead): refute with a newer incarnation.
-        if (state != RankState::alive && u.incarnation >= incarnation_) {
-            incarnation_ = u.incarnation + 1;
+        // Told this rank is suspect (or dead): refute with a newer incarnation, and say so
+        // again each time (the last refutation's gossip may have run out before reaching the
+        // rank that suspects it now).
+        if (state != RankState::alive) {
+            if (u.incarnation >= incarnation_) incarnation_ = u.incarnation + 1;
             if (state == RankState::dead)
                 TALARIA_LOG(api, warn,
                             "group: rank {} was declared dead by another rank; it answers on, "
@@ -231,7 +243,7 @@ void Swim::apply_locked(const SwimUpdate& u, std::vector<Event>& out) {
         case RankState::alive:
             if (u.incarnation <= p.incarnation) return;
             p.incarnation = u.incarnation;
-            if (p.state == RankState::suspect) out.push_back({u.rank, RankState::alive});
+            if (p.state == RankState::suspect) out.push_back({u.rank, RankState::alive, ++events_});
             p.state = RankState::alive;
             break;
         case RankState::suspect:
@@ -241,14 +253,14 @@ void Swim::apply_locked(const SwimUpdate& u, std::vector<Event>& out) {
             p.incarnation = u.incarnation;
             if (p.state != RankState::suspect) {
                 p.suspect_since = Clock::now();
-                out.push_back({u.rank, RankState::suspect});
+                out.push_back({u.rank, RankState::suspect, ++events_});
             }
             p.state = RankState::suspect;
             break;
         case RankState::dead:
             p.state = RankState::dead;
             p.ep = Endpoint{};
-            out.push_back({u.rank, RankState::dead});
+            out.push_back({u.rank, RankState::dead, ++events_});
             break;
     }
     gossip_locked(u);
@@ -273,9 +285,17 @@ void Swim::announce(const std::vector<Event>& events) {
     std::vector<Listener> ls;
     {
         std::lock_guard g(mu_);
+        if (stop_) return;  // stopped: the application may have let its listeners go
         ls = listeners_;
     }
+    // Changes are made under mu_ on several threads and told after it is released: a change
+    // older than one already told about the same rank is dropped, so a listener never sees a
+    // rank go back to a state it has left.
+    std::lock_guard a(announce_mu_);
     for (const auto& e : events) {
+        if (e.rank >= announced_.size()) announced_.resize(e.rank + 1, 0);
+        if (e.seq <= announced_[e.rank]) continue;
+        announced_[e.rank] = e.seq;
         if (e.state == RankState::alive)
             TALARIA_LOG(api, info, "group: rank {} is alive again (seen by rank {})", e.rank,
                         self_);
@@ -334,7 +354,11 @@ void Swim::on_ping_req(Request req, SwimMessage m) {
         (void)req.try_respond_error(ep.code(), ep.error().message());
         return;
     }
-    Duration left = opt_.period;
+    Duration left;
+    {
+        std::lock_guard g(mu_);
+        left = opt_.period;
+    }
     if (req.deadline() != TimePoint::max()) left = std::min(left, req.deadline() - Clock::now());
     auto held = std::make_shared<Request>(std::move(req));
     std::weak_ptr<Swim> weak = weak_from_this();
@@ -399,6 +423,15 @@ std::optional<uint32_t> Swim::next_target_locked() {
     return std::nullopt;
 }
 
+Result<SwimMessage> Swim::answer_by(Future<SwimMessage>& f, TimePoint until) {
+    const Duration left = until - Clock::now();
+    if (left <= Duration::zero() || !f.wait_for(left)) {
+        (void)f.cancel();
+        return Error{Errc::timeout, "no answer in time"};
+    }
+    return f.try_get();
+}
+
 bool Swim::probe(uint32_t target, TimePoint period_end) {
     const Duration direct_wait = opt_.ping_timeout > Duration::zero()
                                      ? std::min(opt_.ping_timeout, opt_.period)
@@ -419,7 +452,9 @@ bool Swim::probe(uint32_t target, TimePoint period_end) {
             std::lock_guard g(mu_);
             m = message_locked(target);
         }
-        if (answered(ping(*ep, std::move(m), direct_wait).try_get())) return true;
+        auto f = ping(*ep, std::move(m), direct_wait);
+        if (answered(answer_by(f, Clock::now() + direct_wait + std::chrono::milliseconds(5))))
+            return true;
     }
     // Through others: up to `indirect` live ranks, at random, for the rest of the period.
     std::vector<uint32_t> helpers;
@@ -450,7 +485,9 @@ bool Swim::probe(uint32_t target, TimePoint period_end) {
     }
     bool ok = false;
     for (auto& f : asks)  // each ends by the period's end (its timeout)
-        if (!ok && answered(f.try_get())) ok = true;
+        if (!ok && answered(answer_by(f, period_end + std::chrono::milliseconds(5)))) ok = true;
+    for (auto& f : asks)  // the rest are not waited for
+        if (f.valid()) (void)f.cancel();
     return ok;
 }
 
@@ -465,6 +502,10 @@ void Swim::run() {
         lk.unlock();
         announce(events);
         events.clear();
+        {
+            std::lock_guard g(mu_);
+            if (stop_) break;  // after stop() the engine may close: touch it no more
+        }
         if (target && !probe(*target, end)) {
             lk.lock();
             if (*target < peers_.size() && peers_[*target].state == RankState::alive)

@@ -79,6 +79,8 @@ class Swim : public std::enable_shared_from_this<Swim> {
     [[nodiscard]] bool running() const;
     /// Whether its procedures are defined on the engine (a first start that succeeded).
     [[nodiscard]] bool defined() const;
+    /// The name its procedures are defined under (talaria.swim.<name>.ping).
+    [[nodiscard]] std::string name() const;
 
     [[nodiscard]] RankState state(uint32_t rank) const;
     /// Why calls to `rank` fail, when it is dead.
@@ -95,6 +97,7 @@ class Swim : public std::enable_shared_from_this<Swim> {
     struct Event {
         uint32_t rank;
         RankState state;
+        uint64_t seq;  ///< the order the changes were made in (events_)
     };
     struct Gossip {
         SwimUpdate update;
@@ -114,6 +117,9 @@ class Swim : public std::enable_shared_from_this<Swim> {
     void expire_locked(TimePoint now, std::vector<Event>& out);
     void announce(const std::vector<Event>& events);
     Future<SwimMessage> ping(const Endpoint& ep, SwimMessage m, Duration timeout);
+    /// The answer of `f` if it comes by `until`; otherwise the call is canceled. The detector
+    /// never waits past its period: a progress thread may be joining it (~Impl).
+    static Result<SwimMessage> answer_by(Future<SwimMessage>& f, TimePoint until);
 
     detail::EngineState* const engine_;
     const std::shared_ptr<GroupSource> source_;
@@ -122,9 +128,13 @@ class Swim : public std::enable_shared_from_this<Swim> {
     const detail::ProcInfo* ping_info_ = nullptr;
     const detail::ProcInfo* ping_req_info_ = nullptr;
 
+    std::mutex control_;  ///< held through start() and stop(): one at a time
     mutable std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;
+    uint64_t events_ = 0;              ///< changes made, under mu_
+    std::mutex announce_mu_;           ///< listeners are called under it, one event at a time
+    std::vector<uint64_t> announced_;  ///< by rank: the last change told, under announce_mu_
     std::vector<Peer> peers_;          // under mu_
     uint64_t incarnation_ = 0;         // this rank's, under mu_
     std::vector<Gossip> gossip_;       // under mu_

@@ -623,6 +623,16 @@ TEST(Barrier, ARankThatNeverComesIsNamedAtTheDeadline) {
     }
     Group outside(c.ranks.client, c.ranks.addresses);
     EXPECT_EQ(outside.barrier(100ms).code(), Errc::invalid_state);
+    // A peer that is not the one rank 0 hears from in round 0 (rank 2) cannot arrive for it.
+    auto forged =
+        c.ranks.client
+            .remote<uint32_t(uint64_t, uint64_t, uint32_t, uint32_t)>("talaria.barrier.talaria")
+            .on(c.ranks.client.lookup(c.ranks.addresses[0]));
+    auto r = result_within(forged(uint64_t{1}, uint64_t{2}, 0u, 1u));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::invalid_argument) << r.error().message();
+    EXPECT_NE(r.error().message().find("does not send round 0"), std::string::npos)
+        << r.error().message();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // back end and with the raw baseline; `serve` is the other process.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,10 @@ struct GroupBenchOptions {
     unsigned load_seconds = 10;
 };
 int run_group_bench(const GroupBenchOptions& opt);
+
+/// One line from the pipe `fd`, without its newline; none at its end or on an error. (The
+/// limit is checked between reads: a read blocks until a byte comes or the writer closes.)
+std::optional<std::string> read_line(int fd, Duration limit);
 
 /// The address an engine listens on for `transport` ("tcp", "sm", "ofi+tcp", ...).
 inline std::string listen_url(const std::string& transport) {

@@ -56,19 +56,9 @@ int64_t now_ns() {
         .count();
 }
 
-/// One line from `fd` (without the newline); none at EOF.
+/// A line from a pipe of the other processes (read_line, app.hpp): they answer at once.
 std::optional<std::string> line_from(int fd) {
-    std::string s;
-    char c;
-    for (;;) {
-        ssize_t n = ::read(fd, &c, 1);
-        if (n == 1) {
-            if (c == '\n') return s;
-            s += c;
-        } else if (n == 0 || errno != EINTR) {
-            return std::nullopt;
-        }
-    }
+    return read_line(fd, std::chrono::minutes(10));
 }
 
 void say(int fd, const std::string& line) {

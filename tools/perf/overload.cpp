@@ -123,22 +123,6 @@ long rss_kib(pid_t pid) {
     ::_exit(rc);
 }
 
-std::optional<std::string> read_line(int fd, Duration limit) {
-    std::string s;
-    auto until = Clock::now() + limit;
-    char c;
-    while (Clock::now() < until) {
-        ssize_t n = ::read(fd, &c, 1);
-        if (n == 1) {
-            if (c == '\n') return s;
-            s += c;
-        } else if (n == 0 || errno != EINTR) {
-            return std::nullopt;
-        }
-    }
-    return std::nullopt;
-}
-
 struct Latency {
     double p50_us = 0, p99_us = 0;
     std::size_t calls = 0, failed = 0;
@@ -170,6 +154,22 @@ Latency good_client(Engine& e, const Endpoint& server, Duration d, uint8_t retri
 }
 
 }  // namespace
+
+std::optional<std::string> read_line(int fd, Duration limit) {
+    std::string s;
+    auto until = Clock::now() + limit;
+    char c;
+    while (Clock::now() < until) {
+        ssize_t n = ::read(fd, &c, 1);
+        if (n == 1) {
+            if (c == '\n') return s;
+            s += c;
+        } else if (n == 0 || errno != EINTR) {
+            return std::nullopt;
+        }
+    }
+    return std::nullopt;
+}
 
 int run_overload(const OverloadOptions& o) {
     int to_server[2], from_server[2];
