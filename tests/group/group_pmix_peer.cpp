@@ -4,9 +4,12 @@
 //
 //   group_pmix_peer ADDRESS sum     under mpirun -np N: every check below
 //   group_pmix_peer ADDRESS alone   without a launcher: from_pmix says it needs one
+// ADDRESS may hold $TALARIA_TEST_HOST, replaced by that variable (the rank's emulated host).
 #include <talaria/talaria.hpp>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -95,7 +98,14 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
-        talaria::Engine engine(argv[1], talaria::listen);
+        // "$TALARIA_TEST_HOST" is this host's address where a test emulates several
+        // (mpirun_hosts.sh sets it for each).
+        std::string address = argv[1];
+        if (auto at = address.find("$TALARIA_TEST_HOST"); at != std::string::npos) {
+            const char* host = std::getenv("TALARIA_TEST_HOST");
+            address.replace(at, std::strlen("$TALARIA_TEST_HOST"), host ? host : "127.0.0.1");
+        }
+        talaria::Engine engine(address, talaria::listen);
         const std::string_view mode = argv[2];
         if (mode == "alone") return alone(engine);
         if (mode == "sum") return sum(engine);
