@@ -101,6 +101,9 @@ struct GroupBenchOptions {
     unsigned period_ms = 200, suspicion_ms = 1000;
     unsigned load_inflight = 64;  ///< calls each rank keeps in flight during detection
     unsigned load_seconds = 10;
+    /// Emulated hosts (scripts/hosts up H): rank r runs in network namespace talaria-h<r % H>
+    /// and listens on its address; 0: every rank on this host's loopback.
+    unsigned hosts = 0;
 };
 int run_group_bench(const GroupBenchOptions& opt);
 

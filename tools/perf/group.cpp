@@ -19,6 +19,7 @@
 // change any rank sees is a false positive then. Then the last rank is killed with SIGKILL and
 // each survivor's time to declare it dead is reported (steady clock, one for the machine).
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -29,6 +30,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -64,6 +66,26 @@ std::optional<std::string> line_from(int fd) {
 void say(int fd, const std::string& line) {
     std::string l = line + "\n";
     (void)!::write(fd, l.data(), l.size());
+}
+
+/// With --hosts H: move this thread (and the engine's threads, made after) into emulated host
+/// rank % H (network namespace talaria-h<i> of scripts/hosts, address 10.200.0.<i+1>), and
+/// listen on that host's address. Otherwise this host's loopback (or shared memory).
+std::string enter_host(const GroupBenchOptions& o, uint32_t rank) {
+    if (o.hosts == 0) return listen_url(o.transport);
+    const uint32_t h = rank % o.hosts;
+    const std::string ns = fmt::format("/var/run/netns/talaria-h{}", h);
+    int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+        const int err = errno;
+        if (fd >= 0) ::close(fd);
+        throw std::runtime_error(
+            fmt::format("cannot enter {}: {} (scripts/hosts up {} first, as "
+                        "root)",
+                        ns, std::strerror(err), o.hosts));
+    }
+    ::close(fd);
+    return fmt::format("{}://10.200.0.{}:0", o.transport, h + 1);
 }
 
 /// What one rank runs besides its groups: SWIM's events and a load of calls.
@@ -154,7 +176,7 @@ std::vector<std::string> words(const std::string& line) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     int rc = 0;
     try {
-        Engine engine{listen_url(o.transport), listen};
+        Engine engine{enter_host(o, rank), listen};
         say(out, engine.self_address());
         RankSide side(engine, rank);
         std::vector<std::string> addresses;
@@ -269,7 +291,7 @@ int run_group_bench(const GroupBenchOptions& o) {
             if (!l) throw std::runtime_error(fmt::format("rank {} did not start", r));
             addresses[r] = *l;
         }
-        Engine engine{listen_url(o.transport), listen};
+        Engine engine{enter_host(o, 0), listen};
         addresses[0] = engine.self_address();
         std::string all = "addresses";
         for (auto& a : addresses)
@@ -282,6 +304,9 @@ int run_group_bench(const GroupBenchOptions& o) {
             "talaria-perf group: {} ranks at most over {} ({} hardware threads), {} "
             "calls per point\n",
             most, o.transport, std::thread::hardware_concurrency(), o.calls);
+        if (o.hosts)
+            fmt::print("ranks on {} emulated hosts (rank r on talaria-h<r % {}>)\n", o.hosts,
+                       o.hosts);
         fmt::print("{:>5} {:>3} {:>5} {:>12} {:>12} {:>12} {:>12} {:>8}\n", "ranks", "k", "depth",
                    "bcast p50 us", "bcast p99 us", "rtt p50 us", "depth x rtt", "ratio");
         for (uint32_t n : o.ranks) {

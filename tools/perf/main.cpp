@@ -275,6 +275,11 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     group->add_option("--load-seconds", gb.load_seconds, "How long the load runs before the kill")
         ->capture_default_str();
+    group
+        ->add_option("--hosts", gb.hosts,
+                     "Ranks on H hosts emulated by scripts/hosts (run 'scripts/hosts up H' first, "
+                     "as root): rank r in talaria-h<r % H>, over tcp-like transports")
+        ->check(CLI::Range(0u, 250u));
 
     CLI11_PARSE(app, argc, argv);
     std::signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as an error, not a signal
