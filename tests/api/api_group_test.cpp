@@ -388,6 +388,47 @@ TEST(Collective, RemovedRanksAreLeftOutOfTheTree) {
     EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 1, 3, 4}, 0)));
 }
 
+TEST(Collective, EveryRankPullsABulkHandleInTheArguments) {
+    Cluster c(6);
+    // The caller's buffer, bound to its engine: whichever rank decodes the handle, however far
+    // down the tree, pulls from the caller, not from the rank that forwarded the call.
+    std::vector<uint8_t> data(256 * 1024);
+    for (std::size_t i = 0; i < data.size(); ++i)
+        data[i] = uint8_t(i * 7 + i / 251);
+    uint64_t sum = 0;
+    for (uint8_t b : data)
+        sum += b;
+    for (std::size_t i = 0; i < 6; ++i) {
+        Engine* e = c.ranks.servers[i].get();
+        c.groups[i]->define_collective<uint32_t(Bulk, uint64_t)>(
+            "pull",
+            [e](const Bulk& remote, uint64_t want) -> uint32_t {
+                std::vector<uint8_t> got(remote.size());
+                auto local = e->expose(std::span<uint8_t>(got), write_only);
+                // A handler may block on a transfer: transfers complete on their own thread.
+                e->pull(remote, 0, local, 0, got.size()).get();
+                uint64_t s = 0;
+                for (uint8_t b : got)
+                    s += b;
+                if (s != want) throw std::runtime_error("pulled bytes differ");
+                return 1;
+            },
+            [](const uint32_t& a, const uint32_t& b) { return a + b; });
+    }
+    Engine owner("tcp://127.0.0.1:0", listen);
+    Group from_owner(owner, c.ranks.addresses);
+    auto handle = owner.expose(Segment{data.data(), data.size()}, read_only, bind_owner);
+    for (uint32_t k : {2u, 3u}) {
+        CollectiveOptions o;
+        o.k = k;
+        o.timeout = 20s;
+        auto r =
+            value_within(from_owner.broadcast<uint32_t(Bulk, uint64_t)>(o, "pull", handle, sum));
+        EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
+        EXPECT_EQ(r.value, std::optional<uint32_t>(6)) << "k " << k;
+    }
+}
+
 // --- failure detection (SWIM) -------------------------------------------------------------------
 
 /// What ranks saw of each other: (observer, rank, state), in order.
