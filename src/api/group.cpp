@@ -233,6 +233,21 @@ Result<void> Group::fence() {
     return impl_->source->fence();
 }
 
+namespace {
+
+/// FNV-1a over the member ranks (GroupStamp::members).
+uint64_t members_digest(const std::vector<uint32_t>& members) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint32_t r : members)
+        for (int i = 0; i < 4; ++i) {
+            h ^= (r >> (8 * i)) & 0xff;
+            h *= 0x100000001b3ull;
+        }
+    return h;
+}
+
+}  // namespace
+
 Group::View Group::view() const {
     std::lock_guard g(impl_->mu);
     View v;
@@ -243,6 +258,7 @@ Group::View Group::view() const {
         if (impl_->self ? r == *impl_->self : impl_->ranks[r].address == impl_->self_address)
             v.self = r;
     }
+    v.digest = members_digest(v.members);
     return v;
 }
 
@@ -324,8 +340,8 @@ Result<uint32_t> Group::add(std::string address) {
 
 namespace {
 
-/// On the wire: the group version, the barrier number, the round, the sender's rank.
-using BarrierSig = uint32_t(uint64_t, uint64_t, uint32_t, uint32_t);
+/// On the wire: the group's stamp, the barrier number, the round, the sender's rank.
+using BarrierSig = uint32_t(GroupStamp, uint64_t, uint32_t, uint32_t);
 /// Barrier numbers this far ahead of the rank's own are refused (a confused or hostile peer
 /// cannot fill the arrival set).
 constexpr uint64_t kBarrierWindow = 64;
@@ -363,36 +379,21 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
         // Held weakly, as a collective's handler holds its group; the version is read at each
         // arrival, so that it is the group's at the time.
         std::weak_ptr<Impl> weak = impl_;
-        auto fn = [weak](Request req, uint64_t their_version, uint64_t number, uint32_t round,
+        auto fn = [weak](Request req, GroupStamp theirs, uint64_t number, uint32_t round,
                          uint32_t from) {
             auto impl = weak.lock();
             std::shared_ptr<GroupBarriers> bs;
-            uint64_t version = 0;
-            if (impl) {
-                std::lock_guard g(impl->mu);
-                bs = impl->barriers;
-                version = impl->version;
-            }
-            if (!bs) {
-                (void)req.try_respond_error(Errc::shutdown, "this rank's group is gone");
-                return;
-            }
-            if (their_version != version) {
-                (void)req.try_respond_error(
-                    Errc::invalid_state,
-                    fmt::format("barrier: this rank is at group version {}, the caller at {} "
-                                "(every rank must see the same membership)",
-                                version, their_version));
-                return;
-            }
+            GroupStamp ours;
             // Only the rank this one hears from in that round may send it (the member 2^round
             // places behind in rank order): no other peer can release it or fill the set.
             bool expected = false;
-            {
+            if (impl) {
                 std::lock_guard g(impl->mu);
+                bs = impl->barriers;
                 std::vector<uint32_t> members;
                 for (uint32_t r = 0; r < impl->ranks.size(); ++r)
                     if (impl->ranks[r].member) members.push_back(r);
+                ours = {impl->version, members_digest(members)};
                 const auto self = impl->self;
                 auto it =
                     self ? std::lower_bound(members.begin(), members.end(), *self) : members.end();
@@ -401,6 +402,23 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
                     const auto me = uint32_t(it - members.begin());
                     expected = members[(me + n - (1u << round) % n) % n] == from;
                 }
+            }
+            if (!bs) {
+                (void)req.try_respond_error(Errc::shutdown, "this rank's group is gone");
+                return;
+            }
+            if (theirs != ours) {
+                (void)req.try_respond_error(
+                    Errc::invalid_state,
+                    theirs.version != ours.version
+                        ? fmt::format("barrier: this rank is at group version {}, the caller at "
+                                      "{} (every rank must see the same membership)",
+                                      ours.version, theirs.version)
+                        : fmt::format("barrier: this rank is at group version {} as the caller "
+                                      "is, but with other members (a rank was removed or added "
+                                      "on one side only)",
+                                      ours.version));
+                return;
             }
             if (!expected) {
                 (void)req.try_respond_error(
@@ -461,7 +479,7 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
                                          number, to, round, name)};
             auto r = Procedure<BarrierSig>(impl_->engine, b->info)
                          .on(*ep)
-                         .timeout(left)(v.version, number, round, *v.self)
+                         .timeout(left)(v.stamp(), number, round, *v.self)
                          .try_get();
             if (r) break;
             if (r.code() != Errc::not_found)  // not_found: it has not defined it yet

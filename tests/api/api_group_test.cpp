@@ -351,6 +351,19 @@ TEST(Collective, ARankAtAnotherVersionRefusesAndIsNamed) {
     EXPECT_EQ(refused.code(), Errc::invalid_state);
 }
 
+TEST(Collective, ARankAtTheSameVersionWithOtherMembersRefusesAndIsNamed) {
+    Cluster c(4);
+    // Each side removed a different rank: both at version 2, with other members.
+    ASSERT_TRUE(c.groups[0]->remove(3));
+    ASSERT_TRUE(c.groups[1]->remove(2));
+    ASSERT_EQ(c.groups[0]->version(), c.groups[1]->version());
+    auto r = value_within(c.groups[0]->broadcast<uint64_t(uint32_t)>("sum", 0u));
+    ASSERT_FALSE(r.failed.empty());
+    EXPECT_EQ(r.failed[0].rank, 1u);
+    EXPECT_EQ(r.failed[0].code, Errc::invalid_state);
+    EXPECT_NE(r.failed[0].message.find("other members"), std::string::npos) << r.failed[0].message;
+}
+
 TEST(Collective, ARankWithOtherTypesRefusesAndIsNamed) {
     Ranks ranks(3);
     std::vector<Group> groups;
@@ -667,9 +680,9 @@ TEST(Barrier, ARankThatNeverComesIsNamedAtTheDeadline) {
     // A peer that is not the one rank 0 hears from in round 0 (rank 2) cannot arrive for it.
     auto forged =
         c.ranks.client
-            .remote<uint32_t(uint64_t, uint64_t, uint32_t, uint32_t)>("talaria.barrier.talaria")
+            .remote<uint32_t(GroupStamp, uint64_t, uint32_t, uint32_t)>("talaria.barrier.talaria")
             .on(c.ranks.client.lookup(c.ranks.addresses[0]));
-    auto r = result_within(forged(uint64_t{1}, uint64_t{2}, 0u, 1u));
+    auto r = result_within(forged(c.groups[0]->view().stamp(), uint64_t{2}, 0u, 1u));
     ASSERT_FALSE(r);
     EXPECT_EQ(r.code(), Errc::invalid_argument) << r.error().message();
     EXPECT_NE(r.error().message().find("does not send round 0"), std::string::npos)

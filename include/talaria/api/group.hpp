@@ -103,6 +103,19 @@ struct Ranked {
     friend bool operator==(const Ranked&, const Ranked&) = default;
 };
 
+/// A membership as calls between ranks name it: the group's version and a hash of its members,
+/// so that two ranks at one version with other removals (each removed a different rank) are
+/// told apart.
+struct GroupStamp {
+    uint64_t version = 0;
+    uint64_t members = 0;  ///< Group::View::digest
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(version, members);
+    }
+    friend bool operator==(const GroupStamp&, const GroupStamp&) = default;
+};
+
 /// How a collective call travels (Group::broadcast).
 struct CollectiveOptions {
     /// A deadline for the whole tree: each rank gives the ranks it sends to seven eighths of
@@ -203,6 +216,8 @@ class Group {
         uint64_t version = 0;
         std::vector<uint32_t> members;  ///< increasing
         std::optional<uint32_t> self;
+        uint64_t digest = 0;  ///< a hash of `members` (GroupStamp)
+        [[nodiscard]] GroupStamp stamp() const { return {version, digest}; }
     };
     [[nodiscard]] View view() const;
 
@@ -322,9 +337,9 @@ struct CollectiveCall<R(Args...)> {
                   "talaria: a collective's result and argument types must be default-"
                   "constructible (they are decoded into)");
     using Tuple = std::tuple<std::decay_t<Args>...>;
-    /// On the wire: the group version, the root rank, the radix, the signature's hash, the
-    /// arguments.
-    using WireSig = Collective<R>(uint64_t, uint32_t, uint32_t, uint64_t, Tuple);
+    /// On the wire: the group's stamp (version and members), the root rank, the radix, the
+    /// signature's hash, the arguments.
+    using WireSig = Collective<R>(GroupStamp, uint32_t, uint32_t, uint64_t, Tuple);
     using Reduce = std::function<R(const R&, const R&)>;
     /// Ranks that defined the collective with other types refuse the call.
     static constexpr uint64_t kSignature = kSignatureHash<R, std::decay_t<Args>...>;
@@ -419,15 +434,19 @@ struct CollectiveCall<R(Args...)> {
 
     /// What a rank answers when it cannot take part (the call fails at its parent).
     static std::optional<std::string> refusal(const Group::View& v, const std::string& what,
-                                              uint64_t version, uint32_t root, uint32_t k,
+                                              const GroupStamp& stamp, uint32_t root, uint32_t k,
                                               uint64_t signature) {
         if (signature != kSignature)
             return what + ": this rank defined it with other argument or result types";
-        if (v.version != version)
+        if (v.stamp() != stamp)
             return what + ": " +
                    (v.self ? "rank " + std::to_string(*v.self) : std::string("this engine")) +
-                   " is at group version " + std::to_string(v.version) + ", the caller at " +
-                   std::to_string(version) + " (every rank must see the same membership)";
+                   " is at group version " + std::to_string(v.version) +
+                   (v.version != stamp.version
+                        ? ", the caller at " + std::to_string(stamp.version)
+                        : std::string(" as the caller is, but with other members (a rank was "
+                                      "removed or added on one side only)")) +
+                   " (every rank must see the same membership)";
         if (!v.self || !position(v.members, *v.self))
             return what + ": this engine is not a member of its group (give Group its rank)";
         if (!position(v.members, root))
@@ -438,8 +457,9 @@ struct CollectiveCall<R(Args...)> {
 
     template <class H>
     static void serve(Group group, const std::string& name, const H& handler,
-                      const std::shared_ptr<const Reduce>& reduce, Request req, uint64_t version,
-                      uint32_t root, uint32_t k, uint64_t signature, const Tuple& args) {
+                      const std::shared_ptr<const Reduce>& reduce, Request req,
+                      const GroupStamp& version, uint32_t root, uint32_t k, uint64_t signature,
+                      const Tuple& args) {
         const Group::View v = group.view();
         std::string what = "collective '" + name + "'";
         if (auto no = refusal(v, what, version, root, k, signature)) {
@@ -519,7 +539,7 @@ struct CollectiveCall<R(Args...)> {
         // The engine keeps the handler until it closes: it holds the group weakly, so that the
         // group (and its failure detector's thread) goes with the user's last handle.
         std::weak_ptr<Group::Impl> weak = group.impl_;
-        auto fn = [weak, n = std::string(name), h, red](Request req, uint64_t version,
+        auto fn = [weak, n = std::string(name), h, red](Request req, GroupStamp version,
                                                         uint32_t root, uint32_t k,
                                                         uint64_t signature, Tuple args) {
             auto impl = weak.lock();
@@ -555,7 +575,7 @@ struct CollectiveCall<R(Args...)> {
         EngineState* engine = group.engine_state();
         auto p = Procedure<WireSig>(engine, proc_info(*engine, Group::wire_name(name))).on(*ep);
         if (opts.timeout > Duration::zero()) p = p.timeout(opts.timeout);
-        return p(v.version, root, opts.k, kSignature, Tuple(args...));
+        return p(v.stamp(), root, opts.k, kSignature, Tuple(args...));
     }
 };
 
