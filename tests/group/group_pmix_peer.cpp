@@ -8,9 +8,9 @@
 #include <talaria/talaria.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <string>
 #include <string_view>
 
