@@ -180,11 +180,7 @@ uint32_t Group::size() const {
 }
 
 std::vector<uint32_t> Group::members() const {
-    std::lock_guard g(impl_->mu);
-    std::vector<uint32_t> out;
-    for (uint32_t r = 0; r < impl_->ranks.size(); ++r)
-        if (impl_->ranks[r].member) out.push_back(r);
-    return out;
+    return view().members;
 }
 
 bool Group::is_member(uint32_t rank) const {
@@ -248,18 +244,21 @@ uint64_t members_digest(const std::vector<uint32_t>& members) {
 
 }  // namespace
 
-Group::View Group::view() const {
-    std::lock_guard g(impl_->mu);
+Group::View Group::Impl::view_locked() const {
     View v;
-    v.version = impl_->version;
-    for (uint32_t r = 0; r < impl_->ranks.size(); ++r) {
-        if (!impl_->ranks[r].member) continue;
+    v.version = version;
+    for (uint32_t r = 0; r < ranks.size(); ++r) {
+        if (!ranks[r].member) continue;
         v.members.push_back(r);
-        if (impl_->self ? r == *impl_->self : impl_->ranks[r].address == impl_->self_address)
-            v.self = r;
+        if (self ? r == *self : ranks[r].address == self_address) v.self = r;
     }
     v.digest = members_digest(v.members);
     return v;
+}
+
+Group::View Group::view() const {
+    std::lock_guard g(impl_->mu);
+    return impl_->view_locked();
 }
 
 Result<Endpoint> Group::try_rank(uint32_t rank) {
@@ -346,6 +345,16 @@ using BarrierSig = uint32_t(GroupStamp, uint64_t, uint32_t, uint32_t);
 /// cannot fill the arrival set).
 constexpr uint64_t kBarrierWindow = 64;
 
+/// The member 2^round places ahead of this rank (whom it calls in that round), or behind (whom
+/// it hears from), in rank order, wrapping around. `v.self` is a member; 2^round < members.
+uint32_t barrier_peer(const Group::View& v, uint32_t round, bool ahead) {
+    const auto n = uint64_t(v.members.size());
+    const auto me =
+        uint64_t(std::lower_bound(v.members.begin(), v.members.end(), *v.self) - v.members.begin());
+    const uint64_t d = uint64_t(1) << round;
+    return v.members[ahead ? (me + d) % n : (me + n - d) % n];
+}
+
 }  // namespace
 
 Result<void> Group::barrier(Duration timeout, std::string_view name) {
@@ -388,20 +397,15 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
             // places behind in rank order): no other peer can release it or fill the set.
             bool expected = false;
             if (impl) {
-                std::lock_guard g(impl->mu);
-                bs = impl->barriers;
-                std::vector<uint32_t> members;
-                for (uint32_t r = 0; r < impl->ranks.size(); ++r)
-                    if (impl->ranks[r].member) members.push_back(r);
-                ours = {impl->version, members_digest(members)};
-                const auto self = impl->self;
-                auto it =
-                    self ? std::lower_bound(members.begin(), members.end(), *self) : members.end();
-                const auto n = uint32_t(members.size());
-                if (it != members.end() && *it == *self && round < 32 && (1u << round) < n) {
-                    const auto me = uint32_t(it - members.begin());
-                    expected = members[(me + n - (1u << round) % n) % n] == from;
+                View here;
+                {
+                    std::lock_guard g(impl->mu);
+                    bs = impl->barriers;
+                    here = impl->view_locked();
                 }
+                ours = here.stamp();
+                if (here.self && round < 32 && (1u << round) < here.members.size())
+                    expected = barrier_peer(here, round, /*ahead=*/false) == from;
             }
             if (!bs) {
                 (void)req.try_respond_error(Errc::shutdown, "this rank's group is gone");
@@ -459,13 +463,9 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
         // Arrivals of barriers before the last are done with.
         std::erase_if(b->arrived, [number](const auto& a) { return std::get<0>(a) + 1 < number; });
     }
-    const auto n = uint32_t(v.members.size());
-    const auto me =
-        uint32_t(std::lower_bound(v.members.begin(), v.members.end(), *v.self) - v.members.begin());
-    uint32_t round = 0;
-    for (uint32_t d = 1; d < n; d <<= 1, ++round) {
-        const uint32_t to = v.members[(me + d) % n];
-        const uint32_t from = v.members[(me + n - d % n) % n];
+    for (uint32_t round = 0; (1u << round) < v.members.size(); ++round) {
+        const uint32_t to = barrier_peer(v, round, /*ahead=*/true);
+        const uint32_t from = barrier_peer(v, round, /*ahead=*/false);
         auto ep = try_rank(to);
         if (!ep)
             return Error{ep.code(),

@@ -71,6 +71,8 @@ struct Group::Impl {
     std::shared_ptr<GroupBarriers> barriers;  ///< under mu: once a barrier was entered
     std::vector<std::function<void(uint32_t, RankState)>> listeners;  // under mu
 
+    /// Group::view(), with mu held.
+    [[nodiscard]] Group::View view_locked() const;
     [[nodiscard]] bool member_address_locked(std::string_view a) const {
         return std::any_of(ranks.begin(), ranks.end(),
                            [&](const Rank& r) { return r.member && r.address == a; });
