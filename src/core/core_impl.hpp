@@ -458,6 +458,22 @@ struct Context::Impl {
     mutable std::mutex cancel_mu;
     std::deque<CancelNotice> cancels;       ///< under cancel_mu, oldest first
     std::atomic<std::size_t> n_cancels{0};  ///< cancels.size(): read without the lock
+    /// Functions to run when a notice for their call arrives (Request::on_cancel), under
+    /// cancel_mu. Few: only handlers that answer later register one.
+    struct CancelWatcher {
+        na::AddrImpl* peer = nullptr;
+        uint32_t seq = 0;
+        uint8_t reply_ctx = 0;
+        uint64_t id = 0;
+        std::function<void()> fn;
+    };
+    std::vector<CancelWatcher> cancel_watchers;
+    uint64_t next_watch = 0;
+    /// Register `fn` for the call; 0 when a notice for it came already (then the caller runs
+    /// fn itself).
+    uint64_t watch_cancel(const na::Addr& source, uint32_t seq, uint8_t reply_ctx,
+                          std::function<void()>& fn);
+    void unwatch_cancel(uint64_t id) noexcept;
     void on_cancel(const wire::Header& h, const na::Addr& source);
     [[nodiscard]] bool cancel_noticed(const na::Addr& source, uint32_t seq,
                                       uint8_t reply_ctx) const noexcept;

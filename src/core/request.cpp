@@ -23,6 +23,17 @@ std::string no_rpc_message(const wire::Header& h, const std::string& where) {
     return fmt::format("{} {:#010x} is registered at {} for provider {}", kNoRpcMessage, h.rpc_id,
                        where, h.provider);
 }
+/// A Request::on_cancel function: what it throws is logged, never let out into the receive
+/// path.
+void run_cancel_watch(std::function<void()>& fn, uint8_t ctx) noexcept {
+    try {
+        fn();
+    } catch (const std::exception& e) {
+        TALARIA_LOG(core, warn, "context {}: a cancel watch threw: {}", ctx, e.what());
+    } catch (...) {
+        TALARIA_LOG(core, warn, "context {}: a cancel watch threw a non-standard exception", ctx);
+    }
+}
 }  // namespace
 
 // --- receives ---------------------------------------------------------------------------------
@@ -209,12 +220,67 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
 
 void Context::Impl::on_cancel(const wire::Header& h, const na::Addr& source) {
     CancelNotice n{source.impl()->canonical(), h.seq, h.reply_ctx};
+    std::vector<std::function<void()>> run;
+    {
+        std::lock_guard g(cancel_mu);
+        // Bounded: a notice for a request that already finished (the cancel crossed the
+        // answer) is never looked up; the oldest goes first, and sweep() clears them all once
+        // nothing is held.
+        if (cancels.size() >= kMaxCancelNotices) cancels.pop_front();
+        cancels.push_back(n);
+        n_cancels.store(cancels.size(), std::memory_order_release);
+        for (auto it = cancel_watchers.begin(); it != cancel_watchers.end();) {
+            if (it->seq == n.seq && it->reply_ctx == n.reply_ctx && it->peer == n.peer) {
+                run.push_back(std::move(it->fn));
+                it = cancel_watchers.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    for (auto& fn : run)
+        run_cancel_watch(fn, id);
+}
+
+uint64_t Context::Impl::watch_cancel(const na::Addr& source, uint32_t seq, uint8_t reply_ctx,
+                                     std::function<void()>& fn) {
+    na::AddrImpl* key = source.impl()->canonical();
     std::lock_guard g(cancel_mu);
-    // Bounded: a notice for a request that already finished (the cancel crossed the answer) is
-    // never looked up; the oldest goes first, and sweep() clears them all once nothing is held.
-    if (cancels.size() >= kMaxCancelNotices) cancels.pop_front();
-    cancels.push_back(n);
-    n_cancels.store(cancels.size(), std::memory_order_release);
+    for (const CancelNotice& n : cancels)
+        if (n.seq == seq && n.reply_ctx == reply_ctx && n.peer == key) return 0;
+    const uint64_t watch = ++next_watch;
+    cancel_watchers.push_back(CancelWatcher{key, seq, reply_ctx, watch, std::move(fn)});
+    return watch;
+}
+
+void Context::Impl::unwatch_cancel(uint64_t watch) noexcept {
+    std::function<void()> gone;  // destroyed after the lock (it may hold what takes locks)
+    std::lock_guard g(cancel_mu);
+    for (auto it = cancel_watchers.begin(); it != cancel_watchers.end(); ++it)
+        if (it->id == watch) {
+            gone = std::move(it->fn);
+            cancel_watchers.erase(it);
+            break;
+        }
+}
+
+CancelWatch Request::on_cancel(std::function<void()> fn) const {
+    CancelWatch w;
+    if (!ctx_ || !fn) return w;
+    const uint64_t watch = ctx_->impl_->watch_cancel(source(), seq_, reply_ctx_, fn);
+    if (watch == 0) {  // the notice came already
+        run_cancel_watch(fn, ctx_->id());
+        return w;
+    }
+    w.ctx_ = ctx_;
+    w.id_ = watch;
+    return w;
+}
+
+void CancelWatch::reset() noexcept {
+    if (ctx_) ctx_->impl_->unwatch_cancel(id_);
+    ctx_ = nullptr;
+    id_ = 0;
 }
 
 bool Context::Impl::cancel_noticed(const na::Addr& source, uint32_t seq,

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -440,6 +441,78 @@ TEST(Collective, EveryRankPullsABulkHandleInTheArguments) {
         EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
         EXPECT_EQ(r.value, std::optional<uint32_t>(6)) << "k " << k;
     }
+}
+
+/// Whether `pred` turns true within `d` (polled every millisecond).
+template <class P>
+bool within(Duration d, P pred) {
+    const auto until = Clock::now() + d;
+    while (!pred()) {
+        if (Clock::now() >= until) return false;
+        std::this_thread::sleep_for(1ms);
+    }
+    return true;
+}
+
+TEST(Collective, CancelingTheCallCancelsTheWholeTree) {
+    // Binomial from rank 0: 0 -> 1, 2 and 1 -> 3. Rank 3's handler hangs (until released), so
+    // rank 1 waits on its call to 3, and rank 0 on its call to 1, for most of the 30 s timeout
+    // unless the cancel travels down the tree.
+    Ranks ranks(4);
+    std::atomic<bool> started{false};
+    std::atomic<bool> release{false};
+    std::atomic<int> returned{0};  // rank 3's handlers that returned
+    std::vector<std::optional<Group>> groups;
+    for (uint32_t i = 0; i < 4; ++i) {
+        groups.emplace_back(std::in_place, *ranks.servers[i], ranks.addresses, i);
+        groups.back()->define_collective<uint32_t()>(
+            "hang",
+            [i, &started, &release, &returned]() -> uint32_t {
+                if (i == 3) {
+                    started = true;
+                    // Bounded, so that a broken test fails instead of hanging.
+                    const auto until = Clock::now() + 20s;
+                    while (!release && Clock::now() < until)
+                        std::this_thread::sleep_for(1ms);
+                    ++returned;
+                }
+                return 1;
+            },
+            [](const uint32_t& a, const uint32_t& b) { return a + b; });
+    }
+    auto in_flight = [&](uint32_t r) { return ranks.servers[r]->counters().in_flight; };
+    auto canceled = [&](uint32_t r) { return ranks.servers[r]->counters().canceled; };
+    // From a caller outside the group (the root is rank 0), then from rank 0 itself (it calls
+    // its own rank, the root, over the transport).
+    Group from_client(ranks.client, ranks.addresses);
+    for (Group* caller : {&from_client, &*groups[0]}) {
+        started = false;
+        release = false;
+        const uint64_t canceled_0 = canceled(0), canceled_1 = canceled(1);
+        CollectiveOptions o;
+        o.timeout = 30s;
+        auto fut = caller->broadcast<uint32_t()>(o, "hang");
+        ASSERT_TRUE(within(10s, [&] { return started.load(); }));
+        ASSERT_TRUE(within(10s, [&] { return in_flight(1) == 1; }))
+            << "rank 1 waits on its call to rank 3";
+        EXPECT_TRUE(fut.cancel());
+        auto r = result_within(std::move(fut));
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.code(), Errc::canceled);
+        // Rank 0 cancels its call to rank 1; rank 1 hears of it and cancels its call to 3.
+        EXPECT_TRUE(within(5s, [&] { return in_flight(1) == 0 && in_flight(0) == 0; }))
+            << "rank 0 has " << in_flight(0) << " calls in flight, rank 1 " << in_flight(1);
+        EXPECT_GE(canceled(0), canceled_0 + 1);
+        EXPECT_EQ(canceled(1), canceled_1 + 1) << "rank 1 canceled its call to rank 3";
+        EXPECT_FALSE(release.load());
+        const int before = returned;
+        release = true;  // rank 3 finishes; its answer is dropped
+        ASSERT_TRUE(within(10s, [&] { return returned > before; }));
+    }
+    // The tree still works after it.
+    auto r = value_within(from_client.broadcast<uint32_t()>("hang"));
+    EXPECT_EQ(r.value, std::optional<uint32_t>(4));
+    EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
 }
 
 // --- failure detection (SWIM) -------------------------------------------------------------------

@@ -233,6 +233,76 @@ TEST_P(Api, ACanceledCallIsSignalledToAHandlerThreadAndItsTransfersFail) {
     EXPECT_EQ(value_within(client->remote<int()>("one").on(ep)()), 1);
 }
 
+TEST_P(Api, OnCancelRunsOnceWhenTheCallerCancels) {
+    open();
+    // The handler keeps its requests (answered at the end) and, when asked, watches for the
+    // caller's cancel.
+    struct Held {
+        std::mutex mu;
+        std::vector<Request> reqs;
+        std::vector<core::CancelWatch> watches;
+        std::atomic<int> ran{0};
+        std::size_t count() {
+            std::lock_guard g(mu);
+            return reqs.size();
+        }
+        bool cancelled(std::size_t i) {
+            std::lock_guard g(mu);
+            return reqs[i].cancelled();
+        }
+    };
+    auto h = std::make_shared<Held>();
+    server->define("keep", [h](Request req, bool watch) {
+        std::lock_guard g(h->mu);
+        if (watch) h->watches.push_back(req.on_cancel([h] { h->ran.fetch_add(1); }));
+        h->reqs.push_back(std::move(req));
+    });
+    auto keep = client->remote<int(bool)>("keep").on(ep);
+    auto wait = [](auto pred) {
+        for (int i = 0; i < 5000 && !pred(); ++i)
+            std::this_thread::sleep_for(1ms);
+        return pred();
+    };
+
+    // Watched, then canceled: the function runs once.
+    auto a = keep(true);
+    ASSERT_TRUE(wait([&] { return h->count() == 1; }));
+    EXPECT_EQ(h->ran.load(), 0);
+    EXPECT_TRUE(a.cancel());
+    ASSERT_TRUE(wait([&] { return h->ran.load() == 1; })) << "the watch never ran";
+
+    // Canceled first, watched after: it runs at once, on the watching thread.
+    auto b = keep(false);
+    ASSERT_TRUE(wait([&] { return h->count() == 2; }));
+    EXPECT_TRUE(b.cancel());
+    ASSERT_TRUE(wait([&] { return h->cancelled(1); }));
+    {
+        std::lock_guard g(h->mu);
+        int here = 0;
+        auto late = h->reqs[1].on_cancel([&here] { ++here; });
+        EXPECT_EQ(here, 1);
+    }
+
+    // Watched, the watch reset, then canceled: it does not run.
+    auto c = keep(true);
+    ASSERT_TRUE(wait([&] { return h->count() == 3; }));
+    {
+        std::lock_guard g(h->mu);
+        h->watches.back().reset();
+    }
+    EXPECT_TRUE(c.cancel());
+    ASSERT_TRUE(wait([&] { return h->cancelled(2); }));
+    std::this_thread::sleep_for(20ms);
+    EXPECT_EQ(h->ran.load(), 1);
+
+    // Answers after a cancel are dropped; the watches go before the engine.
+    std::lock_guard g(h->mu);
+    for (auto& r : h->reqs)
+        (void)r.try_respond(0);
+    h->reqs.clear();
+    h->watches.clear();
+}
+
 TEST_P(Api, AnExpiredCallIsSignalledToItsHandlerAndItsTransfersTimeOut) {
     open();
     Waiter w;

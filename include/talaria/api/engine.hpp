@@ -227,6 +227,15 @@ class Request {
     /// True once the caller canceled the call (Future::cancel) or its deadline passed: a long
     /// handler checks it and stops; what it answers then is dropped by the caller.
     [[nodiscard]] bool cancelled() const noexcept { return req_.cancelled(); }
+    /// Run `fn` once when the caller cancels the call (Future::cancel), on the thread that
+    /// hears of it (at once if it has), for as long as the returned watch lives: a handler that
+    /// answers later stops what it started for the call, such as the calls it made on (cancel
+    /// their futures). Not run for the deadline (deadline()). `fn` must not block; it holds
+    /// what it touches weakly or by shared ownership (it may run while the watch is reset on
+    /// another thread). Destroy the watch before the engine.
+    [[nodiscard]] core::CancelWatch on_cancel(std::function<void()> fn) const {
+        return req_.on_cancel(std::move(fn));
+    }
 
     /// Respond with `v` (encoded with proc). Throws on failure; try_respond returns it.
     template <class T>

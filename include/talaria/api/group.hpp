@@ -276,6 +276,9 @@ class Group {
     /// a member, the first member), the root of the tree, which spreads it. The future holds
     /// the reduction and the failed ranks; it fails only when the root cannot be reached or
     /// refuses the call (another group version: every rank must see the same membership).
+    /// Canceling the future (Future::cancel) cancels the whole tree: the root cancels its calls
+    /// to the ranks below, each of them its own, and so on, so no rank waits on for an answer
+    /// nobody wants (a handler already running finishes; its value is dropped).
     template <class Sig, class... A>
     auto broadcast(std::string_view name, const A&... args) {
         return broadcast<Sig>(CollectiveOptions{}, name, args...);
@@ -353,8 +356,19 @@ struct CollectiveCall<R(Args...)> {
         Request req;
         std::shared_ptr<const Reduce> reduce;
         std::string what;  ///< "collective 'name'"
+        /// The calls to the ranks below, to cancel when this rank's caller cancels (written
+        /// before `watch` is set, read by its function after).
+        std::vector<std::weak_ptr<State<Collective<R>>>> calls;
+        core::CancelWatch watch;  ///< set once the calls are out; ended in done()
         Gather(Request r, std::shared_ptr<const Reduce> f, std::string w)
             : req(std::move(r)), reduce(std::move(f)), what(std::move(w)) {}
+
+        /// This rank's caller canceled: so is every call below, and so on down the tree (each
+        /// rank below hears of it and cancels its own); their ranks are named with canceled.
+        void cancel_below() const {
+            for (const auto& c : calls)
+                if (auto s = c.lock()) (void)s->cancel();
+        }
 
         /// Combine `v` (the value of `ranks` ranks), under mu; the reduction's error if it
         /// threw.
@@ -416,6 +430,7 @@ struct CollectiveCall<R(Args...)> {
         void done() {
             std::unique_lock g(mu);
             if (--pending != 0) return;
+            watch.reset();  // nothing below is outstanding
             std::sort(acc.failed.begin(), acc.failed.end(),
                       [](const RankFailure& a, const RankFailure& b) { return a.rank < b.rank; });
             Collective<R> out = std::move(acc);
@@ -494,15 +509,16 @@ struct CollectiveCall<R(Args...)> {
                     left -= left / 8;
                     call = call.timeout(std::max<Duration>(left, std::chrono::microseconds(1)));
                 }
-                call(version, root, k, signature, args)
-                    .then([st, subtree, rank](Result<Collective<R>>&& r) {
-                        if (r)
-                            st->below(subtree, std::move(*r));
-                        else
-                            st->lost(subtree, rank, r.code(),
-                                     "rank " + std::to_string(rank) + ": " + r.error().message());
-                        st->done();
-                    });
+                auto fut = call(version, root, k, signature, args);
+                st->calls.push_back(fut.state());
+                std::move(fut).then([st, subtree, rank](Result<Collective<R>>&& r) {
+                    if (r)
+                        st->below(subtree, std::move(*r));
+                    else
+                        st->lost(subtree, rank, r.code(),
+                                 "rank " + std::to_string(rank) + ": " + r.error().message());
+                    st->done();
+                });
             } catch (const std::exception& e) {  // an argument's serialize threw, say
                 st->lost(
                     subtree, rank, Errc::internal,
@@ -510,6 +526,10 @@ struct CollectiveCall<R(Args...)> {
                 st->done();
             }
         }
+        if (!st->calls.empty())
+            st->watch = st->req.on_cancel([weak = std::weak_ptr<Gather>(st)] {
+                if (auto g = weak.lock()) g->cancel_below();
+            });
         try {
             st->local(self, std::apply(handler, args));
         } catch (const std::exception& e) {

@@ -36,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "talaria/core/stats.hpp"
@@ -279,6 +280,35 @@ class CancelRef {
     TimePoint deadline_ = TimePoint::max();
 };
 
+/// A function run when the caller of a received call cancels it (Request::on_cancel). Move-only;
+/// the watch ends when it is destroyed or reset(), or once its function ran. Destroy it before
+/// the engine.
+class CancelWatch {
+  public:
+    CancelWatch() noexcept = default;
+    CancelWatch(CancelWatch&& o) noexcept
+        : ctx_(std::exchange(o.ctx_, nullptr)), id_(std::exchange(o.id_, 0)) {}
+    CancelWatch& operator=(CancelWatch&& o) noexcept {
+        if (this != &o) {
+            reset();
+            ctx_ = std::exchange(o.ctx_, nullptr);
+            id_ = std::exchange(o.id_, 0);
+        }
+        return *this;
+    }
+    CancelWatch(const CancelWatch&) = delete;
+    CancelWatch& operator=(const CancelWatch&) = delete;
+    ~CancelWatch() { reset(); }
+    /// Stop watching: the function does not run after this returns, unless it already started
+    /// on another thread (it may be running still: what it touches is held by shared ownership).
+    void reset() noexcept;
+
+  private:
+    friend class Request;
+    Context* ctx_ = nullptr;
+    uint64_t id_ = 0;
+};
+
 struct ProcCounters;
 
 /// One received call. Move-only. If destroyed without a response (and not one-way), it responds
@@ -321,6 +351,13 @@ class Request {
     [[nodiscard]] bool cancelled() const noexcept;
     /// The same question, kept apart from the Request (e.g. by a transfer it started).
     [[nodiscard]] CancelRef cancel_ref() const;
+    /// Run `fn` once when the caller's cancel message for this call arrives (at once, on this
+    /// thread, if it already has), on the thread that receives it: a handler that answers later
+    /// stops the work it started for the call (the calls it made on, say). Only a cancel runs
+    /// it, not the deadline (deadline() says when that is). `fn` must not block; it runs
+    /// without any lock of the context held, and may call, cancel and respond. The watch lasts
+    /// as long as the returned CancelWatch.
+    [[nodiscard]] CancelWatch on_cancel(std::function<void()> fn) const;
     /// The argument bytes: valid during the handler call only (not after a move of the Request
     /// out of the handler; decode them first).
     [[nodiscard]] std::span<const std::byte> input() const noexcept { return input_; }
@@ -432,6 +469,7 @@ class Context {
     friend class Engine;
     friend class Request;
     friend class CancelRef;
+    friend class CancelWatch;
     Context(Engine* e, std::unique_ptr<Impl> impl);
     Engine* engine_;
     std::unique_ptr<Impl> impl_;
