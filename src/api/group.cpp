@@ -96,6 +96,9 @@ Group::Impl::~Impl() {
                 (void)detail::undefine_through(engine, "talaria.swim." + swim->name() + p);
     }
     if (barriers) (void)detail::undefine_through(engine, "talaria.barrier." + barriers->name);
+    if (!joins.empty())
+        for (const char* p : {".join", ".update"})
+            (void)detail::undefine_through(engine, "talaria.group." + joins + p);
 }
 
 Group::Group(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}

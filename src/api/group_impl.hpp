@@ -69,8 +69,11 @@ struct Group::Impl {
     uint64_t version = 1;                     // under mu
     std::shared_ptr<Swim> swim;               ///< under mu: failure detection, once started
     std::shared_ptr<GroupBarriers> barriers;  ///< under mu: once a barrier was entered
+    std::string joins;  ///< under mu: the name joins are served under (accept_joins); "" none
     std::vector<std::function<void(uint32_t, RankState)>> listeners;  // under mu
 
+    /// Joins through a member (group_join.cpp: Group::join, Group::accept_joins).
+    struct Joins;
     /// Group::view(), with mu held.
     [[nodiscard]] Group::View view_locked() const;
     [[nodiscard]] bool member_address_locked(std::string_view a) const {

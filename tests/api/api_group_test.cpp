@@ -515,6 +515,185 @@ TEST(Collective, CancelingTheCallCancelsTheWholeTree) {
     EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
 }
 
+// --- joins through a member ----------------------------------------------------------------------
+
+/// A membership as the join protocol's wire has it (src/api/group_join.cpp), for a test client.
+struct WireMembership {
+    uint64_t version = 0;
+    std::vector<std::string> addresses;
+    std::vector<uint64_t> removed_in;
+    uint32_t rank = 0;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(version, addresses, removed_in, rank);
+    }
+};
+
+TEST(Join, ARankJoinsThroughAnyMemberAndEveryMemberLearnsIt) {
+    Cluster c(3);
+    for (auto& g : c.groups)
+        ASSERT_TRUE(g->accept_joins());
+    auto sum = [](const uint64_t& a, const uint64_t& b) { return a + b; };
+    // Through rank 2, which passes it on to the coordinator, rank 0.
+    Engine e3("tcp://127.0.0.1:0", listen);
+    auto g3 = Group::join(e3, c.ranks.addresses[2]);
+    ASSERT_TRUE(g3) << g3.error().message();
+    EXPECT_EQ(g3->self_rank(), std::optional<uint32_t>(3));
+    EXPECT_EQ(g3->version(), 2u);
+    ASSERT_EQ(g3->size(), 4u);
+    for (uint32_t r = 0; r < 3; ++r)
+        EXPECT_EQ(g3->address(r), c.ranks.addresses[r]);
+    for (auto& g : c.groups) {
+        EXPECT_EQ(g->version(), 2u) << "every member was told before the join answered";
+        ASSERT_EQ(g->size(), 4u);
+        EXPECT_EQ(g->address(3), e3.self_address());
+    }
+    // The new rank takes part in collectives, from any caller.
+    g3->define_collective<uint64_t(uint32_t)>(
+        "sum", [](uint32_t x) -> uint64_t { return 30 + x; }, sum);
+    for (Group* from : {&*c.groups[1], &*g3}) {
+        auto r = value_within(from->broadcast<uint64_t(uint32_t)>("sum", 1u));
+        EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
+        EXPECT_EQ(r.answered, 4u);
+        EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 1, 2, 3}, 1)));
+    }
+
+    // A fifth through the rank that just joined (it accepts joins too).
+    Engine e4("tcp://127.0.0.1:0", listen);
+    auto g4 = Group::join(e4, e3.self_address());
+    ASSERT_TRUE(g4) << g4.error().message();
+    EXPECT_EQ(g4->self_rank(), std::optional<uint32_t>(4));
+    EXPECT_EQ(g4->version(), 3u);
+    EXPECT_EQ(g3->version(), 3u);
+    for (auto& g : c.groups)
+        EXPECT_EQ(g->version(), 3u);
+
+    // A join of an address that is a member already (a retried join) answers its rank and
+    // adds none.
+    auto again = result_within(
+        c.ranks.client.remote<WireMembership(std::string, uint32_t)>("talaria.group.talaria.join")
+            .on(c.ranks.client.lookup(c.ranks.addresses[1]))(e4.self_address(), 0u));
+    ASSERT_TRUE(again) << again.error().message();
+    EXPECT_EQ(again->rank, 4u);
+    EXPECT_EQ(again->version, 3u);
+    EXPECT_EQ(again->addresses.size(), 5u);
+    EXPECT_EQ(c.groups[0]->size(), 5u);
+
+    // A removed rank stays removed for those who join after.
+    for (auto& g : c.groups)
+        ASSERT_TRUE(g->remove(2));
+    ASSERT_TRUE(g3->remove(2));
+    ASSERT_TRUE(g4->remove(2));
+    Engine e5("tcp://127.0.0.1:0", listen);
+    auto g5 = Group::join(e5, c.ranks.addresses[0]);
+    ASSERT_TRUE(g5) << g5.error().message();
+    EXPECT_EQ(g5->self_rank(), std::optional<uint32_t>(5));
+    EXPECT_EQ(g5->members(), (std::vector<uint32_t>{0, 1, 3, 4, 5}));
+    EXPECT_EQ(g5->version(), g4->version());
+    EXPECT_EQ(g4->members(), g5->members());
+}
+
+TEST(Join, JoinsAtOnceThroughSeveralSeedsGetRanksOfTheirOwn) {
+    Cluster c(3);
+    for (auto& g : c.groups)
+        ASSERT_TRUE(g->accept_joins());
+    constexpr int kJoiners = 6;
+    std::vector<std::unique_ptr<Engine>> engines;
+    for (int i = 0; i < kJoiners; ++i)
+        engines.push_back(std::make_unique<Engine>("tcp://127.0.0.1:0", listen));
+    std::vector<std::optional<Group>> joined(kJoiners);
+    std::vector<std::string> errors(kJoiners);
+    {
+        std::vector<std::thread> threads;
+        for (int i = 0; i < kJoiners; ++i)
+            threads.emplace_back([&, i] {
+                auto g =
+                    Group::join(*engines[std::size_t(i)], c.ranks.addresses[std::size_t(i % 3)]);
+                if (g)
+                    joined[std::size_t(i)].emplace(std::move(*g));
+                else
+                    errors[std::size_t(i)] = g.error().message();
+            });
+        for (auto& t : threads)
+            t.join();
+    }
+    std::set<uint32_t> ranks;
+    for (int i = 0; i < kJoiners; ++i) {
+        ASSERT_TRUE(joined[std::size_t(i)]) << errors[std::size_t(i)];
+        ranks.insert(*joined[std::size_t(i)]->self_rank());
+    }
+    EXPECT_EQ(ranks, (std::set<uint32_t>{3, 4, 5, 6, 7, 8}));
+    // Every rank ends at the last version, with the same members at the same addresses.
+    std::vector<Group*> all;
+    for (auto& g : c.groups)
+        all.push_back(&*g);
+    for (auto& g : joined)
+        all.push_back(&*g);
+    for (Group* g : all) {
+        EXPECT_EQ(g->version(), 1u + kJoiners);
+        ASSERT_EQ(g->size(), 3u + kJoiners);
+        for (int i = 0; i < kJoiners; ++i)
+            EXPECT_EQ(g->address(*joined[std::size_t(i)]->self_rank()),
+                      engines[std::size_t(i)]->self_address());
+    }
+    joined.clear();  // the groups go before their engines
+}
+
+TEST(Join, BadJoinsAndUpdatesAreRefusedWithTheReason) {
+    Cluster c(2);
+    Engine joiner("tcp://127.0.0.1:0", listen);
+    auto empty = Group::join(joiner, "");
+    ASSERT_FALSE(empty);
+    EXPECT_EQ(empty.code(), Errc::invalid_argument);
+    // A seed that does not accept joins: not_found, with the remedy.
+    auto closed = Group::join(joiner, c.ranks.addresses[0]);
+    ASSERT_FALSE(closed);
+    EXPECT_EQ(closed.code(), Errc::not_found);
+    EXPECT_NE(closed.error().message().find("accept_joins"), std::string::npos)
+        << closed.error().message();
+    EXPECT_NE(closed.error().message().find(c.ranks.addresses[0]), std::string::npos)
+        << closed.error().message();
+    // A seed nobody listens at.
+    auto nobody = Group::join(joiner, "tcp://127.0.0.1:1", "talaria", 3s);
+    ASSERT_FALSE(nobody);
+    EXPECT_NE(nobody.error().message().find("tcp://127.0.0.1:1"), std::string::npos)
+        << nobody.error().message();
+
+    ASSERT_TRUE(c.groups[0]->accept_joins());
+    ASSERT_TRUE(c.groups[1]->accept_joins());
+    EXPECT_EQ(c.groups[0]->accept_joins().code(), Errc::invalid_state) << "twice";
+    Group outsider(c.ranks.client, c.ranks.addresses);
+    EXPECT_EQ(outsider.accept_joins().code(), Errc::invalid_state) << "not a member";
+
+    // Updates a rank must refuse: each leaves its membership as it was.
+    auto update = c.ranks.client.remote<uint64_t(WireMembership)>("talaria.group.talaria.update")
+                      .on(c.ranks.client.lookup(c.ranks.addresses[1]));
+    const std::vector<std::string> a = c.ranks.addresses;
+    const std::vector<std::pair<WireMembership, std::string>> bad = {
+        {{5, {a[0]}, {0}, 0}, "never renumbered"},                                   // fewer ranks
+        {{5, {a[1], a[0]}, {0, 0}, 0}, "never renumbered"},                          // renumbered
+        {{1, {a[0], a[1], "tcp://127.0.0.1:9"}, {0, 0, 0}, 0}, "with other ranks"},  // same version
+        {{5, {a[0], a[1], "x"}, {0, 0}, 0}, "removal versions"},                     // sizes differ
+        {{5, {a[0], a[1], a[1]}, {0, 0, 0}, 0}, "two members"},  // an address twice
+        {{5, {a[0], a[1], ""}, {0, 0, 0}, 0}, "empty"},          // an empty address
+        {{5, {a[0], a[1]}, {0, 9}, 0}, "after the membership"},  // removed in the future
+    };
+    for (const auto& [m, why] : bad) {
+        auto r = result_within(update(m));
+        ASSERT_FALSE(r) << why;
+        EXPECT_NE(r.error().message().find(why), std::string::npos) << r.error().message();
+    }
+    EXPECT_EQ(c.groups[1]->version(), 1u);
+    EXPECT_EQ(c.groups[1]->size(), 2u);
+    // A removed rank does not come back.
+    ASSERT_TRUE(c.groups[1]->remove(0));
+    auto back = result_within(update(WireMembership{7, {a[0], a[1]}, {0, 0}, 0}));
+    ASSERT_FALSE(back);
+    EXPECT_NE(back.error().message().find("does not come back"), std::string::npos)
+        << back.error().message();
+    EXPECT_EQ(c.groups[1]->members(), (std::vector<uint32_t>{1}));
+}
+
 // --- failure detection (SWIM) -------------------------------------------------------------------
 
 /// What ranks saw of each other: (observer, rank, state), in order.

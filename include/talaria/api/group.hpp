@@ -188,6 +188,33 @@ class Group {
     /// errors, by name.
     static Result<Group> from_pmix(Engine& engine, std::string_view name = "talaria");
 
+    /// Join a running group through one of its members: `seed` is the address of any member
+    /// that accepts joins (accept_joins(name)). This engine (which must listen: the members
+    /// call it) is added as the next rank by the group's coordinator, the lowest-numbered
+    /// member not declared dead, which tells every member the new membership before answering;
+    /// the group returned has every rank's address, the new version, and this process's rank.
+    /// A join through a member that is not the coordinator is passed on to it (one hop). The
+    /// new rank accepts joins too. A join of an address that is already a member answers its
+    /// rank (a retried join adds no second rank). Errors: invalid_argument for an empty seed or
+    /// a bad name; not_found when the seed does not accept joins under `name` (every member
+    /// calls accept_joins); already_exists when this engine serves joins under `name` for
+    /// another group; the seed's or the coordinator's call errors, naming which.
+    static Result<Group> join(Engine& engine, std::string_view seed,
+                              std::string_view name = "talaria",
+                              Duration timeout = std::chrono::seconds(30));
+    /// Serve joins (Group::join) for this group under `name`: the procedures
+    /// talaria.group.<name>.join and .update, on this rank's engine, until the group goes.
+    /// Every member calls it with the same name. A rank applies a membership it is told of
+    /// when its version is newer than its own and it extends its own (ranks are never
+    /// renumbered: the same address at every rank it has, no removed rank back, no address
+    /// twice); it refuses any other, saying why. The coordinator's membership is the one
+    /// members converge to, so a membership change made at some ranks only (remove() at one
+    /// rank, say) must be made at the coordinator too before a join, or the ranks ahead of it
+    /// refuse the join's update (the coordinator logs which). Errors: invalid_state when this
+    /// process is not a member or already serves joins, already_exists when the engine serves
+    /// another group's joins under `name`.
+    Result<void> accept_joins(std::string_view name = "talaria");
+
     // A handle: copies (moves too: a moved-from Group stays usable) share one membership.
     Group(const Group&) = default;
     Group& operator=(const Group&) = default;
