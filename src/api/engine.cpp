@@ -1007,6 +1007,10 @@ Executor& Engine::handler_pool() {
     return *state_->pool;
 }
 
+bool detail::listens(const EngineState& state) noexcept {
+    return state.listens;
+}
+
 Result<void> detail::undefine_through(EngineState* state, std::string_view name) {
     return state->core->deregister_rpc(core::rpc_id(name), 0);
 }

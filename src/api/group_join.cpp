@@ -92,22 +92,37 @@ Duration time_left(TimePoint deadline, Duration otherwise) {
     return std::max<Duration>(left, std::chrono::microseconds(1));
 }
 
-/// The coordinator's answer to a join, sent once every other member was told.
+/// The coordinator's answer to a join, sent once every other member answered its update: the
+/// membership, or, where a member was not told, an error naming it.
 struct Push {
     std::mutex mu;
     unsigned pending = 0;
     Request req;
     Membership told;
-    std::vector<std::string> problems;
-    void done(std::optional<std::string> problem) {
+    Errc code = Errc::ok;               ///< the first failure's
+    std::vector<std::string> problems;  ///< "rank R: why"
+    void done(Errc failed, std::string problem) {
         std::unique_lock g(mu);
-        if (problem) problems.push_back(std::move(*problem));
+        if (failed != Errc::ok) {
+            if (code == Errc::ok) code = failed;
+            problems.push_back(std::move(problem));
+        }
         if (--pending != 0) return;
         g.unlock();
-        for (const auto& p : problems)
-            TALARIA_LOG(api, warn, "group: rank {} joined (version {}), but {}", told.rank,
-                        told.version, p);
-        (void)req.try_respond(told);
+        if (problems.empty()) {
+            (void)req.try_respond(told);
+            return;
+        }
+        std::string text = fmt::format(
+            "join: the address is rank {} of group version {}, but not every member was told: ",
+            told.rank, told.version);
+        for (std::size_t i = 0; i < problems.size(); ++i)
+            text += (i ? "; " : "") + problems[i];
+        text +=
+            ". Join again (the same address keeps its rank and the members are told again), or "
+            "remove the ranks that are gone at every member first";
+        TALARIA_LOG(api, warn, "group: {}", text);
+        (void)req.try_respond_error(code, text);
     }
 };
 
@@ -140,16 +155,26 @@ struct Group::Impl::Joins {
             return Error{Errc::invalid_argument, "the membership is malformed: " + *bad};
         std::lock_guard g(impl.mu);
         if (m.version <= impl.version) {
-            if (m.version == impl.version && m.addresses.size() == impl.ranks.size()) {
-                const Membership ours = snapshot_locked(impl);
-                if (ours.removed_in == m.removed_in && ours.addresses == m.addresses)
-                    return impl.version;  // told twice
+            // One this rank has passed already (told twice, or an update that crossed a newer
+            // one on the way): nothing to do when its membership holds it.
+            bool held = m.addresses.size() <= impl.ranks.size() &&
+                        (m.version < impl.version || m.addresses.size() == impl.ranks.size());
+            for (std::size_t i = 0; held && i < m.addresses.size(); ++i) {
+                const auto& r = impl.ranks[i];
+                const bool removed = m.removed_in[i] != 0;
+                if ((!r.address.empty() && r.address != m.addresses[i]) ||
+                    (removed && (r.member || r.removed_in != m.removed_in[i])) ||
+                    (m.version == impl.version && r.member == removed))
+                    held = false;
             }
+            if (held) return impl.version;
             return Error{Errc::invalid_state,
                          fmt::format("this rank is at group version {}; the membership told is "
-                                     "version {}{}",
+                                     "version {}, {} (the ranks disagree: a change made at some "
+                                     "ranks only)",
                                      impl.version, m.version,
-                                     m.version == impl.version ? " with other ranks" : ", older")};
+                                     m.version == impl.version ? "with other ranks"
+                                                               : "older and not part of this one")};
         }
         if (m.addresses.size() < impl.ranks.size())
             return Error{Errc::invalid_state,
@@ -170,6 +195,25 @@ struct Group::Impl::Joins {
                                          "the membership told (version {}): a removed rank does "
                                          "not come back (it joins as a new one)",
                                          i, r.removed_in, m.version)};
+        }
+        if (impl.version != 0) {
+            // Each version is one change (a rank added or removed): a membership further ahead
+            // than its changes is not one this group made.
+            uint64_t changes = 0;
+            for (std::size_t i = 0; i < m.addresses.size(); ++i) {
+                const bool removed = m.removed_in[i] != 0;
+                if (i >= impl.ranks.size())
+                    changes += removed ? 2 : 1;
+                else if (impl.ranks[i].member && removed)
+                    ++changes;
+            }
+            if (m.version - impl.version > changes)
+                return Error{
+                    Errc::invalid_state,
+                    fmt::format("the membership told is version {}, {} versions ahead of "
+                                "this rank's {} with {} changes (a version is one "
+                                "change)",
+                                m.version, m.version - impl.version, impl.version, changes)};
         }
         for (std::size_t i = 0; i < m.addresses.size(); ++i) {
             const bool member = m.removed_in[i] == 0;
@@ -220,7 +264,8 @@ struct Group::Impl::Joins {
                     fmt::format(
                         "join: rank {} was passed a join but is not its group's coordinator "
                         "(rank {} is, as it sees the group: the ranks disagree on the "
-                        "membership)",
+                        "membership). Make the same changes at every member (remove the ranks "
+                        "that are gone), then join again",
                         *v.self, coordinator ? std::to_string(*coordinator) : "none"));
                 return;
             }
@@ -257,6 +302,14 @@ struct Group::Impl::Joins {
             auto it = std::find_if(impl->ranks.begin(), impl->ranks.end(),
                                    [&](const auto& r) { return r.member && r.address == address; });
             if (it == impl->ranks.end()) {
+                if (impl->ranks.size() >= kMaxRanks) {
+                    (void)req.try_respond_error(
+                        Errc::no_memory,
+                        fmt::format("join: the group has {} ranks, the most a group numbers "
+                                    "(removed ranks keep their numbers: make a new group)",
+                                    impl->ranks.size()));
+                    return;
+                }
                 impl->ranks.push_back(Rank{address, true, 0, Endpoint{}});
                 ++impl->version;
                 if (impl->swim) impl->swim->member(uint32_t(impl->ranks.size() - 1), address, true);
@@ -275,7 +328,7 @@ struct Group::Impl::Joins {
         for (uint32_t r : others) {
             auto ep = group.try_rank(r);
             if (!ep) {
-                push->done(fmt::format("rank {} was not told: {}", r, ep.error().message()));
+                push->done(ep.code(), fmt::format("rank {}: {}", r, ep.error().message()));
                 continue;
             }
             Procedure<UpdateSig>(impl->engine, update_info)
@@ -283,13 +336,12 @@ struct Group::Impl::Joins {
                 .timeout(t)(push->told)
                 .then([push, r](Result<uint64_t>&& at) {
                     if (at)
-                        push->done(std::nullopt);
+                        push->done(Errc::ok, {});
                     else
-                        push->done(
-                            fmt::format("rank {} did not take it: {}", r, at.error().message()));
+                        push->done(at.code(), fmt::format("rank {}: {}", r, at.error().message()));
                 });
         }
-        push->done(std::nullopt);
+        push->done(Errc::ok, {});
     }
 
     /// Define the join and update procedures of `impl` under `name`.
@@ -368,6 +420,10 @@ Result<Group> Group::join(Engine& engine, std::string_view seed, std::string_vie
                           Duration timeout) {
     if (auto c = check_name("Group::join", name); !c) return std::move(c).error();
     if (seed.empty()) return Error{Errc::invalid_argument, "Group::join: an empty seed address"};
+    if (!detail::listens(*engine.self().engine()))
+        return Error{Errc::invalid_argument,
+                     "Group::join: this engine does not listen, so the members cannot call it "
+                     "(open it with talaria::listen)"};
     auto impl = std::make_shared<Impl>();
     impl->engine = engine.self().engine();
     impl->self_address = engine.self_address();

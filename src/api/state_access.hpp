@@ -12,6 +12,9 @@ namespace talaria::detail {
 /// Engine::try_lookup through `state`.
 Result<Endpoint> lookup_through(EngineState* state, std::string_view address);
 
+/// Whether the engine of `state` was opened to accept connections (talaria::listen).
+bool listens(const EngineState& state) noexcept;
+
 /// Engine::try_undefine through `state` (provider 0).
 Result<void> undefine_through(EngineState* state, std::string_view name);
 

@@ -904,6 +904,7 @@ void Context::Impl::sweep(TimePoint now) {
 
 void Context::Impl::begin_shutdown() {
     closing.store(true, std::memory_order_relaxed);
+    close_cancel_watches();
     std::vector<na::OpId> watches;
     std::vector<std::pair<ResponseFn, na::Addr>> failed;
     std::vector<std::unique_ptr<LargeOut>> garbage;

@@ -469,11 +469,16 @@ struct Context::Impl {
     };
     std::vector<CancelWatcher> cancel_watchers;
     uint64_t next_watch = 0;
+    bool watches_closed = false;  ///< begin_shutdown() dropped them; none registers after
     /// Register `fn` for the call; 0 when a notice for it came already (then the caller runs
     /// fn itself).
     uint64_t watch_cancel(const na::Addr& source, uint32_t seq, uint8_t reply_ctx,
                           std::function<void()>& fn);
     void unwatch_cancel(uint64_t id) noexcept;
+    /// A request was answered: its notice, if any, goes (its seq may name a new call later).
+    void forget_cancel(const na::Addr& source, uint32_t seq, uint8_t reply_ctx) noexcept;
+    /// begin_shutdown(): drop every watch (their functions are destroyed without the lock).
+    void close_cancel_watches() noexcept;
     void on_cancel(const wire::Header& h, const na::Addr& source);
     [[nodiscard]] bool cancel_noticed(const na::Addr& source, uint32_t seq,
                                       uint8_t reply_ctx) const noexcept;

@@ -246,6 +246,7 @@ uint64_t Context::Impl::watch_cancel(const na::Addr& source, uint32_t seq, uint8
                                      std::function<void()>& fn) {
     na::AddrImpl* key = source.impl()->canonical();
     std::lock_guard g(cancel_mu);
+    if (watches_closed) return 0;  // shutting down: every call is ending
     for (const CancelNotice& n : cancels)
         if (n.seq == seq && n.reply_ctx == reply_ctx && n.peer == key) return 0;
     const uint64_t watch = ++next_watch;
@@ -262,6 +263,25 @@ void Context::Impl::unwatch_cancel(uint64_t watch) noexcept {
             cancel_watchers.erase(it);
             break;
         }
+}
+
+void Context::Impl::forget_cancel(const na::Addr& source, uint32_t seq,
+                                  uint8_t reply_ctx) noexcept {
+    na::AddrImpl* key = source.impl()->canonical();
+    std::lock_guard g(cancel_mu);
+    for (auto it = cancels.begin(); it != cancels.end(); ++it)
+        if (it->seq == seq && it->reply_ctx == reply_ctx && it->peer == key) {
+            cancels.erase(it);
+            n_cancels.store(cancels.size(), std::memory_order_release);
+            return;
+        }
+}
+
+void Context::Impl::close_cancel_watches() noexcept {
+    std::vector<CancelWatcher> gone;  // destroyed after the lock: a function may own a watch
+    std::lock_guard g(cancel_mu);
+    watches_closed = true;
+    gone.swap(cancel_watchers);
 }
 
 CancelWatch Request::on_cancel(std::function<void()> fn) const {
@@ -835,6 +855,10 @@ Result<void> Request::answered(Result<void> r) {
     // Answered unless the transport said "again" (the caller may retry).
     if (r || r.code() != Errc::again) {
         responded_ = true;
+        // A cancel that crossed the answer is done with: forgotten, so that a later call that
+        // reuses the seq is not taken for canceled (one atomic load when there is none).
+        if (ctx_->impl_->n_cancels.load(std::memory_order_acquire) != 0) [[unlikely]]
+            ctx_->impl_->forget_cancel(source(), seq_, reply_ctx_);
         uncount();
     }
     return r;

@@ -231,8 +231,10 @@ class Request {
     /// hears of it (at once if it has), for as long as the returned watch lives: a handler that
     /// answers later stops what it started for the call, such as the calls it made on (cancel
     /// their futures). Not run for the deadline (deadline()). `fn` must not block; it holds
-    /// what it touches weakly or by shared ownership (it may run while the watch is reset on
-    /// another thread). Destroy the watch before the engine.
+    /// what it touches weakly or by shared ownership (a notice that claimed it just before the
+    /// watch is reset on another thread still runs it). The notice is read by the context's
+    /// thread: a handler that keeps that thread busy hears of it once it returns. Destroy the
+    /// watch before the engine (a closing engine drops every watch).
     [[nodiscard]] core::CancelWatch on_cancel(std::function<void()> fn) const {
         return req_.on_cancel(std::move(fn));
     }

@@ -195,10 +195,13 @@ class Group {
     /// the group returned has every rank's address, the new version, and this process's rank.
     /// A join through a member that is not the coordinator is passed on to it (one hop). The
     /// new rank accepts joins too. A join of an address that is already a member answers its
-    /// rank (a retried join adds no second rank). Errors: invalid_argument for an empty seed or
-    /// a bad name; not_found when the seed does not accept joins under `name` (every member
-    /// calls accept_joins); already_exists when this engine serves joins under `name` for
-    /// another group; the seed's or the coordinator's call errors, naming which.
+    /// rank (a retried join adds no second rank). Errors: invalid_argument for an empty seed, a
+    /// bad name, or an engine that does not listen; not_found when the seed does not accept
+    /// joins under `name` (every member calls accept_joins); already_exists when this engine
+    /// serves joins under `name` for another group; the seed's or the coordinator's call
+    /// errors, naming which; and, when a member was not reached or refused the new membership,
+    /// that member's error naming it (the address keeps its rank: join again once it is
+    /// removed everywhere or reachable).
     static Result<Group> join(Engine& engine, std::string_view seed,
                               std::string_view name = "talaria",
                               Duration timeout = std::chrono::seconds(30));
@@ -207,7 +210,7 @@ class Group {
     /// Every member calls it with the same name. A rank applies a membership it is told of
     /// when its version is newer than its own and it extends its own (ranks are never
     /// renumbered: the same address at every rank it has, no removed rank back, no address
-    /// twice); it refuses any other, saying why. The coordinator's membership is the one
+    /// twice, one version per change); it refuses any other, saying why. The coordinator's membership is the one
     /// members converge to, so a membership change made at some ranks only (remove() at one
     /// rank, say) must be made at the coordinator too before a join, or the ranks ahead of it
     /// refuse the join's update (the coordinator logs which). Errors: invalid_state when this

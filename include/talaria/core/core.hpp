@@ -299,8 +299,9 @@ class CancelWatch {
     CancelWatch(const CancelWatch&) = delete;
     CancelWatch& operator=(const CancelWatch&) = delete;
     ~CancelWatch() { reset(); }
-    /// Stop watching: the function does not run after this returns, unless it already started
-    /// on another thread (it may be running still: what it touches is held by shared ownership).
+    /// Stop watching: the function is not started after this returns, unless a cancel notice
+    /// already claimed it on another thread (it may then start or be running still: what it
+    /// touches is held weakly or by shared ownership).
     void reset() noexcept;
 
   private:
