@@ -210,12 +210,12 @@ class Group {
     /// Every member calls it with the same name. A rank applies a membership it is told of
     /// when its version is newer than its own and it extends its own (ranks are never
     /// renumbered: the same address at every rank it has, no removed rank back, no address
-    /// twice, one version per change); it refuses any other, saying why. The coordinator's membership is the one
-    /// members converge to, so a membership change made at some ranks only (remove() at one
-    /// rank, say) must be made at the coordinator too before a join, or the ranks ahead of it
-    /// refuse the join's update (the coordinator logs which). Errors: invalid_state when this
-    /// process is not a member or already serves joins, already_exists when the engine serves
-    /// another group's joins under `name`.
+    /// twice, one version per change); it refuses any other, saying why. The coordinator's
+    /// membership is the one members converge to, so a membership change made at some ranks only
+    /// (remove() at one rank, say) must be made at the coordinator too before a join, or the ranks
+    /// ahead of it refuse the join's update (the coordinator logs which). Errors: invalid_state
+    /// when this process is not a member or already serves joins, already_exists when the engine
+    /// serves another group's joins under `name`.
     Result<void> accept_joins(std::string_view name = "talaria");
 
     // A handle: copies (moves too: a moved-from Group stays usable) share one membership.
