@@ -107,6 +107,18 @@ detail::EngineState* Group::engine_state() const noexcept {
     return impl_->engine;
 }
 
+void Group::keep_local(std::string name, uint64_t signature, std::shared_ptr<void> start) {
+    std::lock_guard g(impl_->mu);
+    impl_->collectives[std::move(name)] = {signature, std::move(start)};
+}
+
+std::shared_ptr<void> Group::local_collective(std::string_view name, uint64_t signature) const {
+    std::lock_guard g(impl_->mu);
+    auto it = impl_->collectives.find(name);
+    if (it == impl_->collectives.end() || it->second.first != signature) return nullptr;
+    return it->second.second;
+}
+
 Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses,
                           std::optional<uint32_t> self) {
     if (addresses.empty())

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -70,6 +71,9 @@ struct Group::Impl {
     std::shared_ptr<Swim> swim;               ///< under mu: failure detection, once started
     std::shared_ptr<GroupBarriers> barriers;  ///< under mu: once a barrier was entered
     std::string joins;  ///< under mu: the name joins are served under (accept_joins); "" none
+    /// Collectives defined on this rank, by name: their signature and their local starter
+    /// (Group::keep_local), under mu.
+    std::map<std::string, std::pair<uint64_t, std::shared_ptr<void>>, std::less<>> collectives;
     std::vector<std::function<void(uint32_t, RankState)>> listeners;  // under mu
 
     /// Joins through a member (group_join.cpp: Group::join, Group::accept_joins).

@@ -443,6 +443,44 @@ TEST(Collective, EveryRankPullsABulkHandleInTheArguments) {
     }
 }
 
+TEST(Collective, AMembersBroadcastRunsItsOwnPartHereAlsoOnAManualEngine) {
+    // Rank 0 progresses only while a thread waits on it (manual); the others in the background.
+    std::vector<std::unique_ptr<Engine>> engines;
+    std::vector<std::string> addresses;
+    for (int i = 0; i < 4; ++i) {
+        EngineOptions o;
+        if (i == 0) o.progress = ProgressMode::manual;
+        engines.push_back(std::make_unique<Engine>("tcp://127.0.0.1:0", listen, o));
+        addresses.push_back(engines.back()->self_address());
+    }
+    std::vector<std::optional<Group>> groups;
+    for (uint32_t i = 0; i < 4; ++i) {
+        groups.emplace_back(std::in_place, *engines[i], addresses, i);
+        groups.back()->define_collective<uint64_t(uint32_t)>(
+            "sum", [i](uint32_t x) -> uint64_t { return uint64_t(10 * i) + x; },
+            [](const uint64_t& a, const uint64_t& b) { return a + b; });
+    }
+    const uint64_t received = engines[0]->counters().rpcs_received;
+    for (uint32_t k : {2u, 3u}) {
+        CollectiveOptions o;
+        o.k = k;
+        o.timeout = 10s;
+        auto r = value_within(groups[0]->broadcast<uint64_t(uint32_t)>(o, "sum", 5u));
+        EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
+        EXPECT_EQ(r.answered, 4u);
+        EXPECT_EQ(r.value, std::optional<uint64_t>(Cluster::expected({0, 1, 2, 3}, 5)));
+    }
+    // The caller is the root: its part ran in this process, not through a call to itself.
+    EXPECT_EQ(engines[0]->counters().rpcs_received, received);
+    // With other types than those defined here, the caller calls the root as any caller does,
+    // and is refused by it.
+    auto refused = result_within(groups[0]->broadcast<uint64_t(uint64_t)>("sum", uint64_t{5}));
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message().find("talaria.collective.sum"), std::string::npos)
+        << refused.error().message();
+    groups.clear();
+}
+
 /// Whether `pred` turns true within `d` (polled every millisecond).
 template <class P>
 bool within(Duration d, P pred) {
@@ -482,8 +520,8 @@ TEST(Collective, CancelingTheCallCancelsTheWholeTree) {
     }
     auto in_flight = [&](uint32_t r) { return ranks.servers[r]->counters().in_flight; };
     auto canceled = [&](uint32_t r) { return ranks.servers[r]->counters().canceled; };
-    // From a caller outside the group (the root is rank 0), then from rank 0 itself (it calls
-    // its own rank, the root, over the transport).
+    // From a caller outside the group (the root is rank 0), then from rank 0 itself (the root's
+    // part runs in the caller's process: the cancel reaches it there).
     Group from_client(ranks.client, ranks.addresses);
     for (Group* caller : {&from_client, &*groups[0]}) {
         started = false;

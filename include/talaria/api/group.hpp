@@ -302,8 +302,10 @@ class Group {
         detail::value_or_throw(
             try_define_collective<Sig>(name, std::move(handler), std::move(reduce)));
     }
-    /// Call collective `name` on every member: sent to this process's rank (or, where it is not
-    /// a member, the first member), the root of the tree, which spreads it. The future holds
+    /// Call collective `name` on every member from the root of the tree: this process's rank,
+    /// whose part runs here (the calls to the ranks below go out, then its handler runs on this
+    /// thread before broadcast returns), or, where this process is not a member (or defined
+    /// `name` with other types), the first member, called over the transport. The future holds
     /// the reduction and the failed ranks; it fails only when the root cannot be reached or
     /// refuses the call (another group version: every rank must see the same membership).
     /// Canceling the future (Future::cancel) cancels the whole tree: the root cancels its calls
@@ -355,6 +357,12 @@ class Group {
     friend struct detail::CollectiveCall;
     explicit Group(std::shared_ptr<Impl> impl) noexcept;
     [[nodiscard]] detail::EngineState* engine_state() const noexcept;
+    /// Collective `name`'s starter for this process's own rank (a
+    /// CollectiveCall<Sig>::LocalStart, kept by define_collective), when it was defined here
+    /// with the signature `signature`; null otherwise.
+    void keep_local(std::string name, uint64_t signature, std::shared_ptr<void> start);
+    [[nodiscard]] std::shared_ptr<void> local_collective(std::string_view name,
+                                                         uint64_t signature) const;
     std::shared_ptr<Impl> impl_;
 };
 
@@ -390,6 +398,11 @@ struct CollectiveCall<R(Args...)> {
         /// before `watch` is set, read by its function after).
         std::vector<std::weak_ptr<State<Collective<R>>>> calls;
         core::CancelWatch watch;  ///< set once the calls are out; ended in done()
+        /// Where the caller is this process's own rank, the root (no Request): its future, the
+        /// driver that waits for and cancels it, and whether it was completed (under mu).
+        std::shared_ptr<State<Collective<R>>> local_state;
+        std::shared_ptr<Driver> local_driver;
+        bool finished = false;
         Gather(Request r, std::shared_ptr<const Reduce> f, std::string w)
             : req(std::move(r)), reduce(std::move(f)), what(std::move(w)) {}
 
@@ -464,12 +477,53 @@ struct CollectiveCall<R(Args...)> {
             std::sort(acc.failed.begin(), acc.failed.end(),
                       [](const RankFailure& a, const RankFailure& b) { return a.rank < b.rank; });
             Collective<R> out = std::move(acc);
+            if (std::exchange(finished, true)) return;  // canceled by the local caller
             g.unlock();
+            if (local_state) {
+                local_state->set(std::move(out));
+                return;
+            }
             if (auto r = req.try_respond(out); !r)  // too large to send, say: tell the caller
                 (void)req.try_respond_error(
                     r.code(), what + ": the answer could not be sent: " + r.error().message());
         }
+        /// The local caller canceled its future: the calls below are canceled, and the future
+        /// completes now. False when it had completed.
+        bool cancel_local() {
+            {
+                std::lock_guard g(mu);
+                if (std::exchange(finished, true)) return false;
+            }
+            cancel_below();
+            local_state->set(Error{Errc::canceled, what + ": canceled"});
+            return true;
+        }
     };
+
+    /// The driver of a local root's future: waits as the engine's (a manual engine's driver, or
+    /// the seat of its context), and cancels by canceling the tree.
+    struct LocalRoot final : Driver {
+        std::weak_ptr<Driver> engine;
+        std::weak_ptr<Gather> gather;
+        void drive(uint8_t ctx, Duration d) override {
+            if (auto e = engine.lock()) e->drive(ctx, d);
+        }
+        bool wait_ready(StateBase& s, TimePoint deadline) override {
+            if (auto e = engine.lock()) return e->wait_ready(s, deadline);
+            return s.ready();
+        }
+        [[nodiscard]] Result<void> usable() const override {
+            if (auto e = engine.lock()) return e->usable();
+            return Error(Errc::shutdown, "the engine that would complete this future is gone");
+        }
+        bool cancel_call(uint8_t, uint32_t) override {
+            auto g = gather.lock();
+            return g && g->cancel_local();
+        }
+    };
+    /// A member's broadcast, started in its own process (Group::local_collective).
+    using LocalStart = std::function<Future<Collective<R>>(Group&, const Group::View&,
+                                                           const CollectiveOptions&, Tuple&&)>;
 
     static std::optional<uint32_t> position(const std::vector<uint32_t>& members, uint32_t r) {
         auto it = std::lower_bound(members.begin(), members.end(), r);
@@ -512,12 +566,24 @@ struct CollectiveCall<R(Args...)> {
                 signature != kSignature ? Errc::invalid_argument : Errc::invalid_state, *no);
             return;
         }
+        fan_out(group, v, name, handler,
+                std::make_shared<Gather>(std::move(req), reduce, std::move(what)), version, root, k,
+                signature, args);
+    }
+
+    /// This rank's part: the calls to the ranks below (each with seven eighths of the time
+    /// left before `st`'s deadline), its own handler, and the answer once every part is in.
+    template <class H>
+    static void fan_out(Group& group, const Group::View& v, const std::string& name,
+                        const H& handler, const std::shared_ptr<Gather>& st,
+                        const GroupStamp& version, uint32_t root, uint32_t k, uint64_t signature,
+                        const Tuple& args, TimePoint deadline = TimePoint::max()) {
         const uint32_t self = *v.self;
         const KnomialTree tree{uint32_t(v.members.size()), *position(v.members, root), k};
         const auto below = tree.children(*position(v.members, self));
-        auto st = std::make_shared<Gather>(std::move(req), reduce, what);
         st->pending = unsigned(below.size()) + 1;
-        const TimePoint deadline = st->req.deadline();
+        if (st->req.valid()) deadline = st->req.deadline();
+        const std::string& what = st->what;
         EngineState* engine = group.engine_state();
         const ProcInfo* info = proc_info(*engine, Group::wire_name(name));
         for (uint32_t pos : below) {
@@ -556,7 +622,7 @@ struct CollectiveCall<R(Args...)> {
                 st->done();
             }
         }
-        if (!st->calls.empty())
+        if (!st->calls.empty() && st->req.valid())
             st->watch = st->req.on_cancel([weak = std::weak_ptr<Gather>(st)] {
                 if (auto g = weak.lock()) g->cancel_below();
             });
@@ -602,8 +668,49 @@ struct CollectiveCall<R(Args...)> {
                   args);
         };
         using Fn = decltype(fn);
-        return define_params<Fn, void>(*group.engine_state(), Group::wire_name(name), 0, nullptr,
-                                       std::move(fn), typename FnTraits<Fn>::Params{});
+        if (auto r =
+                define_params<Fn, void>(*group.engine_state(), Group::wire_name(name), 0, nullptr,
+                                        std::move(fn), typename FnTraits<Fn>::Params{});
+            !r)
+            return r;
+        // A member's own broadcast runs its rank's part here, not through a call to itself.
+        auto start = std::make_shared<LocalStart>(
+            [n = std::string(name), h, red](Group& g, const Group::View& v,
+                                            const CollectiveOptions& opts, Tuple&& args) {
+                return start_local(g, v, n, *h, red, opts, std::move(args));
+            });
+        group.keep_local(std::string(name), kSignature, std::move(start));
+        return ok();
+    }
+
+    /// The root's part in this process, for a member's broadcast: its future completes from
+    /// the calls below (on the engine's threads, or on the thread that waits for it on a
+    /// manual engine), and its cancel cancels them.
+    template <class H>
+    static Future<Collective<R>> start_local(Group& group, const Group::View& v,
+                                             const std::string& name, const H& handler,
+                                             const std::shared_ptr<const Reduce>& reduce,
+                                             const CollectiveOptions& opts, Tuple&& args) {
+        EngineState* engine = group.engine_state();
+        auto state = std::make_shared<State<Collective<R>>>();
+        const CallSite site = call_site(*engine, 0, *state);
+        const Duration t = opts.timeout > Duration::zero() ? opts.timeout : site.default_timeout;
+        const TimePoint deadline = t > Duration::zero() ? Clock::now() + t : TimePoint::max();
+        auto st = std::make_shared<Gather>(Request{}, reduce, "collective '" + name + "'");
+        auto driver = std::make_shared<LocalRoot>();
+        driver->engine = state->driver();
+        driver->gather = st;
+        if (state->manual())
+            state->set_driver(driver, state->driver_context());
+        else
+            state->set_seat(driver);
+        state->set_call(1);  // so that Future::cancel asks the driver
+        st->local_state = state;
+        st->local_driver = std::move(driver);
+        Future<Collective<R>> fut(state);
+        fan_out(group, v, name, handler, st, v.stamp(), *v.self, opts.k, kSignature, args,
+                deadline);
+        return fut;
     }
 
     template <class... A>
@@ -616,6 +723,10 @@ struct CollectiveCall<R(Args...)> {
             return Future<Collective<R>>::ready_with(
                 Error{Errc::invalid_state,
                       "collective '" + std::string(name) + "': the group has no member left"});
+        if (v.self)
+            if (auto start = group.local_collective(name, kSignature))
+                return (*std::static_pointer_cast<LocalStart>(start))(group, v, opts,
+                                                                      Tuple(args...));
         const uint32_t root = v.self ? *v.self : v.members.front();
         auto ep = group.try_rank(root);
         if (!ep)
