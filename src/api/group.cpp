@@ -107,16 +107,20 @@ detail::EngineState* Group::engine_state() const noexcept {
     return impl_->engine;
 }
 
-void Group::keep_local(std::string name, uint64_t signature, std::shared_ptr<void> start) {
+void Group::keep_local(std::string name, uint64_t signature, const std::type_info& type,
+                       std::shared_ptr<void> start) {
     std::lock_guard g(impl_->mu);
-    impl_->collectives[std::move(name)] = {signature, std::move(start)};
+    impl_->collectives[std::move(name)] = {signature, std::type_index(type), std::move(start)};
 }
 
-std::shared_ptr<void> Group::local_collective(std::string_view name, uint64_t signature) const {
+std::shared_ptr<void> Group::local_collective(std::string_view name, uint64_t signature,
+                                              const std::type_info& type) const {
     std::lock_guard g(impl_->mu);
     auto it = impl_->collectives.find(name);
-    if (it == impl_->collectives.end() || it->second.first != signature) return nullptr;
-    return it->second.second;
+    if (it == impl_->collectives.end() || it->second.signature != signature ||
+        it->second.type != std::type_index(type))
+        return nullptr;
+    return it->second.start;
 }
 
 Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses,

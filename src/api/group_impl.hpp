@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <typeindex>
 #include <vector>
 
 #include "talaria/api/endpoint.hpp"
@@ -73,7 +74,12 @@ struct Group::Impl {
     std::string joins;  ///< under mu: the name joins are served under (accept_joins); "" none
     /// Collectives defined on this rank, by name: their signature and their local starter
     /// (Group::keep_local), under mu.
-    std::map<std::string, std::pair<uint64_t, std::shared_ptr<void>>, std::less<>> collectives;
+    struct LocalCollective {
+        uint64_t signature = 0;
+        std::type_index type = typeid(void);
+        std::shared_ptr<void> start;
+    };
+    std::map<std::string, LocalCollective, std::less<>> collectives;
     std::vector<std::function<void(uint32_t, RankState)>> listeners;  // under mu
 
     /// Joins through a member (group_join.cpp: Group::join, Group::accept_joins).

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "api_fixture.hpp"
@@ -478,6 +479,28 @@ TEST(Collective, AMembersBroadcastRunsItsOwnPartHereAlsoOnAManualEngine) {
     ASSERT_FALSE(refused);
     EXPECT_NE(refused.error().message().find("talaria.collective.sum"), std::string::npos)
         << refused.error().message();
+    groups.clear();
+}
+
+TEST(Collective, OtherCppTypesThatEncodeAlikeGoThroughTheTransport) {
+    // int64_t and long long are both i64 on the wire (one signature hash) but other C++ types:
+    // a member's broadcast with the one cannot run the part defined with the other here, and
+    // calls its own rank instead, which decodes the arguments as its handler takes them.
+    static_assert(!std::is_same_v<int64_t, long long> || !std::is_same_v<int64_t, long>);
+    using Other = std::conditional_t<std::is_same_v<int64_t, long long>, long, long long>;
+    Ranks ranks(3);
+    std::vector<std::optional<Group>> groups;
+    for (uint32_t i = 0; i < 3; ++i) {
+        groups.emplace_back(std::in_place, *ranks.servers[i], ranks.addresses, i);
+        groups.back()->define_collective<int64_t(int64_t)>(
+            "neg", [i](int64_t x) -> int64_t { return x - int64_t(i); },
+            [](const int64_t& a, const int64_t& b) { return a + b; });
+    }
+    const uint64_t received = ranks.servers[0]->counters().rpcs_received;
+    auto r = value_within(groups[0]->broadcast<Other(Other)>("neg", Other{10}));
+    EXPECT_EQ(r.value, std::optional<Other>(30 - 0 - 1 - 2));
+    EXPECT_TRUE(r.failed.empty()) << r.failed.front().message;
+    EXPECT_GT(ranks.servers[0]->counters().rpcs_received, received) << "it called its own rank";
     groups.clear();
 }
 

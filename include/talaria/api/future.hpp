@@ -63,6 +63,15 @@ class Driver {
     virtual bool cancel_call(uint8_t ctx, uint32_t seq) = 0;
 };
 
+/// What cancels an operation that is not one core call (Future::cancel of a state that has a
+/// canceler, StateBase::set_canceler): a collective whose root runs in the caller's process.
+class Canceler {
+  public:
+    virtual ~Canceler() = default;
+    /// True if the operation was outstanding and now completes with Errc::canceled.
+    virtual bool cancel() = 0;
+};
+
 /// The context id a Driver understands as "the engine's bulk transfer context".
 inline constexpr uint8_t kBulkContext = 0xFF;
 
@@ -201,10 +210,15 @@ class StateBase {
     /// outstanding and now completes with Errc::canceled. States of operations that cannot be
     /// canceled (a transfer, a ready-made result) answer false.
     bool cancel() {
-        if (ready() || call_seq_ == 0) return false;
+        if (ready()) return false;
+        if (auto c = canceler_.lock()) return c->cancel();
+        if (call_seq_ == 0) return false;
         if (auto d = driver_.lock()) return d->cancel_call(ctx_, call_seq_);
         return false;
     }
+    /// Record what cancels this state's operation when it is not one core call (held weakly:
+    /// once it is gone, the operation has completed).
+    void set_canceler(std::weak_ptr<Canceler> c) noexcept { canceler_ = std::move(c); }
     /// Record the core call this state completes (made by Procedure::operator()).
     void set_call(uint32_t seq) noexcept { call_seq_ = seq; }
 
@@ -272,6 +286,7 @@ class StateBase {
     alignas(std::max_align_t) std::byte inline_buf_[kInlineContinuation];
     enum class Mode : uint8_t { none, manual, seat };
     std::weak_ptr<Driver> driver_;
+    std::weak_ptr<Canceler> canceler_;  ///< set_canceler
     uint32_t call_seq_ = 0;  ///< the core call completing this state (0: none, or not a call)
     uint8_t ctx_ = 0;
     Mode mode_ = Mode::none;

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -302,12 +303,14 @@ class Group {
         detail::value_or_throw(
             try_define_collective<Sig>(name, std::move(handler), std::move(reduce)));
     }
-    /// Call collective `name` on every member from the root of the tree: this process's rank,
-    /// whose part runs here (the calls to the ranks below go out, then its handler runs on this
-    /// thread before broadcast returns), or, where this process is not a member (or defined
-    /// `name` with other types), the first member, called over the transport. The future holds
-    /// the reduction and the failed ranks; it fails only when the root cannot be reached or
-    /// refuses the call (another group version: every rank must see the same membership).
+    /// Call collective `name` on every member from the root of the tree: where this process is
+    /// a member, its own rank, whose part runs here (the calls to the ranks below go out, then
+    /// its handler runs on this thread before broadcast returns: hold no lock the handler
+    /// takes; and a cancel completes the future on the canceling thread); otherwise the first
+    /// member, called over the transport (so is this process's own rank when `name` was not
+    /// defined on this group with these types). The future holds the reduction and the failed
+    /// ranks; it fails only when the root cannot be reached or refuses the call (another group
+    /// version: every rank must see the same membership).
     /// Canceling the future (Future::cancel) cancels the whole tree: the root cancels its calls
     /// to the ranks below, each of them its own, and so on, so no rank waits on for an answer
     /// nobody wants (a handler already running finishes; its value is dropped).
@@ -359,10 +362,12 @@ class Group {
     [[nodiscard]] detail::EngineState* engine_state() const noexcept;
     /// Collective `name`'s starter for this process's own rank (a
     /// CollectiveCall<Sig>::LocalStart, kept by define_collective), when it was defined here
-    /// with the signature `signature`; null otherwise.
-    void keep_local(std::string name, uint64_t signature, std::shared_ptr<void> start);
-    [[nodiscard]] std::shared_ptr<void> local_collective(std::string_view name,
-                                                         uint64_t signature) const;
+    /// with the signature `signature` and the starter's type `type` (two C++ types may encode
+    /// alike: the hash alone does not tell them apart); null otherwise.
+    void keep_local(std::string name, uint64_t signature, const std::type_info& type,
+                    std::shared_ptr<void> start);
+    [[nodiscard]] std::shared_ptr<void> local_collective(std::string_view name, uint64_t signature,
+                                                         const std::type_info& type) const;
     std::shared_ptr<Impl> impl_;
 };
 
@@ -387,7 +392,7 @@ struct CollectiveCall<R(Args...)> {
 
     /// One rank's answer in the making: its own value and those of the ranks below it, sent
     /// once every part is in. Parts arrive on the progress threads of the calls below.
-    struct Gather {
+    struct Gather final : Canceler {
         std::mutex mu;
         Collective<R> acc;
         unsigned pending = 0;
@@ -398,10 +403,9 @@ struct CollectiveCall<R(Args...)> {
         /// before `watch` is set, read by its function after).
         std::vector<std::weak_ptr<State<Collective<R>>>> calls;
         core::CancelWatch watch;  ///< set once the calls are out; ended in done()
-        /// Where the caller is this process's own rank, the root (no Request): its future, the
-        /// driver that waits for and cancels it, and whether it was completed (under mu).
+        /// Where the caller is this process's own rank, the root (no Request): its future's
+        /// state (whose cancel comes here), and whether it was completed (under mu).
         std::shared_ptr<State<Collective<R>>> local_state;
-        std::shared_ptr<Driver> local_driver;
         bool finished = false;
         Gather(Request r, std::shared_ptr<const Reduce> f, std::string w)
             : req(std::move(r)), reduce(std::move(f)), what(std::move(w)) {}
@@ -473,11 +477,11 @@ struct CollectiveCall<R(Args...)> {
         void done() {
             std::unique_lock g(mu);
             if (--pending != 0) return;
-            watch.reset();  // nothing below is outstanding
+            watch.reset();                              // nothing below is outstanding
+            if (std::exchange(finished, true)) return;  // canceled by the local caller
             std::sort(acc.failed.begin(), acc.failed.end(),
                       [](const RankFailure& a, const RankFailure& b) { return a.rank < b.rank; });
             Collective<R> out = std::move(acc);
-            if (std::exchange(finished, true)) return;  // canceled by the local caller
             g.unlock();
             if (local_state) {
                 local_state->set(std::move(out));
@@ -487,9 +491,9 @@ struct CollectiveCall<R(Args...)> {
                 (void)req.try_respond_error(
                     r.code(), what + ": the answer could not be sent: " + r.error().message());
         }
-        /// The local caller canceled its future: the calls below are canceled, and the future
-        /// completes now. False when it had completed.
-        bool cancel_local() {
+        /// The local caller canceled its future (Canceler): the calls below are canceled, and
+        /// the future completes now, on this thread. False when it had completed.
+        bool cancel() override {
             {
                 std::lock_guard g(mu);
                 if (std::exchange(finished, true)) return false;
@@ -500,30 +504,10 @@ struct CollectiveCall<R(Args...)> {
         }
     };
 
-    /// The driver of a local root's future: waits as the engine's (a manual engine's driver, or
-    /// the seat of its context), and cancels by canceling the tree.
-    struct LocalRoot final : Driver {
-        std::weak_ptr<Driver> engine;
-        std::weak_ptr<Gather> gather;
-        void drive(uint8_t ctx, Duration d) override {
-            if (auto e = engine.lock()) e->drive(ctx, d);
-        }
-        bool wait_ready(StateBase& s, TimePoint deadline) override {
-            if (auto e = engine.lock()) return e->wait_ready(s, deadline);
-            return s.ready();
-        }
-        [[nodiscard]] Result<void> usable() const override {
-            if (auto e = engine.lock()) return e->usable();
-            return Error(Errc::shutdown, "the engine that would complete this future is gone");
-        }
-        bool cancel_call(uint8_t, uint32_t) override {
-            auto g = gather.lock();
-            return g && g->cancel_local();
-        }
-    };
-    /// A member's broadcast, started in its own process (Group::local_collective).
-    using LocalStart = std::function<Future<Collective<R>>(Group&, const Group::View&,
-                                                           const CollectiveOptions&, Tuple&&)>;
+    /// A member's broadcast, started in its own process (Group::local_collective); none once
+    /// the engine dropped the collective's handler (it closed, or it was undefined).
+    using LocalStart = std::function<std::optional<Future<Collective<R>>>(
+        Group&, const Group::View&, const CollectiveOptions&, Tuple&&)>;
 
     static std::optional<uint32_t> position(const std::vector<uint32_t>& members, uint32_t r) {
         auto it = std::lower_bound(members.begin(), members.end(), r);
@@ -673,13 +657,20 @@ struct CollectiveCall<R(Args...)> {
                                         std::move(fn), typename FnTraits<Fn>::Params{});
             !r)
             return r;
-        // A member's own broadcast runs its rank's part here, not through a call to itself.
+        // A member's own broadcast runs its rank's part here, not through a call to itself. The
+        // group keeps this starter, so it holds the handler and the reduction weakly (the engine
+        // owns them): a handler that holds a Group makes no cycle.
         auto start = std::make_shared<LocalStart>(
-            [n = std::string(name), h, red](Group& g, const Group::View& v,
-                                            const CollectiveOptions& opts, Tuple&& args) {
-                return start_local(g, v, n, *h, red, opts, std::move(args));
+            [n = std::string(name), wh = std::weak_ptr<const H>(h),
+             wr = std::weak_ptr<const Reduce>(red)](
+                Group& g, const Group::View& v, const CollectiveOptions& opts,
+                Tuple&& args) -> std::optional<Future<Collective<R>>> {
+                auto hs = wh.lock();
+                auto rs = wr.lock();
+                if (!hs || !rs) return std::nullopt;
+                return start_local(g, v, n, *hs, rs, opts, std::move(args));
             });
-        group.keep_local(std::string(name), kSignature, std::move(start));
+        group.keep_local(std::string(name), kSignature, typeid(LocalStart), std::move(start));
         return ok();
     }
 
@@ -697,16 +688,8 @@ struct CollectiveCall<R(Args...)> {
         const Duration t = opts.timeout > Duration::zero() ? opts.timeout : site.default_timeout;
         const TimePoint deadline = t > Duration::zero() ? Clock::now() + t : TimePoint::max();
         auto st = std::make_shared<Gather>(Request{}, reduce, "collective '" + name + "'");
-        auto driver = std::make_shared<LocalRoot>();
-        driver->engine = state->driver();
-        driver->gather = st;
-        if (state->manual())
-            state->set_driver(driver, state->driver_context());
-        else
-            state->set_seat(driver);
-        state->set_call(1);  // so that Future::cancel asks the driver
         st->local_state = state;
-        st->local_driver = std::move(driver);
+        state->set_canceler(std::weak_ptr<Canceler>(st));  // Future::cancel cancels the tree
         Future<Collective<R>> fut(state);
         fan_out(group, v, name, handler, st, v.stamp(), *v.self, opts.k, kSignature, args,
                 deadline);
@@ -724,9 +707,10 @@ struct CollectiveCall<R(Args...)> {
                 Error{Errc::invalid_state,
                       "collective '" + std::string(name) + "': the group has no member left"});
         if (v.self)
-            if (auto start = group.local_collective(name, kSignature))
-                return (*std::static_pointer_cast<LocalStart>(start))(group, v, opts,
-                                                                      Tuple(args...));
+            if (auto start = group.local_collective(name, kSignature, typeid(LocalStart)))
+                if (auto fut = (*std::static_pointer_cast<LocalStart>(start))(group, v, opts,
+                                                                              Tuple(args...)))
+                    return std::move(*fut);
         const uint32_t root = v.self ? *v.self : v.members.front();
         auto ep = group.try_rank(root);
         if (!ep)
