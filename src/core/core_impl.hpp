@@ -449,10 +449,15 @@ struct Context::Impl {
     bool refusal_logged = false;  ///< a refusal was logged since the last sweep
 
     // --- cancel notices (request.cpp): calls their callers canceled (wire::kCancel) ----------
+    /// Names one received call: its caller, its seq and the caller's context.
     struct CancelNotice {
         na::AddrImpl* peer = nullptr;  ///< the caller's canonical address (compared, never used)
         uint32_t seq = 0;
         uint8_t reply_ctx = 0;
+        static CancelNotice of(const na::Addr& source, uint32_t seq, uint8_t reply_ctx) {
+            return {source.impl()->canonical(), seq, reply_ctx};
+        }
+        friend bool operator==(const CancelNotice&, const CancelNotice&) = default;
     };
     static constexpr std::size_t kMaxCancelNotices = 1024;
     mutable std::mutex cancel_mu;
@@ -461,9 +466,7 @@ struct Context::Impl {
     /// Functions to run when a notice for their call arrives (Request::on_cancel), under
     /// cancel_mu. Few: only handlers that answer later register one.
     struct CancelWatcher {
-        na::AddrImpl* peer = nullptr;
-        uint32_t seq = 0;
-        uint8_t reply_ctx = 0;
+        CancelNotice call;
         uint64_t id = 0;
         std::function<void()> fn;
     };

@@ -219,7 +219,7 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
 // --- cancel notices ---------------------------------------------------------------------------
 
 void Context::Impl::on_cancel(const wire::Header& h, const na::Addr& source) {
-    CancelNotice n{source.impl()->canonical(), h.seq, h.reply_ctx};
+    const CancelNotice n = CancelNotice::of(source, h.seq, h.reply_ctx);
     std::vector<std::function<void()>> run;
     {
         std::lock_guard g(cancel_mu);
@@ -230,7 +230,7 @@ void Context::Impl::on_cancel(const wire::Header& h, const na::Addr& source) {
         cancels.push_back(n);
         n_cancels.store(cancels.size(), std::memory_order_release);
         for (auto it = cancel_watchers.begin(); it != cancel_watchers.end();) {
-            if (it->seq == n.seq && it->reply_ctx == n.reply_ctx && it->peer == n.peer) {
+            if (it->call == n) {
                 run.push_back(std::move(it->fn));
                 it = cancel_watchers.erase(it);
             } else {
@@ -244,13 +244,12 @@ void Context::Impl::on_cancel(const wire::Header& h, const na::Addr& source) {
 
 uint64_t Context::Impl::watch_cancel(const na::Addr& source, uint32_t seq, uint8_t reply_ctx,
                                      std::function<void()>& fn) {
-    na::AddrImpl* key = source.impl()->canonical();
+    const CancelNotice call = CancelNotice::of(source, seq, reply_ctx);
     std::lock_guard g(cancel_mu);
     if (watches_closed) return 0;  // shutting down: every call is ending
-    for (const CancelNotice& n : cancels)
-        if (n.seq == seq && n.reply_ctx == reply_ctx && n.peer == key) return 0;
+    if (std::find(cancels.begin(), cancels.end(), call) != cancels.end()) return 0;
     const uint64_t watch = ++next_watch;
-    cancel_watchers.push_back(CancelWatcher{key, seq, reply_ctx, watch, std::move(fn)});
+    cancel_watchers.push_back(CancelWatcher{call, watch, std::move(fn)});
     return watch;
 }
 
@@ -267,14 +266,12 @@ void Context::Impl::unwatch_cancel(uint64_t watch) noexcept {
 
 void Context::Impl::forget_cancel(const na::Addr& source, uint32_t seq,
                                   uint8_t reply_ctx) noexcept {
-    na::AddrImpl* key = source.impl()->canonical();
+    const CancelNotice call = CancelNotice::of(source, seq, reply_ctx);
     std::lock_guard g(cancel_mu);
-    for (auto it = cancels.begin(); it != cancels.end(); ++it)
-        if (it->seq == seq && it->reply_ctx == reply_ctx && it->peer == key) {
-            cancels.erase(it);
-            n_cancels.store(cancels.size(), std::memory_order_release);
-            return;
-        }
+    if (auto it = std::find(cancels.begin(), cancels.end(), call); it != cancels.end()) {
+        cancels.erase(it);
+        n_cancels.store(cancels.size(), std::memory_order_release);
+    }
 }
 
 void Context::Impl::close_cancel_watches() noexcept {
@@ -306,11 +303,9 @@ void CancelWatch::reset() noexcept {
 bool Context::Impl::cancel_noticed(const na::Addr& source, uint32_t seq,
                                    uint8_t reply_ctx) const noexcept {
     if (n_cancels.load(std::memory_order_acquire) == 0) return false;
-    na::AddrImpl* key = source.impl()->canonical();
+    const CancelNotice call = CancelNotice::of(source, seq, reply_ctx);
     std::lock_guard g(cancel_mu);
-    for (const CancelNotice& n : cancels)
-        if (n.seq == seq && n.reply_ctx == reply_ctx && n.peer == key) return true;
-    return false;
+    return std::find(cancels.begin(), cancels.end(), call) != cancels.end();
 }
 
 void Context::Impl::clear_cancels_if_idle() noexcept {
