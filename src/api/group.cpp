@@ -140,15 +140,11 @@ Result<Group> Group::make(Engine& engine, std::vector<std::string> addresses,
         if (addresses[i].empty())
             return Error{Errc::invalid_argument,
                          fmt::format("Group: the address of rank {} is empty", i)};
-        if (impl->member_address_locked(addresses[i])) {
-            std::size_t first = 0;
-            while (impl->ranks[first].address != addresses[i])
-                ++first;
+        if (auto first = impl->member_rank_locked(addresses[i]))
             return Error{Errc::invalid_argument,
                          fmt::format("Group: ranks {} and {} have the same address {} (one "
                                      "engine is one rank)",
-                                     first, i, addresses[i])};
-        }
+                                     *first, i, addresses[i])};
         impl->ranks.push_back(Impl::Rank{std::move(addresses[i]), true, 0, Endpoint{}});
     }
     return Group(std::move(impl));
@@ -334,10 +330,7 @@ Result<uint64_t> Group::remove(uint32_t rank) {
         return Error{Errc::invalid_argument,
                      fmt::format("Group::remove: rank {} was already removed (version {})", rank,
                                  r.removed_in)};
-    r.member = false;
-    r.removed_in = ++impl_->version;
-    r.ep = Endpoint{};
-    if (impl_->swim) impl_->swim->member(rank, std::string(), false);
+    impl_->drop_rank_locked(rank, ++impl_->version);
     return impl_->version;
 }
 
@@ -347,11 +340,32 @@ Result<uint32_t> Group::add(std::string address) {
     if (impl_->member_address_locked(address))
         return Error{Errc::invalid_argument,
                      fmt::format("Group::add: {} is already a member's address", address)};
-    impl_->ranks.push_back(Impl::Rank{address, true, 0, Endpoint{}});
+    const uint32_t rank = impl_->push_rank_locked(std::move(address));
     ++impl_->version;
-    const auto rank = uint32_t(impl_->ranks.size() - 1);
-    if (impl_->swim) impl_->swim->member(rank, std::move(address), true);
     return rank;
+}
+
+uint32_t Group::Impl::push_rank_locked(std::string address, uint64_t removed_in) {
+    const auto rank = uint32_t(ranks.size());
+    const bool member = removed_in == 0;
+    ranks.push_back(Rank{address, member, removed_in, Endpoint{}});
+    if (member && swim) swim->member(rank, std::move(address), true);
+    return rank;
+}
+
+void Group::Impl::drop_rank_locked(uint32_t rank, uint64_t removed_in) {
+    Rank& r = ranks[rank];
+    r.member = false;
+    r.removed_in = removed_in;
+    r.ep = Endpoint{};
+    if (swim) swim->member(rank, std::string(), false);
+}
+
+Result<void> check_group_name(std::string_view where, std::string_view name) {
+    if (name.empty() || name.size() > 200)
+        return Error{Errc::invalid_argument,
+                     fmt::format("{}: the name is empty or longer than 200 characters", where)};
+    return ok();
 }
 
 // --- barrier ----------------------------------------------------------------------------------
@@ -383,9 +397,7 @@ Result<void> Group::barrier(Duration timeout, std::string_view name) {
         return Error{Errc::invalid_state,
                      "Group::barrier: this engine is not a member of its group (give Group its "
                      "rank)"};
-    if (name.empty() || name.size() > 200)
-        return Error{Errc::invalid_argument,
-                     "Group::barrier: the name is empty or longer than 200 characters"};
+    if (auto c = check_group_name("Group::barrier", name); !c) return c;
     const std::string proc = "talaria.barrier." + std::string(name);
     std::shared_ptr<GroupBarriers> b;
     bool define = false;
@@ -536,9 +548,7 @@ Result<void> Group::start_failure_detection(const FailureDetection& options) {
         return Error{Errc::invalid_argument,
                      "Group::start_failure_detection: the suspicion time is shorter than the "
                      "period (a suspect rank needs a period at least to hear of it and refute)"};
-    if (options.name.empty() || options.name.size() > 200)
-        return Error{Errc::invalid_argument,
-                     "Group::start_failure_detection: the name is empty or longer than 200"};
+    if (auto c = check_group_name("Group::start_failure_detection", options.name); !c) return c;
     const View v = view();
     if (!v.self)
         return Error{Errc::invalid_state,

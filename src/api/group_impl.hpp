@@ -49,6 +49,10 @@ struct GroupBarriers {
     std::set<std::tuple<uint64_t, uint32_t, uint32_t>> arrived;
 };
 
+/// The name a group's procedures are defined under (barrier, failure detection, joins): what is
+/// wrong with it, for `where`.
+Result<void> check_group_name(std::string_view where, std::string_view name);
+
 struct Group::Impl {
     Impl() = default;
     ~Impl();  // stops failure detection
@@ -86,10 +90,21 @@ struct Group::Impl {
     struct Joins;
     /// Group::view(), with mu held.
     [[nodiscard]] Group::View view_locked() const;
-    [[nodiscard]] bool member_address_locked(std::string_view a) const {
-        return std::any_of(ranks.begin(), ranks.end(),
-                           [&](const Rank& r) { return r.member && r.address == a; });
+    /// The member at address `a`, if one is.
+    [[nodiscard]] std::optional<uint32_t> member_rank_locked(std::string_view a) const {
+        auto it = std::find_if(ranks.begin(), ranks.end(),
+                               [&](const Rank& r) { return r.member && r.address == a; });
+        if (it == ranks.end()) return std::nullopt;
+        return uint32_t(it - ranks.begin());
     }
+    [[nodiscard]] bool member_address_locked(std::string_view a) const {
+        return member_rank_locked(a).has_value();
+    }
+    /// Number the next rank, at `address`: a member, or one already removed in version
+    /// `removed_in` (a membership told by the coordinator). The caller bumps the version.
+    uint32_t push_rank_locked(std::string address, uint64_t removed_in = 0);
+    /// Take member `rank` out, as of version `removed_in`.
+    void drop_rank_locked(uint32_t rank, uint64_t removed_in);
 };
 
 }  // namespace talaria

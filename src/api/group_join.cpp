@@ -84,14 +84,6 @@ Error join_error(std::string_view who, std::string_view name, const Error& e) {
     return Error{e.code(), std::move(text)};
 }
 
-/// Time for the calls a handler makes on: seven eighths of what its caller left it.
-Duration time_left(TimePoint deadline, Duration otherwise) {
-    if (deadline == TimePoint::max()) return otherwise;
-    Duration left = deadline - Clock::now();
-    left -= left / 8;
-    return std::max<Duration>(left, std::chrono::microseconds(1));
-}
-
 /// The coordinator's answer to a join, sent once every other member answered its update: the
 /// membership, or, where a member was not told, an error naming it.
 struct Push {
@@ -125,13 +117,6 @@ struct Push {
         (void)req.try_respond_error(code, text);
     }
 };
-
-Result<void> check_name(std::string_view where, std::string_view name) {
-    if (name.empty() || name.size() > 200)
-        return Error{Errc::invalid_argument,
-                     fmt::format("{}: the name is empty or longer than 200 characters", where)};
-    return ok();
-}
 
 }  // namespace
 
@@ -216,20 +201,14 @@ struct Group::Impl::Joins {
                                 m.version, m.version - impl.version, impl.version, changes)};
         }
         for (std::size_t i = 0; i < m.addresses.size(); ++i) {
-            const bool member = m.removed_in[i] == 0;
             if (i >= impl.ranks.size()) {
-                impl.ranks.push_back(Rank{m.addresses[i], member, m.removed_in[i], Endpoint{}});
-                if (member && impl.swim) impl.swim->member(uint32_t(i), m.addresses[i], true);
+                impl.push_rank_locked(m.addresses[i], m.removed_in[i]);
                 continue;
             }
             auto& r = impl.ranks[i];
             if (r.address.empty()) r.address = m.addresses[i];
-            if (r.member && !member) {
-                r.member = false;
-                r.removed_in = m.removed_in[i];
-                r.ep = Endpoint{};
-                if (impl.swim) impl.swim->member(uint32_t(i), std::string(), false);
-            }
+            if (r.member && m.removed_in[i] != 0)
+                impl.drop_rank_locked(uint32_t(i), m.removed_in[i]);
         }
         impl.version = m.version;
         return impl.version;
@@ -275,7 +254,8 @@ struct Group::Impl::Joins {
                     ep.code(), fmt::format("join: the coordinator, {}", ep.error().message()));
                 return;
             }
-            const Duration t = time_left(req.deadline(), std::chrono::seconds(30));
+            const Duration t =
+                detail::time_for_calls_below(req.deadline(), std::chrono::seconds(30));
             auto fut = Procedure<JoinSig>(impl->engine, join_info).on(*ep).timeout(t)(address, 1u);
             std::move(fut).then(
                 [r = std::move(req), c = *coordinator, name](Result<Membership>&& m) mutable {
@@ -299,9 +279,8 @@ struct Group::Impl::Joins {
         auto push = std::make_shared<Push>();
         {
             std::lock_guard g(impl->mu);
-            auto it = std::find_if(impl->ranks.begin(), impl->ranks.end(),
-                                   [&](const auto& r) { return r.member && r.address == address; });
-            if (it == impl->ranks.end()) {
+            auto rank = impl->member_rank_locked(address);
+            if (!rank) {
                 if (impl->ranks.size() >= kMaxRanks) {
                     (void)req.try_respond_error(
                         Errc::no_memory,
@@ -310,15 +289,13 @@ struct Group::Impl::Joins {
                                     impl->ranks.size()));
                     return;
                 }
-                impl->ranks.push_back(Rank{address, true, 0, Endpoint{}});
+                rank = impl->push_rank_locked(address);
                 ++impl->version;
-                if (impl->swim) impl->swim->member(uint32_t(impl->ranks.size() - 1), address, true);
-                it = impl->ranks.end() - 1;
             }
             push->told = snapshot_locked(*impl);
-            push->told.rank = uint32_t(it - impl->ranks.begin());
+            push->told.rank = *rank;
         }
-        const Duration t = time_left(req.deadline(), kUpdateTimeout);
+        const Duration t = detail::time_for_calls_below(req.deadline(), kUpdateTimeout);
         push->req = std::move(req);
         std::vector<uint32_t> others;
         for (uint32_t r = 0; r < push->told.addresses.size(); ++r)
@@ -394,7 +371,7 @@ struct Group::Impl::Joins {
 };
 
 Result<void> Group::accept_joins(std::string_view name) {
-    if (auto c = check_name("Group::accept_joins", name); !c) return c;
+    if (auto c = check_group_name("Group::accept_joins", name); !c) return c;
     {
         std::lock_guard g(impl_->mu);
         if (!impl_->view_locked().self)
@@ -418,7 +395,7 @@ Result<void> Group::accept_joins(std::string_view name) {
 
 Result<Group> Group::join(Engine& engine, std::string_view seed, std::string_view name,
                           Duration timeout) {
-    if (auto c = check_name("Group::join", name); !c) return std::move(c).error();
+    if (auto c = check_group_name("Group::join", name); !c) return std::move(c).error();
     if (seed.empty()) return Error{Errc::invalid_argument, "Group::join: an empty seed address"};
     if (!detail::listens(*engine.self().engine()))
         return Error{Errc::invalid_argument,

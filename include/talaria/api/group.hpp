@@ -34,6 +34,16 @@ namespace talaria {
 namespace detail {
 template <class Sig>
 struct CollectiveCall;
+
+/// The timeout of a call a group's handler makes on for its own call, due at `deadline`: seven
+/// eighths of what is left, so that the answer (or the timeout) is back before its own is due;
+/// none (`otherwise`) when its call has no deadline.
+inline Duration time_for_calls_below(TimePoint deadline, Duration otherwise) {
+    if (deadline == TimePoint::max()) return otherwise;
+    Duration left = deadline - Clock::now();
+    left -= left / 8;
+    return std::max<Duration>(left, std::chrono::microseconds(1));
+}
 }  // namespace detail
 
 /// A k-nomial tree over ranks 0..size-1 rooted at `root`. In a rank's relative number
@@ -403,12 +413,17 @@ struct CollectiveCall<R(Args...)> {
         /// before `watch` is set, read by its function after).
         std::vector<std::weak_ptr<State<Collective<R>>>> calls;
         core::CancelWatch watch;  ///< set once the calls are out; ended in done()
+        /// When this rank's answer is due: its caller's deadline (TimePoint::max(): none).
+        TimePoint deadline = TimePoint::max();
         /// Where the caller is this process's own rank, the root (no Request): its future's
         /// state (whose cancel comes here), and whether it was completed (under mu).
         std::shared_ptr<State<Collective<R>>> local_state;
         bool finished = false;
         Gather(Request r, std::shared_ptr<const Reduce> f, std::string w)
-            : req(std::move(r)), reduce(std::move(f)), what(std::move(w)) {}
+            : req(std::move(r)),
+              reduce(std::move(f)),
+              what(std::move(w)),
+              deadline(req.valid() ? req.deadline() : TimePoint::max()) {}
 
         /// This rank's caller canceled: so is every call below, and so on down the tree (each
         /// rank below hears of it and cancels its own); their ranks are named with canceled.
@@ -561,12 +576,12 @@ struct CollectiveCall<R(Args...)> {
     static void fan_out(Group& group, const Group::View& v, const std::string& name,
                         const H& handler, const std::shared_ptr<Gather>& st,
                         const GroupStamp& version, uint32_t root, uint32_t k, uint64_t signature,
-                        const Tuple& args, TimePoint deadline = TimePoint::max()) {
+                        const Tuple& args) {
         const uint32_t self = *v.self;
         const KnomialTree tree{uint32_t(v.members.size()), *position(v.members, root), k};
         const auto below = tree.children(*position(v.members, self));
         st->pending = unsigned(below.size()) + 1;
-        if (st->req.valid()) deadline = st->req.deadline();
+        st->calls.reserve(below.size());
         const std::string& what = st->what;
         EngineState* engine = group.engine_state();
         const ProcInfo* info = proc_info(*engine, Group::wire_name(name));
@@ -583,12 +598,8 @@ struct CollectiveCall<R(Args...)> {
                     continue;
                 }
                 auto call = Procedure<WireSig>(engine, info).on(*ep);
-                if (deadline != TimePoint::max()) {
-                    // Seven eighths of what is left, so the answer is back before ours is due.
-                    Duration left = deadline - Clock::now();
-                    left -= left / 8;
-                    call = call.timeout(std::max<Duration>(left, std::chrono::microseconds(1)));
-                }
+                if (st->deadline != TimePoint::max())
+                    call = call.timeout(time_for_calls_below(st->deadline, Duration::zero()));
                 auto fut = call(version, root, k, signature, args);
                 st->calls.push_back(fut.state());
                 std::move(fut).then([st, subtree, rank](Result<Collective<R>>&& r) {
@@ -686,13 +697,12 @@ struct CollectiveCall<R(Args...)> {
         auto state = std::make_shared<State<Collective<R>>>();
         const CallSite site = call_site(*engine, 0, *state);
         const Duration t = opts.timeout > Duration::zero() ? opts.timeout : site.default_timeout;
-        const TimePoint deadline = t > Duration::zero() ? Clock::now() + t : TimePoint::max();
         auto st = std::make_shared<Gather>(Request{}, reduce, "collective '" + name + "'");
+        if (t > Duration::zero()) st->deadline = Clock::now() + t;
         st->local_state = state;
         state->set_canceler(std::weak_ptr<Canceler>(st));  // Future::cancel cancels the tree
         Future<Collective<R>> fut(state);
-        fan_out(group, v, name, handler, st, v.stamp(), *v.self, opts.k, kSignature, args,
-                deadline);
+        fan_out(group, v, name, handler, st, v.stamp(), *v.self, opts.k, kSignature, args);
         return fut;
     }
 
