@@ -10,27 +10,22 @@ mpirun=$1
 peer=$2
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: network namespaces need root"; exit 77; }
 command -v ip > /dev/null || { echo "SKIP: needs iproute2 (apt-get install iproute2)"; exit 77; }
+# The hosts are scripts/hosts', under a prefix and a /24 of this test's own.
+hosts=$(cd "$(dirname "$0")/../../scripts" && pwd)/hosts
 p=tgm$$
+export TALARIA_HOSTS_PREFIX=$p TALARIA_HOSTS_NET=10.201.0
 dir=$(mktemp -d)
 cleanup() {
-  for n in "$p-h0" "$p-h1" "$p-br"; do ip netns del "$n" 2> /dev/null || true; done
+  "$hosts" down > /dev/null 2>&1 || true
   rm -rf "$dir"
 }
 trap cleanup EXIT
-if ! ip netns add "$p-br" 2> /dev/null; then
+if ! ip netns add "$p-probe" 2> /dev/null; then
   echo "SKIP: this kernel or container does not let us make network namespaces"
   exit 77
 fi
-ip -n "$p-br" link add br0 type bridge
-ip -n "$p-br" link set br0 up
-for i in 0 1; do
-  ip netns add "$p-h$i"
-  ip -n "$p-br" link add "p$i" type veth peer name eth0 netns "$p-h$i"
-  ip -n "$p-br" link set "p$i" master br0 up
-  ip -n "$p-h$i" addr add "10.201.0.$((i + 1))/24" dev eth0
-  ip -n "$p-h$i" link set eth0 up
-  ip -n "$p-h$i" link set lo up
-done
+ip netns del "$p-probe"
+"$hosts" up 2 > /dev/null
 # The rsh agent: "agent HOST COMMAND..." runs COMMAND (a line for a remote shell) in that host's
 # namespace, telling the processes there their host's address.
 cat > "$dir/agent" << EOF
