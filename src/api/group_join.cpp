@@ -226,8 +226,11 @@ struct Group::Impl::Joins {
         Group group(impl);
         const Group::View v = group.view();
         if (!v.self) {
-            (void)req.try_respond_error(Errc::invalid_state,
-                                        "join: this engine is not a member of its group");
+            (void)req.try_respond_error(
+                Errc::invalid_state,
+                "join: the seed is not a member of its own group (it was made "
+                "without its rank: give Group its rank there), so it "
+                "cannot take joins; join through a member");
             return;
         }
         std::optional<uint32_t> coordinator;
