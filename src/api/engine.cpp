@@ -211,6 +211,8 @@ class EngineState {
     std::unordered_map<std::string, std::unique_ptr<ProcInfo>> procs;
 
     EngineOptions opts;
+    /// Rate limit of the warnings handler exceptions write (respond_current_exception).
+    log::Limiter handler_errors_log;
     const TimePoint opened = Clock::now();  ///< health_json's uptime
     bool listens = false;                   ///< opened to accept connections
     std::string secret_file;  ///< where opts' secret came from, if known (config_json)
@@ -780,7 +782,8 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
     return fut;
 }
 
-Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e) {
+Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e,
+                 std::string (*signature)()) {
     std::string where =
         peer.valid() ? peer.impl()->transport()->addr_to_string(peer) : std::string("?");
     std::string detail = e.message().empty() ? std::string() : ": " + e.message();
@@ -806,10 +809,11 @@ Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Er
             // The target's core refused the call's signature hash: say what to do about it.
             if (e.message().starts_with(core::kSignatureMessage))
                 return Error(Errc::invalid_argument,
-                             fmt::format("rpc '{}' to {}{}; declare the call with those types "
+                             fmt::format("rpc '{}' to {}{}{}; declare the call with those types "
                                          "(remote<R(Args...)>), or make it .unchecked() if the "
                                          "two spellings encode the same bytes",
-                                         name, where, detail));
+                                         name, where, detail,
+                                         signature ? "; this call is " + signature() : ""));
             return Error(e.code(), fmt::format("rpc '{}' to {}{}", name, where, detail));
         default:
             return Error(e.code(), fmt::format("rpc '{}' to {}{}", name, where, detail));
@@ -851,7 +855,14 @@ void respond_current_exception(Request& req, const HandlerInfo& info) noexcept {
     } catch (...) {
         msg = fmt::format("handler '{}' threw a non-standard exception", info.name);
     }
-    TALARIA_LOG(api, debug, "{}", msg);
+    // The server's operator sees what its handlers throw (rate-limited: a caller can make a
+    // handler throw at will).
+    if (auto held = info.engine->handler_errors_log.admit()) {
+        const na::Addr& from = req.core().source();
+        TALARIA_LOG(api, warn, "rpc '{}' from {}: {} ({}){}", info.name,
+                    from.valid() ? from.impl()->transport()->addr_describe(from) : "?", msg,
+                    errc_name(code), log::held_back(*held));
+    }
     // A handler that moved its Request out (async) no longer holds it: whoever does answers,
     // or its destructor answers internal.
     if (!req.valid() || req.one_way() || req.responded()) return;
@@ -1095,13 +1106,18 @@ std::string Engine::serve_prometheus(std::string_view address) {
 void Engine::enable_introspection() {
     // The engine's state, not `this`: an Engine may be moved; its state stays.
     const detail::EngineState* st = state_.get();
-    define(kStatsProcedure,
-           [st] { return detail::stats_json_of(*st->core, -1, st->bulk_ctx.get()); });
-    define(kPrometheusProcedure,
-           [st] { return detail::stats_prometheus_of(*st->core, st->bulk_ctx.get()); });
+    // Each takes its request: it is held while it runs, and not counted as a held request.
+    define(kStatsProcedure, [st](const Request& req) {
+        return detail::stats_json_of(*st->core, -1, st->bulk_ctx.get(), &req.core());
+    });
+    define(kPrometheusProcedure, [st](const Request& req) {
+        return detail::stats_prometheus_of(*st->core, st->bulk_ctx.get(), &req.core());
+    });
     define(kConfigProcedure, [st] { return config_json_of(*st, -1); });
     define(kHealthProcedure, [st] { return health_json_of(*st); });
-    define(kInFlightProcedure, [st] { return detail::calls_in_flight_json_of(*st->core); });
+    define(kInFlightProcedure, [st](const Request& req) {
+        return detail::calls_in_flight_json_of(*st->core, &req.core());
+    });
 }
 
 Future<void> Engine::shutdown_remote(const Endpoint& ep) {

@@ -13,9 +13,14 @@
 namespace talaria::detail {
 
 /// `extra`: another na context of the engine to count with the core's (the API's bulk one).
-std::string stats_json_of(const core::Engine& core, int indent, const na::Context* extra = nullptr);
-std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra = nullptr);
-std::string calls_in_flight_json_of(const core::Engine& core);
+/// `asking`: the request of the introspection procedure that asks (null from Engine's own
+/// members): it is held while it runs, and is not counted as a held request.
+std::string stats_json_of(const core::Engine& core, int indent, const na::Context* extra = nullptr,
+                          const core::Request* asking = nullptr);
+std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra = nullptr,
+                                const core::Request* asking = nullptr);
+std::string calls_in_flight_json_of(const core::Engine& core,
+                                    const core::Request* asking = nullptr);
 /// The health object (one line), its strings escaped.
 std::string health_json_text(std::string_view status, std::string_view address, uint64_t uptime_ms,
                              unsigned contexts);

@@ -163,7 +163,15 @@ class Exposition {
 
 namespace detail {
 
-std::string stats_json_of(const core::Engine& core, int indent, const na::Context* extra) {
+/// The engine's counters, less the request of the introspection call that asks for them.
+core::Counters counters_but(const core::Engine& core, const core::Request* asking) {
+    core::Counters c = core.counters();
+    if (asking && asking->valid() && c.held > 0) --c.held;
+    return c;
+}
+
+std::string stats_json_of(const core::Engine& core, int indent, const na::Context* extra,
+                          const core::Request* asking) {
     Json procs = Json::array();
     for (const core::ProcStats& p : core.proc_stats()) {
         procs.push_back({{"name", p.name},
@@ -177,7 +185,7 @@ std::string stats_json_of(const core::Engine& core, int indent, const na::Contex
                 {"version", std::string(version().string)},
                 {"contexts", core.context_count()},
                 {"stats", core.options().stats},
-                {"counters", counters_object(core.counters())},
+                {"counters", counters_object(counters_but(core, asking))},
                 {"transfers", transfers_json(core.transfer_stats())},
                 {"na", na_json(na_counts_of(core, extra))},
                 {"links", links_json(core.transport().link_counts())},
@@ -186,11 +194,12 @@ std::string stats_json_of(const core::Engine& core, int indent, const na::Contex
     return doc.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra) {
+std::string stats_prometheus_of(const core::Engine& core, const na::Context* extra,
+                                const core::Request* asking) {
     const std::string engine = label(core.self_string());
     const auto procs = core.proc_stats();
     Exposition x;
-    const core::Counters c = core.counters();
+    const core::Counters c = counters_but(core, asking);
     const std::string el = fmt::format("engine=\"{}\"", engine);
     for (const auto& [name, v] : counter_list(c)) {
         const bool gauge = is_gauge(name);
@@ -309,9 +318,13 @@ std::string health_json_text(std::string_view status, std::string_view address, 
     return doc.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string calls_in_flight_json_of(const core::Engine& core) {
+std::string calls_in_flight_json_of(const core::Engine& core, const core::Request* asking) {
     Json contexts = Json::array();
-    const auto held = core.requests_held();
+    auto held = core.requests_held();
+    if (asking && asking->valid()) {
+        const uint8_t own = asking->context().id();
+        if (own < held.size() && held[own] > 0) --held[own];
+    }
     for (std::size_t i = 0; i < held.size(); ++i)
         contexts.push_back({{"id", i}, {"requests_held", held[i]}});
     Json peers = Json::array();

@@ -359,8 +359,26 @@ void on_piece_done(TransferState* s, unsigned slot, const na::Completion& c) {
             s->saw_canceled = true;
         } else if (!s->failed) {
             s->failed = true;
+            // Transports that check at the target answer invalid_argument for a key they hold
+            // no region under; libfabric's providers answer access_denied for it, as for an
+            // access the region does not allow.
+            constexpr std::string_view kGone =
+                "the remote memory is no longer exposed (its owner dropped the last "
+                "talaria::Bulk of it, which ends the exposure: keep one until the peer's "
+                "transfers are done)";
+            std::string why =
+                c.status == Errc::invalid_argument
+                    ? fmt::format("invalid_argument: {}, or the handle was never that peer's",
+                                  kGone)
+                : c.status == Errc::access_denied
+                    ? fmt::format(
+                          "access_denied: the remote memory does not allow a {} (it was "
+                          "exposed {}), or {}",
+                          s->dir == Direction::pull ? "read" : "write",
+                          s->dir == Direction::pull ? "write_only" : "read_only", kGone)
+                    : std::string(errc_name(c.status));
             s->error = Error(c.status, fmt::format("bulk {}: {} failed: {}", dir_name(s->dir),
-                                                   piece_desc(*s, p), errc_name(c.status)));
+                                                   piece_desc(*s, p), why));
             TALARIA_LOG(bulk, debug, "{}", s->error.message());
         }
     }

@@ -170,13 +170,24 @@ void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
 Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
     Peer* p = last_peer;
     if (!p || !(p->addr == dest)) {
-        auto& slot = peers[dest.impl()->canonical()];
-        if (!slot) {
-            slot = std::make_unique<Peer>();
-            slot->addr = t->addr_alias(dest);  // this context's own count (sm: an alias)
+        na::Addr at = dest;
+        // A peer whose process is gone, and another took its name (sm): its record sends to
+        // the new one's. A few hops at most (each made when the one before was found dead).
+        for (int hop = 0; hop < 4; ++hop) {
+            auto& slot = peers[at.impl()->canonical()];
+            if (!slot) {
+                slot = std::make_unique<Peer>();
+                slot->addr = t->addr_alias(at);  // this context's own count (sm: an alias)
+                slot->successor = t->addr_current(at);
+            }
+            p = slot.get();
+            if (!p->successor.valid()) [[likely]]
+                break;
+            at = p->successor;
         }
-        p = slot.get();
-        last_peer = p;
+        if (p->successor.valid()) [[unlikely]]  // too many hops: send to the last
+            p = peers[at.impl()->canonical()].get();
+        if (p->addr == dest) last_peer = p;  // else each call looks up the old name again
     }
     p->retiring = false;
     p->idle_sweeps = 0;
@@ -282,17 +293,20 @@ void Context::Impl::on_watch(Peer* p, const na::Completion& c) {
     if (!failed.empty())
         TALARIA_LOG(core, info, "context {}: peer {} failed ({}): {} calls fail", id, who,
                     errc_name(c.status), failed.size());
-    Errc code = c.status == Errc::unreachable ? Errc::unreachable : Errc::disconnected;
+    Errc code = c.status == Errc::unreachable || c.status == Errc::access_denied
+                    ? c.status
+                    : Errc::disconnected;
     std::string why = failed.empty() ? std::string() : t->peer_failure(p_addr);
     for (auto& fn : failed) {
         CtxCounters::add(counters.errors);
         if (fn)
-            run_response(
-                fn, p_addr,
-                Error{code, fmt::format("the peer {} {}{}", who,
-                                        code == Errc::unreachable ? "cannot be reached"
-                                                                  : "disconnected (closed or died)",
-                                        why.empty() ? "" : ": " + why)});
+            run_response(fn, p_addr,
+                         Error{code, fmt::format("the peer {} {}{}", who,
+                                                 code == Errc::unreachable ? "cannot be reached"
+                                                 : code == Errc::access_denied
+                                                     ? "refused this client"
+                                                     : "disconnected (closed or died)",
+                                                 why.empty() ? "" : ": " + why)});
     }
 }
 
@@ -381,7 +395,10 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     const bool large = args.size() > eng->eager;
     if (large && args.size() > eng->opts.max_payload)
         return Error{Errc::message_too_large,
-                     fmt::format("forward: {} bytes of arguments exceed Options::max_payload ({})",
+                     fmt::format("forward: {} bytes of arguments exceed the {} this engine "
+                                 "sends or accepts (core.max_payload in its config, "
+                                 "EngineOptions::core.max_payload in code): raise it on both "
+                                 "sides, or pass the data as a talaria::Bulk the handler pulls",
                                  args.size(), eng->opts.max_payload)};
 
     // Large arguments: register a copy the target pulls, before taking the lock.
@@ -405,6 +422,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     bool queue_it = false;  // no credit with the peer: kept, sent when one comes back
     uint64_t trace = 0;
     Peer* watch = nullptr;  // a peer to watch, posted once the lock is released
+    na::Addr redirected;    // where the call goes instead of dest (peer_for_locked), rarely
     {
         std::lock_guard g(mu);
         if (free_head == kNoSlot)
@@ -426,6 +444,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.large = std::move(lo);
         s.retry = std::move(retry);
         s.peer = peer_for_locked(dest);
+        if (!(s.peer->addr == dest)) [[unlikely]]
+            redirected = s.peer->addr;  // another process answers at that name now
         ++s.peer->inflight;
         if (procs) {
             ProcCounters* pc = client_counters_locked(rpc, opts.provider);
@@ -459,6 +479,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
 
     if (watch) post_watch(watch);      // before the call goes out, as a reply may fail it
     if (queue_it) return CallId{seq};  // counted in rpcs_sent when it goes out
+    const na::Addr& to = redirected.valid() ? redirected : dest;
 
     wire::Header h;
     h.flags = (opts.one_way ? wire::kOneWay : 0) | (large ? wire::kMore : 0);
@@ -471,10 +492,10 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     h.trace = trace;
     if (now != TimePoint{}) h.budget_us = budget_of(now + opts.timeout, now);
     TALARIA_LOG(rpc, trace, "call {} seq {:#x} to {} context {}: {} bytes{}, trace {:016x}",
-                eng->name_of(rpc, opts.provider), seq, t->addr_to_string(dest), opts.target_context,
+                eng->name_of(rpc, opts.provider), seq, t->addr_to_string(to), opts.target_context,
                 args.size(), opts.one_way ? ", one-way" : "", trace);
     auto r =
-        send_message(dest, h, payload, SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
+        send_message(to, h, payload, SendInfo{seq, opts.one_way, SendInfo::call}, guard.take());
     if (!r) {
         // Undo, unless a deadline or cancel on another thread already completed it.
         std::unique_ptr<LargeOut> garbage;

@@ -22,6 +22,7 @@
 #include "core/wire.hpp"
 #include "talaria/core/core.hpp"
 #include "talaria/util/histogram.hpp"
+#include "talaria/util/log.hpp"
 #include "talaria/util/spin_lock.hpp"
 
 namespace talaria::core {
@@ -208,6 +209,9 @@ struct LargeOut {
 /// ever completes when the transport fails the peer.
 struct Peer {
     na::Addr addr;
+    /// Another process answers at this peer's name now (na::Transport::addr_current, asked when
+    /// the record is made): calls to `addr` go there. Empty for nearly every peer.
+    na::Addr successor;
     uint32_t inflight = 0;
     bool watch_posted = false;
     /// A thread claimed the watch and posts it without the lock (post_watch): until it is
@@ -413,6 +417,10 @@ struct Context::Impl {
     std::vector<PendingResult> held;
 
     CtxCounters counters;
+    /// Rate limits of the warnings a caller's mistakes write here: a call to a procedure this
+    /// engine lacks, a signature that differs; one line a second each, with how many were held.
+    log::Limiter unknown_rpc_log;
+    log::Limiter signature_log;
     /// Per-procedure statistics, by StatsIndex index (null without Options::stats; an entry
     /// is null until its procedure's first call here).
     std::unique_ptr<std::atomic<ProcCounters*>[]> procs;

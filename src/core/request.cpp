@@ -81,7 +81,7 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
     if (!h) [[unlikely]] {
         CtxCounters::add(counters.errors);
         TALARIA_LOG(core, warn, "context {}: dropping a message from {}: {}", id,
-                    t->addr_to_string(source), h.error().describe());
+                    t->addr_describe(source), h.error().describe());
         return;
     }
     auto payload = msg.subspan(wire::kHeaderSize);
@@ -99,7 +99,7 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
             TALARIA_LOG(core, warn,
                         "context {}: dropping a message from {} for context {}, "
                         "which does not exist",
-                        id, t->addr_to_string(source), named_ctx);
+                        id, t->addr_describe(source), named_ctx);
         // A large one-way call waits for an ack: fail it rather than leave it waiting.
         if ((h->flags & (wire::kOneWay | wire::kMore)) == (wire::kOneWay | wire::kMore) &&
             !(h->flags & (wire::kResponse | wire::kAck)))
@@ -136,10 +136,17 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
             TALARIA_LOG(core, warn,
                         "context {}: one-way call of unregistered RPC {:#010x} (provider {}) "
                         "from {}",
-                        id, h.rpc_id, h.provider, t->addr_to_string(source));
+                        id, h.rpc_id, h.provider, t->addr_describe(source));
             req.ctx_ = nullptr;
             return;
         }
+        if (auto unlogged = unknown_rpc_log.admit())
+            TALARIA_LOG(core, warn,
+                        "context {}: {} called RPC {:#010x}{}, which is not registered here: "
+                        "answered not_found{}",
+                        id, t->addr_describe(source), h.rpc_id,
+                        h.provider ? fmt::format(" for provider {}", h.provider) : std::string(),
+                        log::held_back(*unlogged));
         (void)req.respond_error(Errc::not_found, no_rpc_message(h, eng->self_string));
         return;
     }
@@ -162,11 +169,14 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
                         kSignatureMessage, eng->self_string, e->name, e->signature_text);
         if (req.one_way_) {
             TALARIA_LOG(core, warn, "context {}: one-way call from {} dropped: {}", id,
-                        t->addr_to_string(source), why);
+                        t->addr_describe(source), why);
             req.note_answered(Errc::invalid_argument, 0);
             req.ctx_ = nullptr;
             return;
         }
+        if (auto unlogged = signature_log.admit())
+            TALARIA_LOG(core, warn, "context {}: a call from {} refused: {}{}", id,
+                        t->addr_describe(source), why, log::held_back(*unlogged));
         (void)req.respond_error(Errc::invalid_argument, why);
         return;
     }
@@ -377,8 +387,10 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
     } else {
         if (out.size() > eng->opts.max_payload)
             return Error{Errc::message_too_large,
-                         fmt::format("respond: {} bytes of result exceed Options::max_payload "
-                                     "({})",
+                         fmt::format("respond: {} bytes of result exceed the {} this engine "
+                                     "sends or accepts (core.max_payload in its config, "
+                                     "EngineOptions::core.max_payload in code): raise it on both "
+                                     "sides, or answer with a talaria::Bulk the caller pulls",
                                      out.size(), eng->opts.max_payload)};
         std::vector<std::byte> desc;
         TALARIA_TRY(lo, make_large(out, desc));
@@ -540,9 +552,11 @@ PullJob::~PullJob() {
 Result<void> Context::Impl::admit_large(const wire::Header& h, uint64_t total) {
     if (total > eng->opts.max_payload)
         return Error{Errc::message_too_large,
-                     fmt::format("a payload of {} bytes exceeds the receiver's "
-                                 "Options::max_payload ({})",
-                                 total, eng->opts.max_payload)};
+                     fmt::format("a payload of {} bytes exceeds the {} the receiver {} "
+                                 "accepts (its core.max_payload; EngineOptions::core.max_payload "
+                                 "in code): raise it there, or pass the data as a "
+                                 "talaria::Bulk",
+                                 total, eng->opts.max_payload, eng->self_string)};
     if (h.flags & wire::kResponse) return ok();  // a result of our own call (checked live)
     // Arguments: nothing is allocated for a procedure this engine does not have...
     RpcEntry* e = eng->registry.find(h.rpc_id, h.provider);
@@ -706,8 +720,8 @@ Result<PeerLoad*> Context::Impl::admit(const na::Addr& source) {
                                 id, eng->self_string, all);
     if (!refusal_logged) {  // once per sweep period: a flood must not flood the log
         refusal_logged = true;
-        TALARIA_LOG(core, warn, "refusing requests from {} with busy: {}",
-                    t->addr_to_string(source), why);
+        TALARIA_LOG(core, warn, "refusing requests from {} with busy: {}", t->addr_describe(source),
+                    why);
     }
     return Error{Errc::busy, std::move(why)};
 }

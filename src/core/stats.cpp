@@ -125,26 +125,35 @@ void Request::note_started() noexcept {
 Request::Counted Request::note_answered(Errc status, std::size_t bytes) noexcept {
     ProcCounters* pc = std::exchange(stats_, nullptr);
     if (!pc) return {};
+    if (status == Errc::ok && ctx_ && !one_way_) {
+        // An answer its caller no longer waits for (its deadline passed, or it canceled) is
+        // counted as what the caller saw, not as ok.
+        if (deadline_ != TimePoint::max() && Clock::now() >= deadline_) [[unlikely]]
+            status = Errc::timeout;
+        else if (ctx_->impl_->cancel_noticed(source(), seq_, reply_ctx_)) [[unlikely]]
+            status = Errc::canceled;
+    }
     const bool timed = started_ != 0;  // Options::stats_timing_gap
     const uint64_t took = timed ? ticks_since(started_) : 0;
     if (ctx_ && tl_triggering == ctx_->impl_.get()) {
         // The context's trigger thread: the only writer of `server`.
         count_outcome(pc->server, pc->server.bytes_out, status, bytes, CtxCounters::bump);
         if (timed) pc->server.latency.record(took);
-        return {pc, took, false, timed};
+        return {pc, took, false, timed, status};
     }
     count_outcome(pc->server_shared, pc->server_shared.bytes_out, status, bytes, CtxCounters::add);
     if (timed) pc->server_shared.latency.record_shared(took);
-    return {pc, took, true, timed};
+    return {pc, took, true, timed, status};
 }
 
 void Request::settle_answer(const Counted& c, Errc status, std::size_t bytes,
                             const Result<void>& sent) noexcept {
+    (void)status;  // c.as: what note_answered counted it as
     if (!c.pc || sent) return;
     // Same side, same writer rule as note_answered (this runs right after it, on its thread).
     auto& side = c.shared ? c.pc->server_shared : c.pc->server;
     auto add = c.shared ? CtxCounters::add : CtxCounters::bump;
-    count_outcome(side, side.bytes_out, status, bytes, add, uint64_t(-1));
+    count_outcome(side, side.bytes_out, c.as, bytes, add, uint64_t(-1));
     if (sent.code() == Errc::again) {
         // Not answered yet: the caller may respond again, and that one counts.
         if (c.timed && c.shared) side.latency.remove_shared(c.took);

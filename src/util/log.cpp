@@ -75,10 +75,15 @@ void write(Subsys s, Level l, const char* file, int line, std::string_view msg) 
         return;
     }
     FILE* out = g_out ? g_out : stderr;
-    std::fprintf(out, "%ld.%06ld %d %.*s %.*s %.*s:%d: %.*s\n", long(ts.tv_sec),
-                 long(ts.tv_nsec / 1000), int(::getpid()), int(level_name(l).size()),
-                 level_name(l).data(), int(subsys_name(s).size()), subsys_name(s).data(),
-                 int(f.size()), f.data(), line, int(msg.size()), msg.data());
+    // UTC, to the microsecond: "2026-11-29T02:51:59.123456Z".
+    tm utc;
+    gmtime_r(&ts.tv_sec, &utc);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &utc);
+    std::fprintf(out, "%s.%06ldZ %d %.*s %.*s %.*s:%d: %.*s\n", when, long(ts.tv_nsec / 1000),
+                 int(::getpid()), int(level_name(l).size()), level_name(l).data(),
+                 int(subsys_name(s).size()), subsys_name(s).data(), int(f.size()), f.data(), line,
+                 int(msg.size()), msg.data());
     std::fflush(out);
 }
 }  // namespace detail
@@ -132,6 +137,24 @@ bool configure(std::string_view spec) noexcept {
     for (int i = 0; i < kCount; ++i)
         set_level(static_cast<Subsys>(i), levels[i]);
     return true;
+}
+
+std::optional<uint64_t> Limiter::admit() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const int64_t now = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    int64_t next = next_ns_.load(std::memory_order_relaxed);
+    if (now < next ||
+        !next_ns_.compare_exchange_strong(next, now + 1000000000, std::memory_order_relaxed)) {
+        held_.fetch_add(1, std::memory_order_relaxed);
+        return std::nullopt;
+    }
+    return held_.exchange(0, std::memory_order_relaxed);
+}
+
+std::string held_back(uint64_t n) {
+    if (n == 0) return {};
+    return fmt::format(" ({} more since the last such line, not logged)", n);
 }
 
 namespace {

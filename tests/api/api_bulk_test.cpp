@@ -112,6 +112,30 @@ TEST_P(Api, BulkClientPullsServerMemoryAndSegments) {
     EXPECT_EQ(client->try_expose(Segment{nullptr, 16}, read_only).code(), Errc::invalid_argument);
 }
 
+// A pull from memory whose owner dropped the last Bulk of it (no longer exposed) fails, saying
+// so rather than naming a status.
+TEST_P(Api, BulkPullAfterTheOwnerDroppedItSaysItIsNoLongerExposed) {
+    if (GetParam().label == "ofi_shm" || GetParam().label == "ucx_sm")
+        GTEST_SKIP() << "the provider copies from the owner's process without asking it "
+                        "(docs/architecture.md, Trust model): a dropped exposure is not refused";
+    open();
+    auto a = pattern(1 << 20, 3);
+    std::optional<Bulk> served =
+        server->expose(std::span<const std::byte>(a.data(), a.size()), read_only);
+    server->define("get_handle", [&] { return *served; });
+    Bulk remote = value_within(client->remote<Bulk()>("get_handle").on(ep)());
+    std::vector<std::byte> into(a.size());
+    auto local = client->expose({into.data(), into.size()}, write_only);
+    ASSERT_TRUE(result_within(client->pull(remote, 0, local, 0, into.size())));
+    served.reset();  // the last Bulk of it: the memory is no longer exposed
+    auto r = result_within(client->pull(remote, 0, local, 0, into.size()));
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message().find("no longer exposed"), std::string::npos)
+        << r.error().describe();
+    EXPECT_NE(r.error().message().find("last talaria::Bulk"), std::string::npos)
+        << r.error().describe();
+}
+
 TEST_P(Api, BulkInManualMode) {
     EngineOptions manual{.progress = ProgressMode::manual};
     open(manual, manual);

@@ -131,6 +131,127 @@ TEST_P(Errors, APeerThatIsNotTalariaIsNamed) {
     EXPECT_NE(m.find("not a talaria"), std::string::npos) << r.error().describe();
 }
 
+EngineOptions with_secret(std::string key_id, char fill, na::Protect protect = na::Protect::none) {
+    EngineOptions o;
+    o.core.na.auth.key_id = std::move(key_id);
+    o.core.na.auth.secret.assign(32, std::byte(fill));
+    o.core.na.auth.protect = protect;
+    return o;
+}
+
+/// The failed call's error against a server that holds the secret of key "svc" (filled 's').
+Error refused_call(const Family& f, const EngineOptions& server_opts,
+                   const EngineOptions& client_opts) {
+    Engine server{f.scheme + "://" + f.host + ":0", listen, server_opts};
+    server.define("twice", [](int x) { return 2 * x; });
+    Engine client{f.client, client_opts};
+    auto r = client.remote<int(int)>("twice")
+                 .on(client.lookup(server.self_address()))
+                 .timeout(10s)(21)
+                 .try_get();
+    if (r) return Error(Errc::ok, "the call succeeded");
+    return r.error();
+}
+
+// A refused connection's reason (which only the logs held) reaches the caller's exception, with
+// the remedy on the caller's side: no secret, another secret, another key id.
+TEST_P(Errors, AnAuthRefusalSaysWhyInTheCallersError) {
+    const Family& f = GetParam();
+    const EngineOptions server = with_secret("svc", 's');
+    struct Case {
+        const char* name;
+        EngineOptions client;
+        std::vector<std::string> words;  ///< each in the message
+    };
+    std::vector<Case> cases{
+        {"no secret",
+         EngineOptions{},
+         {"admits only peers that authenticate with the secret of key 'svc'",
+          "this client holds no secret", "na.auth"}},
+        {"another secret",
+         with_secret("svc", 'x'),
+         {"could not prove that it holds the secret of key 'svc'",
+          "the same key id, secret and protect on both sides"}},
+        {"another key id",
+         with_secret("other", 's'),
+         {"names key \"other\", this server holds key 'svc'",
+          "this client holds the secret of key 'other'", "na.auth"}},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        Error e = refused_call(f, server, c.client);
+        ASSERT_NE(e.code(), Errc::ok);
+        EXPECT_EQ(e.code(), Errc::access_denied) << e.describe();
+        for (const std::string& w : c.words)
+            EXPECT_NE(e.message().find(w), std::string::npos) << "wanted: " << w << "\n"
+                                                              << e.describe();
+    }
+}
+
+// tcp: protect set on one side only; the side that meets the other's bytes closes, and the
+// caller's error names the setting either way round.
+TEST_P(Errors, AProtectMismatchSaysWhyInTheCallersError) {
+    const Family& f = GetParam();
+    if (f.scheme != "tcp") GTEST_SKIP() << "na::Auth::protect is tcp's alone";
+    auto plain = with_secret("svc", 's');
+    auto sealed = with_secret("svc", 's', na::Protect::encryption);
+    for (bool server_seals : {true, false}) {
+        SCOPED_TRACE(server_seals ? "the server protects" : "the client protects");
+        Error e = refused_call(f, server_seals ? sealed : plain, server_seals ? plain : sealed);
+        ASSERT_NE(e.code(), Errc::ok);
+        const std::string& m = e.message();
+        EXPECT_NE(m.find("na::Auth::protect"), std::string::npos) << e.describe();
+        EXPECT_NE(m.find(server_seals ? "and does not protect its stream"
+                                      : "and protects its stream (encryption)"),
+                  std::string::npos)
+            << e.describe();
+    }
+}
+
+// Messages that point at what the user touched: a scheme written "tcp:/", a typo in one, port 0
+// (the address a server reports), arguments past core.max_payload.
+TEST(ErrorsWording, AddressesAndSizesNameWhatToChange) {
+    Engine client{"tcp://"};
+    auto one_slash = client.try_lookup("tcp:/127.0.0.1:7000");
+    ASSERT_FALSE(one_slash);
+    EXPECT_NE(one_slash.error().message().find("did you mean 'tcp://127.0.0.1:7000'"),
+              std::string::npos)
+        << one_slash.error().describe();
+    EXPECT_EQ(one_slash.error().message().find("IPv6"), std::string::npos)
+        << one_slash.error().describe();
+
+    auto typo = Engine::open("tpc://127.0.0.1:0", false);
+    ASSERT_FALSE(typo);
+    EXPECT_NE(typo.error().message().find("did you mean 'tcp://'"), std::string::npos)
+        << typo.error().describe();
+    auto typo2 = Engine::open("ofi+tpc://127.0.0.1:0", false);
+    ASSERT_FALSE(typo2);
+    auto far = Engine::open("zzzzzz://", false);
+    ASSERT_FALSE(far);
+    EXPECT_EQ(far.error().message().find("did you mean"), std::string::npos)
+        << far.error().describe();
+
+    auto port0 = client.try_lookup("tcp://127.0.0.1:0");
+    ASSERT_FALSE(port0);
+    EXPECT_NE(port0.error().message().find("Engine::self_address()"), std::string::npos)
+        << port0.error().describe();
+
+    EngineOptions small;
+    small.core.max_payload = 1 << 16;
+    Engine server{"tcp://127.0.0.1:0", listen};
+    server.define("size", [](const std::vector<uint8_t>& v) { return v.size(); });
+    Engine sender{"tcp://", small};
+    auto r = sender.remote<std::size_t(std::vector<uint8_t>)>("size")
+                 .on(sender.lookup(server.self_address()))
+                 .timeout(10s)(std::vector<uint8_t>(1 << 17))
+                 .try_get();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::message_too_large);
+    for (const char* w : {"core.max_payload", "EngineOptions::core.max_payload", "talaria::Bulk"})
+        EXPECT_NE(r.error().message().find(w), std::string::npos) << w << ": "
+                                                                  << r.error().describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(api, Errors, ::testing::ValuesIn(families()),
                          [](const auto& p) { return std::string(p.param.name); });
 

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "api_fixture.hpp"
+#include "talaria/util/log.hpp"
 
 namespace talaria::api_test {
 namespace {
@@ -105,7 +107,7 @@ TEST_P(Api, ProviderDestroyedWhileItsHandlerThreadsRunWaitsForThem) {
     EXPECT_EQ(value_within(std::move(f)), 5);
 }
 
-TEST_P(Api, ASignatureMismatchIsRefusedNamingTheServersTypes) {
+TEST_P(Api, ASignatureMismatchIsRefusedNamingBothSidesTypes) {
     open();
     std::atomic<int> ran{0};
     server->define("add", [&](int a, int b) {
@@ -118,6 +120,7 @@ TEST_P(Api, ASignatureMismatchIsRefusedNamingTheServersTypes) {
     const std::string& m = r.error().message();
     EXPECT_NE(m.find("signature mismatch"), std::string::npos) << m;
     EXPECT_NE(m.find("'add' as i32(i32,i32)"), std::string::npos) << m;
+    EXPECT_NE(m.find("this call is f32(f32,f32)"), std::string::npos) << m;  // both sides
     // The result type counts too.
     r = result_within(client->remote<float(int, int)>("add").on(ep)(1, 2));
     ASSERT_FALSE(r);
@@ -464,6 +467,49 @@ TEST_P(Api, ClosingTheEngineWaitsForItsCallsOnAnApplicationsPoolThread) {
     EXPECT_EQ(started.load(), 2);
     EXPECT_EQ(value_within(std::move(a)), 300);
     EXPECT_EQ(value_within(std::move(b)), 1);
+}
+
+// The server's log shows what its callers got wrong, at warn: a procedure it lacks, a signature
+// that differs, a handler's exception with its what(); each at most once a second per context,
+// however many calls make it.
+TEST_P(Api, TheServerLogsItsCallersMistakesRateLimited) {
+    open();
+    server->define("add", [](int a, int b) { return a + b; });
+    server->define("fail", []() -> int { throw std::runtime_error("disk full on /srv"); });
+    std::mutex mu;
+    std::vector<std::string> warns;
+    log::set_sink([&](const log::Record& r) {
+        if (r.level != log::Level::warn) return;
+        std::lock_guard g(mu);
+        warns.emplace_back(r.message);
+    });
+    for (int i = 0; i < 20; ++i) {
+        EXPECT_FALSE(result_within(client->remote<int()>("nothing.here").on(ep)()));
+        EXPECT_FALSE(result_within(client->remote<float(float, float)>("add").on(ep)(1, 2)));
+        EXPECT_FALSE(result_within(client->remote<int()>("fail").on(ep)()));
+    }
+    log::set_sink({});
+    std::lock_guard g(mu);
+    auto count = [&](std::string_view a, std::string_view b = {}) {
+        int n = 0;
+        for (const auto& w : warns)
+            if (w.find(a) != std::string::npos && w.find(b) != std::string::npos) ++n;
+        return n;
+    };
+    std::string all;
+    for (const auto& w : warns)
+        all += w + "\n";
+    EXPECT_GE(count("which is not registered here"), 1) << all;
+    EXPECT_GE(count("refused: signature mismatch", "'add' as i32(i32,i32)"), 1) << all;
+    EXPECT_GE(count("rpc 'fail' from ", "disk full on /srv"), 1) << all;
+    // A tcp client has no address of its own: the log says where it connects from.
+    if (GetParam().label == "tcp") {
+        EXPECT_GE(count("(from 127.0.0.1:"), 2) << all;
+    }
+    // 20 of each within a second or two: one line each, perhaps a second with the count held.
+    EXPECT_LE(count("which is not registered here"), 3) << all;
+    EXPECT_LE(count("refused: signature mismatch"), 3) << all;
+    EXPECT_LE(count("disk full on /srv"), 3) << all;
 }
 
 }  // namespace

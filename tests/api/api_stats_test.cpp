@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -120,19 +121,80 @@ TEST_P(Stats, TimeoutsAndProvidersAreCountedApart) {
     ASSERT_NE(find(cs, "id", 7), nullptr);
     EXPECT_EQ(find(cs, "id", 7)->client.calls, 1u);
     EXPECT_EQ(find(cs, "id", 0), nullptr);
-    // The slow handler still answers (its caller gave up): the server counts it when it does.
+    // The slow handler still answers (its caller gave up): the server counts it when it does,
+    // as what its caller saw (a timeout), not as ok.
     const auto deadline = deadline_after(kWait);
     while (!deadline_passed(deadline)) {
         const auto now = server->stats();  // kept: find() points into it
         const auto* s = find(now, "slow");
-        if (s && s->server.ok == 2) break;
+        if (s && s->server.ok + errors_of(s->server, Errc::timeout) == 2) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     const auto ss = server->stats();
     const auto* s = find(ss, "slow");
     ASSERT_NE(s, nullptr);
-    EXPECT_EQ(s->server.ok, 2u);
+    EXPECT_EQ(s->server.ok, 1u);
+    EXPECT_EQ(errors_of(s->server, Errc::timeout), 1u) << "answered after its caller's deadline";
     EXPECT_GE(s->server.latency.max(), 300'000'000u) << "handler time of the 300 ms call";
+}
+
+// A handler that answers ok after its caller canceled is counted as canceled on the server,
+// as the caller counts it.
+TEST_P(Stats, AnAnswerToACanceledCallCountsAsCanceled) {
+    open_timing_all();
+    std::atomic<int> started{0};
+    server->define(
+        "sleepy",
+        [&](int ms) {
+            ++started;
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            return ms;
+        },
+        server->handler_pool());
+    auto f = client->remote<int(int)>("sleepy").on(ep)(300);
+    for (auto until = Clock::now() + kWait; started.load() == 0 && Clock::now() < until;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(started.load(), 1);
+    ASSERT_TRUE(f.cancel());
+    const auto deadline = deadline_after(kWait);
+    while (!deadline_passed(deadline)) {
+        const auto now = server->stats();
+        const auto* s = find(now, "sleepy");
+        if (s && s->server.ok + errors_of(s->server, Errc::canceled) == 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const auto ss = server->stats();
+    const auto* s = find(ss, "sleepy");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->server.ok, 0u);
+    EXPECT_EQ(errors_of(s->server, Errc::canceled), 1u);
+    EXPECT_EQ(s->server.latency.count(), 1u) << "still timed: the handler ran";
+}
+
+// A handler on the handler pool, called at intervals far above the timing gap: every call is
+// timed, and the count is there when the caller has its answer (it was 0 or 1 from run to run).
+TEST_P(Stats, HandlerPoolCallsFurtherApartThanTheGapAreAllTimed) {
+    open();  // the default gap (10 us)
+    server->define(
+        "slow",
+        [](int ms) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            return ms;
+        },
+        server->handler_pool());
+    auto slow = client->remote<int(int)>("slow").on(ep);
+    constexpr int kCalls = 4;
+    for (int i = 0; i < kCalls; ++i) {
+        ASSERT_EQ(value_within(slow(20)), 20);
+        const auto ss = server->stats();
+        const auto* s = find(ss, "slow");
+        ASSERT_NE(s, nullptr);
+        EXPECT_EQ(s->server.ok, uint64_t(i + 1));
+        EXPECT_EQ(s->server.latency.count(), uint64_t(i + 1)) << "call " << i;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const auto cs = client->stats();
+    EXPECT_EQ(find(cs, "slow")->client.latency.count(), uint64_t(kCalls));
 }
 
 TEST_P(Stats, BusyContextsTimeASampleAndCountEveryCall) {

@@ -208,7 +208,7 @@ TEST_P(Api, UnknownRpcNamesIt) {
 
 TEST_P(Api, ArgumentMismatchIsProtocolError) {
     // Checked calls are refused by their signature before anything is decoded
-    // (Api.ASignatureMismatchIsRefusedNamingTheServersTypes); unchecked ones meet the decoders.
+    // (Api.ASignatureMismatchIsRefusedNamingBothSidesTypes); unchecked ones meet the decoders.
     open();
     server->define("sum", [](int a, int b) { return a + b; });
     auto checked = result_within(client->remote<int(std::string)>("sum").on(ep)("not two ints"));

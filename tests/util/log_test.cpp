@@ -144,7 +144,7 @@ std::string temp_path(const char* stem) {
     return ::testing::TempDir() + stem + std::to_string(::getpid()) + ".log";
 }
 
-// One line of log output: "<sec>.<usec> <pid> <level> <subsys> <file>:<line>: <message>".
+// One line of log output: "<UTC time> <pid> <level> <subsys> <file>:<line>: <message>".
 // (Parsed by hand: std::regex trips GCC 12's -Wmaybe-uninitialized under the sanitizers.)
 struct Line {
     long pid = 0;
@@ -165,10 +165,16 @@ std::optional<Line> parse_line(std::string_view l) {
         return tok;
     };
     Line out;
+    // "2026-11-29T02:51:59.123456Z": UTC, to the microsecond.
     auto ts = next();
     auto dot = ts.find('.');
-    if (dot == std::string_view::npos || !all_digits(ts.substr(0, dot)) ||
-        ts.size() - dot - 1 != 6 || !all_digits(ts.substr(dot + 1)))
+    auto digits_at = [&ts](std::size_t at, std::size_t n) {
+        return ts.size() >= at + n && all_digits(ts.substr(at, n));
+    };
+    if (ts.size() != 27 || dot != 19 || !digits_at(0, 4) || ts[4] != '-' || !digits_at(5, 2) ||
+        ts[7] != '-' || !digits_at(8, 2) || ts[10] != 'T' || !digits_at(11, 2) || ts[13] != ':' ||
+        !digits_at(14, 2) || ts[16] != ':' || !digits_at(17, 2) || !digits_at(20, 6) ||
+        ts[26] != 'Z')
         return std::nullopt;
     auto pid = next();
     if (!all_digits(pid)) return std::nullopt;

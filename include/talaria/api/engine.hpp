@@ -128,8 +128,11 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
                             std::size_t local_off, std::size_t len,
                             const core::Request* from = nullptr);
-/// The error a caller sees for a failed call of `name` to `peer`: not_found names the RPC.
-Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e);
+/// The error a caller sees for a failed call of `name` to `peer`: not_found names the RPC; a
+/// signature the target refused is set beside the caller's (`signature`, when the call was
+/// checked).
+Error call_error(std::string_view name, core::RpcId id, const na::Addr& peer, Error e,
+                 std::string (*signature)() = nullptr);
 /// A per-thread buffer for arguments and results that outgrow the send buffer (they then
 /// travel as large data, copied by the core).
 std::vector<std::byte>& scratch_buffer() noexcept;
@@ -286,6 +289,7 @@ class Request {
 
     /// The core request (advanced use).
     [[nodiscard]] core::Request& core() noexcept { return req_; }
+    [[nodiscard]] const core::Request& core() const noexcept { return req_; }
 
   private:
     // The handle's embedded owner wins (a third party's memory); else the caller.

@@ -33,12 +33,15 @@ class CallState final : public State<R> {
     }
 
     const ProcInfo* info;  ///< interned by the engine, which outlives the call
+    /// Spells the caller's R(Args...) for an error that compares it with the target's (a
+    /// checked call; null otherwise). Called only when the call failed.
+    std::string (*signature)() = nullptr;
 
   private:
     Result<R> decode(Result<std::span<const std::byte>>&& r, const na::Addr* peer) {
         if (!r)
-            return call_error(info->name, info->id, peer ? *peer : na::Addr(),
-                              std::move(r).error());
+            return call_error(info->name, info->id, peer ? *peer : na::Addr(), std::move(r).error(),
+                              signature);
         proc::DecodeContext ctx{peer ? peer->impl()->transport() : nullptr, peer};
         if constexpr (std::is_void_v<R>) {
             if (auto d = proc::decode(*r, ctx); !d)
@@ -182,8 +185,10 @@ class Procedure<R(Args...)> {
         opts.provider = provider_;
         opts.trace_id = trace_;
         // One-way calls are not checked: the target's handler may return a value nobody reads.
-        if (checked_ && !one_way_)
+        if (checked_ && !one_way_) {
             opts.signature = detail::kSignatureHash<Ret, std::decay_t<Args>...>;
+            st->signature = &detail::signature_text<Ret, std::decay_t<Args>...>;
+        }
         Future<Ret> fut(st);
         // Encoded once, straight into the send buffer (into the thread's scratch buffer only
         // when they outgrow the eager size: then they travel as large arguments).

@@ -408,6 +408,9 @@ class Request {
         uint64_t took = 0;
         bool shared = false;  ///< in server_shared (not answered on the trigger thread)
         bool timed = false;   ///< `took` is in the latency histogram
+        /// What it was counted as: the answer's status, or timeout / canceled for an ok its
+        /// caller no longer waited for.
+        Errc as = Errc::ok;
     };
     /// Count the answer (or the end of a one-way handler) in stats_, once.
     Counted note_answered(Errc status, std::size_t bytes) noexcept;

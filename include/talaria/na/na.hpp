@@ -435,6 +435,9 @@ class Transport {
     /// with port 0, it names the real port).
     virtual Addr addr_self() = 0;
     virtual std::string addr_to_string(const Addr& a) = 0;
+    /// `a` for a log line: addr_to_string(a) and, for a peer that has no address of its own
+    /// (an anonymous tcp client, "tcp://~<instance>"), where it connected from.
+    virtual std::string addr_describe(const Addr& a) { return addr_to_string(a); }
     /// What `a` (a peer that sent us something) proved about itself: see PeerIdentity. The
     /// default knows nothing (ofi, ucx, inproc: their peers prove nothing).
     virtual PeerIdentity peer_identity(const Addr& a) {
@@ -447,6 +450,16 @@ class Transport {
     /// record. The layer above puts it in the error of a call that could not be sent (operations
     /// complete with an Errc only). Not for a fast path: it may take a lock.
     virtual std::string peer_failure(const Addr& a) {
+        (void)a;
+        return {};
+    }
+    /// Who answers for `a` now, where the process behind `a` is gone and another has taken its
+    /// name since (sm: a server restarted at the same sm:// name; the Addr of a dead sm peer
+    /// stays dead): that process's address, so that the layer above sends there through the
+    /// address it already holds. Empty when `a` stands (tcp, ofi, ucx: an address is a host and
+    /// port, and the transport connects to whoever listens there). The core asks when it first
+    /// meets a peer, not per call; it may take a lock.
+    virtual Addr addr_current(const Addr& a) {
         (void)a;
         return {};
     }

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -72,6 +74,23 @@ void set_sink(Sink sink);
 /// Returns false (and applies nothing) when the spec has an unknown name.
 bool configure(std::string_view spec) noexcept;
 void set_level(Subsys s, Level l) noexcept;
+
+/// At most one line a second from one place that a peer can make log (a malformed message, a
+/// call it should not make): each owner (a context, a transport) keeps its own. Lock-free.
+///   if (auto held = limiter.admit())
+///       TALARIA_LOG(core, warn, "...{}", ..., log::held_back(*held));
+class Limiter {
+  public:
+    /// Not now: nullopt (the line is counted as held back). Now: how many were held back since
+    /// the last line let through.
+    std::optional<uint64_t> admit() noexcept;
+
+  private:
+    std::atomic<int64_t> next_ns_{0};
+    std::atomic<uint64_t> held_{0};
+};
+/// " (N more since the last such line, not logged)", or nothing for 0.
+std::string held_back(uint64_t n);
 
 }  // namespace talaria::log
 

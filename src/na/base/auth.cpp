@@ -95,6 +95,37 @@ Result<void> check(const Auth& a) {
     return ok();
 }
 
+std::string client_side(const Auth& mine) {
+    constexpr std::string_view where =
+        "(na::Options::auth; in an engine's config, na.auth's key_id and secret_file)";
+    if (!mine.enabled())
+        return fmt::format(
+            "this client holds no secret: give it the server's key id and "
+            "secret {}",
+            where);
+    std::string_view protect = mine.protect == Protect::none ? "does not protect its stream"
+                               : mine.protect == Protect::integrity
+                                   ? "protects its stream (integrity)"
+                                   : "protects its stream (encryption)";
+    return fmt::format(
+        "this client holds the secret of key '{}' and {} (na::Auth::protect): set "
+        "the same key id, secret and protect on both sides {}",
+        mine.key_id, protect, where);
+}
+
+std::string printable(std::string_view peer_text) {
+    std::string out;
+    out.reserve(peer_text.size());
+    for (char ch : peer_text) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (c >= 0x20 && c < 0x7f && c != '\\')
+            out += ch;
+        else
+            out += fmt::format("\\x{:02x}", c);
+    }
+    return out;
+}
+
 }  // namespace auth
 
 std::string PeerIdentity::describe() const {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "talaria/na/na.hpp"
@@ -40,5 +41,12 @@ Proof mac(std::span<const std::byte> key, std::initializer_list<std::span<const 
 bool matches(const Proof& expected, std::span<const std::byte> received) noexcept;
 /// Options::auth is usable: a key id of at most 255 bytes and a secret of at least 16.
 Result<void> check(const Auth& a);
+/// What a client refused at connection set-up (by the server's check or its own) has on its side
+/// and what to change there: appended to the reason in the error of the calls the refusal fails,
+/// so that the caller reads both sides' settings in one message.
+std::string client_side(const Auth& mine);
+/// A peer's words (a refusal's reason) as they may be logged and shown: printable ASCII as it
+/// is, every other byte as \xNN.
+std::string printable(std::string_view peer_text);
 
 }  // namespace talaria::na::auth

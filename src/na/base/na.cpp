@@ -72,6 +72,26 @@ std::string_view link_event_name(LinkEvent e) noexcept {
     return "unknown";
 }
 
+namespace {
+/// Edits (insert, delete, substitute, swap two neighbours) from `a` to `b`: optimal string
+/// alignment distance, for a typo's suggestion.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i)
+        d[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j)
+        d[0][j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i)
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+    return d[a.size()][b.size()];
+}
+}  // namespace
+
 std::vector<std::string_view> transports_built() {
     std::vector<std::string_view> v;
     for (const auto& e : kTransports)
@@ -107,8 +127,24 @@ Result<std::unique_ptr<Transport>> open(std::string_view address, const Options&
             return opened(e.open_family(url.scheme.substr(plus + 1), url.rest, options));
         }
     }
-    return Error(Errc::not_supported, fmt::format("no transport '{}' in this build (built: {})",
-                                                  url.scheme, fmt::join(transports_built(), ", ")));
+    // A typo ("tpc://", "sn://"): name the nearest transport of the build.
+    std::string_view nearest;
+    std::size_t best = 3;  // at most two edits away
+    for (const auto& e : kTransports) {
+        std::size_t d = edit_distance(family, e.scheme);
+        if (d < best && d < std::max<std::size_t>(e.scheme.size(), 2)) {
+            best = d;
+            nearest = e.scheme;
+        }
+    }
+    std::string hint;
+    if (!nearest.empty())
+        hint = fmt::format(
+            ": did you mean '{}{}://'?", nearest,
+            plus == std::string_view::npos ? std::string_view() : url.scheme.substr(plus));
+    return Error(Errc::not_supported,
+                 fmt::format("no transport '{}' in this build (built: {}){}", url.scheme,
+                             fmt::join(transports_built(), ", "), hint));
 }
 
 // --- message buffers ---------------------------------------------------------------------------

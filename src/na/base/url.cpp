@@ -86,10 +86,32 @@ Result<SockAddr> parse_host_port(std::string_view s, bool empty_ok) {
             port_str = after.substr(1);
         }
     } else {
+        if (auto slash = s.find('/'); slash != std::string_view::npos) {
+            // "tcp:/host:port", "tcp:host:port/x": a scheme written wrong, or a path.
+            auto colon = s.find(':');
+            if (colon != std::string_view::npos && colon < slash) {
+                auto rest = s.substr(colon + 1);
+                while (!rest.empty() && rest.front() == '/')
+                    rest.remove_prefix(1);
+                return Error(Errc::address_invalid,
+                             fmt::format("'{}' is not host:port: a scheme is followed by \"://\" "
+                                         "(did you mean '{}://{}'?)",
+                                         s, s.substr(0, colon), rest));
+            }
+            return Error(Errc::address_invalid,
+                         fmt::format("'{}' is not host:port: a host name or address holds no "
+                                     "'/'",
+                                     s));
+        }
         auto colon = s.rfind(':');
         if (colon != std::string_view::npos && s.find(':') != colon)
-            return Error(Errc::address_invalid,
-                         fmt::format("'{}': write IPv6 addresses as [addr]:port", s));
+            return Error(
+                Errc::address_invalid,
+                s.find_first_not_of("0123456789abcdefABCDEF:.") == std::string_view::npos
+                    ? fmt::format("'{}': write IPv6 addresses as [addr]:port", s)
+                    : fmt::format("'{}' is not host:port (more than one ':'; an IPv6 address is "
+                                  "written [addr]:port)",
+                                  s));
         host = std::string(s.substr(0, colon));
         if (colon != std::string_view::npos) port_str = s.substr(colon + 1);
         if (host.empty()) host = "0.0.0.0";

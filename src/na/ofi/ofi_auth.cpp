@@ -347,7 +347,7 @@ void OfiTransport::on_auth_locked(OfiLane& l, const MsgHeader& h,
                     pa->auth_refusal = fmt::format(
                         "{} could not prove that it holds the secret of key '{}' (a different "
                         "secret, or not the server meant)",
-                        pa->str, a.key_id);
+                        pa->str, a.key_id);  // route_failed_locked adds what we hold
                     pa->auth_since = now;
                     pa->auth.store(AuthState::refused, std::memory_order_release);
                     TALARIA_LOG(ofi, warn, "{}: {}", scheme_, pa->auth_refusal);

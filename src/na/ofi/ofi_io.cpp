@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "na/base/auth.hpp"
 #include "na/ofi/ofi.hpp"
 #include "talaria/util/log.hpp"
 
@@ -399,10 +400,18 @@ void OfiTransport::route_failed_locked(OfiLane& l, Route& r, Errc status, const 
     r.authing = false;
     r.tries = 0;
     r.token = 0;
-    // Warn: the failed operations carry only the code; this says why and what to do.
-    if (!r.waiting.empty())
+    // Warn: the failed operations carry only the code; this says why and what to do (and, for a
+    // refusal, the layer above reads it for their error: peer_failure).
+    if (!r.waiting.empty()) {
         TALARIA_LOG(ofi, warn, "{}: {} sends to context {} of {} fail with {}: {}", scheme_,
                     r.waiting.size(), r.ctx, ofi_addr(r.peer)->str, errc_name(status), why);
+        if (status == Errc::access_denied) {  // a refusal: the other causes are kept where
+                                              // they are found (peer_failed_locked)
+            OfiAddr* a = ofi_addr(r.peer);
+            std::lock_guard g(a->failure_mu);
+            a->failure = fmt::format("{}; {}", why, auth::client_side(opts_.auth));
+        }
+    }
     while (OfiOp* op = r.waiting.pop_front()) {
         op->route = nullptr;
         op->state = OpState::idle;

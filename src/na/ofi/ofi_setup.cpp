@@ -416,6 +416,7 @@ void close_fid(fid* f, const char* what, const std::string& prov) {
     if (rc != 0)
         TALARIA_LOG(ofi, error, "{}: fi_close({}) failed: {}", prov, what, fi_strerror(-rc));
 }
+void note_missing_provider_env(std::string_view prov);  // below, with what it says
 }  // namespace
 
 void OfiTransport::lane_close(OfiLane& l) noexcept {
@@ -538,6 +539,7 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
         me->send_token.store(t, std::memory_order_relaxed);
         me->recv_token.store(t, std::memory_order_relaxed);
     }
+    note_missing_provider_env(prov_.prov_name);
     TALARIA_LOG(ofi, debug, "{} open on {} (fabric {}, domain {}, mr_mode 0x{:x}, inject {}, {})",
                 ofi_addr(self_)->str, prov_.prov_name, prov_.fabric, prov_.domain, prov_.mr_mode,
                 prov_.inject_size, prov_.multi_recv ? "multi-recv" : "posted receive buffers");
@@ -557,12 +559,14 @@ namespace {
 ///    buffer (FI_ETRUNC, our message_too_large) breaks the connection: later sends to and from
 ///    that peer fail. Without them rxm receives into its own buffers and truncates cleanly.
 
-/// Warn about the rxm settings missing from the environment (only rxm-based providers).
-void warn_missing_provider_env(std::string_view prov) {
+/// Say which rxm settings the environment lacks (only rxm-based providers, once one opened):
+/// tuning advice at info (talaria-info --doctor checks it and says what to set); an open that
+/// fails says only why it failed.
+void note_missing_provider_env(std::string_view prov) {
     if (prov.find("ofi_rxm") == std::string_view::npos) return;
     for (const EnvSetting& e : recommended_env())
         if (std::string_view(e.name).starts_with("FI_OFI_RXM_") && ::getenv(e.name) == nullptr)
-            TALARIA_LOG(ofi, warn,
+            TALARIA_LOG(ofi, info,
                         "ofi+{}: {} is not set: {}. Set {}={} in the environment before the "
                         "process opens its first ofi transport (libfabric reads it only there "
                         "and only once; Talaria does not change the environment)",
@@ -572,7 +576,6 @@ void warn_missing_provider_env(std::string_view prov) {
 
 Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view rest) {
     const std::string prov = provider_of(sub);
-    warn_missing_provider_env(prov);
     prov_.prov_name = prov;
     fi_info* hints = fi_allocinfo();
     if (!hints) return Error(Errc::no_memory, "ofi: fi_allocinfo failed");
@@ -856,8 +859,9 @@ Result<std::string> OfiTransport::raw_of(std::string_view rest, bool from_wire) 
             if (!sa) return bad(sa.error().message());
             if (sa->port() == 0)
                 return bad(
-                    "port 0 names no peer (use the address the peer reports with "
-                    "addr_to_string(addr_self()))");
+                    "port 0 names no peer: use the address the server reports "
+                    "(Engine::self_address(), or addr_to_string(addr_self()) at the na "
+                    "layer)");
             int want = prov_.addr_format == FI_SOCKADDR_IN ? AF_INET : AF_INET6;
             if (sa->family() != want)
                 return bad(want == AF_INET ? "this endpoint speaks IPv4"

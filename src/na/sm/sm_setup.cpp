@@ -566,6 +566,19 @@ std::string SmTransport::addr_to_string(const Addr& a) {
     return "sm://" + peer_of(a)->name;
 }
 
+Addr SmTransport::addr_current(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    Peer* p = peer_of(a);  // `a` holds a reference: p outlives the sweep
+    if (p->self || !p->dead.load(std::memory_order_acquire)) return {};
+    // A dead peer stays dead (its Addr is its identity); whoever holds its name now (a server
+    // restarted there, or nobody yet: connecting says so) is a new peer.
+    std::lock_guard g(setup_mu_);
+    sweep_peers_locked();
+    auto r = intern_locked(p->name);
+    if (!r) return {};
+    return Addr(*r);
+}
+
 PeerIdentity SmTransport::peer_identity(const Addr& a) {
     PeerIdentity id;
     if (!a || a.impl()->transport() != this) return id;
@@ -1067,18 +1080,21 @@ void SmTransport::on_hello_locked(Conn* c, const Handshake& m, int* fds, int nfd
     ack.probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
     ack.name = name_;
     ack.dst_ctx = m.src_ctx;
-    // The lane it joins: the context asked for; where that does not exist, the one its
-    // messages are routed to (deliver_locked hands them on if that changes).
+    // The lane it joins: the context asked for, where it takes unexpected messages; else the
+    // one its unexpected messages are routed to (deliver_locked hands them on if that
+    // changes). So the context that answers a call to a context this process lacks, or to one
+    // that takes no calls (the API's bulk context), holds the connection its answer goes back
+    // on: a peer that does not listen cannot be connected to.
     Lane* l = nullptr;
     {
         std::lock_guard rg(route_mu_);
         auto ctx_of = [](const std::unique_ptr<Lane>& x) -> const Context* {
             return x ? x->ctx : nullptr;
         };
-        if (m.dst_ctx < lanes_.size() && ctx_of(lanes_[m.dst_ctx])) {
-            l = lanes_[m.dst_ctx].get();
-        } else if (auto* r = route_unexpected(lanes_, lanes_.size(), m.dst_ctx, ctx_of)) {
+        if (auto* r = route_unexpected(lanes_, lanes_.size(), m.dst_ctx, ctx_of)) {
             l = r->get();
+        } else if (m.dst_ctx < lanes_.size() && ctx_of(lanes_[m.dst_ctx])) {
+            l = lanes_[m.dst_ctx].get();
         } else {
             for (auto& x : lanes_)
                 if (ctx_of(x)) {

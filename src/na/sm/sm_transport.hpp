@@ -253,6 +253,7 @@ class SmTransport final : public Transport {
     Addr addr_self() override;
     std::string addr_to_string(const Addr& a) override;
     PeerIdentity peer_identity(const Addr& a) override;
+    Addr addr_current(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
     Result<std::size_t> addr_serialize(const Addr& a, std::span<std::byte> out) override;
     Result<Addr> addr_deserialize(std::span<const std::byte> in) override;

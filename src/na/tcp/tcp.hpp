@@ -124,6 +124,8 @@ struct TcpAddr final : AddrImpl {
     TcpAddr(const TcpAddr&) = delete;
     TcpAddr& operator=(const TcpAddr&) = delete;
     const std::string str;  ///< canonical "tcp://host:port" or "tcp://~<instance>" (anonymous)
+    /// Where it listens; for an anonymous client, where its first connection came from (for
+    /// logs: addr_describe).
     SockAddr sa;
     const bool anonymous;
     /// Other strings it was looked up by (table aliases), under the setup lock.
@@ -337,6 +339,7 @@ class TcpTransport final : public Transport {
     /// Interned addresses alive now (self included); for tests and diagnostics.
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
+    std::string addr_describe(const Addr& a) override;
     PeerIdentity peer_identity(const Addr& a) override;
     std::string peer_failure(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
@@ -384,7 +387,9 @@ class TcpTransport final : public Transport {
     // setup (tcp_setup.cpp); `_locked`: under setup_mu_
     Result<Addr> lookup_locked(std::string_view address, bool numeric_only);
     /// The address interned under `canonical`, created if absent (or dying).
-    Addr intern_locked(const std::string& canonical, bool anonymous);
+    /// `from`: for a new anonymous peer, where its connection comes from (kept for logs).
+    Addr intern_locked(const std::string& canonical, bool anonymous,
+                       const SockAddr* from = nullptr);
     /// Open a connection of lane `l` to context `remote_ctx` of `peer` (under l.mu).
     Result<Conn*> connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx);
     void accept_ready_locked();
@@ -460,6 +465,10 @@ class TcpTransport final : public Transport {
     bool open_records(Conn* c);
     /// Refuse `c` during set-up: log, tell the peer why (best effort), close it.
     void refuse_conn(Conn* c, const std::string& why);
+    /// An accepted connection whose first bytes after the handshake are not of this side's
+    /// na::Auth::protect (records where frames belong, or the other way round): refused with
+    /// words the client's calls carry (refuse_conn), naming this side's setting.
+    void refuse_protect_mismatch(Conn* c);
     /// Write one auth frame straight to the socket (set-up only: nothing else is queued or
     /// half sent on it then). False when it could not be written whole.
     bool send_auth_direct(Conn* c, AuthStep step, Errc status, std::span<const std::byte> payload);

@@ -547,7 +547,7 @@ bool TcpTransport::start_frame(Conn* c) {
                     TALARIA_LOG(tcp, warn,
                                 "dropping a {}-byte unexpected message (tag {}) from {} for "
                                 "context {}: {}",
-                                h.length, h.tag, peer_of(c->peer)->str, h.context_id,
+                                h.length, h.tag, addr_describe(c->peer), h.context_id,
                                 l.match.refusal(Queued::no_context));
                     c->sink = Conn::Sink::discard;
                     c->dest = nullptr;
@@ -563,7 +563,7 @@ bool TcpTransport::start_frame(Conn* c) {
                 c->dest = c->rx_status == Errc::ok ? where : nullptr;  // rejected: discard
                 if (c->rx_status != Errc::ok)
                     TALARIA_LOG(tcp, debug, "rejecting a put of {} bytes at {:#x} from {}: {}",
-                                h.rma_length, h.address, peer_of(c->peer)->str,
+                                h.rma_length, h.address, addr_describe(c->peer),
                                 errc_name(c->rx_status));
                 break;
             }
@@ -572,7 +572,7 @@ bool TcpTransport::start_frame(Conn* c) {
                 Errc st = validate_target(h, false, &where);
                 if (st != Errc::ok)
                     TALARIA_LOG(tcp, debug, "rejecting a get of {} bytes at {:#x} from {}: {}",
-                                h.rma_length, h.address, peer_of(c->peer)->str, errc_name(st));
+                                h.rma_length, h.address, addr_describe(c->peer), errc_name(st));
                 // The data goes out straight from the registered region.
                 return queue_reply(c, FrameType::get_resp, h.cookie, st, where,
                                    st == Errc::ok ? h.rma_length : 0);
@@ -600,7 +600,7 @@ bool TcpTransport::start_frame(Conn* c) {
                     if (h.status != Errc::ok) {
                         op->completion.size = 0;
                         TALARIA_LOG(tcp, debug, "{} to {} failed at the target: {}",
-                                    put ? "put" : "get", peer_of(c->peer)->str,
+                                    put ? "put" : "get", addr_describe(c->peer),
                                     errc_name(h.status));
                     }
                     complete_op(op, h.status);
@@ -696,7 +696,7 @@ void TcpTransport::pause(Conn* c) {
     TALARIA_LOG(tcp, debug,
                 "not reading {} (fd {}) for now: {} unexpected messages ({} bytes; {} from it) "
                 "wait for receives on context {}",
-                peer_of(c->peer)->str, c->fd, l.match.unexpected_count(),
+                addr_describe(c->peer), c->fd, l.match.unexpected_count(),
                 l.match.unexpected_bytes(),
                 peer_of(c->peer)->unexpected_bytes.load(std::memory_order_relaxed), l.id);
     c->paused = true;
@@ -813,7 +813,11 @@ bool TcpTransport::finish_frame(Conn* c) {
             }
             Addr peer;
             if (hello->address.empty()) {
-                peer = intern_locked(fmt::format("tcp://~{:016x}", hello->instance), true);
+                SockAddr from;
+                from.len = sizeof from.storage;
+                if (::getpeername(c->fd, from.sa(), &from.len) != 0) from.len = 0;
+                peer = intern_locked(fmt::format("tcp://~{:016x}", hello->instance), true,
+                                     from.len ? &from : nullptr);
             } else {
                 auto r = lookup_locked(hello->address, true);
                 if (!r || r->as<TcpAddr>()->anonymous) {
@@ -890,6 +894,13 @@ bool TcpTransport::process_rx(Conn* c) {
         if (avail < kFrameHeaderSize) return true;
         auto h = decode_frame_header(std::span<const std::byte>(c->rx.get() + c->rx_pos, avail));
         if (!h) {
+            uint32_t magic = 0;
+            std::memcpy(&magic, c->rx.get() + c->rx_pos, 4);
+            if (!c->outgoing && opts_.auth.enabled() && magic == seal::kRecordMagic &&
+                c->state == Conn::State::open) {
+                refuse_protect_mismatch(c);  // the client protects, we do not: tell it
+                return false;
+            }
             close_conn(c, Errc::protocol_error, h.error().message());
             return false;
         }
@@ -980,12 +991,19 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
         note(LinkEvent::connect_failed);
     else if (status != Errc::canceled && c->state == Conn::State::open)
         note(LinkEvent::lost);
-    std::string who = c->peer ? peer_of(c->peer)->str : std::string("an unidentified peer");
+    std::string who = c->peer ? addr_describe(c->peer) : std::string("an unidentified peer");
     if (status == Errc::protocol_error)
         TALARIA_LOG(tcp, warn, "disconnecting {} (fd {}): protocol error: {}", who, c->fd, why);
     else
         TALARIA_LOG(tcp, debug, "connection to {} (fd {}) closed ({}): {}", who, c->fd,
                     errc_name(status), why);
+    if (c->outgoing && c->peer && status == Errc::access_denied) {
+        // Refused at set-up, by the server's check or ours: why (with what to change on this
+        // side) is the error of the calls it fails (peer_failure).
+        TcpAddr* p = peer_of(c->peer);
+        std::lock_guard g(p->failure_mu);
+        p->failure = why;
+    }
     if (status == Errc::protocol_error && c->outgoing && c->peer) {
         // What the peer sent is not ours to read (not Talaria, another version, a protected
         // stream met unprotected): the error of the calls it fails says so (peer_failure).

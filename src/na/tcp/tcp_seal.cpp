@@ -158,6 +158,10 @@ bool TcpTransport::open_records(Conn* c) {
             return process_rx(c);
         }
         auto n = seal::record_length(std::span<const std::byte>(rec, seal::kRecordHeaderSize));
+        if (!n && magic == kFrameMagic && !c->outgoing && !c->opened_any) {
+            refuse_protect_mismatch(c);  // we protect, the client does not: tell it
+            return false;
+        }
         if (!n) {
             close_conn(c, Errc::protocol_error, n.error().message());
             return false;

@@ -305,9 +305,11 @@ TcpAddr::~TcpAddr() {
     table_->remove(str, this);
 }
 
-Addr TcpTransport::intern_locked(const std::string& canonical, bool anonymous) {
+Addr TcpTransport::intern_locked(const std::string& canonical, bool anonymous,
+                                 const SockAddr* from) {
     if (Addr a = addrs_.find(canonical)) return a;
     auto* a = new TcpAddr(this, &addrs_, canonical, anonymous);
+    if (from) a->sa = *from;
     Addr out(a);
     addrs_.add(canonical, a);
     return out;
@@ -332,8 +334,9 @@ Result<Addr> TcpTransport::lookup_locked(std::string_view address, bool numeric_
     if (!sa) return std::move(sa).error();
     if (sa->port() == 0)
         return Error(Errc::address_invalid,
-                     fmt::format("'{}' has port 0, which names no peer (use the address the peer "
-                                 "reports with addr_to_string(addr_self()))",
+                     fmt::format("'{}' has port 0, which names no peer: use the address the "
+                                 "server reports (Engine::self_address(), or "
+                                 "addr_to_string(addr_self()) at the na layer)",
                                  address));
     std::string canonical = std::string(kScheme) + sa->to_string();
     Addr out = intern_locked(canonical, false);
@@ -363,6 +366,13 @@ Addr TcpTransport::addr_alias(const Addr& a) {
 std::string TcpTransport::addr_to_string(const Addr& a) {
     if (!a || a.impl()->transport() != this) return {};
     return peer_of(a)->str;
+}
+
+std::string TcpTransport::addr_describe(const Addr& a) {
+    if (!a || a.impl()->transport() != this) return {};
+    const TcpAddr* p = peer_of(a);
+    if (!p->anonymous || p->sa.len == 0) return p->str;
+    return fmt::format("{} (from {})", p->str, p->sa.to_string());
 }
 
 PeerIdentity TcpTransport::peer_identity(const Addr& a) {
@@ -833,7 +843,7 @@ bool TcpTransport::send_auth_direct(Conn* c, AuthStep step, Errc status,
 }
 
 void TcpTransport::refuse_conn(Conn* c, const std::string& why) {
-    std::string who = c->peer ? peer_of(c->peer)->str : fmt::format("fd {}", c->fd);
+    std::string who = c->peer ? addr_describe(c->peer) : fmt::format("fd {}", c->fd);
     TALARIA_LOG(tcp, warn, "refusing the connection {} {}: {}", c->outgoing ? "to" : "from", who,
                 why);
     std::string_view reason(why);
@@ -846,6 +856,18 @@ void TcpTransport::refuse_conn(Conn* c, const std::string& why) {
     for (int i = 0; i < 16 && ::recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
     }
     close_conn(c, Errc::access_denied, why);
+}
+
+void TcpTransport::refuse_protect_mismatch(Conn* c) {
+    const Protect mine = opts_.auth.protect;
+    refuse_conn(c, mine == Protect::none
+                       ? std::string("this server does not protect its stream "
+                                     "(na::Auth::protect none) and the client sent protected "
+                                     "records: set the same na::Auth::protect on both sides")
+                       : fmt::format("this server protects its stream (na::Auth::protect {}) and "
+                                     "the client sent plain frames: set the same "
+                                     "na::Auth::protect on both sides",
+                                     mine == Protect::integrity ? "integrity" : "encryption"));
 }
 
 bool TcpTransport::auth_hello(Conn* c, const Hello& hello) {
@@ -897,8 +919,9 @@ bool TcpTransport::auth_frame(Conn* c) {
     std::string who = c->peer ? peer_of(c->peer)->str : std::string("the peer");
     if (step == AuthStep::refused) {
         std::string_view reason(reinterpret_cast<const char*>(body.data()), body.size());
-        // Escaped ({:?}): the peer's bytes, on their way to our log.
-        std::string why = fmt::format("{} refused this connection: {:?}", who, reason);
+        // The peer's bytes, on their way to our log and the caller's error: printable only.
+        std::string why = fmt::format("{} refused this connection: {}; {}", who,
+                                      auth::printable(reason), auth::client_side(a));
         TALARIA_LOG(tcp, warn, "{}", why);
         close_conn(c, Errc::access_denied, why);
         return false;
@@ -910,8 +933,8 @@ bool TcpTransport::auth_frame(Conn* c) {
         if (!auth::matches(want, body.subspan(kAuthNonceSize))) {
             std::string why = fmt::format(
                 "{} could not prove that it holds the secret of key '{}' (a different secret, "
-                "or not the server we meant): not talking to it",
-                who, a.key_id);
+                "or not the server we meant): not talking to it; {}",
+                who, a.key_id, auth::client_side(a));
             TALARIA_LOG(tcp, warn, "{}", why);
             close_conn(c, Errc::access_denied, why);
             return false;

@@ -488,7 +488,8 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
         if (f->kind == BootKind::refused) {
             auto why = decode_boot_refused(std::span<const std::byte>(in).subspan(kBootFixedSize));
             return fail(Errc::access_denied,
-                        fmt::format("refused: {}", why ? *why : why.error().describe()));
+                        fmt::format("refused: {}; {}", why ? *why : why.error().describe(),
+                                    auth::client_side(a)));
         }
         if (f->kind != BootKind::challenge && f->kind != BootKind::answer)
             return fail(
@@ -518,8 +519,8 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
                            body.subspan(kBootNonceSize)))
             return fail(Errc::access_denied,
                         fmt::format("the server could not prove that it holds the secret of key "
-                                    "'{}' (a different secret, or not the server meant)",
-                                    a.key_id));
+                                    "'{}' (a different secret, or not the server meant); {}",
+                                    a.key_id, auth::client_side(a)));
         Session sess;  // its instance is the answer's (the challenge does not name it)
         sess.id = detail::load_le(nonce.data(), 8);
         sess.key = auth::prove(a.secret, auth::Role::session, own, nonce, a.key_id);

@@ -696,8 +696,9 @@ Result<Addr> UcxTransport::lookup_locked(std::string_view address, bool from_wir
     if (!sa) return std::move(sa).error();
     if (sa->port() == 0)
         return Error(Errc::address_invalid,
-                     fmt::format("'{}' has port 0, which names no peer (use the address the peer "
-                                 "reports with addr_to_string(addr_self()))",
+                     fmt::format("'{}' has port 0, which names no peer: use the address the "
+                                 "server reports (Engine::self_address(), or "
+                                 "addr_to_string(addr_self()) at the na layer)",
                                  address));
     Addr out = intern_locked(sa->to_string());
     out.as<UcxAddr>()->sa = *sa;
