@@ -168,11 +168,11 @@ int attach(const AttachOptions& o) {
     EngineConfig cfg;
     if (!o.config.empty()) {
         std::ifstream in(o.config);
-        if (!in) return fail(fmt::format("--config {}: cannot read it", o.config));
+        if (!in) return fail(fmt::format("--client-config {}: cannot read it", o.config));
         std::stringstream text;
         text << in.rdbuf();
         auto c = EngineConfig::parse(text.str());
-        if (!c) return fail(fmt::format("--config {}: {}", o.config, c.error().describe()));
+        if (!c) return fail(fmt::format("--client-config {}: {}", o.config, c.error().describe()));
         cfg = std::move(*c);
     }
     auto url = !o.from.empty()        ? Result<std::string>(o.from)
@@ -197,6 +197,15 @@ int attach(const AttachOptions& o) {
                     " (the engine does not answer {}: its program enables it with "
                     "Engine::enable_introspection())",
                     procedure);
+            if (r.code() == Errc::access_denied)
+                why += o.config.empty()
+                           ? " (the engine asks for a shared secret: give talaria-info one with "
+                             "--client-config FILE, an engine config holding the service's "
+                             "\"na\": {\"auth\": {\"key_id\": ..., \"secret_file\": ...}})"
+                           : fmt::format(
+                                 " (check na.auth in --client-config {} against the "
+                                 "service's)",
+                                 o.config);
             return fail(why);
         }
         if (o.watch > 0 && tty && !o.json) std::printf("\x1b[H\x1b[2J");  // clear, like top

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -170,9 +171,9 @@ TEST(InfoJson, ValidAndTypedWhileUcxPrintsDiagnostics) {
             EXPECT_TRUE(row["here"].is_boolean()) << row.dump();
             if (row["here"] == true) {
                 some_open = true;
-                EXPECT_TRUE(row["max unexpected"].is_number_unsigned()) << row.dump();
+                EXPECT_TRUE(row["max_unexpected"].is_number_unsigned()) << row.dump();
             } else {
-                EXPECT_TRUE(row["max unexpected"].is_null()) << row.dump();
+                EXPECT_TRUE(row["max_unexpected"].is_null()) << row.dump();
                 ASSERT_TRUE(row["error"].is_string()) << row.dump();
                 const auto e = row["error"].get<std::string>();
                 EXPECT_FALSE(e.size() >= 3 && e.compare(e.size() - 3, 3, "...") == 0)
@@ -257,6 +258,86 @@ TEST(InfoDoctor, APortThatDropsConnectionsIsCalledFiltered) {
     EXPECT_EQ(dropped.status, 1) << dropped.out;
     EXPECT_NE(dropped.out.find("filtered"), std::string::npos) << dropped.out;
     EXPECT_NE(dropped.out.find("open the port in the firewall"), std::string::npos) << dropped.out;
+}
+
+// The probes are quiet: no tuning advice (FI_OFI_RXM_*: a doctor check) and no UCX warnings
+// before the tables; JSON keys have no spaces; long cells (an error, a meaning) wrap, whole.
+TEST(InfoQuiet, ProbesPrintTablesOnlyAndCutNothing) {
+    Ran r = info("", true, "-u FI_OFI_RXM_ENABLE_DYN_RBUF -u FI_OFI_RXM_CM_PROGRESS_INTERVAL");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(r.out.find("FI_OFI_RXM"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("UCX  "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(" warn "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.rfind("Talaria ", 0), 0u) << "the first line is ours: " << r.out;
+    Ran v = info("-c");
+    Ran j = info("--json -c", false);
+    Json all = Json::parse(j.out);
+    Ran t = info("--json", false);
+    Json tables = Json::parse(t.out);
+    // Every word of every error and meaning (whole in the JSON) is in the tables: wrapped, not
+    // cut.
+    auto whole = [](const Json& doc, const char* column, const std::string& text) {
+        for (const auto& [key, section] : doc.items()) {
+            if (!section.is_object()) continue;
+            for (const auto& row : section["rows"]) {
+                if (!row.contains(column) || !row[column].is_string()) continue;
+                std::istringstream words(row[column].get<std::string>());
+                for (std::string w; words >> w;)
+                    EXPECT_NE(text.find(w), std::string::npos) << column << ": " << w;
+            }
+        }
+    };
+    whole(tables, "error", r.out);
+    whole(all, "meaning", v.out);
+    for (const Json* doc : {&all, &tables})
+        for (const auto& [key, section] : doc->items()) {
+            if (!section.is_object()) continue;
+            for (const auto& row : section["rows"])
+                for (const auto& [column, value] : row.items())
+                    EXPECT_EQ(column.find(' '), std::string::npos) << key << ": " << column;
+        }
+}
+
+// --doctor says what to set for libfabric's rxm when the environment lacks it.
+TEST(InfoDoctor, TuningAdviceIsACheck) {
+    if (!talaria::na::recommended_env().size()) GTEST_SKIP() << "ofi is not built";
+    Ran r = info("--doctor --json", false,
+                 "-u FI_OFI_RXM_ENABLE_DYN_RBUF -u FI_OFI_RXM_CM_PROGRESS_INTERVAL");
+    Json j = Json::parse(r.out);
+    bool found = false;
+    for (const auto& row : j["doctor"]["rows"])
+        if (row["check"] == "libfabric tuning") {
+            found = true;
+            EXPECT_EQ(row["status"], "warn") << row.dump();
+            EXPECT_NE(row["remedy"].get<std::string>().find("FI_OFI_RXM_ENABLE_DYN_RBUF=0"),
+                      std::string::npos)
+                << row.dump();
+        }
+    EXPECT_TRUE(found) << r.out;
+}
+
+// --doctor sm://NAME reaches the name as the library does: a live engine answers; a name
+// nobody holds fails, naming it.
+TEST(InfoDoctor, AnSmNameIsCheckedAsTheLibraryConnects) {
+    const std::string name = "sm://doctor-" + std::to_string(::getpid());
+    talaria::Engine server(name, talaria::listen);
+    Ran ok = info("--doctor " + name);
+    EXPECT_NE(ok.out.find("a live engine answers on its socket"), std::string::npos) << ok.out;
+    Ran none = info("--doctor sm://nobody-" + std::to_string(::getpid()));
+    EXPECT_EQ(none.status, 1) << none.out;
+    EXPECT_NE(none.out.find("no sm endpoint"), std::string::npos) << none.out;
+}
+
+// --attach to an engine that asks for a secret says how to give talaria-info one.
+TEST(InfoAttach, ASecretServiceNamesClientConfig) {
+    talaria::EngineOptions o;
+    o.core.na.auth.key_id = "svc";
+    o.core.na.auth.secret.assign(32, std::byte{'s'});
+    talaria::Engine server("tcp://127.0.0.1:0", talaria::listen, o);
+    server.enable_introspection();
+    Ran r = info("--attach " + server.self_address());
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find("--client-config"), std::string::npos) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(info, Attach, ::testing::Values("tcp://127.0.0.1:0", "sm://"),

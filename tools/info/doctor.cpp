@@ -24,6 +24,7 @@
 #include "info.hpp"
 #include "na/base/url.hpp"
 #include "talaria/config.hpp"
+#include "talaria/talaria.hpp"
 
 namespace talaria::info {
 
@@ -145,14 +146,57 @@ Row transports() {
                  "open here: " + open + (failed.empty() ? "" : "; not here: " + failed));
 }
 
+/// FI_OFI_RXM_* settings libfabric reads from the environment only: missing ones, with what to
+/// set (the library says the same at info level when an rxm provider opens).
+Row provider_env() {
+    std::string missing, remedy;
+    for (const na::EnvSetting& e : na::recommended_env()) {
+        if (::getenv(e.name) != nullptr) continue;
+        missing += fmt::format("{}{} is not set: {}", missing.empty() ? "" : "; ", e.name, e.why);
+        remedy += fmt::format("{}{}={}", remedy.empty() ? "export " : " ", e.name, e.value);
+    }
+    if (missing.empty())
+        return check("libfabric tuning", "ok",
+                     "the FI_OFI_RXM_* settings Talaria relies on are set");
+    return check("libfabric tuning", "warn", missing + " (ofi+tcp and ofi+verbs only)",
+                 remedy +
+                     " in the environment of every process before it opens ofi+ (libfabric "
+                     "reads them once; Talaria never changes the environment)");
+}
+
+/// sm://NAME: reached as the library reaches it (its socket under /dev/shm, the peer's uid),
+/// by a call from an sm engine of this process.
+Row sm_check(const std::string& address) {
+    try {
+        Engine probe{"sm://"};
+        auto ep = probe.try_lookup(address);
+        if (!ep)
+            return check("address", "fail", ep.error().describe(),
+                         "write sm://NAME with the name the server opened");
+        auto r = probe.remote<std::string()>(std::string(Engine::kHealthProcedure))
+                     .on(*ep)
+                     .timeout(std::chrono::seconds(3))()
+                     .try_get();
+        if (r || r.code() == Errc::not_found)
+            return check("address", "ok",
+                         fmt::format("{}: a live engine answers on its socket{}", address,
+                                     r ? "" : " (it does not enable introspection)"));
+        return check("address", "fail", fmt::format("{}: {}", address, r.error().message()),
+                     "is the server running on this host, as this user (or in its sm_group)?");
+    } catch (const Exception& e) {
+        return check("address", "fail", e.what());
+    }
+}
+
 Row port_check(const std::string& address) {
     auto url = na::parse_url(address);
+    if (url && url->scheme == "sm") return sm_check(address);
     const bool tcp_family = url && (url->scheme == "tcp" || url->scheme == "ofi+tcp" ||
                                     url->scheme == "ucx+tcp" || url->scheme == "ofi+sockets");
     if (!tcp_family)
         return check("address", "warn",
-                     fmt::format("{}: not a TCP address (tcp://, ofi+tcp://, ucx+tcp://): no port "
-                                 "to try",
+                     fmt::format("{}: not a TCP or sm address (tcp://, ofi+tcp://, ucx+tcp://, "
+                                 "sm://): nothing to try",
                                  address));
     auto sa = na::parse_host_port(url->rest, false);
     if (!sa)
@@ -211,6 +255,7 @@ Section doctor_section(const std::string& address) {
     s.rows.push_back(memlock());
 #if TALARIA_HAVE_OFI
     s.rows.push_back(library("libfabric", libfabric_section(), "provider", "talaria"));
+    s.rows.push_back(provider_env());
 #else
     s.rows.push_back(
         check("libfabric", "ok", "not built into this Talaria (ofi+ addresses refused)"));

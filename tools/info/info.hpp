@@ -40,8 +40,9 @@ Section variables_section();
 /// --doctor [ADDRESS]: checks with a status (ok, warn, fail), a detail and a remedy.
 Section doctor_section(const std::string& address);
 
-/// Print a section as a table: columns side by side, each as wide as its widest cell.
-void print_table(const Section& s);
+/// Print a section as a table: columns side by side, each as wide as its widest cell; a cell
+/// over 60 characters wraps within its column, unless `wide`.
+void print_table(const Section& s, bool wide = false);
 
 /// --attach ADDRESS (attach.cpp).
 struct AttachOptions {

@@ -18,13 +18,14 @@
 
 #include "info.hpp"
 #include "talaria/config.hpp"
+#include "talaria/util/log.hpp"
 #include "talaria/version.hpp"
 
 namespace talaria::info {
 
 /// Rows may differ in their columns (the header is the union, in first-seen order); missing
 /// cells print "-".
-void print_table(const Section& s) {
+void print_table(const Section& s, bool wide) {
     std::printf("\n%s\n", s.title.c_str());
     if (s.as_lines) {
         for (const auto& r : s.rows) {
@@ -48,18 +49,34 @@ void print_table(const Section& s) {
     for (const auto& r : s.rows)
         for (const auto& [c, v] : r.cells)
             if (std::find(cols.begin(), cols.end(), c) == cols.end()) cols.push_back(c);
-    // A table cell is cut at kCellMax characters (the JSON form has every cell whole).
-    constexpr std::size_t kCellMax = 60;
+    // A cell longer than kCellMax characters wraps onto more lines of its row, at spaces where
+    // it can (--wide: never); nothing is cut.
+    const std::size_t cell_max = wide ? std::string::npos : 60;
     auto cell = [](const talaria::info::Row& r, const std::string& c) -> std::string {
         for (const auto& [k, v] : r.cells)
-            if (k == c) return v.size() <= kCellMax ? v : v.substr(0, kCellMax - 3) + "...";
+            if (k == c) return v;
         return "-";
+    };
+    auto wrap = [cell_max](const std::string& v) {
+        std::vector<std::string> lines;
+        std::string_view rest = v;
+        while (rest.size() > cell_max) {
+            std::size_t cut = rest.rfind(' ', cell_max);
+            if (cut == std::string_view::npos || cut < cell_max / 2) cut = cell_max;
+            lines.emplace_back(rest.substr(0, cut));
+            rest.remove_prefix(cut);
+            while (!rest.empty() && rest.front() == ' ')
+                rest.remove_prefix(1);
+        }
+        lines.emplace_back(rest);
+        return lines;
     };
     std::vector<std::size_t> width;
     for (const auto& c : cols) {
         std::size_t w = c.size();
         for (const auto& r : s.rows)
-            w = std::max(w, cell(r, c).size());
+            for (const auto& l : wrap(cell(r, c)))
+                w = std::max(w, l.size());
         width.push_back(w);
     }
     if (!s.rows.empty()) {
@@ -69,12 +86,21 @@ void print_table(const Section& s) {
         line.erase(line.find_last_not_of(' ') + 1);
         std::printf("%s\n", line.c_str());
         for (const auto& r : s.rows) {
-            line = " ";
-            for (std::size_t i = 0; i < cols.size(); ++i)
-                line += fmt::format(" {:<{}}", cell(r, cols[i]), width[i]);
-            // Trailing blanks of the last column are noise.
-            line.erase(line.find_last_not_of(' ') + 1);
-            std::printf("%s\n", line.c_str());
+            std::vector<std::vector<std::string>> parts;
+            std::size_t height = 1;
+            for (const auto& c : cols) {
+                parts.push_back(wrap(cell(r, c)));
+                height = std::max(height, parts.back().size());
+            }
+            for (std::size_t k = 0; k < height; ++k) {
+                line = " ";
+                for (std::size_t i = 0; i < cols.size(); ++i)
+                    line +=
+                        fmt::format(" {:<{}}", k < parts[i].size() ? parts[i][k] : "", width[i]);
+                // Trailing blanks of the last column are noise.
+                line.erase(line.find_last_not_of(' ') + 1);
+                std::printf("%s\n", line.c_str());
+            }
         }
     }
     for (const auto& n : s.notes)
@@ -99,6 +125,12 @@ nlohmann::ordered_json typed(const std::string& v) {
     return v;
 }
 
+/// A column's name as a JSON key: "max msg" -> "max_msg" (keys a program reads as fields).
+std::string json_key(std::string c) {
+    std::replace(c.begin(), c.end(), ' ', '_');
+    return c;
+}
+
 nlohmann::ordered_json to_json(const Section& s) {
     nlohmann::ordered_json j;
     j["title"] = s.title;
@@ -106,7 +138,7 @@ nlohmann::ordered_json to_json(const Section& s) {
     for (const auto& r : s.rows) {
         nlohmann::ordered_json o;
         for (const auto& [c, v] : r.cells)
-            o[c] = typed(v);
+            o[json_key(c)] = typed(v);
         j["rows"].push_back(std::move(o));
     }
     j["notes"] = s.notes;
@@ -133,6 +165,9 @@ int main(int argc, char** argv) {
     if (!std::getenv("UCX_LOG_FILE")) {
         // TALARIA_INFO_UCX_LOG_FILE tells -c that the variable is ours, not the user's.
         std::vector<std::string> env{"UCX_LOG_FILE=stderr", "TALARIA_INFO_UCX_LOG_FILE=1"};
+        // Probing every transport makes UCX complain about devices it cannot use (the table's
+        // error column says it): not printed here, unless the user asked (UCX_LOG_LEVEL).
+        if (!std::getenv("UCX_LOG_LEVEL")) env.emplace_back("UCX_LOG_LEVEL=fatal");
         for (char** e = environ; *e; ++e)
             env.emplace_back(*e);
         std::vector<char*> envp;
@@ -148,8 +183,12 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version",
                          std::string("talaria-info ") + std::string(talaria::version().string));
     bool json = false;
+    bool wide = false;
     std::vector<std::string> only;
     app.add_flag("--json", json, "Print one JSON object instead of tables");
+    app.add_flag("--wide", wide,
+                 "Print each table cell on one line, however long (else long "
+                 "cells wrap within their column)");
     app.add_option("--section,-s", only, "Only these sections: transports, libfabric, ucx")
         ->check(CLI::IsMember({"transports", "libfabric", "ucx"}));
     talaria::info::AttachOptions at;
@@ -170,8 +209,10 @@ int main(int argc, char** argv) {
     std::string doctor_address;
     auto* doctor = app.add_option("--doctor", doctor_address,
                                   "Check what commonly breaks (ptrace scope, /dev/shm, locked "
-                                  "memory, libfabric, UCX) and, given a tcp/ofi+tcp/ucx+tcp "
-                                  "ADDRESS, whether its port answers; exit 1 on a failed check")
+                                  "memory, libfabric and its tuning, UCX) and, given a "
+                                  "tcp/ofi+tcp/ucx+tcp ADDRESS, whether its port answers, or "
+                                  "given sm://NAME, whether a live engine answers there; exit 1 "
+                                  "on a failed check")
                        ->expected(0, 1);
     bool variables = false;
     app.add_flag("-c,--variables", variables,
@@ -196,6 +237,9 @@ int main(int argc, char** argv) {
     // What the probes print (UCX's and libfabric's own diagnostics where their loggers are not
     // hooked yet: a section alone, UCX_LOG_LEVEL=info) goes to stderr, not into the tables or
     // the JSON: stdout is ours until the sections are built.
+    // Probes open each transport once: what a transport warns about there (tuning advice, a
+    // provider missing) is in the tables; the user's TALARIA_LOG still has its say.
+    if (!std::getenv("TALARIA_LOG")) talaria::log::configure("error");
     std::fflush(stdout);
     const int out = ::dup(STDOUT_FILENO);
     if (out >= 0) ::dup2(STDERR_FILENO, STDOUT_FILENO);
@@ -225,6 +269,6 @@ int main(int argc, char** argv) {
     }
     std::printf("Talaria %s\n", TALARIA_VERSION);
     for (const auto& s : sections)
-        talaria::info::print_table(s);
+        talaria::info::print_table(s, wide);
     return failed_check(sections) ? 1 : 0;
 }
