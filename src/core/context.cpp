@@ -170,24 +170,13 @@ void Context::Impl::on_call_sent_buf(SendBuf* sb, Errc status) {
 Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
     Peer* p = last_peer;
     if (!p || !(p->addr == dest)) {
-        na::Addr at = dest;
-        // A peer whose process is gone, and another took its name (sm): its record sends to
-        // the new one's. A few hops at most (each made when the one before was found dead).
-        for (int hop = 0; hop < 4; ++hop) {
-            auto& slot = peers[at.impl()->canonical()];
-            if (!slot) {
-                slot = std::make_unique<Peer>();
-                slot->addr = t->addr_alias(at);  // this context's own count (sm: an alias)
-                slot->successor = t->addr_current(at);
-            }
-            p = slot.get();
-            if (!p->successor.valid()) [[likely]]
-                break;
-            at = p->successor;
+        auto& slot = peers[dest.impl()->canonical()];
+        if (!slot) {
+            slot = std::make_unique<Peer>();
+            slot->addr = t->addr_alias(dest);  // this context's own count (sm: an alias)
         }
-        if (p->successor.valid()) [[unlikely]]  // too many hops: send to the last
-            p = peers[at.impl()->canonical()].get();
-        if (p->addr == dest) last_peer = p;  // else each call looks up the old name again
+        p = slot.get();
+        last_peer = p;
     }
     p->retiring = false;
     p->idle_sweeps = 0;
@@ -422,7 +411,12 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     bool queue_it = false;  // no credit with the peer: kept, sent when one comes back
     uint64_t trace = 0;
     Peer* watch = nullptr;  // a peer to watch, posted once the lock is released
-    na::Addr redirected;    // where the call goes instead of dest (peer_for_locked), rarely
+    // A peer whose process is gone for good, and another may hold its name now (sm): the call
+    // goes to whoever answers there (asked before the lock: the transport takes its own).
+    na::Addr redirected;
+    if (dest.impl()->superseded()) [[unlikely]]
+        redirected = t->addr_current(dest);
+    const na::Addr& to = redirected.valid() ? redirected : dest;
     {
         std::lock_guard g(mu);
         if (free_head == kNoSlot)
@@ -443,9 +437,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         s.done = std::move(done);
         s.large = std::move(lo);
         s.retry = std::move(retry);
-        s.peer = peer_for_locked(dest);
-        if (!(s.peer->addr == dest)) [[unlikely]]
-            redirected = s.peer->addr;  // another process answers at that name now
+        s.peer = peer_for_locked(to);
         ++s.peer->inflight;
         if (procs) {
             ProcCounters* pc = client_counters_locked(rpc, opts.provider);
@@ -479,7 +471,6 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
 
     if (watch) post_watch(watch);      // before the call goes out, as a reply may fail it
     if (queue_it) return CallId{seq};  // counted in rpcs_sent when it goes out
-    const na::Addr& to = redirected.valid() ? redirected : dest;
 
     wire::Header h;
     h.flags = (opts.one_way ? wire::kOneWay : 0) | (large ? wire::kMore : 0);

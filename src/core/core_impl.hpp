@@ -209,9 +209,6 @@ struct LargeOut {
 /// ever completes when the transport fails the peer.
 struct Peer {
     na::Addr addr;
-    /// Another process answers at this peer's name now (na::Transport::addr_current, asked when
-    /// the record is made): calls to `addr` go there. Empty for nearly every peer.
-    na::Addr successor;
     uint32_t inflight = 0;
     bool watch_posted = false;
     /// A thread claimed the watch and posts it without the lock (post_watch): until it is

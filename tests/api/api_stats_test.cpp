@@ -197,6 +197,26 @@ TEST_P(Stats, HandlerPoolCallsFurtherApartThanTheGapAreAllTimed) {
     EXPECT_EQ(find(cs, "slow")->client.latency.count(), uint64_t(kCalls));
 }
 
+// Introspection answers about the engine without counting its own call: an idle server holds
+// no request, whoever asks.
+TEST_P(Stats, IntrospectionDoesNotCountItsOwnRequestAsHeld) {
+    open();
+    server->enable_introspection();
+    auto in_flight = nlohmann::json::parse(value_within(
+        client->remote<std::string()>(std::string(Engine::kInFlightProcedure)).on(ep)()));
+    for (const auto& c : in_flight["contexts"])
+        EXPECT_EQ(c["requests_held"], 0) << in_flight.dump();
+    auto stats = nlohmann::json::parse(
+        value_within(client->remote<std::string()>(std::string(Engine::kStatsProcedure)).on(ep)()));
+    EXPECT_EQ(stats["counters"]["held"], 0) << stats["counters"].dump();
+    const std::string text = value_within(
+        client->remote<std::string()>(std::string(Engine::kPrometheusProcedure)).on(ep)());
+    const auto at = text.find("\ntalaria_held{");
+    ASSERT_NE(at, std::string::npos) << text;
+    const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+    EXPECT_EQ(line.substr(line.size() - 2), " 0") << line;
+}
+
 TEST_P(Stats, BusyContextsTimeASampleAndCountEveryCall) {
     // A gap of a second makes any run of calls "busy": each side times about one call in
     // CallTimer::kMaxPeriod (64) once the counter's rate is known (2 ms after the open).

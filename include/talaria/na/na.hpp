@@ -96,10 +96,20 @@ class AddrImpl {
     [[nodiscard]] uint32_t ref_count() const noexcept {
         return refs_.load(std::memory_order_acquire);
     }
+    /// The process behind this address is gone for good, and another may take its name (sm: a
+    /// dead peer): the layer above asks Transport::addr_current who answers now. One relaxed
+    /// load, on the canonical object; set once, by its transport.
+    [[nodiscard]] bool superseded() const noexcept {
+        return canonical_->superseded_.load(std::memory_order_relaxed);
+    }
+    void mark_superseded() noexcept {
+        canonical_->superseded_.store(true, std::memory_order_relaxed);
+    }
 
   private:
     friend class Addr;
     std::atomic<uint32_t> refs_{0};
+    std::atomic<bool> superseded_{false};
     AddrImpl* canonical_ = this;
     Transport* transport_;
 };
@@ -457,8 +467,9 @@ class Transport {
     /// name since (sm: a server restarted at the same sm:// name; the Addr of a dead sm peer
     /// stays dead): that process's address, so that the layer above sends there through the
     /// address it already holds. Empty when `a` stands (tcp, ofi, ucx: an address is a host and
-    /// port, and the transport connects to whoever listens there). The core asks when it first
-    /// meets a peer, not per call; it may take a lock.
+    /// port, and the transport connects to whoever listens there). The core asks only for an
+    /// address its transport marked superseded (AddrImpl::mark_superseded), with no lock of its
+    /// own held; it may take the transport's.
     virtual Addr addr_current(const Addr& a) {
         (void)a;
         return {};

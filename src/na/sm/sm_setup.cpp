@@ -1345,6 +1345,7 @@ void SmTransport::fail_peer_locked(Peer* p, Errc why) {
     // Dead first, then the lanes' receives (under their locks): post_recv_expected() either
     // sees the flag or has queued its receive where we look.
     p->dead.store(true, std::memory_order_seq_cst);
+    p->mark_superseded();  // another process may take its name: addr_current says who
     for (auto& x : lanes_) {
         if (!x) continue;
         std::lock_guard lg(x->mu);
