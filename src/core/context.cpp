@@ -383,12 +383,8 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
     TALARIA_CHECK(check_forward(dest));
     const bool large = args.size() > eng->eager;
     if (large && args.size() > eng->opts.max_payload)
-        return Error{Errc::message_too_large,
-                     fmt::format("forward: {} bytes of arguments exceed the {} this engine "
-                                 "sends or accepts (core.max_payload in its config, "
-                                 "EngineOptions::core.max_payload in code): raise it on both "
-                                 "sides, or pass the data as a talaria::Bulk the handler pulls",
-                                 args.size(), eng->opts.max_payload)};
+        return too_large(fmt::format("forward: {} bytes of arguments exceed", args.size()),
+                         "pass the data as a talaria::Bulk the handler pulls");
 
     // Large arguments: register a copy the target pulls, before taking the lock.
     std::unique_ptr<LargeOut> lo;

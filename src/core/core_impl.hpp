@@ -519,6 +519,9 @@ struct Context::Impl {
     bool complete_call(uint32_t seq, const na::Addr* source, Result<std::span<const std::byte>> r,
                        bool count_response);
     Peer* peer_for_locked(const na::Addr& dest);
+    /// message_too_large for `what` ("forward: N bytes of arguments exceed"), naming
+    /// Options::max_payload as the user sets it and what to do `instead`.
+    [[nodiscard]] Error too_large(std::string what, std::string_view instead) const;
     /// Under mu: should this peer get a watch now? Claims the posting (watch_posting) when so.
     bool claim_watch_locked(Peer* p) noexcept;
     /// Post a claimed watch, without mu held across the transport call (takes it after).

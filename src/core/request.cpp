@@ -36,6 +36,14 @@ void run_cancel_watch(std::function<void()>& fn, uint8_t ctx) noexcept {
 }
 }  // namespace
 
+Error Context::Impl::too_large(std::string what, std::string_view instead) const {
+    return Error{Errc::message_too_large,
+                 fmt::format("{} the {} bytes that {} sends or accepts (core.max_payload in its "
+                             "config, EngineOptions::core.max_payload in code): raise it on both "
+                             "sides, or {}",
+                             what, eng->opts.max_payload, eng->self_string, instead)};
+}
+
 // --- receives ---------------------------------------------------------------------------------
 
 void Context::Impl::post_recv(RecvSlot& rs) {
@@ -386,12 +394,8 @@ Result<void> Context::Impl::send_reply(const na::Addr& dest, uint32_t seq, RpcId
         if (!r) return r;
     } else {
         if (out.size() > eng->opts.max_payload)
-            return Error{Errc::message_too_large,
-                         fmt::format("respond: {} bytes of result exceed the {} this engine "
-                                     "sends or accepts (core.max_payload in its config, "
-                                     "EngineOptions::core.max_payload in code): raise it on both "
-                                     "sides, or answer with a talaria::Bulk the caller pulls",
-                                     out.size(), eng->opts.max_payload)};
+            return too_large(fmt::format("respond: {} bytes of result exceed", out.size()),
+                             "answer with a talaria::Bulk the caller pulls");
         std::vector<std::byte> desc;
         TALARIA_TRY(lo, make_large(out, desc));
         h.flags |= wire::kMore;
@@ -551,12 +555,8 @@ PullJob::~PullJob() {
 
 Result<void> Context::Impl::admit_large(const wire::Header& h, uint64_t total) {
     if (total > eng->opts.max_payload)
-        return Error{Errc::message_too_large,
-                     fmt::format("a payload of {} bytes exceeds the {} the receiver {} "
-                                 "accepts (its core.max_payload; EngineOptions::core.max_payload "
-                                 "in code): raise it there, or pass the data as a "
-                                 "talaria::Bulk",
-                                 total, eng->opts.max_payload, eng->self_string)};
+        return too_large(fmt::format("a payload of {} bytes exceeds", total),
+                         "pass the data as a talaria::Bulk");
     if (h.flags & wire::kResponse) return ok();  // a result of our own call (checked live)
     // Arguments: nothing is allocated for a procedure this engine does not have...
     RpcEntry* e = eng->registry.find(h.rpc_id, h.provider);
@@ -832,7 +832,7 @@ Result<void> Request::send_response(Errc status, std::span<const std::byte> outp
     auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, status, output, nullptr,
                                      trace_);
     if (!r) [[unlikely]]
-        settle_answer(counted, status, output.size(), r);
+        settle_answer(counted, output.size(), r);
     if (logged_ns_ != 0 && (r || r.code() != Errc::again)) [[unlikely]]
         log_answer(r ? status : r.code(), output.size());
     return answered(std::move(r));
@@ -846,7 +846,7 @@ Result<void> Request::respond_in_place(PayloadWriter write) {
     auto r = ctx_->impl_->send_reply(source(), seq_, rpc_id_, reply_ctx_, Errc::ok, w.bytes, w.buf,
                                      trace_);
     if (!r) [[unlikely]]
-        settle_answer(counted, Errc::ok, n, r);
+        settle_answer(counted, n, r);
     if (logged_ns_ != 0 && (r || r.code() != Errc::again)) [[unlikely]]
         log_answer(r ? Errc::ok : r.code(), n);
     return answered(std::move(r));

@@ -146,9 +146,8 @@ Request::Counted Request::note_answered(Errc status, std::size_t bytes) noexcept
     return {pc, took, true, timed, status};
 }
 
-void Request::settle_answer(const Counted& c, Errc status, std::size_t bytes,
+void Request::settle_answer(const Counted& c, std::size_t bytes,
                             const Result<void>& sent) noexcept {
-    (void)status;  // c.as: what note_answered counted it as
     if (!c.pc || sent) return;
     // Same side, same writer rule as note_answered (this runs right after it, on its thread).
     auto& side = c.shared ? c.pc->server_shared : c.pc->server;

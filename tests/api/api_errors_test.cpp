@@ -248,8 +248,8 @@ TEST(ErrorsWording, AddressesAndSizesNameWhatToChange) {
     ASSERT_FALSE(r);
     EXPECT_EQ(r.code(), Errc::message_too_large);
     for (const char* w : {"core.max_payload", "EngineOptions::core.max_payload", "talaria::Bulk"})
-        EXPECT_NE(r.error().message().find(w), std::string::npos) << w << ": "
-                                                                  << r.error().describe();
+        EXPECT_NE(r.error().message().find(w), std::string::npos)
+            << w << ": " << r.error().describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(api, Errors, ::testing::ValuesIn(families()),

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "api_fixture.hpp"
 #include "harness.hpp"
@@ -21,9 +22,12 @@ using Clock = std::chrono::steady_clock;
 using na::test::PeerProcess;
 using na::test::TransportKind;
 
-std::unique_ptr<PeerProcess> start_server(const std::string& address, int contexts) {
+std::unique_ptr<PeerProcess> start_server(const std::string& address, int contexts,
+                                          const std::string& key = {}) {
     std::string err;
-    auto p = PeerProcess::spawn(TALARIA_API_PEER_PATH, {address, std::to_string(contexts)}, &err);
+    std::vector<std::string> args{address, std::to_string(contexts)};
+    if (!key.empty()) args.push_back(key);
+    auto p = PeerProcess::spawn(TALARIA_API_PEER_PATH, args, &err);
     EXPECT_TRUE(p) << "api_peer " << address << ": " << err;
     return p;
 }
@@ -116,6 +120,27 @@ TEST_P(ApiProcess, ARestartedServerIsReachedThroughTheSameEndpoint) {
     ASSERT_TRUE(r) << "after " << tries << " calls: " << r.error().describe();
     EXPECT_EQ(*r, int64_t(server->pid()));
     EXPECT_LE(tries, 2) << "the restarted server was reached only at call " << tries;
+}
+
+// A server of another process that asks for a secret: the caller without one reads the server's
+// refusal and its own remedy in the exception, on every transport that authenticates.
+TEST_P(ApiProcess, AnAuthRefusalReachesTheCallerInAnotherProcess) {
+    const TransportKind& k = GetParam();
+    if (k.label != "tcp" && k.label != "tcp_ipv6" && k.label != "ofi_tcp" && k.label != "ucx_tcp")
+        GTEST_SKIP() << "sm, ofi+shm and ucx+sm admit by user id, not a secret";
+    auto server = start_server(k.address, 1, "svc");
+    ASSERT_TRUE(server);
+    Engine client{client_address(k)};
+    auto r = result_within(client.remote<uint64_t(uint64_t)>("echo")
+                               .on(client.lookup(server->address))
+                               .timeout(10s)(1),
+                           15s);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.code(), Errc::access_denied) << r.error().describe();
+    for (const char* w : {"admits only peers that authenticate with the secret of key 'svc'",
+                          "this client holds no secret", "na.auth"})
+        EXPECT_NE(r.error().message().find(w), std::string::npos) << w << "\n"
+                                                                  << r.error().describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(api, ApiProcess, ::testing::ValuesIn(na::test::multi_process_kinds()),

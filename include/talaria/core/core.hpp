@@ -414,10 +414,9 @@ class Request {
     };
     /// Count the answer (or the end of a one-way handler) in stats_, once.
     Counted note_answered(Errc status, std::size_t bytes) noexcept;
-    /// The send of an answer counted as `status` returned `sent`: a refusal with again takes the
+    /// The send of an answer counted as `c` returned `sent`: a refusal with again takes the
     /// count back (the next respond counts), another failure counts its code instead.
-    void settle_answer(const Counted& c, Errc status, std::size_t bytes,
-                       const Result<void>& sent) noexcept;
+    void settle_answer(const Counted& c, std::size_t bytes, const Result<void>& sent) noexcept;
     /// The rpc=trace line of the answer (when its arrival was logged).
     void log_answer(Errc status, std::size_t bytes) const;
 };

@@ -23,6 +23,7 @@
 #include "na/base/op.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
+#include "talaria/util/log.hpp"
 
 namespace talaria::na {
 
@@ -276,14 +277,9 @@ class Matcher {
     /// a second, `*unlogged` saying how many were refused since the last line (a peer flooding
     /// what nobody receives must not flood the log too).
     bool log_refusal(std::size_t* unlogged) noexcept {
-        const auto now = Clock::now();
-        if (refusals_logged_ != TimePoint{} && now - refusals_logged_ < std::chrono::seconds(1)) {
-            ++refusals_unlogged_;
-            return false;
-        }
-        *unlogged = refusals_unlogged_;
-        refusals_unlogged_ = 0;
-        refusals_logged_ = now;
+        auto held = refusals_log_.admit();
+        if (!held) return false;
+        *unlogged = std::size_t(*held);
         return true;
     }
     /// Why a message was refused, for the transport's log line.
@@ -385,8 +381,7 @@ class Matcher {
     IntrusiveList<OpT> expected_;         ///< expected receives waiting, in post order
     IntrusiveList<MsgT> early_expected_;  ///< expected messages waiting, in arrival order
     std::size_t early_bytes_ = 0;         ///< their payload bytes (kMaxEarlyExpectedBytes)
-    TimePoint refusals_logged_{};         ///< log_refusal(): the last line
-    std::size_t refusals_unlogged_ = 0;   ///< refused since then
+    log::Limiter refusals_log_;           ///< log_refusal()
     std::size_t unexpected_count_ = 0;    ///< messages on the slots' msgs lists
     std::size_t unexpected_bytes_ = 0;    ///< their payload bytes
     std::vector<MsgT*> free_;

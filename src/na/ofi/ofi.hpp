@@ -48,6 +48,7 @@
 #include "na/ofi/ofi_wire.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
+#include "talaria/util/log.hpp"
 #include "talaria/util/spin_lock.hpp"
 
 namespace talaria::na::ofi {
@@ -741,9 +742,8 @@ class OfiTransport final : public Transport {
     /// response (a leaf lock, taken under a lane's).
     std::mutex auth_mu_;
     std::vector<AuthPending> auth_pending_;
-    TimePoint auth_refusal_logged_{};  ///< under auth_mu_: refusals of strangers, one a second
-    std::size_t auth_refusals_unlogged_ = 0;
-    std::string shm_base_;  ///< shm: our region names' stem (lane k adds ".k" for k > 0)
+    log::Limiter strangers_log_;  ///< refusals of strangers, one line a second
+    std::string shm_base_;        ///< shm: our region names' stem (lane k adds ".k" for k > 0)
     const pid_t self_pid_ = ::getpid();  ///< read once: getpid() is a system call per send
     std::string raw_prefix_;  ///< FI_ADDR_STR providers: "fi_shm://" (from lane 0's address)
     uint64_t next_key_ = 1;   ///< requested keys, without FI_MR_PROV_KEY (under setup_mu_)

@@ -49,15 +49,9 @@ void OfiTransport::send_auth_locked(OfiLane& l, Remote* to, AuthStep step,
 }
 
 bool OfiTransport::stranger_log_due(std::size_t* unlogged) {
-    std::lock_guard g(auth_mu_);
-    const auto now = Clock::now();
-    if (auth_refusal_logged_ != TimePoint{} &&
-        now - auth_refusal_logged_ < std::chrono::seconds(1)) {
-        ++auth_refusals_unlogged_;
-        return false;
-    }
-    *unlogged = std::exchange(auth_refusals_unlogged_, 0);
-    auth_refusal_logged_ = now;
+    auto held = strangers_log_.admit();
+    if (!held) return false;
+    *unlogged = std::size_t(*held);
     return true;
 }
 

@@ -38,6 +38,7 @@
 #include "na/ucx/wire.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
+#include "talaria/util/log.hpp"
 #include "talaria/util/spin_lock.hpp"
 
 namespace talaria::na::ucx {
@@ -663,8 +664,7 @@ class UcxTransport final : public Transport {
     std::vector<BootConn> boot_conns_;
     bool boot_paused_ = false;
     TimePoint boot_paused_until_{};
-    TimePoint boot_logged_{};            ///< boot_warn's last line
-    std::size_t boot_unlogged_ = 0;      ///< warnings kept out of the log since
+    log::Limiter boot_log_;              ///< boot_warn: one line a second
     std::vector<std::byte> boot_reply_;  ///< the one answer: lane 0's worker, our instance
     /// When the bootstrap thread last answered (steady-clock ns, 0: never). The client's UCX
     /// wire-up follows over a connection UCX accepts from its async thread without always

@@ -293,14 +293,8 @@ bool UcxTransport::boot_answer(BootConn& c) {
 
 void UcxTransport::boot_warn(const std::string& what) {
     // Strangers may knock as often as they like: one line a second at most.
-    const auto now = Clock::now();
-    if (boot_logged_ != TimePoint{} && now - boot_logged_ < std::chrono::seconds(1)) {
-        ++boot_unlogged_;
-        return;
-    }
-    TALARIA_LOG(ucx, warn, "{}: {}{}", scheme_, what, unlogged_note(boot_unlogged_));
-    boot_unlogged_ = 0;
-    boot_logged_ = now;
+    if (auto held = boot_log_.admit())
+        TALARIA_LOG(ucx, warn, "{}: {}{}", scheme_, what, unlogged_note(std::size_t(*held)));
 }
 
 uint64_t UcxTransport::boot_alias() noexcept {
