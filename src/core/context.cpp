@@ -43,7 +43,8 @@ Context::Impl::Impl(Engine::Impl* e, std::unique_ptr<na::Context> n)
       mu(e->opts.na.thread_safe),
       pool_mu(e->opts.na.thread_safe),
       client_timer(e->opts.stats_timing_gap),
-      server_timer(e->opts.stats_timing_gap) {
+      server_timer(e->opts.stats_timing_gap),
+      quiet(e->opts.stats_timing_gap) {
     if (e->opts.stats) procs = std::make_unique<std::atomic<ProcCounters*>[]>(StatsIndex::kMax);
 }
 
@@ -458,7 +459,7 @@ Result<CallId> Context::Impl::forward(const na::Addr& dest, RpcId rpc,
         } else {
             s.deadline = TimePoint{};
         }
-        if (s.stats) s.sent_at = client_timer.start(eng->tick_scale);
+        if (s.stats) s.sent_at = client_timer.start(eng->tick_scale, quiet);
         if (log::enabled(log::Subsys::rpc, log::Level::trace)) [[unlikely]]
             s.logged_ns = now_ns();
         trace = s.trace;
@@ -1025,7 +1026,9 @@ Result<void> Context::progress(Duration timeout) {
         // The busy-poll path: straight to the transport (which returns at once when
         // completions are queued), no clock read.
         if (timeout == Duration::zero()) return im.na->progress(timeout);
+        const uint64_t before = im.quiet.before_wait();
         auto r = im.na->progress(timeout);
+        im.quiet.after_wait(before, im.eng->tick_scale);
         // An idle context (blocking mode) triggers rarely: do the housekeeping here.
         if (!r && r.code() == Errc::timeout && timeout > Duration::zero()) im.maybe_sweep_idle();
         return r;
@@ -1034,7 +1037,9 @@ Result<void> Context::progress(Duration timeout) {
     if (now >= dl) return ok();
     Duration until{dl - now};
     bool capped = timeout < Duration::zero() || until < timeout;
+    const uint64_t before = timeout != Duration::zero() ? im.quiet.before_wait() : 0;
     auto r = im.na->progress(capped ? until : timeout);
+    im.quiet.after_wait(before, im.eng->tick_scale);
     if (!r && r.code() == Errc::timeout && capped) return ok();  // a deadline is due
     return r;
 }
@@ -1056,6 +1061,7 @@ unsigned Context::trigger(unsigned max) {
         Mark& operator=(const Mark&) = delete;
     } mark(&im);
     unsigned n = im.na->trigger(max);
+    im.quiet.triggered(n, im.eng->tick_scale);  // one compare when calls come
     // Each check is one load when nothing is due (the busy-poll loop calls this constantly).
     if (im.next_deadline_ns.load(std::memory_order_relaxed) != INT64_MAX) n += im.expire_timers();
     if (im.has_deferred.load(std::memory_order_relaxed)) [[unlikely]]

@@ -112,6 +112,88 @@ void count_outcome(ProcCounters::Side& s, std::atomic<uint64_t>& bytes_field, Er
     }
 }
 
+/// Tells a context's CallTimers that the context has been idle for at least
+/// Options::stats_timing_gap, so that the next call is timed even when the period drawn during
+/// a busy spell had calls left to skip (calls further apart than the gap are all timed). Idle
+/// is seen where the context waits: a progress call sleeping in the transport (two readings of
+/// the counter around the wait, only when progress may block, where the wait itself costs a
+/// system call; a call made while it sleeps reads the counter once to see how long), or a run
+/// of empty trigger passes (busy polling) lasting the gap, which reads the counter once every
+/// kPasses empty passes and never while calls come. An idle spell bumps the epoch once; the
+/// timers look at it only on calls they would skip. Written by the progress and trigger
+/// threads of the context, read by every thread that calls.
+class QuietWatch {
+  public:
+    static constexpr uint32_t kPasses = 256;  ///< empty trigger passes between readings
+    explicit QuietWatch(Duration gap) noexcept
+        : gap_ns_(uint64_t(std::max<int64_t>(
+              0, std::chrono::duration_cast<std::chrono::nanoseconds>(gap).count()))) {}
+    [[nodiscard]] uint32_t epoch() const noexcept { return epoch_.load(std::memory_order_relaxed); }
+    /// True if the context was idle for the gap since a call saw `epoch() == seen`, or sleeps
+    /// in the transport now and has for the gap (a call that will wake it).
+    [[nodiscard]] bool ended(uint32_t seen, const TickScale& scale) const noexcept {
+        if (epoch() != seen) return true;
+        const uint64_t asleep = asleep_since_.load(std::memory_order_relaxed);
+        if (asleep == 0) [[likely]]
+            return false;
+        const uint64_t gap = gap_ticks(scale);
+        return gap != 0 && ticks_since(asleep) >= gap;
+    }
+    /// Around a progress call that may block: ticks() before it (0 when no call is sampled).
+    [[nodiscard]] uint64_t before_wait() noexcept {
+        if (gap_ns_ == 0) return 0;
+        const uint64_t now = ticks();
+        asleep_since_.store(now, std::memory_order_relaxed);
+        return now;
+    }
+    void after_wait(uint64_t before, const TickScale& scale) noexcept {
+        if (before == 0) return;
+        asleep_since_.store(0, std::memory_order_relaxed);
+        const uint64_t gap = gap_ticks(scale);
+        if (gap != 0 && ticks_since(before) >= gap) bump();
+    }
+    /// After a trigger pass that ran `n` completions.
+    void triggered(unsigned n, const TickScale& scale) noexcept {
+        if (n != 0) [[likely]] {
+            empty_ = 0;
+            return;
+        }
+        if (gap_ns_ == 0 || (++empty_ & (kPasses - 1)) != 0) [[likely]]
+            return;
+        const uint64_t now = ticks();
+        if (empty_ == kPasses) {
+            since_ = now;  // quiet from about here
+            return;
+        }
+        const uint64_t gap = gap_ticks(scale);
+        if (since_ != 0 && gap != 0 && now - since_ >= gap) {
+            bump();
+            since_ = 0;  // once per idle spell: until a pass runs something again
+        }
+    }
+
+  private:
+    /// The gap in ticks; 0 until the counter's rate is known (every call is timed until then).
+    uint64_t gap_ticks(const TickScale& scale) const noexcept {
+        uint64_t g = gap_ticks_.load(std::memory_order_relaxed);
+        if (g == 0) [[unlikely]] {
+            const double ns_per_tick = scale.ns_per_tick_if_ready();
+            if (ns_per_tick <= 0) return 0;
+            g = std::max<uint64_t>(1, uint64_t(double(gap_ns_) / ns_per_tick));
+            gap_ticks_.store(g, std::memory_order_relaxed);
+        }
+        return g;
+    }
+    void bump() noexcept { epoch_.fetch_add(1, std::memory_order_relaxed); }
+
+    std::atomic<uint32_t> epoch_{0};
+    std::atomic<uint64_t> asleep_since_{0};  ///< ticks() when a progress call began to wait
+    uint32_t empty_ = 0;  ///< trigger passes in a row that ran nothing (trigger thread)
+    uint64_t since_ = 0;  ///< ticks() at the kPasses-th of them (0: not watching)
+    uint64_t gap_ns_;     ///< Options::stats_timing_gap; 0: every call is timed anyway
+    mutable std::atomic<uint64_t> gap_ticks_{0};  ///< the same in ticks, once known
+};
+
 /// Which calls one side of a context times for the latency histograms (Options::
 /// stats_timing_gap). Every call, while timed calls come at least `gap` apart; a busier side
 /// times one call in `period` (a power of two, up to kMaxPeriod), the others skipped at random
@@ -125,12 +207,19 @@ class CallTimer {
     explicit CallTimer(Duration gap) noexcept
         : gap_ns_(uint64_t(std::max<int64_t>(
               0, std::chrono::duration_cast<std::chrono::nanoseconds>(gap).count()))) {}
-    /// ticks() if this call is to be timed, else 0 (the call is counted, not timed).
-    uint64_t start(const TickScale& scale) noexcept {
+    /// ticks() if this call is to be timed, else 0 (the call is counted, not timed). A call
+    /// that `quiet` says comes after the context was idle for the gap is timed whatever was
+    /// left to skip.
+    uint64_t start(const TickScale& scale, const QuietWatch& quiet) noexcept {
         if (skip_ != 0) [[likely]] {
-            --skip_;
-            return 0;
+            if (!quiet.ended(quiet_, scale)) [[likely]] {
+                --skip_;
+                return 0;
+            }
+            skip_ = 0;  // the busy spell the skip was drawn for has ended
+            last_calls_ = 1;
         }
+        quiet_ = quiet.epoch();
         const uint64_t now = ticks();
         if (gap_ns_ != 0) adapt(now, scale);
         return now;
@@ -164,6 +253,7 @@ class CallTimer {
     }
 
     uint32_t skip_ = 0;        ///< calls to count untimed before the next timed one
+    uint32_t quiet_ = 0;       ///< QuietWatch::epoch() at the last call
     uint32_t last_calls_ = 1;  ///< calls from the last timed one to the next (skip_ + 1)
     uint32_t rng_ = 0x9e3779b9u;
     uint64_t last_ = 0;       ///< ticks() of the last timed call
@@ -443,6 +533,7 @@ struct Context::Impl {
     ProcCounters* last_called_pc = nullptr;
     CallTimer client_timer;  ///< under mu
     CallTimer server_timer;  ///< trigger thread
+    QuietWatch quiet;        ///< progress and trigger threads
     unsigned trigger_calls = 0;
     TimePoint next_sweep{};
 

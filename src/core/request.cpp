@@ -168,7 +168,7 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
         CtxCounters::bump(pc->server.calls);
         CtxCounters::bump(pc->server.bytes_in, input.size());
         req.stats_ = pc;
-        req.started_ = server_timer.start(eng->tick_scale);  // 0: not timed
+        req.started_ = server_timer.start(eng->tick_scale, quiet);  // 0: not timed
     }
     if (h.signature != 0 && e->signature != 0 && h.signature != e->signature) [[unlikely]] {
         CtxCounters::add(counters.errors);

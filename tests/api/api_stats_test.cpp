@@ -35,6 +35,7 @@ class Stats : public Api {
         o.core.stats_timing_gap = Duration::zero();
         open(o, o);
     }
+    void calls_after_a_busy_spell_are_timed(WaitMode mode);
 };
 
 const core::ProcStats* find(const std::vector<core::ProcStats>& all, std::string_view name,
@@ -268,6 +269,56 @@ TEST_P(Stats, CallsFurtherApartThanTheGapAreAllTimed) {
     ASSERT_NE(find(ss, "echo"), nullptr);
     EXPECT_EQ(find(cs, "echo")->client.latency.count(), uint64_t(kCalls));
     EXPECT_EQ(find(ss, "echo")->server.latency.count(), uint64_t(kCalls));
+}
+
+// After a busy spell the timers skip a random number of calls (up to twice the period less one);
+// calls that then come further apart than the gap are timed all the same: the context's idle
+// time ends the skip (QuietWatch), in blocking mode (a wait in the transport) and when busy
+// polling (a run of empty passes). Without that, the first of them was left untimed.
+void Stats::calls_after_a_busy_spell_are_timed(WaitMode mode) {
+    EngineOptions o;
+    o.wait = mode;
+    o.core.stats_timing_gap = std::chrono::milliseconds(1);
+    open(o, o);
+    server->define("echo", [](int v) { return v; });
+    auto echo = client->remote<int(int)>("echo").on(ep);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the counter's rate is known
+    constexpr int kBurst = 2000;
+    std::vector<Future<int>> batch;
+    for (int i = 0; i < kBurst; i += 16) {
+        batch.clear();
+        for (int j = i; j < i + 16; ++j)
+            batch.push_back(echo(j));
+        for (int j = 0; j < 16; ++j)
+            ASSERT_EQ(value_within(std::move(batch[std::size_t(j)])), i + j);
+    }
+    auto timed = [&] {
+        const auto cs = client->stats();
+        const auto ss = server->stats();
+        return std::pair{find(cs, "echo")->client.latency.count(),
+                         find(ss, "echo")->server.latency.count()};
+    };
+    const auto [client_before, server_before] = timed();
+    EXPECT_LT(client_before, uint64_t(kBurst) / 4) << "the burst was sampled";
+    constexpr int kSpaced = 6;
+    for (int i = 0; i < kSpaced; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(8));
+        ASSERT_EQ(value_within(echo(i)), i);
+    }
+    const auto deadline = deadline_after(kWait);  // the server's record follows its answer
+    while (timed().second < server_before + kSpaced && !deadline_passed(deadline))
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto [client_after, server_after] = timed();
+    EXPECT_EQ(client_after - client_before, uint64_t(kSpaced)) << "client side";
+    EXPECT_EQ(server_after - server_before, uint64_t(kSpaced)) << "server side";
+}
+
+TEST_P(Stats, CallsAfterABusySpellAreTimedBlocking) {
+    calls_after_a_busy_spell_are_timed(WaitMode::block);
+}
+
+TEST_P(Stats, CallsAfterABusySpellAreTimedBusyPolling) {
+    calls_after_a_busy_spell_are_timed(WaitMode::busy);
 }
 
 TEST_P(Stats, QueueingDelayOfHandlersOnAnExecutor) {
