@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <dirent.h>
 #include <algorithm>
@@ -646,6 +647,23 @@ TEST_P(Hostile, EditedHandlesReachNothingOutsideTheExposedRegions) {
     EXPECT_TRUE(t.good->ping()) << "the server stopped answering a good client";
     lh->reset();
     nctx->reset();
+}
+
+// A service installs its SIGTERM handler (a graceful stop) and then opens its transport: the
+// transport's set-up leaves the handler as it was. On ofi, loading libfabric loads
+// libinfinipath (its PSM provider), which takes SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and
+// SIGABRT with handlers that exit 1: the application's never ran and it never shut down.
+TEST_P(Hostile, TheApplicationsSigtermHandlerSurvivesTheTransportsSetUp) {
+    std::string err;
+    auto server = PeerProcess::spawn(TALARIA_SIGTERM_SERVER_PATH, GetParam().address, &err);
+    ASSERT_TRUE(server) << err;
+    ASSERT_EQ(::kill(server->pid(), SIGTERM), 0);
+    const auto said = server->read_line(std::chrono::seconds(10));
+    const auto status = server->wait_exit(std::chrono::seconds(10));
+    ASSERT_TRUE(status) << "the server did not exit after SIGTERM";
+    EXPECT_EQ(*status, 0) << "the server's SIGTERM handler did not run (exit status " << *status
+                          << ")";
+    EXPECT_EQ(said.value_or("(nothing)"), "stopped by SIGTERM");
 }
 
 INSTANTIATE_TEST_SUITE_P(hostile, Hostile, ::testing::ValuesIn(na::test::multi_process_kinds()),

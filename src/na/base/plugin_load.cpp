@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "na/base/plugin.hpp"
+#include "na/base/signals.hpp"
 #include "na/base/transports.hpp"
 #include "talaria/util/log.hpp"
 
@@ -57,7 +58,13 @@ Result<const Plugin*> load(std::string_view family, const PluginNeeds& needs) {
     }
     // Loaded without RTLD_NODELETE until it is checked, so that a file refused below is
     // unloaded again (with whatever it pulled in, e.g. another version of libtalaria).
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    // The libraries it pulls in (libfabric, UCX and theirs) may take signals as they load:
+    // the application's handlers are put back (signals.hpp).
+    void* handle = nullptr;
+    {
+        KeepSignals keep(fmt::format("loading {}", path));
+        handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
     if (!handle) {
         const char* e = ::dlerror();
         std::string why = e ? e : "unknown error";

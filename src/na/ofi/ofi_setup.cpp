@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "na/base/epoll_set.hpp"
+#include "na/base/signals.hpp"
 #include "na/base/transports.hpp"
 #include "na/base/url.hpp"
 #include "na/ofi/ofi.hpp"
@@ -509,6 +510,10 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
                                  "ofi+shm, ofi+verbs)",
                                  sub));
     instance_ = random_u64();
+    // libfabric initialises every provider it has at the first fi_getinfo, and PSM's (through
+    // libinfinipath) takes SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and SIGABRT with handlers
+    // that exit: the application's handlers are put back once the provider is open.
+    KeepSignals keep_signals(fmt::format("opening ofi+{} (libfabric's providers)", sub));
     TALARIA_CHECK(open_provider(sub, rest));
     pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pfd_ < 0) return errno_error("ofi: eventfd", errno);
