@@ -506,8 +506,13 @@ struct Context::Impl {
     CtxCounters counters;
     /// Rate limits of the warnings a caller's mistakes write here: a call to a procedure this
     /// engine lacks, a signature that differs; one line a second each, with how many were held.
+    // What a peer can make this context log, one line a second each (log::Limiter).
     log::Limiter unknown_rpc_log;
     log::Limiter signature_log;
+    log::Limiter malformed_log;        ///< messages whose header does not decode
+    log::Limiter missing_context_log;  ///< messages for a context this engine lacks
+    log::Limiter one_way_lost_log;     ///< one-way calls whose large arguments were lost
+    log::Limiter pull_timeout_log;     ///< pulls the peer did not serve in time
     /// Per-procedure statistics, by StatsIndex index (null without Options::stats; an entry
     /// is null until its procedure's first call here).
     std::unique_ptr<std::atomic<ProcCounters*>[]> procs;

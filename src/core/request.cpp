@@ -88,8 +88,9 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
     auto h = wire::decode_header(msg);
     if (!h) [[unlikely]] {
         CtxCounters::add(counters.errors);
-        TALARIA_LOG(core, warn, "context {}: dropping a message from {}: {}", id,
-                    t->addr_describe(source), h.error().describe());
+        if (auto unlogged = malformed_log.admit())
+            TALARIA_LOG(core, warn, "context {}: dropping a message from {}: {}{}", id,
+                        t->addr_describe(source), h.error().describe(), log::held_back(*unlogged));
         return;
     }
     auto payload = msg.subspan(wire::kHeaderSize);
@@ -103,11 +104,11 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
                 as_bytes(fmt::format("context {} does not exist at {} (it has {})", named_ctx,
                                      eng->self_string, eng->contexts.size())),
                 nullptr, h->trace);
-        else
+        else if (auto unlogged = missing_context_log.admit())
             TALARIA_LOG(core, warn,
                         "context {}: dropping a message from {} for context {}, "
-                        "which does not exist",
-                        id, t->addr_describe(source), named_ctx);
+                        "which does not exist{}",
+                        id, t->addr_describe(source), named_ctx, log::held_back(*unlogged));
         // A large one-way call waits for an ack: fail it rather than leave it waiting.
         if ((h->flags & (wire::kOneWay | wire::kMore)) == (wire::kOneWay | wire::kMore) &&
             !(h->flags & (wire::kResponse | wire::kAck)))
@@ -176,8 +177,9 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
             fmt::format("{} {} registered '{}' as {}: the caller's argument or result types differ",
                         kSignatureMessage, eng->self_string, e->name, e->signature_text);
         if (req.one_way_) {
-            TALARIA_LOG(core, warn, "context {}: one-way call from {} dropped: {}", id,
-                        t->addr_describe(source), why);
+            if (auto unlogged = signature_log.admit())
+                TALARIA_LOG(core, warn, "context {}: one-way call from {} dropped: {}{}", id,
+                            t->addr_describe(source), why, log::held_back(*unlogged));
             req.note_answered(Errc::invalid_argument, 0);
             req.ctx_ = nullptr;
             return;
@@ -534,8 +536,11 @@ void Context::Impl::pull_failed(const wire::Header& h, const na::Addr& source, E
             std::span(reinterpret_cast<const std::byte*>(e.message().data()), e.message().size()),
             nullptr, h.trace);
     } else {
-        TALARIA_LOG(core, warn, "context {}: the arguments of a one-way call were lost: {}", id,
-                    e.describe());
+        if (auto unlogged = one_way_lost_log.admit())
+            TALARIA_LOG(core, warn,
+                        "context {}: the arguments of a one-way call from {} were "
+                        "lost: {}{}",
+                        id, t->addr_describe(source), e.describe(), log::held_back(*unlogged));
         // The caller waits for our ack to complete the call: send it, with the failure.
         send_ack(source, h, true, e.code() == Errc::ok ? Errc::internal : e.code());
     }
@@ -646,10 +651,11 @@ void Context::Impl::expire_pulls(TimePoint now) {
         }
     }
     for (std::size_t i = 0; i < cancel.size(); ++i) {
-        TALARIA_LOG(core, warn,
-                    "context {}: the peer did not serve a pull of {} within "
-                    "Options::pull_timeout; canceling it (the call fails with timeout)",
-                    id, why[i]);
+        if (auto unlogged = pull_timeout_log.admit())
+            TALARIA_LOG(core, warn,
+                        "context {}: the peer did not serve a pull of {} within "
+                        "Options::pull_timeout; canceling it (the call fails with timeout){}",
+                        id, why[i], log::held_back(*unlogged));
         (void)t->cancel(cancel[i]);
     }
 }

@@ -649,6 +649,52 @@ TEST_P(Hostile, EditedHandlesReachNothingOutsideTheExposedRegions) {
     nctx->reset();
 }
 
+// Malformed messages, each too short for an RPC header, cost the server at most a log line a
+// second (with the count of those held back), not a line each: 92 MB of them made 296 MB of log.
+TEST_P(Hostile, MalformedMessagesLogAtMostALineASecond) {
+    char dir[] = "/tmp/talaria-hostile-log-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    const std::string log = std::string(dir) + "/server.log";
+    std::string err;
+    // The server's stderr (its log) into a file.
+    auto server = PeerProcess::spawn(
+        "/bin/sh",
+        {"-c", "exec \"$0\" \"$1\" 2>\"$2\"", TALARIA_HOSTILE_SERVER_PATH, GetParam().address, log},
+        &err);
+    ASSERT_TRUE(server) << err;
+    const auto started = Clock::now();
+    constexpr int kMessages = 2000;
+    {
+        NaAttacker a(GetParam().address, server->address);
+        ASSERT_TRUE(a.ready());
+        const std::byte tiny[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+        for (int i = 0; i < kMessages; ++i)
+            ASSERT_TRUE(a.send(tiny)) << "message " << i;
+        GoodClient good(GetParam().address, server->address);
+        EXPECT_TRUE(good.ping()) << "the server stopped answering a good client";
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    server->close_stdin();
+    ASSERT_TRUE(server->wait_exit(10s));
+    std::ifstream in(log);
+    std::string line;
+    std::size_t lines = 0, bytes = 0;
+    uint64_t held = 0;
+    while (std::getline(in, line)) {
+        bytes += line.size() + 1;
+        if (line.find("dropping a message from") == std::string::npos) continue;
+        ++lines;
+        if (auto at = line.find(" more since the last such line"); at != std::string::npos)
+            held += std::stoull(line.substr(line.rfind('(', at) + 1));
+    }
+    ::unlink(log.c_str());
+    ::rmdir(dir);
+    EXPECT_GE(lines, 1u) << "the first malformed message is logged";
+    EXPECT_LE(double(lines), seconds + 2) << lines << " lines in " << seconds << " s";
+    EXPECT_LE(bytes, 64u * 1024) << "log bytes for " << kMessages << " malformed messages";
+    EXPECT_LE(held + lines, uint64_t(kMessages)) << "the held-back counts add up";
+}
+
 // A service installs its SIGTERM handler (a graceful stop) and then opens its transport: the
 // transport's set-up leaves the handler as it was. On ofi, loading libfabric loads
 // libinfinipath (its PSM provider), which takes SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and
