@@ -509,7 +509,10 @@ struct Context::Impl {
     // What a peer can make this context log, one line a second each (log::Limiter).
     log::Limiter unknown_rpc_log;
     log::Limiter signature_log;
-    log::Limiter malformed_log;        ///< messages whose header does not decode
+    log::Limiter malformed_log;  ///< messages whose header does not decode
+    /// A peer that sends this many messages in a row whose header does not decode is
+    /// disconnected (na::Transport::addr_disconnect, where the transport has connections).
+    static constexpr uint32_t kMalformedInARow = 16;
     log::Limiter missing_context_log;  ///< messages for a context this engine lacks
     log::Limiter one_way_lost_log;     ///< one-way calls whose large arguments were lost
     log::Limiter pull_timeout_log;     ///< pulls the peer did not serve in time

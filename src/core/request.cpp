@@ -91,8 +91,18 @@ void Context::Impl::handle_message(std::span<const std::byte> msg, const na::Add
         if (auto unlogged = malformed_log.admit())
             TALARIA_LOG(core, warn, "context {}: dropping a message from {}: {}{}", id,
                         t->addr_describe(source), h.error().describe(), log::held_back(*unlogged));
+        if (source && source.impl()->note_malformed() >= kMalformedInARow) [[unlikely]] {
+            // Not a Talaria peer of this version, or a hostile one: no more of it.
+            source.impl()->clear_malformed();
+            (void)t->addr_disconnect(
+                source, fmt::format("{} messages in a row that are not RPC messages of this "
+                                    "version (the last: {})",
+                                    kMalformedInARow, h.error().message()));
+        }
         return;
     }
+    if (source) [[likely]]
+        source.impl()->clear_malformed();  // "in a row": one load when there were none
     auto payload = msg.subspan(wire::kHeaderSize);
     if (named_ctx != id) [[unlikely]] {
         // The sender named a context this engine does not have; the transport handed the

@@ -105,11 +105,22 @@ class AddrImpl {
     void mark_superseded() noexcept {
         canonical_->superseded_.store(true, std::memory_order_relaxed);
     }
+    /// One more message of this peer that the layer above could not read (core: a header that
+    /// does not decode): how many in a row. The layer above disconnects a peer that keeps
+    /// sending them (Transport::addr_disconnect), and clears the count at a good message.
+    uint32_t note_malformed() noexcept {
+        return canonical_->malformed_.fetch_add(1, std::memory_order_relaxed) + 1;
+    }
+    void clear_malformed() noexcept {
+        if (canonical_->malformed_.load(std::memory_order_relaxed) != 0) [[unlikely]]
+            canonical_->malformed_.store(0, std::memory_order_relaxed);
+    }
 
   private:
     friend class Addr;
     std::atomic<uint32_t> refs_{0};
     std::atomic<bool> superseded_{false};
+    std::atomic<uint32_t> malformed_{0};
     AddrImpl* canonical_ = this;
     Transport* transport_;
 };
@@ -470,6 +481,15 @@ class Transport {
     /// port, and the transport connects to whoever listens there). The core asks only for an
     /// address its transport marked superseded (AddrImpl::mark_superseded), with no lock of its
     /// own held; it may take the transport's.
+    /// Close what connects this process to `a`, a peer that keeps breaking the protocol
+    /// (`why`, logged): what is in flight on those connections fails, and the peer must connect
+    /// again to send more. True when something was closed; transports without connections of
+    /// their own close nothing (false).
+    virtual bool addr_disconnect(const Addr& a, std::string_view why) {
+        (void)a;
+        (void)why;
+        return false;
+    }
     virtual Addr addr_current(const Addr& a) {
         (void)a;
         return {};

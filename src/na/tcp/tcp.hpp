@@ -27,6 +27,7 @@
 #include "na/tcp/frame.hpp"
 #include "talaria/na/na.hpp"
 #include "talaria/util/intrusive_list.hpp"
+#include "talaria/util/log.hpp"
 #include "talaria/util/spin_lock.hpp"
 
 namespace talaria::na::tcp {
@@ -340,6 +341,8 @@ class TcpTransport final : public Transport {
     [[nodiscard]] std::size_t live_addrs() const noexcept { return addrs_.live(); }
     std::string addr_to_string(const Addr& a) override;
     std::string addr_describe(const Addr& a) override;
+    /// Closes every connection to `a`, in every lane, with protocol_error.
+    bool addr_disconnect(const Addr& a, std::string_view why) override;
     PeerIdentity peer_identity(const Addr& a) override;
     std::string peer_failure(const Addr& a) override;
     std::size_t addr_serialize_size(const Addr& a) override;
@@ -530,6 +533,8 @@ class TcpTransport final : public Transport {
     /// progress every 100 µs with try_lock (or when the setup set woke it), and never per
     /// message. Order: setup_mu_, then a lane's mu, then route_mu_ or regions_mu_.
     MaybeMutex setup_mu_;
+    /// close_conn's protocol-error warnings: a peer can cause them at will (log::Limiter).
+    log::Limiter protocol_error_log_;
     /// Leaf lock: which context each lane holds (routing misrouted messages) and the inboxes.
     MaybeSpinLock route_mu_;
     /// Leaf lock over regions_ (registrations, read by the target side of put/get).

@@ -992,9 +992,11 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     else if (status != Errc::canceled && c->state == Conn::State::open)
         note(LinkEvent::lost);
     std::string who = c->peer ? addr_describe(c->peer) : std::string("an unidentified peer");
-    if (status == Errc::protocol_error)
-        TALARIA_LOG(tcp, warn, "disconnecting {} (fd {}): protocol error: {}", who, c->fd, why);
-    else
+    if (status == Errc::protocol_error) {
+        if (auto unlogged = protocol_error_log_.admit())
+            TALARIA_LOG(tcp, warn, "disconnecting {} (fd {}): protocol error: {}{}", who, c->fd,
+                        why, log::held_back(*unlogged));
+    } else
         TALARIA_LOG(tcp, debug, "connection to {} (fd {}) closed ({}): {}", who, c->fd,
                     errc_name(status), why);
     if (c->outgoing && c->peer && status == Errc::access_denied) {
@@ -1104,6 +1106,25 @@ void TcpTransport::withdraw_unsent(TcpOp* op) noexcept {
     if (static_cast<ListHook<RmaTag>*>(op)->linked()) c->rma_wait.erase(*op);
     op->state = OpState::idle;
     complete_op(op, Errc::canceled);
+}
+
+bool TcpTransport::addr_disconnect(const Addr& a, std::string_view why) {
+    if (!a || a.impl()->transport() != this) return false;
+    TcpAddr* target = peer_of(a);
+    const std::string reason(why);
+    bool closed = false;
+    std::lock_guard s(setup_mu_);  // lanes_; then each lane's lock, as withdraw_borrowed_locked
+    for (auto& lp : lanes_) {
+        Lane* l = lp.get();
+        if (l == nullptr) continue;
+        std::lock_guard g(l->mu);
+        l->conns.for_each_safe([&](Conn& c) {
+            if (!c.peer || peer_of(c.peer) != target) return;
+            close_conn(&c, Errc::protocol_error, reason);
+            closed = true;
+        });
+    }
+    return closed;
 }
 
 void TcpTransport::close_lane_locked(Lane& l, Errc status, const std::string& why) {
