@@ -112,6 +112,12 @@ void count_outcome(ProcCounters::Side& s, std::atomic<uint64_t>& bytes_field, Er
     }
 }
 
+/// Options::stats_timing_gap in nanoseconds (a negative gap as 0: every call timed).
+inline uint64_t timing_gap_ns(Duration gap) noexcept {
+    return uint64_t(
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(gap).count()));
+}
+
 /// Tells a context's CallTimers that the context has been idle for at least
 /// Options::stats_timing_gap, so that the next call is timed even when the period drawn during
 /// a busy spell had calls left to skip (calls further apart than the gap are all timed). Idle
@@ -125,9 +131,7 @@ void count_outcome(ProcCounters::Side& s, std::atomic<uint64_t>& bytes_field, Er
 class QuietWatch {
   public:
     static constexpr uint32_t kPasses = 256;  ///< empty trigger passes between readings
-    explicit QuietWatch(Duration gap) noexcept
-        : gap_ns_(uint64_t(std::max<int64_t>(
-              0, std::chrono::duration_cast<std::chrono::nanoseconds>(gap).count()))) {}
+    explicit QuietWatch(Duration gap) noexcept : gap_ns_(timing_gap_ns(gap)) {}
     [[nodiscard]] uint32_t epoch() const noexcept { return epoch_.load(std::memory_order_relaxed); }
     /// True if the context was idle for the gap since a call saw `epoch() == seen`, or sleeps
     /// in the transport now and has for the gap (a call that will wake it).
@@ -204,9 +208,7 @@ class QuietWatch {
 class CallTimer {
   public:
     static constexpr uint32_t kMaxPeriod = 64;
-    explicit CallTimer(Duration gap) noexcept
-        : gap_ns_(uint64_t(std::max<int64_t>(
-              0, std::chrono::duration_cast<std::chrono::nanoseconds>(gap).count()))) {}
+    explicit CallTimer(Duration gap) noexcept : gap_ns_(timing_gap_ns(gap)) {}
     /// ticks() if this call is to be timed, else 0 (the call is counted, not timed). A call
     /// that `quiet` says comes after the context was idle for the gap is timed whatever was
     /// left to skip.
@@ -504,18 +506,17 @@ struct Context::Impl {
     std::vector<PendingResult> held;
 
     CtxCounters counters;
-    /// Rate limits of the warnings a caller's mistakes write here: a call to a procedure this
-    /// engine lacks, a signature that differs; one line a second each, with how many were held.
-    // What a peer can make this context log, one line a second each (log::Limiter).
-    log::Limiter unknown_rpc_log;
-    log::Limiter signature_log;
-    log::Limiter malformed_log;  ///< messages whose header does not decode
-    /// A peer that sends this many messages in a row whose header does not decode is
-    /// disconnected (na::Transport::addr_disconnect, where the transport has connections).
-    static constexpr uint32_t kMalformedInARow = 16;
+    /// Rate limits of the warnings a peer's messages write here, one line a second each, with
+    /// how many were held back.
+    log::Limiter unknown_rpc_log;      ///< calls to a procedure this engine lacks
+    log::Limiter signature_log;        ///< calls whose signature differs
+    log::Limiter malformed_log;        ///< messages whose header does not decode
     log::Limiter missing_context_log;  ///< messages for a context this engine lacks
     log::Limiter one_way_lost_log;     ///< one-way calls whose large arguments were lost
     log::Limiter pull_timeout_log;     ///< pulls the peer did not serve in time
+    /// A peer that sends this many messages in a row whose header does not decode is
+    /// disconnected (na::Transport::addr_disconnect, where the transport has connections).
+    static constexpr uint32_t kMalformedInARow = 16;
     /// Per-procedure statistics, by StatsIndex index (null without Options::stats; an entry
     /// is null until its procedure's first call here).
     std::unique_ptr<std::atomic<ProcCounters*>[]> procs;

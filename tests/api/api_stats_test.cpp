@@ -45,6 +45,19 @@ const core::ProcStats* find(const std::vector<core::ProcStats>& all, std::string
     return nullptr;
 }
 
+/// `calls` calls of `echo` (int -> the same int), `batch` in flight at a time, each answer checked.
+template <class Echo>
+void call_in_batches(Echo& echo, int calls, int batch) {
+    std::vector<Future<int>> inflight;
+    for (int i = 0; i < calls; i += batch) {
+        inflight.clear();
+        for (int j = i; j < i + batch; ++j)
+            inflight.push_back(echo(j));
+        for (int j = 0; j < batch; ++j)
+            ASSERT_EQ(value_within(std::move(inflight[std::size_t(j)])), i + j);
+    }
+}
+
 uint64_t errors_of(const core::ProcSideStats& s, Errc code) {
     return s.errors[std::size_t(code)];
 }
@@ -228,14 +241,7 @@ TEST_P(Stats, BusyContextsTimeASampleAndCountEveryCall) {
     auto echo = client->remote<int(int)>("echo").on(ep);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     constexpr int kCalls = 1000;
-    std::vector<Future<int>> batch;
-    for (int i = 0; i < kCalls; i += 8) {
-        batch.clear();
-        for (int j = i; j < i + 8; ++j)
-            batch.push_back(echo(j));
-        for (int j = 0; j < 8; ++j)
-            ASSERT_EQ(value_within(std::move(batch[std::size_t(j)])), i + j);
-    }
+    call_in_batches(echo, kCalls, 8);
     const auto cs = client->stats();
     const auto ss = server->stats();
     const auto* c = find(cs, "echo");
@@ -284,14 +290,7 @@ void Stats::calls_after_a_busy_spell_are_timed(WaitMode mode) {
     auto echo = client->remote<int(int)>("echo").on(ep);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the counter's rate is known
     constexpr int kBurst = 2000;
-    std::vector<Future<int>> batch;
-    for (int i = 0; i < kBurst; i += 16) {
-        batch.clear();
-        for (int j = i; j < i + 16; ++j)
-            batch.push_back(echo(j));
-        for (int j = 0; j < 16; ++j)
-            ASSERT_EQ(value_within(std::move(batch[std::size_t(j)])), i + j);
-    }
+    call_in_batches(echo, kBurst, 16);
     auto timed = [&] {
         const auto cs = client->stats();
         const auto ss = server->stats();

@@ -474,13 +474,6 @@ class Transport {
         (void)a;
         return {};
     }
-    /// Who answers for `a` now, where the process behind `a` is gone and another has taken its
-    /// name since (sm: a server restarted at the same sm:// name; the Addr of a dead sm peer
-    /// stays dead): that process's address, so that the layer above sends there through the
-    /// address it already holds. Empty when `a` stands (tcp, ofi, ucx: an address is a host and
-    /// port, and the transport connects to whoever listens there). The core asks only for an
-    /// address its transport marked superseded (AddrImpl::mark_superseded), with no lock of its
-    /// own held; it may take the transport's.
     /// Close what connects this process to `a`, a peer that keeps breaking the protocol
     /// (`why`, logged): what is in flight on those connections fails, and the peer must connect
     /// again to send more. True when something was closed; transports without connections of
@@ -490,6 +483,13 @@ class Transport {
         (void)why;
         return false;
     }
+    /// Who answers for `a` now, where the process behind `a` is gone and another has taken its
+    /// name since (sm: a server restarted at the same sm:// name; the Addr of a dead sm peer
+    /// stays dead): that process's address, so that the layer above sends there through the
+    /// address it already holds. Empty when `a` stands (tcp, ofi, ucx: an address is a host and
+    /// port, and the transport connects to whoever listens there). The core asks only for an
+    /// address its transport marked superseded (AddrImpl::mark_superseded), with no lock of its
+    /// own held; it may take the transport's.
     virtual Addr addr_current(const Addr& a) {
         (void)a;
         return {};

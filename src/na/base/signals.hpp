@@ -1,12 +1,13 @@
 // Keeps the process's signal dispositions as they were across a transport library's set-up.
 //
-// A library leaves a process's signals as it found them. Some fabric libraries do not: libfabric
-// initialises every provider it was built with when it first looks for one, and the PSM provider
-// (through libinfinipath) then installs handlers for SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and
-// SIGABRT that exit the process, so an application's own SIGTERM handler (a graceful stop) never
-// runs. A KeepSignals on the stack around such a set-up (a plugin's dlopen, a provider's open)
-// reads the dispositions of the signals an application handles when it is made, and puts back,
-// when it goes, each one that the set-up changed, saying so in the log at debug.
+// A library leaves a process's signals as it found them. Some fabric libraries do not: loading
+// libfabric loads libinfinipath (its PSM provider), whose constructor installs handlers for
+// SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and SIGABRT that exit the process, so an application's
+// own SIGTERM handler (a graceful stop) never runs; UCX's libucs takes SIGSEGV, SIGBUS, SIGILL,
+// SIGFPE and SIGHUP as it loads. A KeepSignals on the stack around such a set-up (a plugin's
+// dlopen, a provider's open) reads the dispositions of the signals an application handles when it
+// is made, and puts back, when it goes, each one that the set-up changed, saying so in the log at
+// debug.
 //
 // Signal dispositions are the process's: two threads setting up at once would each restore what
 // it read, and one could read the other's library's handler as the application's. So every

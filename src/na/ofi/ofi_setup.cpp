@@ -510,9 +510,9 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
                                  "ofi+shm, ofi+verbs)",
                                  sub));
     instance_ = random_u64();
-    // libfabric initialises every provider it has at the first fi_getinfo, and PSM's (through
-    // libinfinipath) takes SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and SIGABRT with handlers
-    // that exit: the application's handlers are put back once the provider is open.
+    // libinfinipath's handlers come as libfabric loads (the plugin loader puts them back, and
+    // a static build loads it before main); libfabric initialises its providers at the first
+    // fi_getinfo, and a provider may take signals there or as it opens a device: put back.
     KeepSignals keep_signals(fmt::format("opening ofi+{} (libfabric's providers)", sub));
     TALARIA_CHECK(open_provider(sub, rest));
     pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
