@@ -56,15 +56,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 fail("a decoded header does not re-encode to the same bytes");
             if (h->instance == 0) fail("instance 0 accepted");
             if (h->kind == MsgKind::hello) {
-                if (auto a = decode_hello(payload, h->tag & kHelloSigned)) {
+                const bool process = h->tag & kHelloProcess;
+                if (auto a = decode_hello(payload, h->tag & kHelloSigned, process)) {
                     if (a->address.empty() || a->address.size() > kMaxAddrString)
                         fail("hello address size");
                     if (!inside(payload, a->address.data(), a->address.size()))
                         fail("hello address outside");
                     check_worker(payload, a->worker, "hello worker size or position");
                     const std::size_t tail = (h->tag & kHelloSigned) ? kHelloTailSize : 0;
-                    if (hello_size(a->address, a->worker.size()) + tail != payload.size())
+                    if (hello_size(a->address, a->worker.size(), process) + tail != payload.size())
                         fail("hello parts do not add up to its payload");
+                    if (process && (a->pid == 0 || a->pidns == 0))
+                        fail("a hello's process part of pid or namespace 0 accepted");
                     if (tail && (a->mac.size() != 32 || !inside(payload, a->mac.data(), 32)))
                         fail("hello signature size or position");
                 }

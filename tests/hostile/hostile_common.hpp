@@ -21,6 +21,10 @@ inline constexpr std::size_t kMaxPayload = std::size_t(64) << 20;
 inline constexpr std::size_t kLargeBudget = std::size_t(96) << 20;
 inline constexpr std::size_t kClaim = std::size_t(48) << 20;
 inline constexpr auto kPullTimeout = std::chrono::milliseconds(1500);
+/// When this environment variable names a key id, the server admits only peers holding the
+/// secret of that key: kSecretByte repeated 32 times (tcp, ofi+tcp, ucx+tcp).
+inline constexpr const char* kKeyVariable = "TALARIA_HOSTILE_KEY";
+inline constexpr char kSecretByte = 's';
 /// na::Options::hello_timeout of the server (tcp).
 inline constexpr auto kHelloTimeout = std::chrono::seconds(2);
 
@@ -28,6 +32,8 @@ inline constexpr auto kHelloTimeout = std::chrono::seconds(2);
 /// took this one (4 bytes, little-endian): a handler that answers later, as API coroutines do.
 inline constexpr std::string_view kHoldProc = "hold";
 inline constexpr auto kHold = std::chrono::milliseconds(100);
+/// Keeps the request and never answers it (until the server stops): calls that wait.
+inline constexpr std::string_view kNever = "never";
 /// Exposed memory (issue 10, item 3): `expose` registers two regions of one kExposedSize
 /// buffer, filled with exposed_byte(i): [kReadOnlyAt, +kRegionSize) read-only and
 /// [kWriteOnlyAt, +kRegionSize) write-only, and replies u64 base of each, then each handle

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <span>
@@ -30,6 +31,10 @@ int main(int argc, char** argv) {
     o.na.hello_timeout = hostile::kHelloTimeout;
     o.max_requests = hostile::kMaxRequests;
     o.max_requests_per_peer = hostile::kMaxRequestsPerPeer;
+    if (const char* key = std::getenv(hostile::kKeyVariable); key && *key) {
+        o.na.auth.key_id = key;
+        o.na.auth.secret.assign(32, std::byte{hostile::kSecretByte});
+    }
     auto er = Engine::open(*address, o);
     if (!er) {
         std::fprintf(stderr, "hostile_server: open %s: %s\n", address->c_str(),
@@ -58,6 +63,8 @@ int main(int argc, char** argv) {
         const auto n = uint32_t(held.size() + 1);
         held.push_back(Held{std::move(req), Clock::now() + hostile::kHold, n});
     });
+    std::vector<Request> never;
+    reg(hostile::kNever, [&never](Request& req) { never.push_back(std::move(req)); });
     // Exposed memory (kExpose): handles dropped before the engine below.
     std::vector<std::byte> exposed(hostile::kExposedSize);
     for (std::size_t i = 0; i < exposed.size(); ++i)
@@ -122,6 +129,7 @@ int main(int argc, char** argv) {
                                 : std::max<Duration>(held.front().due - now, Duration(0));
         });
     held.clear();
+    never.clear();
     ro = na::MemHandle();
     wo = na::MemHandle();
     engine.reset();

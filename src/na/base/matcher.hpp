@@ -188,6 +188,27 @@ class Matcher {
         });
     }
 
+    /// Free the early expected messages whose source `gone(const Addr&)` says is gone (tcp: a
+    /// peer whose connections have all closed, whose waiting receives have failed). Returns
+    /// how many were freed. Their buffers go
+    /// back to the allocator, not to the free list: a peer must not leave what it made us
+    /// hold as capacity kept for reuse.
+    template <class Gone>
+    std::size_t drop_early_if(Gone&& gone) noexcept {
+        std::size_t n = 0;
+        early_expected_.for_each_safe([&](MsgT& m) {
+            if (!gone(m.source)) return;
+            early_expected_.erase(m);
+            early_bytes_ -= m.data.size();
+            std::vector<std::byte>().swap(m.data);
+            msg_free(&m);
+            ++n;
+        });
+        return n;
+    }
+    /// Early expected messages waiting for their receives.
+    [[nodiscard]] std::size_t early_count() const noexcept { return early_expected_.size(); }
+
     // --- messages ---------------------------------------------------------------------------
     /// Where an arriving message goes. Returns the waiting receive it completes (removed from
     /// its list), or nullptr: then queue it with queue_copy(), unless `*no_context` says that no

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sched.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -129,7 +130,6 @@ class OpPool final : public OpReleaser {
     uint64_t gen_ = 0;
 };
 
-/// Finish `op` with `status`: mark it and queue it on its context (exactly once).
 /// The error of a post refused because Options::max_ops operations are in flight (out of line:
 /// error path only). `who` names the transport and operation, e.g. "sm send".
 [[gnu::cold]] Error ops_exhausted(std::string_view who, std::size_t max_ops);
@@ -142,6 +142,14 @@ Result<void> check_rma_args(const Transport* t, std::string_view scheme, std::st
                             const Context& ctx, const MemHandle& local, std::size_t local_off,
                             const MemHandle& remote, std::size_t len, const Addr& remote_addr);
 
+/// Whether process `pid` has ended: it no longer exists (kill: ESRCH), or it is a zombie, dead
+/// and not yet reaped by its parent, which kill(pid, 0) still finds (its /proc state is Z or
+/// X). A process that exists and cannot be read counts as alive. For the transports that
+/// watch a peer by its pid (ofi+shm, ucx+sm): a client that forked its server and has not
+/// reaped it must still see it die. Defined in support.cpp.
+[[nodiscard]] bool process_gone(pid_t pid) noexcept;
+
+/// Finish `op` with `status`: mark it and queue it on its context (exactly once).
 inline void complete_op(Op* op, Errc status) noexcept {
     if (op->completed) return;
     op->completed = true;

@@ -1425,7 +1425,7 @@ void OfiTransport::peer_failed_locked(OfiLane& l, OfiAddr* a, Errc status, const
             if (a->raw_alias) addrs_.unlink("\x01" + a->raw, a);
         }
         deaths_.fetch_add(1, std::memory_order_release);
-        if (a->pid > 0 && prov_.prov_name == "shm" && ::kill(a->pid, 0) != 0 && errno == ESRCH) {
+        if (a->pid > 0 && prov_.prov_name == "shm" && process_gone(a->pid)) {
             // A killed shm peer cannot remove its regions: do it for it (their names carry its
             // pid, which no longer exists, so nobody uses them any more).
             for (const auto& [raw, r] : l.remotes) {
@@ -1664,7 +1664,7 @@ void OfiTransport::check_peers_locked(OfiLane& l, TimePoint now) {
     l.watched.for_each_safe([&](Remote& r) {
         OfiAddr* a = ofi_addr(r.peer);
         if (a->dead.load(std::memory_order_relaxed) || a == self_.impl()) return;
-        if (r.pid > 0 && ::kill(r.pid, 0) != 0 && errno == ESRCH) {
+        if (r.pid > 0 && process_gone(r.pid)) {
             defer_death_locked(l, a, Errc::disconnected,
                                fmt::format("its process {} is gone", r.pid));
             return;

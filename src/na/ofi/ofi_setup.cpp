@@ -130,8 +130,8 @@ bool is_ip_literal(std::string_view host) {
 }  // namespace
 
 int shm_pid_of(std::string_view raw) noexcept {
-    // "[fi_shm://]<prefix>-<pid>-<instance>[.<lane>]": the pid of a peer we can watch with
-    // kill(pid, 0).
+    // "[fi_shm://]<prefix>-<pid>-<instance>[.<lane>]": the pid of a peer we can watch
+    // (process_gone).
     if (auto sep = raw.find("://"); sep != std::string_view::npos) raw.remove_prefix(sep + 3);
     auto last = raw.rfind('-');
     if (last == std::string_view::npos || last == 0) return 0;
@@ -430,7 +430,7 @@ void OfiTransport::lane_close(OfiLane& l) noexcept {
     if (prov_.prov_name == "shm") {
         for (const auto& [raw, r] : l.remotes) {
             int pid = shm_pid_of(raw);
-            if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
+            if (pid > 0 && pid != ::getpid() && process_gone(pid))
                 ::shm_unlink(raw.substr(raw.find("://") + 3).c_str());
         }
     }
@@ -602,7 +602,7 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
     uint64_t flags = 0;
     const bool shm = prov == "shm";
     if (shm) {
-        // Our region's name carries our pid, so peers can tell that we died (kill(pid, 0)).
+        // Our region's name carries our pid, so peers can tell that we died (process_gone).
         if (!rest.empty() && (rest.size() > 24 ||
                               !std::all_of(rest.begin(), rest.end(),
                                            [](char c) { return valid_name_char(c) && c != ':'; })))

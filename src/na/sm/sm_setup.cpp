@@ -49,7 +49,7 @@ std::string errno_text(int err) {
 }
 
 bool pid_alive(pid_t pid) noexcept {
-    return ::kill(pid, 0) == 0 || errno == EPERM;
+    return !process_gone(pid);
 }
 
 /// Closes an fd on scope exit unless released.
@@ -204,7 +204,7 @@ std::size_t remove_stale_files(std::string_view dir_name) {
         pid_t pid;
         std::string_view rest;
         if (!parse_file_name(e->d_name, pid, rest) || pid == self) continue;
-        if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        if (!process_gone(pid)) continue;
         std::string path = dir + "/" + e->d_name;
         if (::unlink(path.c_str()) == 0) {
             ++removed;

@@ -134,6 +134,11 @@ struct TcpAddr final : AddrImpl {
     /// Payload bytes of its unexpected messages that wait for receives here, in every lane
     /// (QueuedMsg::charge; kMaxUnexpectedPerPeer).
     std::atomic<std::size_t> unexpected_bytes{0};
+    /// Its connections not yet closed (Conn::peer), in every lane and the setup set. At 0 the
+    /// receives waiting for it have failed, and the early expected messages it left are freed
+    /// (TcpTransport::drop_early_of_closed_locked): a peer that sent what nobody asked for and
+    /// went must not hold that memory, nor the bound that other peers share.
+    std::atomic<uint32_t> open_conns{0};
     /// Why the last connect to it failed (Transport::peer_failure), under failure_mu: written
     /// when a connect fails, read for the layer above's error messages; never on a fast path.
     std::mutex failure_mu;
@@ -206,6 +211,8 @@ struct Conn : ListHook<ConnTag> {
     /// Not read (no EPOLLIN) while its peer's or its lane's unexpected backlog is over the
     /// bounds (kMaxUnexpected*); counted in Lane::paused.
     bool paused = false;
+    /// A send failed and what the peer wrote before is being read first (flush): once.
+    bool last_read = false;
     FrameHeader hdr;
     Sink sink = Sink::discard;
     std::byte* dest = nullptr;  ///< where the payload goes (nullptr: discard)
@@ -284,6 +291,9 @@ struct Lane {
     std::vector<std::unique_ptr<QueuedMsg>> inbox;
     std::atomic<bool> has_inbox{false};
     std::size_t inbox_bytes = 0;  ///< their payload (bounded like early expected messages)
+    /// TcpTransport::peers_closed_ when this lane last freed the early expected messages of
+    /// peers with no connection left.
+    uint64_t peers_closed_seen = 0;
     /// Connections of the lane not read for back-pressure (Conn::paused): while there are
     /// some, progress looks whether the backlog went down enough to read them again.
     std::size_t paused = 0;
@@ -502,6 +512,11 @@ class TcpTransport final : public Transport {
     void resume_paused_locked(Lane& l);
     /// Take the messages other lanes handed to `l`.
     void drain_inbox_locked(Lane& l);
+    /// `c`, whose peer is set, closes: its peer's count of open connections goes down, and at
+    /// 0 the peers_closed_ epoch goes up (every lane then frees what that peer left early).
+    void conn_unpeered(Conn* c) noexcept;
+    /// Free the early expected messages in `l` from peers with no connection left (under l.mu).
+    void drop_early_of_closed_locked(Lane& l) noexcept;
     void complete_recv(TcpOp* op, const Addr& source, uint8_t ctx_id, Tag tag, std::size_t size,
                        Errc status);
     Errc validate_target(const FrameHeader& h, bool write, std::byte** where);
@@ -535,6 +550,9 @@ class TcpTransport final : public Transport {
     MaybeMutex setup_mu_;
     /// close_conn's protocol-error warnings: a peer can cause them at will (log::Limiter).
     log::Limiter protocol_error_log_;
+    /// Peers whose last connection closed, ever (an epoch: a lane that has seen fewer frees
+    /// the early expected messages such peers left, at its next progress).
+    std::atomic<uint64_t> peers_closed_{0};
     /// Leaf lock: which context each lane holds (routing misrouted messages) and the inboxes.
     MaybeSpinLock route_mu_;
     /// Leaf lock over regions_ (registrations, read by the target side of put/get).

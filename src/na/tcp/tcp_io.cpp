@@ -420,6 +420,14 @@ void TcpTransport::flush(Conn* c) {
                 break;
             }
             int e = errno;
+            // A server that refused us (no secret, another key) wrote why, then closed, and
+            // our write met its reset. What it wrote is still ours to read, and the refusal
+            // it holds is the cause the caller must see (access_denied), not the reset.
+            if (c->outgoing && !c->last_read) {
+                c->last_read = true;
+                read_ready(c);
+                if (c->state == Conn::State::closed) return;
+            }
             close_conn(c, Errc::disconnected,
                        fmt::format("send to {} failed: {}",
                                    c->peer ? peer_of(c->peer)->str : "peer", std::strerror(e)));
@@ -544,11 +552,13 @@ bool TcpTransport::start_frame(Conn* c) {
                     c->rx_status = h.length > op->cap ? Errc::message_too_large : Errc::ok;
                     c->dest = c->rx_status == Errc::ok ? op->buf : nullptr;
                 } else if (no_context) {
-                    TALARIA_LOG(tcp, warn,
-                                "dropping a {}-byte unexpected message (tag {}) from {} for "
-                                "context {}: {}",
-                                h.length, h.tag, addr_describe(c->peer), h.context_id,
-                                l.match.refusal(Queued::no_context));
+                    std::size_t unlogged = 0;
+                    if (l.match.log_refusal(&unlogged))
+                        TALARIA_LOG(tcp, warn,
+                                    "dropping a {}-byte unexpected message (tag {}) from {} for "
+                                    "context {}: {}{}",
+                                    h.length, h.tag, addr_describe(c->peer), h.context_id,
+                                    l.match.refusal(Queued::no_context), unlogged_note(unlogged));
                     c->sink = Conn::Sink::discard;
                     c->dest = nullptr;
                 } else {
@@ -672,10 +682,12 @@ bool TcpTransport::deliver_local_locked(Lane& l, QueuedMsg* m, const Addr& who) 
     // m is freed when refused
     Queued q = Queued::ok;
     TcpOp* op = l.match.match_or_queue(m, &q);
-    if (q != Queued::ok)
-        TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
-                    size, expected ? "expected" : "unexpected", tag, peer_of(who)->str, ctx_id,
-                    l.match.refusal(q));
+    std::size_t unlogged = 0;
+    if (q != Queued::ok && l.match.log_refusal(&unlogged))
+        TALARIA_LOG(tcp, warn,
+                    "dropping a {}-byte {} message (tag {}) from {} for context {}: {}{}", size,
+                    expected ? "expected" : "unexpected", tag, peer_of(who)->str, ctx_id,
+                    l.match.refusal(q), unlogged_note(unlogged));
     if (op) {
         l.match.deliver(m, op, [this](auto&&... a) { complete_recv(a...); });
         return false;
@@ -741,14 +753,18 @@ void TcpTransport::hand_over_locked(Lane& from, QueuedMsg* m, const Addr& who) {
     auto loose = std::unique_ptr<QueuedMsg>(to && !full ? new (std::nothrow) QueuedMsg : nullptr);
     if (!loose) {
         rg.unlock();
-        TALARIA_LOG(tcp, warn, "dropping a {}-byte {} message (tag {}) from {} for context {}: {}",
-                    m->data.size(), m->expected ? "expected" : "unexpected", m->tag,
-                    peer_of(who)->str, m->context_id,
-                    full ? "that context's inbox is full (its thread is busy; the peer sends "
-                           "more than it asked for)"
-                    : to ? "out of memory"
-                    : m->expected ? "that context does not exist (any more)"
-                                  : "no context here takes unexpected messages");
+        std::size_t unlogged = 0;
+        if (from.match.log_refusal(&unlogged))
+            TALARIA_LOG(tcp, warn,
+                        "dropping a {}-byte {} message (tag {}) from {} for context {}: {}{}",
+                        m->data.size(), m->expected ? "expected" : "unexpected", m->tag,
+                        peer_of(who)->str, m->context_id,
+                        full ? "that context's inbox is full (its thread is busy; the peer sends "
+                               "more than it asked for)"
+                        : to ? "out of memory"
+                        : m->expected ? "that context does not exist (any more)"
+                                      : "no context here takes unexpected messages",
+                        unlogged_note(unlogged));
         from.match.msg_free(m);
         return;
     }
@@ -780,6 +796,11 @@ void TcpTransport::drain_inbox_locked(Lane& l) {
     // for nothing).
     drain_bell(l.bell_fd);
     for (auto& loose : in) {
+        // Expected, from a peer that has closed since: freed, as the early ones it left here
+        // are (drop_early_of_closed_locked).
+        if (loose->expected &&
+            peer_of(loose->source)->open_conns.load(std::memory_order_acquire) == 0)
+            continue;
         QueuedMsg* m = l.match.msg_alloc();
         Addr who = loose->source;
         m->source = std::move(loose->source);
@@ -830,6 +851,7 @@ bool TcpTransport::finish_frame(Conn* c) {
             }
             c->source = alias_of(this, peer);
             c->peer = std::move(peer);
+            peer_of(c->peer)->open_conns.fetch_add(1, std::memory_order_relaxed);
             c->remote_ctx = uint8_t(h.tag);
             c->asked_ctx = h.context_id;
             if (!auth_hello(c, *hello)) return false;
@@ -1019,6 +1041,7 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
     ::close(c->fd);
     c->fd = -1;
     c->state = Conn::State::closed;
+    if (c->peer) conn_unpeered(c);
     Lane* l = c->lane;
     if (c->paused) {
         c->paused = false;
@@ -1081,9 +1104,27 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
                 complete_recv(op, c->source, 0, op->match_tag, 0, status);
             });
         }
+        if (peer_of(c->peer)->open_conns.load(std::memory_order_relaxed) == 0)
+            drop_early_of_closed_locked(*l);
     }
     l->conns.erase(*c);
     l->dead.push_back(c);
+}
+
+void TcpTransport::conn_unpeered(Conn* c) noexcept {
+    if (peer_of(c->peer)->open_conns.fetch_sub(1, std::memory_order_acq_rel) == 1)
+        peers_closed_.fetch_add(1, std::memory_order_release);
+}
+
+void TcpTransport::drop_early_of_closed_locked(Lane& l) noexcept {
+    l.peers_closed_seen = peers_closed_.load(std::memory_order_acquire);
+    if (l.match.early_count() == 0) return;
+    const std::size_t n = l.match.drop_early_if(
+        [](const Addr& a) { return peer_of(a)->open_conns.load(std::memory_order_acquire) == 0; });
+    if (n != 0)
+        TALARIA_LOG(tcp, debug,
+                    "context {}: freed {} early expected message(s) of peers that have closed",
+                    l.id, n);
 }
 
 void TcpTransport::abandon_reply(TcpOp* op) noexcept {
@@ -1246,6 +1287,8 @@ Result<void> TcpTransport::progress(Context& ctx, TimePoint deadline) {
             if (l.has_inbox.load(std::memory_order_acquire)) drain_inbox_locked(l);
             if (l.paused != 0) resume_paused_locked(l);
             poll_once(l, woke);
+            if (l.peers_closed_seen != peers_closed_.load(std::memory_order_relaxed))
+                drop_early_of_closed_locked(l);
             // New connections and hellos: every 100 µs while busy (try_lock), at once when
             // they woke us.
             if (listen_fd_ >= 0 && !look_at_setup) {

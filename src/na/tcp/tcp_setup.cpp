@@ -605,6 +605,7 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
     l.conns.push_back(*c);
     c->state = rc == 0 ? Conn::State::open : Conn::State::connecting;
     c->peer = Addr(peer);
+    peer->open_conns.fetch_add(1, std::memory_order_relaxed);
     c->source = alias_of(this, c->peer);
     c->remote_ctx = remote_ctx;
     add_route(l, c);

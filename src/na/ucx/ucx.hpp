@@ -159,7 +159,10 @@ struct UcxAddr final : AddrImpl {
     std::vector<std::byte> worker_addr;  ///< worker mode: the packed address of its context 0
     bool anonymous = false;              ///< a client that does not listen ("~<instance>")
     std::atomic<uint64_t> instance{0};   ///< from its hello (0: not heard from yet)
-    std::atomic<bool> dead{false};       ///< declared dead: its ops fail with dead_status
+    /// Its process, from its hello (ucx+sm, in our pid namespace; 0: not known): watched
+    /// with process_gone, which a zombie does not fool as UCX's keepalive is fooled.
+    std::atomic<uint32_t> pid{0};
+    std::atomic<bool> dead{false};  ///< declared dead: its ops fail with dead_status
     /// Bytes of its unexpected messages queued for receives on any of our contexts
     /// (QueuedMsg::charge; kMaxQueuedUnexpectedPerPeer).
     std::atomic<std::size_t> unexpected_bytes{0};
@@ -361,7 +364,8 @@ struct Lane {
     std::map<RouteKey, Route> routes;      ///< (peer, its context, unexpected?)
     std::size_t locating = 0;              ///< routes waiting for a locate answer
     uint32_t next_token = 0;
-    uint64_t deaths_seen = 0;  ///< UcxTransport::deaths_ when this lane last looked
+    uint64_t deaths_seen = 0;    ///< UcxTransport::deaths_ when this lane last looked
+    TimePoint next_pid_check{};  ///< when check_pids_locked looks again
     std::map<std::pair<uint64_t, uint32_t>, Stream> streams;  ///< (instance, its endpoint)
     Route* last_route = nullptr;    ///< cache of the last route used by a send
     Stream* last_stream = nullptr;  ///< cache of the last stream a message came on
@@ -590,6 +594,9 @@ class UcxTransport final : public Transport {
     void check_locates_locked(Lane& l);
     /// Another lane declared peers dead: fail what waits for them here too.
     void sweep_dead_locked(Lane& l);
+    /// Every kPidCheckEvery: the peers of `l`'s endpoints whose process has ended
+    /// (UcxAddr::pid, process_gone) are gone.
+    void check_pids_locked(Lane& l);
     /// Any endpoint of lane `l` to `peer` (for put/get and for watching it), made if absent.
     Result<Ep*> any_ep_locked(Lane& l, UcxAddr* peer);
     /// Send `op` (hdr set) on `e` now.
@@ -682,6 +689,12 @@ class UcxTransport final : public Transport {
     std::atomic<uint64_t> deaths_{0};   ///< peers declared dead so far (lanes sweep on change)
     uint32_t pid_ = 0;                  ///< ours, advertised in handles when pidns_ != 0
     uint32_t pidns_ = 0;  ///< our pid namespace; nonzero only for ucx+sm (peers on this host)
+    /// Ours and our pid namespace, sent in hellos (kHelloProcess) on ucx+sm; 0 elsewhere.
+    uint32_t hello_pid_ = 0;
+    uint32_t hello_pidns_ = 0;
+    /// A hello told a peer's pid (UcxAddr::pid): from then on progress checks the processes
+    /// of each lane's peers every kPidCheckEvery (check_pids_locked).
+    std::atomic<bool> watching_pids_{false};
     Addr self_;
     std::vector<std::pair<std::string, std::string>> settings_;
     std::vector<std::unique_ptr<Lane>> lanes_;        ///< under setup_mu_

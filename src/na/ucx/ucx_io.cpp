@@ -23,6 +23,8 @@ namespace {
 /// How often, at most, a thread blocked in progress() wakes while endpoints exist: UCX's
 /// keepalive (which notices a dead shared-memory peer) runs only from ucp_worker_progress.
 constexpr int kKeepaliveTickMs = 200;
+/// How often a lane checks the processes of its ucx+sm peers (check_pids_locked).
+constexpr Duration kPidCheckEvery = std::chrono::milliseconds(100);
 /// While an endpoint is being set up: no sleeping for this long, then naps of this many ms.
 constexpr Duration kConnectSpin = std::chrono::milliseconds(200);
 constexpr int kConnectNapMs = 5;
@@ -1205,7 +1207,7 @@ void UcxTransport::on_located_locked(Lane& l, const MsgHeader& h, Stream& s,
 
 void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h,
                                    std::span<const std::byte> payload) {
-    auto hello = decode_hello(payload, h.tag & kHelloSigned);
+    auto hello = decode_hello(payload, h.tag & kHelloSigned, h.tag & kHelloProcess);
     if (!hello) {
         TALARIA_LOG(ucx, warn, "{}: dropping a bad hello: {}", scheme_, hello.error().describe());
         return;
@@ -1261,6 +1263,11 @@ void UcxTransport::on_hello_locked(Lane& l, const MsgHeader& h,
                     "{}: dropping a hello: context {} receives {} streams already, the most kept",
                     scheme_, l.id, l.streams.size());
         return;
+    }
+    if (hello->pidns != 0 && hello->pidns == hello_pidns_ && pa != self_.as<UcxAddr>() &&
+        hello->pid != hello_pid_) {
+        pa->pid.store(hello->pid, std::memory_order_relaxed);
+        watching_pids_.store(true, std::memory_order_release);
     }
     {
         std::lock_guard g(pa->dmu);
@@ -1647,6 +1654,29 @@ void UcxTransport::sweep_dead_locked(Lane& l) {
     }
 }
 
+void UcxTransport::check_pids_locked(Lane& l) {
+    const TimePoint now = Clock::now();
+    if (now < l.next_pid_check) return;
+    l.next_pid_check = now + kPidCheckEvery;
+    std::vector<Addr> gone;
+    for (Ep& e : l.eps) {
+        if (!e.peer) continue;
+        UcxAddr* pa = ucx_addr(e.peer);
+        const uint32_t pid = pa->pid.load(std::memory_order_relaxed);
+        if (pid == 0 || pa->dead.load(std::memory_order_relaxed)) continue;
+        if (std::find_if(gone.begin(), gone.end(), [&](const Addr& g) { return g.impl() == pa; }) !=
+            gone.end())
+            continue;
+        if (process_gone(pid_t(pid))) gone.emplace_back(pa);
+    }
+    for (const Addr& g : gone) {
+        UcxAddr* pa = ucx_addr(g);
+        peer_gone_locked(l, pa, Errc::disconnected,
+                         fmt::format("{}: {} is gone: its process {} has ended", scheme_, pa->str,
+                                     pa->pid.load(std::memory_order_relaxed)));
+    }
+}
+
 void UcxTransport::progress_locked(Lane& l) {
     // Once per poll, as a bare UCP loop does (each call polls every interface); the blocking
     // path calls again until ucp_worker_arm agrees that nothing is left.
@@ -1657,6 +1687,8 @@ void UcxTransport::progress_locked(Lane& l) {
         l.deaths_seen = d;
         sweep_dead_locked(l);
     }
+    if (watching_pids_.load(std::memory_order_relaxed)) [[unlikely]]
+        check_pids_locked(l);
     if (l.locating > 0) [[unlikely]]
         check_locates_locked(l);
     if (l.rma_retrying > 0) [[unlikely]]

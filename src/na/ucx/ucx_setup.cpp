@@ -611,10 +611,15 @@ void UcxTransport::init_direct_rma() noexcept {
     // so in our handles. Probe on ourselves first: seccomp or a policy may forbid it.
     struct stat sb {};
     if (::stat("/proc/self/ns/pid", &sb) != 0 || uint32_t(sb.st_ino) == 0) {
-        TALARIA_LOG(ucx, debug, "{}: no pid namespace id ({}): put/get stay with UCX", scheme_,
-                    std::strerror(errno));
+        TALARIA_LOG(ucx, debug,
+                    "{}: no pid namespace id ({}): put/get stay with UCX, and peers watch this "
+                    "process by UCX's keepalive alone",
+                    scheme_, std::strerror(errno));
         return;
     }
+    // Peers in this namespace watch our process by its pid (kHelloProcess).
+    hello_pid_ = uint32_t(::getpid());
+    hello_pidns_ = uint32_t(sb.st_ino);
     uint64_t probe_src = 0x5441, probe_dst = 0;
     std::string why;
     Errc e = copy_direct(false, uint32_t(::getpid()), &probe_dst,
@@ -786,9 +791,11 @@ void UcxTransport::send_hello_locked(Lane& l, Ep* e, const Session* session) {
     h.stream = e->stream_id();
     h.tag = l.serves.load(std::memory_order_acquire) ? kHelloTakesUnexpected : 0;
     if (session) h.tag |= kHelloSigned;
+    const bool process = hello_pidns_ != 0;
+    if (process) h.tag |= kHelloProcess;
     encode_msg_header(h, e->hello_hdr);
-    e->hello.resize(hello_size(me, l.worker_addr.size()) + (session ? kHelloTailSize : 0));
-    encode_hello(me, l.worker_addr, e->hello.data());
+    e->hello.resize(hello_size(me, l.worker_addr.size(), process) + (session ? kHelloTailSize : 0));
+    encode_hello(me, l.worker_addr, e->hello.data(), hello_pid_, hello_pidns_);
     if (session) sign_hello(*session, e);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;

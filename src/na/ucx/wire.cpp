@@ -67,16 +67,20 @@ Result<RmaHeader> decode_rma_header(std::span<const std::byte> in, bool is_reque
     return r;
 }
 
-void encode_hello(std::string_view address, std::span<const std::byte> worker,
-                  std::byte* out) noexcept {
+void encode_hello(std::string_view address, std::span<const std::byte> worker, std::byte* out,
+                  uint32_t pid, uint32_t pidns) noexcept {
     store_le(out, address.size(), 2);
     if (!address.empty()) std::memcpy(out + 2, address.data(), address.size());
     std::byte* w = out + 2 + address.size();
     store_le(w, worker.size(), 2);
     if (!worker.empty()) std::memcpy(w + 2, worker.data(), worker.size());
+    if (pidns != 0) {
+        store_le(w + 2 + worker.size(), pid, 4);
+        store_le(w + 6 + worker.size(), pidns, 4);
+    }
 }
 
-Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed) {
+Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed, bool has_process) {
     Hello h;
     if (is_signed) {
         if (in.size() < kHelloTailSize)
@@ -88,6 +92,20 @@ Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed) {
         h.session = load_le(tail.data(), 8);
         h.mac = tail.subspan(8);
         in = in.first(in.size() - kHelloTailSize);
+    }
+    const std::span<const std::byte> body = in;
+    if (has_process) {
+        if (in.size() < kHelloProcessSize)
+            return Error(Errc::protocol_error,
+                         fmt::format("ucx hello payload of {} bytes has no room for its {}-byte "
+                                     "process part",
+                                     in.size(), kHelloProcessSize));
+        auto part = in.last(kHelloProcessSize);
+        h.pid = uint32_t(load_le(part.data(), 4));
+        h.pidns = uint32_t(load_le(part.data() + 4, 4));
+        if (h.pid == 0 || h.pidns == 0)
+            return Error(Errc::protocol_error, "ucx hello process part names pid or namespace 0");
+        in = in.first(in.size() - kHelloProcessSize);
     }
     if (in.size() < 4)
         return Error(Errc::protocol_error,
@@ -105,7 +123,7 @@ Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed) {
                                  "payload (or exceeds {})",
                                  wlen, in.size(), kMaxWorkerAddr));
     h.address = std::string_view(reinterpret_cast<const char*>(in.data()) + 2, len);
-    h.body = in;
+    h.body = body;
     h.worker = in.subspan(4 + len, wlen);
     return h;
 }

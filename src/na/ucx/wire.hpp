@@ -123,20 +123,30 @@ Result<MsgHeader> decode_msg_header(std::span<const std::byte> in);
 struct Hello {
     std::string_view address;
     std::span<const std::byte> worker;
+    /// kHelloProcess: the sender's pid and pid namespace (the inode of /proc/self/ns/pid).
+    uint32_t pid = 0;
+    uint32_t pidns = 0;
     /// Signed hellos (kHelloSigned): the payload before the tail, the session id, the MAC.
     std::span<const std::byte> body;
     uint64_t session = 0;
     std::span<const std::byte> mac;
 };
-inline std::size_t hello_size(std::string_view address, std::size_t worker_len) noexcept {
-    return 4 + address.size() + worker_len;
+/// The process part of a hello (kHelloProcess): u32 pid, u32 pid namespace, after the worker
+/// address and before the authentication tail.
+inline constexpr std::size_t kHelloProcessSize = 8;
+inline std::size_t hello_size(std::string_view address, std::size_t worker_len,
+                              bool process = false) noexcept {
+    return 4 + address.size() + worker_len + (process ? kHelloProcessSize : 0);
 }
-void encode_hello(std::string_view address, std::span<const std::byte> worker,
-                  std::byte* out) noexcept;
-/// The hello a payload carries (views `in`), with its authentication tail when `is_signed`
-/// (kHelloSigned); protocol_error if malformed, either part empty or over its limit
-/// (kMaxAddrString, kMaxWorkerAddr).
-Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed = false);
+/// With a nonzero `pidns`, the process part too (then the header's tag has kHelloProcess).
+void encode_hello(std::string_view address, std::span<const std::byte> worker, std::byte* out,
+                  uint32_t pid = 0, uint32_t pidns = 0) noexcept;
+/// The hello a payload carries (views `in`), with its process part when `has_process`
+/// (kHelloProcess) and its authentication tail when `is_signed` (kHelloSigned);
+/// protocol_error if malformed, either part empty or over its limit (kMaxAddrString,
+/// kMaxWorkerAddr), or a process part of pid or namespace 0.
+Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed = false,
+                           bool has_process = false);
 
 /// Hello flags (in the header's tag): the sending context takes unexpected messages; the
 /// payload ends in an authentication tail (Options::auth): u64 the session's id, then the
@@ -144,6 +154,9 @@ Result<Hello> decode_hello(std::span<const std::byte> in, bool is_signed = false
 /// the session id (docs/protocol.md, ucx hello).
 inline constexpr uint32_t kHelloTakesUnexpected = 1;
 inline constexpr uint32_t kHelloSigned = 2;
+/// The payload has the process part (ucx+sm): the receiver watches that process's end
+/// (process_gone), which UCX's keepalive misses while the process is an unreaped zombie.
+inline constexpr uint32_t kHelloProcess = 4;
 inline constexpr std::size_t kHelloTailSize = 8 + 32;
 
 /// Locate payload: u8 kind: 0 where the context's unexpected messages go, 1 where its expected

@@ -133,6 +133,33 @@ TEST(UcxWire, SignedHelloCarriesItsTail) {
         EXPECT_FALSE(decode_hello(std::span(b.data(), n), true)) << n;
 }
 
+TEST(UcxWire, HelloProcessPartNamesTheSendersProcess) {
+    std::string a = "ucx+sm://00ff";
+    std::vector<std::byte> w(40, std::byte{0x11});
+    std::vector<std::byte> b(hello_size(a, w.size(), true) + kHelloTailSize);
+    EXPECT_EQ(b.size(), hello_size(a, w.size()) + kHelloProcessSize + kHelloTailSize);
+    encode_hello(a, w, b.data(), 4242, 0xeffff001u);
+    auto d = decode_hello(b, true, true);
+    ASSERT_TRUE(d) << d.error().describe();
+    EXPECT_EQ(d->address, a);
+    EXPECT_EQ(d->worker.size(), w.size());
+    EXPECT_EQ(d->pid, 4242u);
+    EXPECT_EQ(d->pidns, 0xeffff001u);
+    EXPECT_EQ(d->body.size(), b.size() - kHelloTailSize) << "the signature covers the process part";
+    // Without the flag the part does not belong; with it, a hello without the part lacks it.
+    EXPECT_FALSE(decode_hello(b, true, false));
+    std::vector<std::byte> plain(hello_size(a, w.size()));
+    encode_hello(a, w, plain.data());
+    EXPECT_FALSE(decode_hello(plain, false, true));
+    // A process part naming pid or namespace 0 is malformed.
+    for (auto [pid, ns] : {std::pair<uint32_t, uint32_t>{0, 7}, {7, 0}}) {
+        std::vector<std::byte> z(hello_size(a, w.size(), true));
+        encode_hello(a, w, z.data(), pid, 1);
+        if (ns == 0) detail::store_le(z.data() + z.size() - 4, 0, 4);
+        EXPECT_FALSE(decode_hello(z, false, true)) << pid << " " << ns;
+    }
+}
+
 std::vector<std::byte> boot_frame(BootKind k, std::size_t len, uint64_t instance = 9) {
     std::vector<std::byte> f(kBootFixedSize + len, std::byte{'r'});
     encode_boot_fixed({k, len, instance}, f.data());
