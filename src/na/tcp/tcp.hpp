@@ -213,6 +213,9 @@ struct Conn : ListHook<ConnTag> {
     bool paused = false;
     /// A send failed and what the peer wrote before is being read first (flush): once.
     bool last_read = false;
+    /// read_ready runs on it (a send it causes, such as a put/get answer, must not read
+    /// again from inside the parse).
+    bool reading = false;
     FrameHeader hdr;
     Sink sink = Sink::discard;
     std::byte* dest = nullptr;  ///< where the payload goes (nullptr: discard)
@@ -452,7 +455,9 @@ class TcpTransport final : public Transport {
     void poll_lenders(Lane& own);
     void on_event(Conn* c, uint32_t events);
     void on_connected(Conn* c);
+    /// Read and handle what `c` has to read (Conn::reading while it runs).
     void read_ready(Conn* c);
+    void read_available(Conn* c);
     bool process_rx(Conn* c);
     bool start_frame(Conn* c);
     bool finish_frame(Conn* c);

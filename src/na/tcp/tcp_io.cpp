@@ -423,7 +423,7 @@ void TcpTransport::flush(Conn* c) {
             // A server that refused us (no secret, another key) wrote why, then closed, and
             // our write met its reset. What it wrote is still ours to read, and the refusal
             // it holds is the cause the caller must see (access_denied), not the reset.
-            if (c->outgoing && !c->last_read) {
+            if (c->outgoing && !c->last_read && !c->reading) {
                 c->last_read = true;
                 read_ready(c);
                 if (c->state == Conn::State::closed) return;
@@ -947,6 +947,13 @@ TcpTransport::ReadResult TcpTransport::read_result(Conn* c, ssize_t n, bool mid_
 }
 
 void TcpTransport::read_ready(Conn* c) {
+    const bool outer = !c->reading;
+    c->reading = true;
+    read_available(c);
+    if (outer) c->reading = false;  // closed or not, `c` lives until the lane reaps it
+}
+
+void TcpTransport::read_available(Conn* c) {
     if (c->seal_rx) {
         read_sealed(c);
         return;
