@@ -196,7 +196,9 @@ struct Remote : ListHook<WatchTag> {
     int pid = 0;                      ///< shm: the owner's pid (from the name)
     uint32_t pending = 0;             ///< our ops in flight on it (watched while nonzero)
     bool probing = false;             ///< a probe is in flight
-    uint8_t probe_breaks = 0;         ///< probes in a row that met a broken connection
+    /// Probe it at the next look however recently it spoke (check_stuck_rma_locked).
+    bool probe_now = false;
+    uint8_t probe_breaks = 0;  ///< probes in a row that met a broken connection
     /// Its connection broke under ops of ours (kResends): they go again one at a time, so that
     /// one the target refuses fails alone; cleared once nothing of ours waits or is posted.
     bool solo = false;
@@ -320,6 +322,11 @@ struct OfiOp : Op, FiCtx {
     uint8_t resends = 0;     ///< times posted again after its connection broke
     bool pressed = false;    ///< counted as LinkEvent::backpressure in this wait to be posted
     TimePoint retry_at{};    ///< deferred after a broken connection: not posted before
+    /// shm put/get: when it went to the provider (check_stuck_rma_locked).
+    TimePoint rma_posted{};
+    /// Failed while the provider still names it (rma_dropped_locked: its caller was answered
+    /// through another op): kept out of the pool until a completion for it comes, if ever.
+    bool orphaned = false;
 };
 
 /// A receive buffer posted to the provider (multi-recv, or one message each).
@@ -694,6 +701,20 @@ class OfiTransport final : public Transport {
     void watch_inc(OfiLane& l, Remote* r);
     void watch_dec(OfiLane& l, Remote* r);
     void check_peers_locked(OfiLane& l, TimePoint now);
+    /// shm: libfabric 1.17's shm drops a put/get whose memory key its target does not hold
+    /// (deregistered, or edited) without answering it, and from then on refuses to send to
+    /// that target (-FI_EAGAIN). A put/get it has held past rma_stuck_after gets its target
+    /// probed now, which such refusals declare dead within kProbeTimeout; one held past the
+    /// bound whose target is dead fails (rma_dropped_locked): nothing will answer it.
+    void check_stuck_rma_locked(OfiLane& l, TimePoint now);
+    /// Fail shm put/get `op`, which the provider will never complete, with `status`, saying
+    /// `why` (a warning, at most one a second).
+    void rma_dropped_locked(OfiLane& l, OfiOp* op, Errc status, std::string_view why);
+    /// Take `op` off the provider's books and its peer's counts, completing nothing (the
+    /// first half of op_finished).
+    void op_finished_quietly_locked(OfiLane& l, OfiOp* op);
+    /// A completion came for an orphaned op (rma_dropped_locked): back to its pool.
+    void release_orphan(OfiOp* op) noexcept;
     void send_probe_locked(OfiLane& l, Remote* r, TimePoint now);
     /// Is a loopback peer endpoint's listening socket gone? True when /proc/net/tcp{,6} of
     /// this network namespace shows nothing listening on its port: the process that listened
@@ -742,8 +763,9 @@ class OfiTransport final : public Transport {
     /// response (a leaf lock, taken under a lane's).
     std::mutex auth_mu_;
     std::vector<AuthPending> auth_pending_;
-    log::Limiter strangers_log_;  ///< refusals of strangers, one line a second
-    std::string shm_base_;        ///< shm: our region names' stem (lane k adds ".k" for k > 0)
+    log::Limiter strangers_log_;    ///< refusals of strangers, one line a second
+    log::Limiter rma_dropped_log_;  ///< rma_dropped_locked, one line a second
+    std::string shm_base_;          ///< shm: our region names' stem (lane k adds ".k" for k > 0)
     const pid_t self_pid_ = ::getpid();  ///< read once: getpid() is a system call per send
     std::string raw_prefix_;  ///< FI_ADDR_STR providers: "fi_shm://" (from lane 0's address)
     uint64_t next_key_ = 1;   ///< requested keys, without FI_MR_PROV_KEY (under setup_mu_)

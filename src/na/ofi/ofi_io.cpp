@@ -134,7 +134,10 @@ void OfiTransport::to_provider_locked(OfiLane& l, OfiOp* op) {
         op->solo_post = op->rem->solo;
         ++op->rem->in_provider;
     }
-    if (op->completion.type == OpType::put || op->completion.type == OpType::get) ++l.rma_inflight;
+    if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
+        ++l.rma_inflight;
+        if (prov_.prov_name == "shm") op->rma_posted = Clock::now();  // check_stuck_rma_locked
+    }
 }
 
 void OfiTransport::from_provider_locked(OfiLane& l, OfiOp* op) {
@@ -144,6 +147,16 @@ void OfiTransport::from_provider_locked(OfiLane& l, OfiOp* op) {
 }
 
 void OfiTransport::op_finished(OfiLane& l, OfiOp* op, Errc status) {
+    op_finished_quietly_locked(l, op);
+    if (!op->ctx) {
+        // Its context was destroyed while the provider held it: nobody to tell.
+        op->releaser->release(op);
+        return;
+    }
+    complete_op(op, status);
+}
+
+void OfiTransport::op_finished_quietly_locked(OfiLane& l, OfiOp* op) {
     if (op->state == OpState::in_provider) from_provider_locked(l, op);
     if (Remote* rem = op->rem; rem && rem->solo && rem->deferred == 0 && rem->in_provider == 0)
         rem->solo = false;  // everything went again: back to posting freely
@@ -157,12 +170,6 @@ void OfiTransport::op_finished(OfiLane& l, OfiOp* op, Errc status) {
     op->route = nullptr;
     op->peer.reset();
     op->state = OpState::idle;
-    if (!op->ctx) {
-        // Its context was destroyed while the provider held it: nobody to tell.
-        op->releaser->release(op);
-        return;
-    }
-    complete_op(op, status);
 }
 
 Remote* OfiTransport::remote_locked(OfiLane& l, std::string_view raw, const Addr& peer) {
@@ -1249,6 +1256,10 @@ void OfiTransport::on_completion(OfiLane& l, const fi_cq_tagged_entry& e) {
         }
         case FiCtx::Kind::op: {
             auto* op = static_cast<OfiOp*>(c);
+            if (op->orphaned) [[unlikely]] {
+                release_orphan(op);
+                break;
+            }
             if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
                 --op->fragments;
                 rma_fragment_done_locked(l, op);
@@ -1310,6 +1321,10 @@ void OfiTransport::on_error(OfiLane& l, fid_cq* cq, const fi_cq_err_entry& e) {
         }
         case FiCtx::Kind::op: {
             auto* op = static_cast<OfiOp*>(c);
+            if (op->orphaned) [[unlikely]] {
+                release_orphan(op);
+                break;
+            }
             TALARIA_LOG(ofi, debug, "{} failed: {}", op_type_name(op->completion.type), why);
             // rxm fails the operations of a connection that broke with FI_ECANCELED: that is
             // a lost peer unless we asked for the cancel.
@@ -1661,6 +1676,7 @@ std::optional<std::string> OfiTransport::connect_refused_locked(Remote* r, TimeP
 void OfiTransport::check_peers_locked(OfiLane& l, TimePoint now) {
     if (l.watched.empty() || now < l.next_check) return;
     l.next_check = now + kProbeCheckEvery;
+    if (l.rma_inflight > 0 && prov_.prov_name == "shm") check_stuck_rma_locked(l, now);
     l.watched.for_each_safe([&](Remote& r) {
         OfiAddr* a = ofi_addr(r.peer);
         if (a->dead.load(std::memory_order_relaxed) || a == self_.impl()) return;
@@ -1681,9 +1697,77 @@ void OfiTransport::check_peers_locked(OfiLane& l, TimePoint now) {
                                    "more: its process is gone");
             return;
         }
-        if (now - r.heard >= kProbeAfterSilence) send_probe_locked(l, &r, now);
+        if (now - r.heard >= kProbeAfterSilence || r.probe_now) {
+            r.probe_now = false;
+            send_probe_locked(l, &r, now);
+        }
     });
     flush_deaths_locked(l);
+}
+
+namespace {
+/// How long the provider may hold an shm put/get of `len` bytes before its target is probed:
+/// 1 s, and 10 ms more per MiB (a copy at 100 MB/s, far below what shm does on any host).
+Duration rma_stuck_after(std::size_t len) noexcept {
+    return std::chrono::seconds(1) + std::chrono::microseconds(len / 100);
+}
+}  // namespace
+
+void OfiTransport::check_stuck_rma_locked(OfiLane& l, TimePoint now) {
+    std::vector<OfiOp*> orphans;
+    for (OfiOp& op : l.inflight) {
+        const OpType t = op.completion.type;
+        if ((t != OpType::put && t != OpType::get) || !op.rem || op.rma_posted == TimePoint{} ||
+            now - op.rma_posted < rma_stuck_after(op.cap))
+            continue;
+        Remote* r = op.rem;
+        if (ofi_addr(r->peer)->dead.load(std::memory_order_relaxed)) {
+            orphans.push_back(&op);
+            continue;
+        }
+        // Probe it at once (check_peers_locked's next look), however recently it spoke: shm
+        // refuses every send to a target that dropped our put/get, and a spell of refused
+        // probes declares it dead.
+        if (!r->probing) r->probe_now = true;
+    }
+    for (OfiOp* op : orphans)
+        rma_dropped_locked(l, op, Errc::disconnected,
+                           "its target is gone, or the provider stopped sending to it (shm "
+                           "does once the target dropped a put/get of ours)");
+}
+
+void OfiTransport::rma_dropped_locked(OfiLane& l, OfiOp* op, Errc status, std::string_view why) {
+    if (auto held = rma_dropped_log_.admit())
+        TALARIA_LOG(
+            ofi, warn,
+            "{}: a {} of {} bytes to {} fails after the provider held it for {} ms: {}. "
+            "libfabric's shm drops a put/get whose memory key the target does not hold "
+            "(the region was deregistered, or the handle is not one it made) without "
+            "a word{}",
+            scheme_, op->completion.type == OpType::put ? "put" : "get", op->cap,
+            op->rem ? ofi_addr(op->rem->peer)->str : std::string("its target"),
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op->rma_posted)
+                .count(),
+            why, log::held_back(*held));
+    // The provider may still name `op` (its record of it is never freed, or a target that was
+    // only slow answers after all): the caller is answered through a fresh op, and `op` stays
+    // out of the pool until a completion for it comes. Without a fresh op (max_ops in flight),
+    // `op` itself completes.
+    OfiOp* sub =
+        op->ctx ? l.ops.acquire(*op->ctx, std::move(op->cb), op->completion.type) : nullptr;
+    op->fragments = 0;
+    if (sub == nullptr) {
+        op_finished(l, op, status);
+        return;
+    }
+    op_finished_quietly_locked(l, op);
+    op->orphaned = true;
+    op->completed = true;  // its OpId is stale now: cancel() says so
+    op_finished(l, sub, status);
+}
+
+void OfiTransport::release_orphan(OfiOp* op) noexcept {
+    op->releaser->release(op);  // acquire() resets what it held
 }
 
 std::size_t OfiTransport::watched_peers() {
