@@ -1177,6 +1177,48 @@ TEST(HostileTcp, IdleConnectionsAtTheDescriptorLimitNeitherSpinNorLockOut) {
     EXPECT_EQ(closed, int(idle.size())) << "connections that never said hello were kept";
 }
 
+// Issue 38, item 2: the same against an ofi+tcp server, whose listener is the provider's. Before,
+// the server spun at 100% of a core for as long as the connections were held. Now it naps while
+// its lane wakes with nothing to do and refuses what waits on the listener; a good client gets
+// in once the idle connections are gone. While they are held, those the provider accepted keep
+// their descriptors (libfabric 1.17's tcp provider ignores a shutdown of them), so a client
+// meanwhile is refused: what an operator must size `ulimit -n` for (docs/transports.md).
+TEST(HostileOfi, IdleConnectionsAtTheDescriptorLimitDoNotSpin) {
+    bool built = false;
+    for (auto& k : na::test::multi_process_kinds())
+        built |= k.label == "ofi_tcp";
+    if (!built) GTEST_SKIP() << "ofi is not built";
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+    rlimit low = old;
+    low.rlim_cur = 128;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    auto server = spawn_server("ofi+tcp://127.0.0.1:0");
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+    ASSERT_TRUE(server);
+    const int port = port_of(server->address);
+    const int fds0 = fd_count(server->pid());
+    std::vector<int> idle;
+    for (int i = 0; i < 300; ++i)
+        if (int fd = idle_connection(port); fd >= 0) idle.push_back(fd);
+    std::this_thread::sleep_for(300ms);
+    const double cpu0 = cpu_seconds(server->pid());
+    std::this_thread::sleep_for(1s);
+    const double cpu1 = cpu_seconds(server->pid());
+    std::printf(
+        "%zu idle connections; server CPU over 1 s: %.2f s; descriptors %d before, %d "
+        "during\n",
+        idle.size(), cpu1 - cpu0, fds0, fd_count(server->pid()));
+    EXPECT_LT(cpu1 - cpu0, 0.5) << "the server spins at the descriptor limit";
+    EXPECT_LE(fd_count(server->pid()), 128 + 2);
+    for (int fd : idle)
+        ::close(fd);
+    std::this_thread::sleep_for(500ms);
+    GoodClient after("ofi+tcp://127.0.0.1:0", server->address);
+    EXPECT_TRUE(after.ping()) << "a good client could not get in after the idle connections went";
+    std::printf("descriptors after: %d\n", fd_count(server->pid()));
+}
+
 // Issue 10, item 4: a storm of connections, opened 500 at a time and closed (some after part of a
 // frame header), 100,000 in all in two halves, leaves the server's memory bounded and flat.
 // - Bounded: an accepted connection holds a small buffer until its hello, not a 64 KiB one.

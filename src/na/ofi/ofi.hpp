@@ -57,6 +57,9 @@ class OfiTransport;
 
 /// How often (at most) progress looks at the peers that have operations pending on them.
 inline constexpr Duration kProbeCheckEvery = std::chrono::milliseconds(100);
+/// A lane whose progress wakes this often with nothing to do spins (the listener guard).
+inline constexpr uint32_t kSpinWakes = 512;
+inline constexpr Duration kSpinWindow = std::chrono::milliseconds(500);
 /// Silence from a watched peer after which it is probed.
 inline constexpr Duration kProbeAfterSilence = std::chrono::milliseconds(300);
 /// A probe not completed, or refused by the provider (-FI_EAGAIN: rxm reconnecting to a peer
@@ -423,6 +426,10 @@ class OfiLane {
     IntrusiveList<OfiOp> deferred;
     IntrusiveList<OfiOp> inflight;  ///< ops the provider holds (released at teardown)
     uint64_t pass = 0;
+    /// Wakes of progress that brought nothing, since `wakes_since` (guard_spinning_locked).
+    uint32_t wakes = 0;
+    TimePoint wakes_since{};
+    bool spinning = false;
     TimePoint resend_due = TimePoint::max();  ///< earliest retry_at on the deferred list
     uint64_t rx_buffer_messages = 0;
     IntrusiveList<Remote, WatchTag> watched;
@@ -701,6 +708,14 @@ class OfiTransport final : public Transport {
     void watch_inc(OfiLane& l, Remote* r);
     void watch_dec(OfiLane& l, Remote* r);
     void check_peers_locked(OfiLane& l, TimePoint now);
+    /// Listener guard (ofi_guard.cpp): count a wake of `l`'s progress that brought nothing;
+    /// true while they come faster than kSpinWakes per kSpinWindow (the lane spins).
+    bool guard_spinning_locked(OfiLane& l, TimePoint now) noexcept;
+    /// At the descriptor limit, refuse what waits on our listeners (at most every 250 ms,
+    /// any lane).
+    void guard(TimePoint now);
+    void guard_open();
+    void guard_close() noexcept;
     /// shm: libfabric 1.17's shm drops a put/get whose memory key its target does not hold
     /// (deregistered, or edited) without answering it, and from then on refuses to send to
     /// that target (-FI_EAGAIN). A put/get it has held past rma_stuck_after gets its target
@@ -765,7 +780,14 @@ class OfiTransport final : public Transport {
     std::vector<AuthPending> auth_pending_;
     log::Limiter strangers_log_;    ///< refusals of strangers, one line a second
     log::Limiter rma_dropped_log_;  ///< rma_dropped_locked, one line a second
-    std::string shm_base_;          ///< shm: our region names' stem (lane k adds ".k" for k > 0)
+    // The listener guard (ofi_guard.cpp): tcp providers only (`guarding_`, set at open).
+    bool guarding_ = false;
+    std::mutex guard_mu_;  ///< over the three below; try_lock (a lane that finds it taken goes on)
+    std::vector<uint16_t> guard_ports_;  ///< the ports our lanes' endpoints listen on
+    int guard_spare_ = -1;               ///< a descriptor to give up for one accept
+    TimePoint guard_next_{};             ///< not before
+    log::Limiter guard_log_;
+    std::string shm_base_;  ///< shm: our region names' stem (lane k adds ".k" for k > 0)
     const pid_t self_pid_ = ::getpid();  ///< read once: getpid() is a system call per send
     std::string raw_prefix_;  ///< FI_ADDR_STR providers: "fi_shm://" (from lane 0's address)
     uint64_t next_key_ = 1;   ///< requested keys, without FI_MR_PROV_KEY (under setup_mu_)

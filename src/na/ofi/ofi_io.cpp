@@ -20,6 +20,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -1800,21 +1801,29 @@ uint64_t OfiTransport::rx_buffer_messages() {
 Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
     auto& oc = static_cast<OfiContext&>(ctx);
     OfiLane& l = oc.lane();
-    for (;;) {
+    for (bool woke = false;; woke = true) {
         bool block_ok;
         bool watching;
+        bool spinning = false;
         TimePoint resend_due;
+        TimePoint now{};  // read for the listener guard only (ofi_guard.cpp)
         {
             std::lock_guard g(l.mu);
+            // A wake that brought nothing (the call would have returned): count it.
+            if (woke && guarding_) {
+                now = Clock::now();
+                spinning = guard_spinning_locked(l, now);
+                if (spinning) guard(now);
+            }
             poll_cq_locked(l);
             if (!l.deferred.empty()) retry_deferred_locked(l);
             if (!l.ctl_retry.empty()) retry_ctls_locked(l);
             flush_deaths_locked(l);
             if (l.deaths_seen != deaths_.load(std::memory_order_relaxed)) sweep_dead_locked(l);
             if (!l.watched.empty() || l.locating > 0) {
-                TimePoint now = Clock::now();
-                if (l.locating > 0) check_locates_locked(l, now);
-                check_peers_locked(l, now);
+                const TimePoint t = Clock::now();
+                if (l.locating > 0) check_locates_locked(l, t);
+                check_peers_locked(l, t);
             }
             if (ctx.has_completions()) return ok();
             if (deadline_passed(deadline)) return Errc::timeout;
@@ -1831,6 +1840,8 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
                 !l.watched.empty() || l.locating > 0 || !l.deferred.empty() || !l.ctl_retry.empty();
             resend_due = l.resend_due;
         }
+        if (spinning) [[unlikely]]
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));  // bound the spin
         if (!block_ok) continue;
         if (!ctx.prepare_block()) return ok();
         int ms = ms_until(deadline);

@@ -408,6 +408,7 @@ OfiTransport::OfiTransport(const Options& o, std::string scheme)
 
 OfiTransport::~OfiTransport() {
     close_all();
+    guard_close();
 }
 
 namespace {
@@ -545,6 +546,7 @@ Result<void> OfiTransport::init(std::string_view sub, std::string_view rest) {
         me->recv_token.store(t, std::memory_order_relaxed);
     }
     note_missing_provider_env(prov_.prov_name);
+    guard_open();
     TALARIA_LOG(ofi, debug, "{} open on {} (fabric {}, domain {}, mr_mode 0x{:x}, inject {}, {})",
                 ofi_addr(self_)->str, prov_.prov_name, prov_.fabric, prov_.domain, prov_.mr_mode,
                 prov_.inject_size, prov_.multi_recv ? "multi-recv" : "posted receive buffers");
