@@ -425,6 +425,9 @@ class OfiLane {
     Matcher<OfiOp, QueuedMsg, &OfiOp::peer> match;
     IntrusiveList<OfiOp> deferred;
     IntrusiveList<OfiOp> inflight;  ///< ops the provider holds (released at teardown)
+    /// Ops failed while the provider still names them (OfiOp::orphaned): back to the pool
+    /// when a completion for one comes, or at teardown once the endpoints are closed.
+    std::vector<OfiOp*> orphans;
     uint64_t pass = 0;
     /// Wakes of progress that brought nothing, since `wakes_since` (guard_spinning_locked).
     uint32_t wakes = 0;
@@ -729,7 +732,7 @@ class OfiTransport final : public Transport {
     /// first half of op_finished).
     void op_finished_quietly_locked(OfiLane& l, OfiOp* op);
     /// A completion came for an orphaned op (rma_dropped_locked): back to its pool.
-    void release_orphan(OfiOp* op) noexcept;
+    void release_orphan(OfiLane& l, OfiOp* op) noexcept;
     void send_probe_locked(OfiLane& l, Remote* r, TimePoint now);
     /// Is a loopback peer endpoint's listening socket gone? True when /proc/net/tcp{,6} of
     /// this network namespace shows nothing listening on its port: the process that listened

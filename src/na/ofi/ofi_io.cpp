@@ -1258,7 +1258,7 @@ void OfiTransport::on_completion(OfiLane& l, const fi_cq_tagged_entry& e) {
         case FiCtx::Kind::op: {
             auto* op = static_cast<OfiOp*>(c);
             if (op->orphaned) [[unlikely]] {
-                release_orphan(op);
+                release_orphan(l, op);
                 break;
             }
             if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
@@ -1323,7 +1323,7 @@ void OfiTransport::on_error(OfiLane& l, fid_cq* cq, const fi_cq_err_entry& e) {
         case FiCtx::Kind::op: {
             auto* op = static_cast<OfiOp*>(c);
             if (op->orphaned) [[unlikely]] {
-                release_orphan(op);
+                release_orphan(l, op);
                 break;
             }
             TALARIA_LOG(ofi, debug, "{} failed: {}", op_type_name(op->completion.type), why);
@@ -1763,11 +1763,13 @@ void OfiTransport::rma_dropped_locked(OfiLane& l, OfiOp* op, Errc status, std::s
     }
     op_finished_quietly_locked(l, op);
     op->orphaned = true;
+    l.orphans.push_back(op);
     op->completed = true;  // its OpId is stale now: cancel() says so
     op_finished(l, sub, status);
 }
 
-void OfiTransport::release_orphan(OfiOp* op) noexcept {
+void OfiTransport::release_orphan(OfiLane& l, OfiOp* op) noexcept {
+    std::erase(l.orphans, op);
     op->releaser->release(op);  // acquire() resets what it held
 }
 

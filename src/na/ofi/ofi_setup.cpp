@@ -455,6 +455,9 @@ void OfiTransport::lane_close(OfiLane& l) noexcept {
     };
     l.match.detach(l.id, drop);
     l.watched.clear();
+    for (OfiOp* op : l.orphans)  // already off every list and count
+        op->releaser->release(op);
+    l.orphans.clear();
     for (auto* list : {&l.inflight, &l.deferred})
         while (OfiOp* op = list->pop_front())
             drop(op);
