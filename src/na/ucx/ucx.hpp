@@ -366,6 +366,7 @@ struct Lane {
     uint32_t next_token = 0;
     uint64_t deaths_seen = 0;    ///< UcxTransport::deaths_ when this lane last looked
     TimePoint next_pid_check{};  ///< when check_pids_locked looks again
+    uint32_t pid_passes = 0;     ///< progress passes since it last read the clock for it
     std::map<std::pair<uint64_t, uint32_t>, Stream> streams;  ///< (instance, its endpoint)
     Route* last_route = nullptr;    ///< cache of the last route used by a send
     Stream* last_stream = nullptr;  ///< cache of the last stream a message came on

@@ -23,8 +23,10 @@ namespace {
 /// How often, at most, a thread blocked in progress() wakes while endpoints exist: UCX's
 /// keepalive (which notices a dead shared-memory peer) runs only from ucp_worker_progress.
 constexpr int kKeepaliveTickMs = 200;
-/// How often a lane checks the processes of its ucx+sm peers (check_pids_locked).
+/// How often a lane checks the processes of its ucx+sm peers (check_pids_locked), and every
+/// how many progress passes it reads the clock to know.
 constexpr Duration kPidCheckEvery = std::chrono::milliseconds(100);
+constexpr uint32_t kPidCheckPasses = 64;
 /// While an endpoint is being set up: no sleeping for this long, then naps of this many ms.
 constexpr Duration kConnectSpin = std::chrono::milliseconds(200);
 constexpr int kConnectNapMs = 5;
@@ -1687,8 +1689,12 @@ void UcxTransport::progress_locked(Lane& l) {
         l.deaths_seen = d;
         sweep_dead_locked(l);
     }
-    if (watching_pids_.load(std::memory_order_relaxed)) [[unlikely]]
+    // The clock every kPidCheckPasses passes (busy polling), or on the pass after a sleep.
+    if (watching_pids_.load(std::memory_order_relaxed) && ++l.pid_passes >= kPidCheckPasses)
+        [[unlikely]] {
+        l.pid_passes = 0;
         check_pids_locked(l);
+    }
     if (l.locating > 0) [[unlikely]]
         check_locates_locked(l);
     if (l.rma_retrying > 0) [[unlikely]]
@@ -1712,6 +1718,7 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
             std::lock_guard g(l.mu);
             st = ucp_worker_arm(l.worker);
             if (!l.eps.empty() || !l.closing_eps.empty()) cap = kKeepaliveTickMs;
+            l.pid_passes = kPidCheckPasses;  // the pass after the sleep looks (check_pids)
             // UCX drives connection set-up (wire-up) partly from its async thread
             // without always signalling the worker's fd: while the peer context at the other
             // end of an endpoint has not said hello to this lane yet, do not sleep (for the
