@@ -336,6 +336,26 @@ class NaAttacker {
     std::unique_ptr<na::Context> ctx_;
 };
 
+/// Call `proc` of the server at `srv` with no arguments through `e`'s context 0 and wait up to
+/// 12 s: its answer (a failed or unanswered call is a test failure).
+std::vector<std::byte> call_and_wait(core::Engine& e, const na::Addr& srv, std::string_view proc) {
+    std::vector<std::byte> got;
+    bool done = false;
+    auto r = e.context(0).forward(srv, core::rpc_id(proc), {}, {.timeout = 10s},
+                                  [&](Result<std::span<const std::byte>>&& res) {
+                                      done = true;
+                                      EXPECT_TRUE(res) << proc << ": " << res.error().describe();
+                                      if (res) got.assign(res->begin(), res->end());
+                                  });
+    EXPECT_TRUE(r) << r.error().describe();
+    for (auto end = Clock::now() + 12s; r && !done && Clock::now() < end;) {
+        (void)e.context(0).progress(10ms);
+        e.context(0).trigger();
+    }
+    EXPECT_TRUE(done) << proc << " never completed";
+    return got;
+}
+
 class Hostile : public ::testing::TestWithParam<TransportKind> {};
 
 std::string kind_name(const ::testing::TestParamInfo<TransportKind>& info) {
@@ -553,24 +573,7 @@ TEST_P(Hostile, EditedHandlesReachNothingOutsideTheExposedRegions) {
     ASSERT_TRUE(ce) << ce.error().describe();
     auto srv = (*ce)->lookup(t.server->address);
     ASSERT_TRUE(srv) << srv.error().describe();
-    auto call = [&](std::string_view proc) -> std::vector<std::byte> {
-        std::vector<std::byte> got;
-        bool done = false;
-        auto r = (*ce)->context(0).forward(*srv, core::rpc_id(proc), {}, {.timeout = 10s},
-                                           [&](Result<std::span<const std::byte>>&& res) {
-                                               done = true;
-                                               EXPECT_TRUE(res)
-                                                   << proc << ": " << res.error().describe();
-                                               if (res) got.assign(res->begin(), res->end());
-                                           });
-        EXPECT_TRUE(r) << r.error().describe();
-        for (auto end = Clock::now() + 12s; r && !done && Clock::now() < end;) {
-            (void)(*ce)->context(0).progress(10ms);
-            (*ce)->context(0).trigger();
-        }
-        EXPECT_TRUE(done) << proc << " never completed";
-        return got;
-    };
+    auto call = [&](std::string_view proc) { return call_and_wait(**ce, *srv, proc); };
     auto u64_at = [](std::span<const std::byte> b, std::size_t at) {
         uint64_t v = 0;
         for (int i = 0; i < 8; ++i)
@@ -703,22 +706,7 @@ TEST_P(Hostile, AnOperationOnADroppedRegionCompletesWithAnError) {
     ASSERT_TRUE(ce) << ce.error().describe();
     auto srv = (*ce)->lookup(t.server->address);
     ASSERT_TRUE(srv) << srv.error().describe();
-    auto call = [&](std::string_view proc) {
-        std::vector<std::byte> got;
-        bool done = false;
-        auto r = (*ce)->context(0).forward(*srv, core::rpc_id(proc), {}, {.timeout = 10s},
-                                           [&](Result<std::span<const std::byte>>&& res) {
-                                               done = true;
-                                               if (res) got.assign(res->begin(), res->end());
-                                           });
-        EXPECT_TRUE(r) << r.error().describe();
-        for (auto end = Clock::now() + 12s; r && !done && Clock::now() < end;) {
-            (void)(*ce)->context(0).progress(10ms);
-            (*ce)->context(0).trigger();
-        }
-        EXPECT_TRUE(done) << proc << " never completed";
-        return got;
-    };
+    auto call = [&](std::string_view proc) { return call_and_wait(**ce, *srv, proc); };
     const std::vector<std::byte> exposed = call(hostile::kExpose);
     ASSERT_GT(exposed.size(), 20u);
     // The second handle: the write-only region (u16 length, then the bytes, after the first).

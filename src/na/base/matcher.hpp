@@ -190,9 +190,8 @@ class Matcher {
 
     /// Free the early expected messages whose source `gone(const Addr&)` says is gone (tcp: a
     /// peer whose connections have all closed, whose waiting receives have failed). Returns
-    /// how many were freed. Their buffers go
-    /// back to the allocator, not to the free list: a peer must not leave what it made us
-    /// hold as capacity kept for reuse.
+    /// how many were freed. Their buffers go back to the allocator, not to the free list: a
+    /// peer must not leave what it made us hold as capacity kept for reuse.
     template <class Gone>
     std::size_t drop_early_if(Gone&& gone) noexcept {
         std::size_t n = 0;

@@ -466,6 +466,7 @@ class OfiContext final : public Context {
 /// What the provider offers, read from its fi_info.
 struct ProviderInfo {
     std::string prov_name;  ///< "tcp;ofi_rxm", "shm", "verbs;ofi_rxm"
+    bool shm = false;       ///< prov_name is "shm" (read per put/get: no string compare)
     std::string fabric;
     std::string domain;
     uint32_t addr_format = 0;

@@ -137,7 +137,7 @@ void OfiTransport::to_provider_locked(OfiLane& l, OfiOp* op) {
     }
     if (op->completion.type == OpType::put || op->completion.type == OpType::get) {
         ++l.rma_inflight;
-        if (prov_.prov_name == "shm") op->rma_posted = Clock::now();  // check_stuck_rma_locked
+        if (prov_.shm) op->rma_posted = Clock::now();  // check_stuck_rma_locked
     }
 }
 
@@ -1677,7 +1677,7 @@ std::optional<std::string> OfiTransport::connect_refused_locked(Remote* r, TimeP
 void OfiTransport::check_peers_locked(OfiLane& l, TimePoint now) {
     if (l.watched.empty() || now < l.next_check) return;
     l.next_check = now + kProbeCheckEvery;
-    if (l.rma_inflight > 0 && prov_.prov_name == "shm") check_stuck_rma_locked(l, now);
+    if (l.rma_inflight > 0 && prov_.shm) check_stuck_rma_locked(l, now);
     l.watched.for_each_safe([&](Remote& r) {
         OfiAddr* a = ofi_addr(r.peer);
         if (a->dead.load(std::memory_order_relaxed) || a == self_.impl()) return;

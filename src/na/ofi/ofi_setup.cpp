@@ -700,6 +700,7 @@ Result<void> OfiTransport::open_provider(std::string_view sub, std::string_view 
     }
     fi_info* info = info_;
     prov_.prov_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : prov;
+    prov_.shm = prov_.prov_name == "shm";
     prov_.fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
     prov_.domain = info->domain_attr->name ? info->domain_attr->name : "";
     prov_.addr_format = info->addr_format;

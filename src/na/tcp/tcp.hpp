@@ -517,6 +517,8 @@ class TcpTransport final : public Transport {
     void resume_paused_locked(Lane& l);
     /// Take the messages other lanes handed to `l`.
     void drain_inbox_locked(Lane& l);
+    /// `c` is with `peer` from now on (Conn::peer and Conn::source), counted in its open_conns.
+    void set_peer(Conn* c, Addr peer);
     /// `c`, whose peer is set, closes: its peer's count of open connections goes down, and at
     /// 0 the peers_closed_ epoch goes up (every lane then frees what that peer left early).
     void conn_unpeered(Conn* c) noexcept;

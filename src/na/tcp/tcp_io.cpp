@@ -849,9 +849,7 @@ bool TcpTransport::finish_frame(Conn* c) {
                 }
                 peer = *r;
             }
-            c->source = alias_of(this, peer);
-            c->peer = std::move(peer);
-            peer_of(c->peer)->open_conns.fetch_add(1, std::memory_order_relaxed);
+            set_peer(c, std::move(peer));
             c->remote_ctx = uint8_t(h.tag);
             c->asked_ctx = h.context_id;
             if (!auth_hello(c, *hello)) return false;
@@ -1111,11 +1109,15 @@ void TcpTransport::close_conn(Conn* c, Errc status, const std::string& why) {
                 complete_recv(op, c->source, 0, op->match_tag, 0, status);
             });
         }
-        if (peer_of(c->peer)->open_conns.load(std::memory_order_relaxed) == 0)
-            drop_early_of_closed_locked(*l);
     }
     l->conns.erase(*c);
     l->dead.push_back(c);
+}
+
+void TcpTransport::set_peer(Conn* c, Addr peer) {
+    c->source = alias_of(this, peer);
+    c->peer = std::move(peer);
+    peer_of(c->peer)->open_conns.fetch_add(1, std::memory_order_relaxed);
 }
 
 void TcpTransport::conn_unpeered(Conn* c) noexcept {

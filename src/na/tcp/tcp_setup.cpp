@@ -604,9 +604,7 @@ Result<Conn*> TcpTransport::connect(Lane& l, TcpAddr* peer, uint8_t remote_ctx) 
     c->lane = &l;
     l.conns.push_back(*c);
     c->state = rc == 0 ? Conn::State::open : Conn::State::connecting;
-    c->peer = Addr(peer);
-    peer->open_conns.fetch_add(1, std::memory_order_relaxed);
-    c->source = alias_of(this, c->peer);
+    set_peer(c, Addr(peer));
     c->remote_ctx = remote_ctx;
     add_route(l, c);
     if (auto w = watch(c, rc == 0 ? EPOLLIN : EPOLLIN | EPOLLOUT); !w) {
