@@ -17,6 +17,9 @@
 
 #include <ucp/api/ucp.h>
 
+#include <sys/types.h>
+
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -191,6 +194,28 @@ struct UcxAddr final : AddrImpl {
     UcxTransport* ut_;
 };
 
+/// A host admitted to UCX's own listeners (ucx_guard.cpp): an IPv4 or IPv6 address.
+struct AdmittedHost {
+    bool v6 = false;
+    std::array<uint8_t, 16> bytes{};  ///< IPv4: the first 4
+    bool operator==(const AdmittedHost&) const = default;
+};
+
+/// One of UCX's own listening sockets (its tcp interfaces', ucx_guard.cpp): the descriptor
+/// and the socket it named when found, so that a descriptor UCX closed and the process reused
+/// is not taken for it.
+struct UctListener {
+    int fd = -1;
+    ino_t ino = 0;
+    SockAddr local;     ///< where it listens
+    std::string where;  ///< the same as text
+    uint8_t lane = 0;   ///< the context whose worker made it
+    bool lost = false;  ///< UCX closed it (said once)
+};
+
+/// The process's listening TCP sockets now (/proc/self/fd).
+std::vector<UctListener> listening_sockets();
+
 /// A bootstrap connection a server accepted, waiting for its request, or for its response to
 /// our challenge (ucx_boot.cpp).
 struct BootConn {
@@ -201,6 +226,7 @@ struct BootConn {
     uint64_t instance = 0;  ///< the client's, from its request
     auth::Nonce own{};      ///< ours, in the challenge
     auth::Nonce peer{};     ///< the client's, from its request
+    SockAddr from;          ///< where it connected from (admit_host once it proved the secret)
     std::byte buf[kBootFixedSize + kBootMaxRequestBody]{};
 };
 
@@ -504,6 +530,14 @@ class UcxTransport final : public Transport {
     bool boot_handle(BootConn& c, const BootFixed& f, std::span<const std::byte> body);
     /// Send our answer (lane 0's worker) on `c` and wake lane 0 for the wire-up that follows.
     bool boot_answer(BootConn& c);
+    /// ucx_guard.cpp: after a worker was made, take the listening sockets that were not in
+    /// `before` as UCX's (of context `lane`) and filter them; admit a host that proved the
+    /// secret; the bootstrap thread's check that UCX still has them, and when it is next due.
+    void guard_new_listeners(const std::vector<UctListener>& before, uint8_t lane);
+    void admit_host(const SockAddr& peer);
+    void attach_filters_locked();
+    void check_listeners(TimePoint now);
+    [[nodiscard]] TimePoint next_listener_check() const noexcept;
     /// Send a refusal naming `why` on `c`, and log it.
     bool boot_refuse(BootConn& c, const std::string& why);
     /// Log a warning of the bootstrap thread, at most one line a second.
@@ -672,7 +706,16 @@ class UcxTransport final : public Transport {
     std::vector<BootConn> boot_conns_;
     bool boot_paused_ = false;
     TimePoint boot_paused_until_{};
-    log::Limiter boot_log_;              ///< boot_warn: one line a second
+    log::Limiter boot_log_;  ///< boot_warn: one line a second
+    /// UCX's own listeners and the hosts they admit (ucx_guard.cpp), under guard_mu_ (a leaf:
+    /// taken under the setup lock, by the bootstrap thread, or by a client's bootstrap).
+    std::mutex guard_mu_;
+    std::vector<UctListener> uct_listeners_;
+    std::vector<AdmittedHost> admitted_;
+    bool filter_listeners_ = false;  ///< Options::auth in sockaddr mode: filter them (set at open)
+    bool filter_overflow_ = false;   ///< too many hosts: left unfiltered (said once)
+    std::atomic<bool> any_listener_{false};
+    TimePoint next_listener_check_{};    ///< the bootstrap thread's (check_listeners)
     std::vector<std::byte> boot_reply_;  ///< the one answer: lane 0's worker, our instance
     /// When the bootstrap thread last answered (steady-clock ns, 0: never). The client's UCX
     /// wire-up follows over a connection UCX accepts from its async thread without always

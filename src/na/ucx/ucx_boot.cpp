@@ -125,7 +125,9 @@ void UcxTransport::close_bootstrap() noexcept {
 
 void UcxTransport::boot_accept(TimePoint now) {
     for (int i = 0; i < kBootAcceptBurst; ++i) {
-        int fd = ::accept4(boot_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        SockAddr from;
+        from.len = sizeof from.storage;
+        int fd = ::accept4(boot_fd_, from.sa(), &from.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
@@ -157,6 +159,7 @@ void UcxTransport::boot_accept(TimePoint now) {
         }
         BootConn c;
         c.fd = fd;
+        c.from = from;
         c.deadline = now + boot_timeout();
         boot_conns_.push_back(c);
     }
@@ -274,6 +277,7 @@ bool UcxTransport::boot_handle(BootConn& c, const BootFixed& f, std::span<const 
     s.id = detail::load_le(c.own.data(), 8);
     s.key = auth::prove(a.secret, auth::Role::session, c.peer, c.own, a.key_id);
     add_session(s);
+    admit_host(c.from);  // before it learns our worker: its UCX connects next
     return boot_answer(c);
 }
 
@@ -342,8 +346,10 @@ void UcxTransport::boot_run() noexcept {
         }
         // Sleep until something arrives, the oldest connection's deadline, or the pause's end.
         // (Connections are in deadline order: each gets the same time from when it came.)
+        check_listeners(now);
         TimePoint wake = boot_conns_.empty() ? TimePoint::max() : boot_conns_.front().deadline;
         if (boot_paused_) wake = std::min(wake, boot_paused_until_);
+        wake = std::min(wake, next_listener_check());
         epoll_event evs[16];
         int n = ::epoll_wait(boot_epfd_, evs, 16, ms_until(wake));
         if (n < 0 && errno != EINTR) {
@@ -539,7 +545,10 @@ Result<BootResult> UcxTransport::bootstrap(const UcxAddr& peer) {
     TALARIA_LOG(ucx, debug,
                 "{}: {} is instance {:016x}, its context 0 at a {}-byte worker address{}", scheme_,
                 peer.str, f.instance, worker.size(), session ? " (authenticated)" : "");
-    if (session) add_session(*session);
+    if (session) {
+        add_session(*session);
+        admit_host(peer.sa);  // the server's UCX may connect to our workers
+    }
     BootResult out;
     out.worker.assign(worker.begin(), worker.end());
     out.instance = f.instance;

@@ -239,6 +239,8 @@ Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
     // Every call into a worker is made under its lane's lock (or by one thread without
     // thread_safe).
     wp.thread_mode = opts_.thread_safe ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
+    // The worker's tcp interfaces listen on ports of their own (ucx_guard.cpp).
+    const std::vector<UctListener> before = listening_sockets();
     ucs_status_t st = ucp_worker_create(context_, &wp, &l->worker);
     if (st != UCS_OK) {
         l->worker = nullptr;
@@ -247,6 +249,7 @@ Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
     // From here on the lane owns a worker: keep it in lanes_ so that teardown destroys it.
     Lane* lp = l.get();
     lanes_.push_back(std::move(l));
+    guard_new_listeners(before, id);
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -574,6 +577,8 @@ Result<void> UcxTransport::init(std::string_view sub, std::string_view rest) {
     pfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pfd_ < 0) return Error(Errc::io_error, fmt::format("eventfd: {}", std::strerror(errno)));
     TALARIA_CHECK(init_context());
+    // UCX's own listeners admit only hosts that proved the secret (ucx_guard.cpp).
+    filter_listeners_ = opts_.auth.enabled() && spec_.mode == Mode::sockaddr;
     std::lock_guard g(setup_mu_);
     TALARIA_TRY(l0, lane_create_locked(0));
     if (spec_.mode == Mode::sockaddr) {
