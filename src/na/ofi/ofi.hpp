@@ -429,6 +429,7 @@ class OfiLane {
     /// when a completion for one comes, or at teardown once the endpoints are closed.
     std::vector<OfiOp*> orphans;
     uint64_t pass = 0;
+    uint32_t guard_passes = 0;  ///< progress calls, for the guard's look at the clock
     /// Wakes of progress that brought nothing, since `wakes_since` (guard_spinning_locked).
     uint32_t wakes = 0;
     TimePoint wakes_since{};
@@ -718,6 +719,10 @@ class OfiTransport final : public Transport {
     /// At the descriptor limit, refuse what waits on our listeners (at most every 250 ms,
     /// any lane).
     void guard(TimePoint now);
+    /// Under guard_mu_: learn the ports our lanes listen on; reset the connections the provider
+    /// accepted that stayed silent for hello_timeout (every hello_timeout / 2 at most).
+    void guard_ports_locked();
+    void guard_idle_locked(TimePoint now);
     void guard_open();
     void guard_close() noexcept;
     /// shm: libfabric 1.17's shm drops a put/get whose memory key its target does not hold
@@ -786,10 +791,13 @@ class OfiTransport final : public Transport {
     log::Limiter rma_dropped_log_;  ///< rma_dropped_locked, one line a second
     // The listener guard (ofi_guard.cpp): tcp providers only (`guarding_`, set at open).
     bool guarding_ = false;
-    std::mutex guard_mu_;  ///< over the three below; try_lock (a lane that finds it taken goes on)
+    std::mutex guard_mu_;  ///< over the four below; try_lock (a lane that finds it taken goes on)
     std::vector<uint16_t> guard_ports_;  ///< the ports our lanes' endpoints listen on
     int guard_spare_ = -1;               ///< a descriptor to give up for one accept
     TimePoint guard_next_{};             ///< not before
+    TimePoint guard_idle_next_{};        ///< guard_idle_locked: not before
+    /// The same, read by progress without the lock (steady-clock ticks).
+    std::atomic<TimePoint::rep> guard_due_{0};
     log::Limiter guard_log_;
     std::string shm_base_;  ///< shm: our region names' stem (lane k adds ".k" for k > 0)
     const pid_t self_pid_ = ::getpid();  ///< read once: getpid() is a system call per send

@@ -1,14 +1,25 @@
-// ofi+tcp at the descriptor limit: the provider's listening sockets belong to libfabric, whose
-// listener stays readable while accept() fails with EMFILE, so the lane's wait fd never sleeps
-// (a core at 100%). When progress finds its lane waking with nothing to do (kSpinWakes within
-// kSpinWindow), it naps 1 ms a wake, and the guard, if we are out of descriptors, takes the
-// connections waiting on our listeners through a spare descriptor and closes them, as tcp
-// does. Connections the provider already accepted are its own: 1.17's tcp provider does not
-// notice a shutdown() of one that never spoke, so they keep their descriptors until their
-// peer closes them. docs/architecture.md, trust model.
+// ofi+tcp's listeners and the connections they accept belong to libfabric's tcp provider, and
+// two things about them need a guard of ours:
+//  * At the descriptor limit the provider's listener stays readable while accept() fails with
+//    EMFILE, so the lane's wait fd never sleeps (a core at 100%). When progress finds its lane
+//    waking with nothing to do (kSpinWakes within kSpinWindow), it naps 1 ms a wake, and the
+//    guard, if we are out of descriptors, takes the connections waiting on our listeners
+//    through a spare descriptor and closes them, as tcp does.
+//  * A connection the provider accepted waits for the peer's connection request with no time
+//    limit, holding a descriptor. 1.17 does not notice a shutdown() of one: its read of the
+//    request sees the end of the stream, takes the thread's stale errno (often EAGAIN) for the
+//    reason, and waits on. So once every hello_timeout / 2 the guard looks at the accepted
+//    connections of our listeners, and one to which we have sent nothing (no byte of ours
+//    acknowledged: every connection the provider set up carries its answer) and from which
+//    nothing came for hello_timeout is reset (connect() with AF_UNSPEC, which sends a RST and
+//    leaves ECONNRESET pending on the socket): the provider's read then fails with that, and
+//    it closes the connection and its descriptor. As tcp's hello_timeout, before any
+//    authentication.
+// docs/architecture.md, trust model; docs/transports.md, "Descriptors on an ofi+tcp server".
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_acked (glibc's lacks it)
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -32,7 +43,89 @@ uint16_t local_port(int fd) noexcept {
     if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
     return 0;
 }
+
+/// TCP states as tcpi_state reports them (the kernel's tcp_states.h).
+constexpr uint8_t kTcpEstablished = 1;
+constexpr uint8_t kTcpCloseWait = 8;
+
+/// The socket's TCP state (TCP_INFO), or false if it is not a TCP socket.
+bool tcp_info_of(int fd, tcp_info& out) noexcept {
+    socklen_t len = sizeof out;
+    return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &out, &len) == 0;
+}
+
+/// Calls `f(fd)` for each socket descriptor of ours bound to one of `ports`.
+template <class F>
+void for_each_socket_on(const std::vector<uint16_t>& ports, F&& f) {
+    DIR* d = ::opendir("/proc/self/fd");
+    if (!d) return;
+    const int dir_fd = ::dirfd(d);
+    while (dirent* e = ::readdir(d)) {
+        char* end = nullptr;
+        const long v = std::strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || v == dir_fd) continue;
+        const int fd = int(v);
+        struct stat sb {};
+        if (::fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode)) continue;
+        const uint16_t port = local_port(fd);
+        if (port != 0 && std::find(ports.begin(), ports.end(), port) != ports.end()) f(fd);
+    }
+    ::closedir(d);
+}
+
+bool listening(int fd) noexcept {
+    int on = 0;
+    socklen_t ol = sizeof on;
+    return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &ol) == 0 && on != 0;
+}
 }  // namespace
+
+void OfiTransport::guard_ports_locked() {
+    // The ports our lanes listen on (each lane's endpoint has a listener of the provider's).
+    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
+        OfiLane* l = lane_at(uint8_t(i));
+        if (!l) continue;
+        if (auto sa = sock_addr_of(std::as_bytes(std::span(l->raw)));
+            sa && sa->port() != 0 &&
+            std::find(guard_ports_.begin(), guard_ports_.end(), sa->port()) == guard_ports_.end())
+            guard_ports_.push_back(sa->port());
+    }
+}
+
+void OfiTransport::guard_idle_locked(TimePoint now) {
+    if (now < guard_idle_next_) return;
+    const Duration timeout = opts_.hello_timeout;
+    if (timeout <= Duration::zero()) {
+        guard_idle_next_ = TimePoint::max();
+        guard_due_.store(guard_idle_next_.time_since_epoch().count(), std::memory_order_relaxed);
+        return;
+    }
+    guard_idle_next_ = now + std::clamp<Duration>(timeout / 2, std::chrono::milliseconds(250),
+                                                  std::chrono::seconds(5));
+    guard_due_.store(guard_idle_next_.time_since_epoch().count(), std::memory_order_relaxed);
+    guard_ports_locked();
+    const auto silent_ms =
+        uint32_t(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
+    std::size_t reset = 0;
+    // Listing our descriptors takes one: at the limit, the spare's.
+    if (guard_spare_ >= 0) ::close(guard_spare_);
+    for_each_socket_on(guard_ports_, [&](int fd) {
+        tcp_info ti{};
+        if (listening(fd) || !tcp_info_of(fd, ti)) return;
+        if (ti.tcpi_state != kTcpEstablished && ti.tcpi_state != kTcpCloseWait) return;
+        if (ti.tcpi_bytes_acked != 0 || ti.tcpi_last_data_recv < silent_ms) return;
+        sockaddr unspec{};
+        unspec.sa_family = AF_UNSPEC;
+        if (::connect(fd, &unspec, sizeof unspec) == 0) ++reset;
+    });
+    guard_spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (reset != 0)
+        if (auto held = guard_log_.admit())
+            TALARIA_LOG(ofi, warn,
+                        "{}: reset {} connection(s) the provider accepted that sent no connection "
+                        "request within hello_timeout ({} ms){}",
+                        scheme_, reset, silent_ms, log::held_back(*held));
+}
 
 bool OfiTransport::guard_spinning_locked(OfiLane& l, TimePoint now) noexcept {
     if (now - l.wakes_since > kSpinWindow) {
@@ -46,7 +139,9 @@ bool OfiTransport::guard_spinning_locked(OfiLane& l, TimePoint now) noexcept {
 
 void OfiTransport::guard(TimePoint now) {
     std::unique_lock g(guard_mu_, std::try_to_lock);
-    if (!g.owns_lock() || now < guard_next_) return;
+    if (!g.owns_lock()) return;
+    guard_idle_locked(now);
+    if (now < guard_next_) return;
     guard_next_ = now + std::chrono::milliseconds(250);
     // Only out of descriptors: a listener that wakes us for another reason is the provider's
     // business (and taking its connections would refuse good clients).
@@ -57,38 +152,14 @@ void OfiTransport::guard(TimePoint now) {
     } else if (errno != EMFILE && errno != ENFILE) {
         return;
     }
-    // The ports our lanes listen on (each lane's endpoint has a listener of the provider's).
-    for (std::size_t i = 0; i < opts_.max_contexts; ++i) {
-        OfiLane* l = lane_at(uint8_t(i));
-        if (!l) continue;
-        if (auto sa = sock_addr_of(std::as_bytes(std::span(l->raw)));
-            sa && sa->port() != 0 &&
-            std::find(guard_ports_.begin(), guard_ports_.end(), sa->port()) == guard_ports_.end())
-            guard_ports_.push_back(sa->port());
-    }
+    guard_ports_locked();
     // Find the provider's listeners among our descriptors (listing them takes one: the
     // spare's).
     std::vector<int> listeners;
     ::close(guard_spare_);
-    if (DIR* d = ::opendir("/proc/self/fd")) {
-        const int dir_fd = ::dirfd(d);
-        while (dirent* e = ::readdir(d)) {
-            char* end = nullptr;
-            const long v = std::strtol(e->d_name, &end, 10);
-            if (end == e->d_name || *end != '\0' || v == dir_fd) continue;
-            const int fd = int(v);
-            struct stat sb {};
-            if (::fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode)) continue;
-            const uint16_t port = local_port(fd);
-            int listening = 0;
-            socklen_t ol = sizeof listening;
-            if (port != 0 &&
-                std::find(guard_ports_.begin(), guard_ports_.end(), port) != guard_ports_.end() &&
-                ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) == 0 && listening)
-                listeners.push_back(fd);
-        }
-        ::closedir(d);
-    }
+    for_each_socket_on(guard_ports_, [&](int fd) {
+        if (listening(fd)) listeners.push_back(fd);
+    });
     // Take what waits on them and close it at once, one accept per spare, so that they stop
     // waking us.
     std::size_t refused = 0;
@@ -108,7 +179,7 @@ void OfiTransport::guard(TimePoint now) {
             TALARIA_LOG(ofi, warn,
                         "{}: out of descriptors: refused {} connection(s) waiting on the "
                         "provider's listener (raise `ulimit -n`; connections the provider "
-                        "already accepted keep theirs until they close){}",
+                        "already accepted and that never speak are reset after hello_timeout){}",
                         scheme_, refused, log::held_back(*held));
 }
 

@@ -1811,11 +1811,14 @@ Result<void> OfiTransport::progress(Context& ctx, TimePoint deadline) {
         TimePoint now{};  // read for the listener guard only (ofi_guard.cpp)
         {
             std::lock_guard g(l.mu);
-            // A wake that brought nothing (the call would have returned): count it.
-            if (woke && guarding_) {
+            // A wake that brought nothing (the call would have returned): count it. Busy
+            // polling never wakes: every 1024th call looks at the clock for the idle sweep.
+            if (guarding_ && (woke || (++l.guard_passes & 1023) == 0)) [[unlikely]] {
                 now = Clock::now();
-                spinning = guard_spinning_locked(l, now);
-                if (spinning) guard(now);
+                if (woke) spinning = guard_spinning_locked(l, now);
+                if (spinning ||
+                    now.time_since_epoch().count() >= guard_due_.load(std::memory_order_relaxed))
+                    guard(now);
             }
             poll_cq_locked(l);
             if (!l.deferred.empty()) retry_deferred_locked(l);
