@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include "mercury/info.hpp"
 #include "na.h"
 #include "talaria/na/na.hpp"
 #include "talaria/util/log.hpp"
@@ -124,43 +125,6 @@ na_return_t to_na(Errc e) noexcept {
 na_return_t fail(const talaria::Error& e, std::string_view what) {
     TALARIA_LOG(na, error, "{}: {}", what, e.describe());
     return to_na(e.code());
-}
-
-/// Mercury's info string as Talaria's address string, with the class and protocol names.
-struct Parsed {
-    std::string address, class_name, protocol;
-};
-
-Parsed parse_info(std::string_view info) {
-    Parsed p;
-    std::string_view rest;
-    std::string_view head = info;
-    if (auto at = info.find("://"); at != std::string_view::npos) {
-        head = info.substr(0, at);
-        rest = info.substr(at + 3);
-    }
-    std::string_view cls, proto = head;
-    if (auto plus = head.find('+'); plus != std::string_view::npos) {
-        cls = head.substr(0, plus);
-        proto = head.substr(plus + 1);
-    }
-    if (cls.empty() || cls == "na") {
-        // Mercury's own plugins: sm and tcp are Talaria's; inproc is Talaria's too.
-        p.class_name = "na";
-        p.protocol = std::string(proto);
-        p.address = fmt::format("{}://{}", proto, rest);
-    } else {
-        p.class_name = std::string(cls);
-        p.protocol = std::string(proto);
-        p.address = fmt::format("{}+{}://{}", cls, proto, rest);
-    }
-    return p;
-}
-
-/// Talaria's address string as Mercury's programs expect it: "na+" before sm and tcp.
-std::string mercury_string(const na_class* c, std::string s) {
-    if (c->class_name == "na" && !s.starts_with("inproc")) return "na+" + s;
-    return s;
 }
 
 template <class T>
@@ -271,7 +235,7 @@ NA_PUBLIC na_class_t* NA_Initialize_opt2(const char* info_string, bool listen, u
         TALARIA_LOG(na, error, "NA_Initialize: NULL info string");
         return nullptr;
     }
-    Parsed p = parse_info(info_string);
+    talaria::mercury::Info p = talaria::mercury::parse_info(info_string);
     tna::Options o;
     o.listen = listen;
     if (init) {
@@ -400,9 +364,7 @@ NA_PUBLIC void NA_Op_destroy(na_class_t* c, na_op_id_t* op) {
 
 NA_PUBLIC na_return_t NA_Addr_lookup(na_class_t* c, const char* name, na_addr_t** addr_p) {
     if (!c || !name || !addr_p) return NA_INVALID_ARG;
-    std::string_view n(name);
-    if (n.starts_with("na+")) n.remove_prefix(3);
-    auto r = c->t->addr_lookup(n);
+    auto r = c->t->addr_lookup(talaria::mercury::talaria_string(name));
     if (!r) return fail(r.error(), fmt::format("NA_Addr_lookup(\"{}\")", name));
     auto* a = new (std::nothrow) na_addr;
     if (!a) return NA_NOMEM;
@@ -455,7 +417,8 @@ NA_PUBLIC bool NA_Addr_is_self(na_class_t* c, na_addr_t* addr) {
 NA_PUBLIC na_return_t NA_Addr_to_string(na_class_t* c, char* buf, size_t* buf_size,
                                         na_addr_t* addr) {
     if (!c || !buf_size || !addr) return NA_INVALID_ARG;
-    const std::string s = mercury_string(c, c->t->addr_to_string(addr->a));
+    const std::string s =
+        talaria::mercury::mercury_string(c->class_name, c->t->addr_to_string(addr->a));
     if (!buf) {
         *buf_size = s.size() + 1;
         return NA_SUCCESS;

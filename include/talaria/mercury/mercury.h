@@ -1,0 +1,114 @@
+/* Talaria's Mercury-compatible C API: the HG layer, RPCs (Mercury 2.4.1's mercury.h: the same
+ * functions and semantics), over Talaria's core.
+ *
+ * A class is a Talaria core engine opened from Mercury's info string (see na.h), with as many
+ * contexts as na_init_info.max_contexts asks (1 by default), each made an HG context by
+ * HG_Context_create_id. An RPC id is 64 bits: ids below 2^32 (HG_Register_name's djb2 hash of
+ * the name, as Mercury's) travel as Talaria's procedure id; ids whose low 32 bits are a 16-bit
+ * provider (Margo's hash << 32 | provider) travel as procedure id and provider; HG_Get_info
+ * gives back the id exactly. Callbacks and RPC handlers run only in HG_Trigger. HG_Forward and
+ * HG_Respond encode before they return. A handle is reference counted: HG_Create and a handler's
+ * handle start at one, HG_Forward holds one until its callback returns, HG_Get_input and
+ * HG_Get_output one until the matching HG_Free_*, HG_Ref_incr one more; HG_Destroy drops one.
+ * The input of a request lives until HG_Free_input and may be read from any thread. */
+#ifndef MERCURY_H
+#define MERCURY_H
+
+#include "mercury_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+HG_PUBLIC hg_return_t HG_Version_get(unsigned int *major_p, unsigned int *minor_p,
+                                     unsigned int *patch_p);
+/* The code's name ("HG_SUCCESS"); NULL out of range. */
+HG_PUBLIC const char *HG_Error_to_string(hg_return_t errnum) HG_WARN_UNUSED_RESULT;
+
+HG_PUBLIC hg_class_t *HG_Init(const char *na_info_string, uint8_t na_listen) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_class_t *HG_Init_opt(const char *na_info_string, uint8_t na_listen,
+                                  const struct hg_init_info *hg_init_info) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_class_t *HG_Init_opt2(const char *na_info_string, uint8_t na_listen,
+                                   unsigned int version,
+                                   const struct hg_init_info *hg_init_info) HG_WARN_UNUSED_RESULT;
+/* HG_BUSY while contexts, addresses or handles of the class live. */
+HG_PUBLIC hg_return_t HG_Finalize(hg_class_t *hg_class);
+HG_PUBLIC bool HG_Class_is_listening(const hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
+
+HG_PUBLIC hg_context_t *HG_Context_create(hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_context_t *HG_Context_create_id(hg_class_t *hg_class, uint8_t id) HG_WARN_UNUSED_RESULT;
+/* HG_BUSY while handles of the context live. */
+HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t *context);
+HG_PUBLIC hg_class_t *HG_Context_get_class(const hg_context_t *context) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC uint8_t HG_Context_get_id(const hg_context_t *context) HG_WARN_UNUSED_RESULT;
+
+/* Register `func_name` under the djb2 hash of its name; 0 on failure. */
+HG_PUBLIC hg_id_t HG_Register_name(hg_class_t *hg_class, const char *func_name,
+                                   hg_proc_cb_t in_proc_cb, hg_proc_cb_t out_proc_cb,
+                                   hg_rpc_cb_t rpc_cb) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_return_t HG_Registered_name(hg_class_t *hg_class, const char *func_name,
+                                         hg_id_t *id_p, uint8_t *flag_p);
+/* Register (or register again, replacing) `id`. rpc_cb NULL: calls of it are not served here. */
+HG_PUBLIC hg_return_t HG_Register(hg_class_t *hg_class, hg_id_t id, hg_proc_cb_t in_proc_cb,
+                                  hg_proc_cb_t out_proc_cb, hg_rpc_cb_t rpc_cb);
+HG_PUBLIC hg_return_t HG_Deregister(hg_class_t *hg_class, hg_id_t id);
+HG_PUBLIC hg_return_t HG_Registered(hg_class_t *hg_class, hg_id_t id, uint8_t *flag_p);
+HG_PUBLIC hg_return_t HG_Registered_proc_cb(hg_class_t *hg_class, hg_id_t id, uint8_t *flag_p,
+                                            hg_proc_cb_t *in_proc_cb_p,
+                                            hg_proc_cb_t *out_proc_cb_p);
+HG_PUBLIC hg_return_t HG_Register_data(hg_class_t *hg_class, hg_id_t id, void *data,
+                                       void (*free_callback)(void *));
+HG_PUBLIC void *HG_Registered_data(hg_class_t *hg_class, hg_id_t id) HG_WARN_UNUSED_RESULT;
+/* Calls of `id` get no response (one-way); both sides must say so. */
+HG_PUBLIC hg_return_t HG_Registered_disable_response(hg_class_t *hg_class, hg_id_t id,
+                                                     uint8_t disable);
+HG_PUBLIC hg_return_t HG_Registered_disabled_response(hg_class_t *hg_class, hg_id_t id,
+                                                      uint8_t *disabled_p);
+
+/* Synchronous: nothing is sent. */
+HG_PUBLIC hg_return_t HG_Addr_lookup2(hg_class_t *hg_class, const char *name, hg_addr_t *addr_p);
+HG_PUBLIC hg_return_t HG_Addr_free(hg_class_t *hg_class, hg_addr_t addr);
+HG_PUBLIC hg_return_t HG_Addr_self(hg_class_t *hg_class, hg_addr_t *addr_p);
+HG_PUBLIC hg_return_t HG_Addr_dup(hg_class_t *hg_class, hg_addr_t addr, hg_addr_t *new_addr_p);
+HG_PUBLIC uint8_t HG_Addr_cmp(hg_class_t *hg_class, hg_addr_t addr1,
+                              hg_addr_t addr2) HG_WARN_UNUSED_RESULT;
+/* `*buf_size_p` counts the NUL; a NULL buf asks for the size (HG_OVERFLOW if too small). */
+HG_PUBLIC hg_return_t HG_Addr_to_string(hg_class_t *hg_class, char *buf, hg_size_t *buf_size_p,
+                                        hg_addr_t addr);
+
+/* A handle to call `id` at `addr` (HG_NOENTRY if `id` is not registered here). */
+HG_PUBLIC hg_return_t HG_Create(hg_context_t *context, hg_addr_t addr, hg_id_t id,
+                                hg_handle_t *handle_p);
+HG_PUBLIC hg_return_t HG_Destroy(hg_handle_t handle);
+HG_PUBLIC hg_return_t HG_Ref_incr(hg_handle_t handle);
+HG_PUBLIC const struct hg_info *HG_Get_info(hg_handle_t handle) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_return_t HG_Set_data(hg_handle_t handle, void *data, void (*free_callback)(void *));
+HG_PUBLIC void *HG_Get_data(hg_handle_t handle) HG_WARN_UNUSED_RESULT;
+/* Which context of the target runs the handler (default 0). */
+HG_PUBLIC hg_return_t HG_Set_target_id(hg_handle_t handle, uint8_t id);
+
+HG_PUBLIC hg_return_t HG_Get_input(hg_handle_t handle, void *in_struct);
+HG_PUBLIC hg_return_t HG_Free_input(hg_handle_t handle, void *in_struct);
+HG_PUBLIC hg_size_t HG_Get_input_payload_size(hg_handle_t handle);
+HG_PUBLIC hg_return_t HG_Get_output(hg_handle_t handle, void *out_struct);
+HG_PUBLIC hg_return_t HG_Free_output(hg_handle_t handle, void *out_struct);
+HG_PUBLIC hg_size_t HG_Get_output_payload_size(hg_handle_t handle);
+
+/* Encode `in_struct` and send it; `callback` runs in HG_Trigger once the response (or, for a
+ * call without one, the send) is done. HG_BUSY while the handle's last forward is. */
+HG_PUBLIC hg_return_t HG_Forward(hg_handle_t handle, hg_cb_t callback, void *arg, void *in_struct);
+/* Encode `out_struct` and answer; `callback` runs in HG_Trigger. */
+HG_PUBLIC hg_return_t HG_Respond(hg_handle_t handle, hg_cb_t callback, void *arg,
+                                 void *out_struct);
+
+/* Wait up to `timeout` ms for something to trigger: HG_SUCCESS, or HG_TIMEOUT. */
+HG_PUBLIC hg_return_t HG_Progress(hg_context_t *context, unsigned int timeout);
+/* Run up to `max_count` callbacks, waiting up to `timeout` ms for a first: HG_TIMEOUT if none. */
+HG_PUBLIC hg_return_t HG_Trigger(hg_context_t *context, unsigned int timeout,
+                                 unsigned int max_count, unsigned int *actual_count_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MERCURY_H */

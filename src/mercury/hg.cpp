@@ -1,0 +1,790 @@
+// HG_*: Mercury's RPC C API over Talaria's core (include/talaria/mercury/mercury.h says what
+// each function does).
+//
+// A class is a core::Engine; an HG context names one of its contexts; a handle is one call,
+// origin or target side, reference counted (mercury.h). Ids map onto the core's (RpcId,
+// provider): an id below 2^32 is the RpcId with provider 0, an id whose low 32 bits are a
+// 16-bit provider is (id >> 32, provider); RpcIds the core reserves move as core::rpc_id moves
+// them. The class keeps its registrations by that key, each with the exact 64-bit id, so that
+// a handler's HG_Get_info gives back the id the program registered.
+//
+// Target side: the core runs a handler in the context's trigger (so in HG_Trigger); it copies
+// the input (the core's bytes are valid only during the handler) and moves the Request into a
+// new handle, which the program's rpc callback owns. HG_Respond encodes and answers at once,
+// and queues its callback on the context (na::Context::post), run by the next trigger.
+// Origin side: HG_Forward encodes into the handle's buffer and calls core::Context::forward;
+// the response is copied into the handle before the callback runs, in the core's trigger.
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "mercury.h"
+#include "mercury/info.hpp"
+#include "mercury_proc.h"
+#include "talaria/core/core.hpp"
+#include "talaria/util/log.hpp"
+
+namespace tc = talaria::core;
+namespace tna = talaria::na;
+using talaria::Errc;
+
+namespace {
+
+struct Proc {
+    hg_id_t id = 0;
+    hg_proc_cb_t in = nullptr;
+    hg_proc_cb_t out = nullptr;
+    hg_rpc_cb_t rpc = nullptr;
+    void* data = nullptr;
+    void (*data_free)(void*) = nullptr;
+    bool no_response = false;
+    ~Proc() {
+        if (data_free) data_free(data);
+    }
+};
+
+using Key = std::pair<tc::RpcId, uint16_t>;
+
+bool key_of(hg_id_t id, Key& k) {
+    tc::RpcId rpc;
+    uint16_t provider = 0;
+    if ((id >> 32) == 0) {
+        rpc = tc::RpcId(id);
+    } else if ((id & 0xFFFF0000ull) == 0) {
+        rpc = tc::RpcId(id >> 32);
+        provider = uint16_t(id);
+    } else {
+        return false;
+    }
+    if (rpc == 0 || rpc >= 0xFFFFFF00u) rpc ^= 0x80000001u;  // as core::rpc_id keeps clear
+    k = {rpc, provider};
+    return true;
+}
+
+hg_return_t to_hg(Errc e) noexcept {
+    switch (e) {
+        case Errc::ok:
+            return HG_SUCCESS;
+        case Errc::again:
+            return HG_AGAIN;
+        case Errc::timeout:
+            return HG_TIMEOUT;
+        case Errc::canceled:
+            return HG_CANCELED;
+        case Errc::disconnected:
+            return HG_HOSTUNREACH;
+        case Errc::invalid_argument:
+            return HG_INVALID_ARG;
+        case Errc::out_of_range:
+            return HG_OVERFLOW;
+        case Errc::access_denied:
+            return HG_ACCESS;
+        case Errc::permission_denied:
+            return HG_PERMISSION;
+        case Errc::no_memory:
+            return HG_NOMEM;
+        case Errc::not_supported:
+            return HG_OPNOTSUPPORTED;
+        case Errc::address_in_use:
+            return HG_ADDRINUSE;
+        case Errc::address_invalid:
+            return HG_ADDRNOTAVAIL;
+        case Errc::unreachable:
+            return HG_HOSTUNREACH;
+        case Errc::protocol_error:
+            return HG_PROTOCOL_ERROR;
+        case Errc::message_too_large:
+            return HG_MSGSIZE;
+        case Errc::busy:
+            return HG_BUSY;
+        case Errc::not_found:
+            return HG_NOENTRY;
+        case Errc::already_exists:
+            return HG_EXIST;
+        case Errc::io_error:
+            return HG_IO_ERROR;
+        case Errc::shutdown:
+            return HG_CANCELED;
+        case Errc::internal:
+            return HG_OTHER_ERROR;
+        case Errc::invalid_state:
+            return HG_PERMISSION;
+    }
+    return HG_OTHER_ERROR;
+}
+
+/// djb2, as Mercury's HG_Register_name hashes a name.
+hg_id_t djb2(const char* s) {
+    uint32_t h = 5381;
+    for (; *s; ++s)
+        h = (h << 5) + h + uint8_t(*s);
+    return h;
+}
+
+}  // namespace
+
+struct hg_addr {
+    hg_class_t* cls = nullptr;
+    tna::Addr a;
+};
+
+struct hg_class {
+    std::unique_ptr<tc::Engine> eng;
+    std::string class_name;
+    bool listen = false;
+    std::mutex mu;  // procs, contexts
+    std::map<Key, std::shared_ptr<Proc>> procs;
+    std::vector<hg_context_t*> contexts;
+    std::atomic<int> live{0};  // contexts, addresses, handles
+
+    std::shared_ptr<Proc> find(hg_id_t id) {
+        Key k;
+        if (!key_of(id, k)) return nullptr;
+        std::lock_guard g(mu);
+        auto it = procs.find(k);
+        return it != procs.end() && it->second->id == id ? it->second : nullptr;
+    }
+};
+
+struct hg_context {
+    hg_class_t* cls = nullptr;
+    tc::Context* ctx = nullptr;
+    uint8_t id = 0;
+    std::atomic<int> handles{0};
+};
+
+struct hg_handle {
+    hg_info info{};
+    hg_addr addr_obj;  // what info.addr points to (borrowed by the program)
+    hg_context_t* ctx = nullptr;
+    std::atomic<int> refs{1};
+    std::shared_ptr<Proc> proc;
+    void* data = nullptr;
+    void (*data_free)(void*) = nullptr;
+    uint8_t target_id = 0;
+    // Target side.
+    bool target = false;
+    tc::Request req;
+    std::vector<std::byte> input;
+    // Origin side.
+    std::atomic<bool> forwarding{false};
+    hg_cb_t cb = nullptr;
+    void* arg = nullptr;
+    std::vector<std::byte> output;
+    std::vector<std::byte> enc;  // encoding scratch
+
+    ~hg_handle() {
+        if (data_free) data_free(data);
+    }
+};
+
+namespace {
+
+hg_return_t release(hg_handle_t h) {
+    if (h->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return HG_SUCCESS;
+    hg_context_t* ctx = h->ctx;
+    hg_class_t* cls = ctx->cls;
+    delete h;
+    ctx->handles.fetch_sub(1, std::memory_order_relaxed);
+    cls->live.fetch_sub(1, std::memory_order_relaxed);
+    return HG_SUCCESS;
+}
+
+hg_handle_t new_handle(hg_context_t* ctx, const tna::Addr& a, std::shared_ptr<Proc> proc) {
+    auto* h = new (std::nothrow) hg_handle;
+    if (!h) return nullptr;
+    h->ctx = ctx;
+    h->addr_obj.cls = ctx->cls;
+    h->addr_obj.a = a;
+    h->proc = std::move(proc);
+    h->info.hg_class = ctx->cls;
+    h->info.context = ctx;
+    h->info.addr = &h->addr_obj;
+    h->info.id = h->proc ? h->proc->id : 0;
+    h->info.context_id = ctx->id;
+    ctx->handles.fetch_add(1, std::memory_order_relaxed);
+    ctx->cls->live.fetch_add(1, std::memory_order_relaxed);
+    return h;
+}
+
+/// Encode `in` with `cb` into `out` (grown as needed): its size, or the error.
+hg_return_t encode(hg_class_t* cls, hg_proc_cb_t cb, void* in, std::vector<std::byte>& out) {
+    out.clear();
+    if (!cb || !in) return HG_SUCCESS;
+    if (out.capacity() < 4096) out.reserve(4096);
+    out.resize(out.capacity());
+    hg_proc_t p = HG_PROC_NULL;
+    hg_return_t ret = hg_proc_create_set(cls, out.data(), out.size(), HG_ENCODE, HG_NOHASH, &p);
+    if (ret != HG_SUCCESS) return ret;
+    ret = cb(p, in);
+    if (ret == HG_SUCCESS) {
+        const hg_size_t used = hg_proc_get_size_used(p);
+        if (void* extra = hg_proc_get_extra_buf(p)) {  // it outgrew the buffer
+            std::vector<std::byte> all(used);
+            std::memcpy(all.data(), extra, used);
+            out.swap(all);
+        } else {
+            out.resize(used);
+        }
+    }
+    hg_proc_free(p);
+    return ret;
+}
+
+hg_return_t decode(hg_class_t* cls, hg_proc_cb_t cb, std::vector<std::byte>& bytes, void* out,
+                   hg_proc_op_t op) {
+    if (!cb || !out) return HG_SUCCESS;
+    hg_proc_t p = HG_PROC_NULL;
+    std::byte none{};
+    hg_return_t ret = hg_proc_create_set(cls, bytes.empty() ? &none : bytes.data(), bytes.size(),
+                                         op, HG_NOHASH, &p);
+    if (ret != HG_SUCCESS) return ret;
+    ret = cb(p, out);
+    hg_proc_free(p);
+    return ret;
+}
+
+}  // namespace
+
+extern "C" {
+
+HG_PUBLIC hg_return_t HG_Version_get(unsigned int* major, unsigned int* minor,
+                                     unsigned int* patch) {
+    if (major) *major = HG_VERSION_MAJOR;
+    if (minor) *minor = HG_VERSION_MINOR;
+    if (patch) *patch = HG_VERSION_PATCH;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC const char* HG_Error_to_string(hg_return_t errnum) {
+#define X(a) #a,
+    static const char* const kNames[] = {HG_RETURN_VALUES};
+#undef X
+    const auto i = static_cast<unsigned>(errnum);
+    return i < sizeof kNames / sizeof kNames[0] - 1 ? kNames[i] : nullptr;
+}
+
+HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsigned int,
+                                   const struct hg_init_info* init) {
+    if (!info_string) {
+        TALARIA_LOG(rpc, error, "HG_Init: NULL info string");
+        return nullptr;
+    }
+    if (init && init->na_class) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Init_opt2: an NA class the program opened "
+                    "(hg_init_info.na_class) is not supported by Talaria yet");
+        return nullptr;
+    }
+    const auto info = talaria::mercury::parse_info(info_string);
+    tc::Options o;
+    o.na.listen = listen != 0;
+    if (init && init->na_init_info.max_contexts > 1) {
+        o.contexts = init->na_init_info.max_contexts;
+        if (o.na.max_contexts < o.contexts) o.na.max_contexts = o.contexts;
+    }
+    auto e = tc::Engine::open(info.address, o);
+    if (!e) {
+        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", info_string, e.error().describe());
+        return nullptr;
+    }
+    auto* c = new (std::nothrow) hg_class;
+    if (!c) return nullptr;
+    c->eng = std::move(*e);
+    c->class_name = info.class_name;
+    c->listen = listen != 0;
+    c->contexts.assign(c->eng->context_count(), nullptr);
+    return c;
+}
+
+HG_PUBLIC hg_class_t* HG_Init_opt(const char* info_string, uint8_t listen,
+                                  const struct hg_init_info* init) {
+    return HG_Init_opt2(info_string, listen, HG_VERSION(2, 4), init);
+}
+
+HG_PUBLIC hg_class_t* HG_Init(const char* info_string, uint8_t listen) {
+    return HG_Init_opt2(info_string, listen, HG_VERSION(2, 4), nullptr);
+}
+
+HG_PUBLIC hg_return_t HG_Finalize(hg_class_t* c) {
+    if (!c) return HG_SUCCESS;
+    if (int n = c->live.load(); n != 0) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Finalize: {} context(s), address(es) or handle(s) of this class are "
+                    "still live: destroy and free them first",
+                    n);
+        return HG_BUSY;
+    }
+    c->eng->shutdown();
+    delete c;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC bool HG_Class_is_listening(const hg_class_t* c) {
+    return c && c->listen;
+}
+
+HG_PUBLIC hg_context_t* HG_Context_create_id(hg_class_t* c, uint8_t id) {
+    if (!c) return nullptr;
+    std::lock_guard g(c->mu);
+    if (id >= c->contexts.size()) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Context_create_id({}): the class has {} context(s); ask for more with "
+                    "hg_init_info.na_init_info.max_contexts",
+                    id, c->contexts.size());
+        return nullptr;
+    }
+    if (c->contexts[id]) {
+        TALARIA_LOG(rpc, error, "HG_Context_create_id({}): that context exists already", id);
+        return nullptr;
+    }
+    auto* ctx = new (std::nothrow) hg_context;
+    if (!ctx) return nullptr;
+    ctx->cls = c;
+    ctx->ctx = &c->eng->context(id);
+    ctx->id = id;
+    c->contexts[id] = ctx;
+    c->live.fetch_add(1, std::memory_order_relaxed);
+    return ctx;
+}
+
+HG_PUBLIC hg_context_t* HG_Context_create(hg_class_t* c) {
+    return HG_Context_create_id(c, 0);
+}
+
+HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t* ctx) {
+    if (!ctx) return HG_SUCCESS;
+    if (int n = ctx->handles.load(); n != 0) {
+        TALARIA_LOG(rpc, error, "HG_Context_destroy: {} handle(s) of it are still live", n);
+        return HG_BUSY;
+    }
+    hg_class_t* c = ctx->cls;
+    {
+        std::lock_guard g(c->mu);
+        c->contexts[ctx->id] = nullptr;
+    }
+    delete ctx;
+    c->live.fetch_sub(1, std::memory_order_relaxed);
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_class_t* HG_Context_get_class(const hg_context_t* ctx) {
+    return ctx ? ctx->cls : nullptr;
+}
+
+HG_PUBLIC uint8_t HG_Context_get_id(const hg_context_t* ctx) {
+    return ctx ? ctx->id : 0;
+}
+
+HG_PUBLIC hg_return_t HG_Register(hg_class_t* c, hg_id_t id, hg_proc_cb_t in_cb,
+                                  hg_proc_cb_t out_cb, hg_rpc_cb_t rpc_cb) {
+    if (!c) return HG_INVALID_ARG;
+    Key k;
+    if (!key_of(id, k)) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Register: id 0x{:016x} is neither below 2^32 nor an id << 32 with a "
+                    "16-bit provider in its low bits",
+                    id);
+        return HG_INVALID_ARG;
+    }
+    auto proc = std::make_shared<Proc>();
+    proc->id = id;
+    proc->in = in_cb;
+    proc->out = out_cb;
+    proc->rpc = rpc_cb;
+    {
+        std::lock_guard g(c->mu);
+        if (auto it = c->procs.find(k); it != c->procs.end()) {
+            if (it->second->id != id) return HG_EXIST;  // another id on the same key
+            // Registered again: the callbacks are replaced, the data and response kept.
+            proc->data = std::exchange(it->second->data, nullptr);
+            proc->data_free = std::exchange(it->second->data_free, nullptr);
+            proc->no_response = it->second->no_response;
+            (void)c->eng->deregister_rpc(k.first, k.second);
+        }
+        c->procs[k] = proc;
+    }
+    std::weak_ptr<Proc> weak = proc;
+    hg_class_t* cls = c;
+    auto r = c->eng->register_rpc(
+        k.first, std::to_string(id),
+        [cls, weak](tc::Request& req) {
+            auto p = weak.lock();
+            hg_context_t* ctx = nullptr;
+            {
+                std::lock_guard g(cls->mu);
+                if (req.context().id() < cls->contexts.size())
+                    ctx = cls->contexts[req.context().id()];
+            }
+            if (!p || !p->rpc || !ctx) {
+                if (!req.one_way())
+                    (void)req.respond_error(Errc::not_found,
+                                            p && p->rpc ? "no HG context for this context id"
+                                                        : "no RPC callback for this id here");
+                return;
+            }
+            hg_handle_t h = new_handle(ctx, req.source(), p);
+            if (!h) {
+                if (!req.one_way()) (void)req.respond_error(Errc::no_memory, "no handle");
+                return;
+            }
+            h->target = true;
+            h->input.assign(req.input().begin(), req.input().end());  // before the move
+            h->req = std::move(req);
+            const hg_return_t ret = p->rpc(h);
+            if (ret != HG_SUCCESS)
+                TALARIA_LOG(rpc, warn, "the RPC callback of id 0x{:x} returned {}", p->id,
+                            HG_Error_to_string(ret));
+        },
+        tc::Registration{.provider = k.second});
+    if (!r) {
+        std::lock_guard g(c->mu);
+        c->procs.erase(k);
+        TALARIA_LOG(rpc, error, "HG_Register: {}", r.error().describe());
+        return to_hg(r.code());
+    }
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_id_t HG_Register_name(hg_class_t* c, const char* name, hg_proc_cb_t in_cb,
+                                   hg_proc_cb_t out_cb, hg_rpc_cb_t rpc_cb) {
+    if (!c || !name) return 0;
+    const hg_id_t id = djb2(name);
+    return HG_Register(c, id, in_cb, out_cb, rpc_cb) == HG_SUCCESS ? id : 0;
+}
+
+HG_PUBLIC hg_return_t HG_Registered(hg_class_t* c, hg_id_t id, uint8_t* flag_p) {
+    if (!c || !flag_p) return HG_INVALID_ARG;
+    *flag_p = c->find(id) != nullptr;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Registered_name(hg_class_t* c, const char* name, hg_id_t* id_p,
+                                         uint8_t* flag_p) {
+    if (!c || !name || !flag_p) return HG_INVALID_ARG;
+    const hg_id_t id = djb2(name);
+    if (id_p) *id_p = id;
+    return HG_Registered(c, id, flag_p);
+}
+
+HG_PUBLIC hg_return_t HG_Registered_proc_cb(hg_class_t* c, hg_id_t id, uint8_t* flag_p,
+                                            hg_proc_cb_t* in_p, hg_proc_cb_t* out_p) {
+    if (!c || !flag_p) return HG_INVALID_ARG;
+    auto p = c->find(id);
+    *flag_p = p != nullptr;
+    if (p && in_p) *in_p = p->in;
+    if (p && out_p) *out_p = p->out;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Deregister(hg_class_t* c, hg_id_t id) {
+    if (!c) return HG_INVALID_ARG;
+    Key k;
+    if (!key_of(id, k)) return HG_NOENTRY;
+    {
+        std::lock_guard g(c->mu);
+        auto it = c->procs.find(k);
+        if (it == c->procs.end() || it->second->id != id) return HG_NOENTRY;
+        c->procs.erase(it);
+    }
+    (void)c->eng->deregister_rpc(k.first, k.second);
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Register_data(hg_class_t* c, hg_id_t id, void* data,
+                                       void (*free_cb)(void*)) {
+    if (!c) return HG_INVALID_ARG;
+    auto p = c->find(id);
+    if (!p) return HG_NOENTRY;
+    std::lock_guard g(c->mu);
+    if (p->data_free && p->data != data) p->data_free(p->data);
+    p->data = data;
+    p->data_free = free_cb;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC void* HG_Registered_data(hg_class_t* c, hg_id_t id) {
+    if (!c) return nullptr;
+    auto p = c->find(id);
+    return p ? p->data : nullptr;
+}
+
+HG_PUBLIC hg_return_t HG_Registered_disable_response(hg_class_t* c, hg_id_t id, uint8_t disable) {
+    if (!c) return HG_INVALID_ARG;
+    auto p = c->find(id);
+    if (!p) return HG_NOENTRY;
+    p->no_response = disable != 0;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Registered_disabled_response(hg_class_t* c, hg_id_t id,
+                                                      uint8_t* disabled_p) {
+    if (!c || !disabled_p) return HG_INVALID_ARG;
+    auto p = c->find(id);
+    if (!p) return HG_NOENTRY;
+    *disabled_p = p->no_response;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Addr_lookup2(hg_class_t* c, const char* name, hg_addr_t* addr_p) {
+    if (!c || !name || !addr_p) return HG_INVALID_ARG;
+    auto r = c->eng->lookup(talaria::mercury::talaria_string(name));
+    if (!r) {
+        TALARIA_LOG(rpc, error, "HG_Addr_lookup2(\"{}\"): {}", name, r.error().describe());
+        return to_hg(r.code());
+    }
+    auto* a = new (std::nothrow) hg_addr;
+    if (!a) return HG_NOMEM;
+    a->cls = c;
+    a->a = std::move(*r);
+    c->live.fetch_add(1, std::memory_order_relaxed);
+    *addr_p = a;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Addr_free(hg_class_t* c, hg_addr_t addr) {
+    if (!addr) return HG_SUCCESS;
+    if (!c || addr->cls != c) return HG_INVALID_ARG;
+    delete addr;
+    c->live.fetch_sub(1, std::memory_order_relaxed);
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Addr_self(hg_class_t* c, hg_addr_t* addr_p) {
+    if (!c || !addr_p) return HG_INVALID_ARG;
+    auto* a = new (std::nothrow) hg_addr;
+    if (!a) return HG_NOMEM;
+    a->cls = c;
+    a->a = c->eng->self();
+    c->live.fetch_add(1, std::memory_order_relaxed);
+    *addr_p = a;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Addr_dup(hg_class_t* c, hg_addr_t addr, hg_addr_t* new_p) {
+    if (!c || !addr || !new_p) return HG_INVALID_ARG;
+    auto* a = new (std::nothrow) hg_addr;
+    if (!a) return HG_NOMEM;
+    a->cls = c;
+    a->a = addr->a;
+    c->live.fetch_add(1, std::memory_order_relaxed);
+    *new_p = a;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC uint8_t HG_Addr_cmp(hg_class_t*, hg_addr_t a1, hg_addr_t a2) {
+    if (a1 == a2) return 1;
+    return a1 && a2 && a1->a == a2->a;
+}
+
+HG_PUBLIC hg_return_t HG_Addr_to_string(hg_class_t* c, char* buf, hg_size_t* size_p,
+                                        hg_addr_t addr) {
+    if (!c || !size_p || !addr) return HG_INVALID_ARG;
+    const std::string s = talaria::mercury::mercury_string(
+        c->class_name, addr->a.impl()->transport()->addr_to_string(addr->a));
+    const hg_size_t need = s.size() + 1;
+    if (!buf) {
+        *size_p = need;
+        return HG_SUCCESS;
+    }
+    if (*size_p < need) {
+        *size_p = need;
+        return HG_OVERFLOW;
+    }
+    std::memcpy(buf, s.c_str(), need);
+    *size_p = need;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Create(hg_context_t* ctx, hg_addr_t addr, hg_id_t id,
+                                hg_handle_t* handle_p) {
+    if (!ctx || !handle_p) return HG_INVALID_ARG;
+    std::shared_ptr<Proc> p;
+    if (id != 0) {
+        p = ctx->cls->find(id);
+        if (!p) {
+            TALARIA_LOG(rpc, error, "HG_Create: id 0x{:x} is not registered on this class", id);
+            return HG_NOENTRY;
+        }
+    }
+    hg_handle_t h = new_handle(ctx, addr ? addr->a : tna::Addr{}, std::move(p));
+    if (!h) return HG_NOMEM;
+    *handle_p = h;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Destroy(hg_handle_t h) {
+    return h ? release(h) : HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Ref_incr(hg_handle_t h) {
+    if (!h) return HG_INVALID_ARG;
+    h->refs.fetch_add(1, std::memory_order_relaxed);
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC const struct hg_info* HG_Get_info(hg_handle_t h) {
+    return h ? &h->info : nullptr;
+}
+
+HG_PUBLIC hg_return_t HG_Set_data(hg_handle_t h, void* data, void (*free_cb)(void*)) {
+    if (!h) return HG_INVALID_ARG;
+    if (h->data_free && h->data != data) h->data_free(h->data);
+    h->data = data;
+    h->data_free = free_cb;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC void* HG_Get_data(hg_handle_t h) {
+    return h ? h->data : nullptr;
+}
+
+HG_PUBLIC hg_return_t HG_Set_target_id(hg_handle_t h, uint8_t id) {
+    if (!h) return HG_INVALID_ARG;
+    h->target_id = id;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Get_input(hg_handle_t h, void* in_struct) {
+    if (!h || !in_struct || !h->target || !h->proc) return HG_INVALID_ARG;
+    if (!h->proc->in) return HG_FAULT;  // as Mercury: no proc registered for the input
+    hg_return_t ret = decode(h->ctx->cls, h->proc->in, h->input, in_struct, HG_DECODE);
+    if (ret == HG_SUCCESS) h->refs.fetch_add(1, std::memory_order_relaxed);  // until Free_input
+    return ret;
+}
+
+HG_PUBLIC hg_return_t HG_Free_input(hg_handle_t h, void* in_struct) {
+    if (!h || !in_struct || !h->proc || !h->proc->in) return HG_INVALID_ARG;
+    hg_return_t ret = decode(h->ctx->cls, h->proc->in, h->input, in_struct, HG_FREE);
+    release(h);
+    return ret;
+}
+
+HG_PUBLIC hg_size_t HG_Get_input_payload_size(hg_handle_t h) {
+    return h ? h->input.size() : 0;
+}
+
+HG_PUBLIC hg_return_t HG_Get_output(hg_handle_t h, void* out_struct) {
+    if (!h || !out_struct || h->target || !h->proc) return HG_INVALID_ARG;
+    if (!h->proc->out) return HG_FAULT;
+    hg_return_t ret = decode(h->ctx->cls, h->proc->out, h->output, out_struct, HG_DECODE);
+    if (ret == HG_SUCCESS) h->refs.fetch_add(1, std::memory_order_relaxed);
+    return ret;
+}
+
+HG_PUBLIC hg_return_t HG_Free_output(hg_handle_t h, void* out_struct) {
+    if (!h || !out_struct || !h->proc || !h->proc->out) return HG_INVALID_ARG;
+    hg_return_t ret = decode(h->ctx->cls, h->proc->out, h->output, out_struct, HG_FREE);
+    release(h);
+    return ret;
+}
+
+HG_PUBLIC hg_size_t HG_Get_output_payload_size(hg_handle_t h) {
+    return h ? h->output.size() : 0;
+}
+
+HG_PUBLIC hg_return_t HG_Forward(hg_handle_t h, hg_cb_t cb, void* arg, void* in_struct) {
+    if (!h || h->target || !h->proc || !h->addr_obj.a) return HG_INVALID_ARG;
+    bool idle = false;
+    if (!h->forwarding.compare_exchange_strong(idle, true)) return HG_BUSY;
+    hg_return_t ret = encode(h->ctx->cls, h->proc->in, in_struct, h->enc);
+    if (ret != HG_SUCCESS) {
+        h->forwarding.store(false);
+        return ret;
+    }
+    Key k;
+    key_of(h->proc->id, k);
+    h->cb = cb;
+    h->arg = arg;
+    h->refs.fetch_add(1, std::memory_order_relaxed);  // until the callback returns
+    tc::CallOptions o;
+    o.target_context = h->target_id;
+    o.provider = k.second;
+    o.one_way = h->proc->no_response;
+    auto r = h->ctx->ctx->forward(h->addr_obj.a, k.first, h->enc, o,
+                                  [h](talaria::Result<std::span<const std::byte>>&& res) {
+                                      hg_cb_info info{};
+                                      info.info.forward.handle = h;
+                                      info.arg = h->arg;
+                                      info.type = HG_CB_FORWARD;
+                                      if (res) {
+                                          h->output.assign(res->begin(), res->end());
+                                          info.ret = HG_SUCCESS;
+                                      } else {
+                                          h->output.clear();
+                                          info.ret = to_hg(res.code());
+                                          TALARIA_LOG(rpc, debug, "HG_Forward of id 0x{:x}: {}",
+                                                      h->proc->id, res.error().describe());
+                                      }
+                                      h->forwarding.store(false, std::memory_order_release);
+                                      if (h->cb) h->cb(&info);
+                                      release(h);
+                                  });
+    if (!r) {
+        h->forwarding.store(false);
+        release(h);
+        TALARIA_LOG(rpc, error, "HG_Forward: {}", r.error().describe());
+        return to_hg(r.code());
+    }
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Respond(hg_handle_t h, hg_cb_t cb, void* arg, void* out_struct) {
+    if (!h || !h->target || !h->proc) return HG_INVALID_ARG;
+    hg_return_t ret = HG_SUCCESS;
+    if (!h->req.one_way()) {
+        std::vector<std::byte> out;
+        ret = encode(h->ctx->cls, h->proc->out, out_struct, out);
+        if (ret != HG_SUCCESS) return ret;
+        auto r = h->req.respond(out);
+        if (!r) {
+            TALARIA_LOG(rpc, warn, "HG_Respond: {}", r.error().describe());
+            ret = to_hg(r.code());
+        }
+    }
+    // The callback runs in the next trigger, as in Mercury; the handle lives until it returns.
+    h->refs.fetch_add(1, std::memory_order_relaxed);
+    auto posted = h->ctx->ctx->na_context().post([h, cb, arg, ret](const tna::Completion&) {
+        hg_cb_info info{};
+        info.info.respond.handle = h;
+        info.arg = arg;
+        info.type = HG_CB_RESPOND;
+        info.ret = ret;
+        if (cb) cb(&info);
+        release(h);
+    });
+    if (!posted) {
+        release(h);
+        return to_hg(posted.code());
+    }
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Progress(hg_context_t* ctx, unsigned int timeout_ms) {
+    if (!ctx) return HG_INVALID_ARG;
+    auto r = ctx->ctx->progress(std::chrono::milliseconds(timeout_ms));
+    if (r) return HG_SUCCESS;
+    return r.code() == Errc::timeout ? HG_TIMEOUT : to_hg(r.code());
+}
+
+HG_PUBLIC hg_return_t HG_Trigger(hg_context_t* ctx, unsigned int timeout_ms, unsigned int max_count,
+                                 unsigned int* actual_p) {
+    if (!ctx) return HG_INVALID_ARG;
+    unsigned n = max_count ? ctx->ctx->trigger(max_count) : 0;
+    if (n == 0 && max_count && timeout_ms) {
+        // Nothing queued: wait for a first, as Mercury's trigger waits on its queue.
+        (void)ctx->ctx->progress(std::chrono::milliseconds(timeout_ms));
+        n = ctx->ctx->trigger(max_count);
+    }
+    if (actual_p) *actual_p = n;
+    return n ? HG_SUCCESS : HG_TIMEOUT;
+}
+
+}  // extern "C"
