@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mercury.h"
+#include "mercury/hg_impl.hpp"
 #include "mercury/info.hpp"
 #include "mercury_proc.h"
 #include "talaria/core/core.hpp"
@@ -37,88 +38,7 @@ using talaria::Errc;
 
 namespace {
 
-struct Proc {
-    hg_id_t id = 0;
-    hg_proc_cb_t in = nullptr;
-    hg_proc_cb_t out = nullptr;
-    hg_rpc_cb_t rpc = nullptr;
-    void* data = nullptr;
-    void (*data_free)(void*) = nullptr;
-    bool no_response = false;
-    ~Proc() {
-        if (data_free) data_free(data);
-    }
-};
-
-using Key = std::pair<tc::RpcId, uint16_t>;
-
-bool key_of(hg_id_t id, Key& k) {
-    tc::RpcId rpc;
-    uint16_t provider = 0;
-    if ((id >> 32) == 0) {
-        rpc = tc::RpcId(id);
-    } else if ((id & 0xFFFF0000ull) == 0) {
-        rpc = tc::RpcId(id >> 32);
-        provider = uint16_t(id);
-    } else {
-        return false;
-    }
-    if (rpc == 0 || rpc >= 0xFFFFFF00u) rpc ^= 0x80000001u;  // as core::rpc_id keeps clear
-    k = {rpc, provider};
-    return true;
-}
-
-hg_return_t to_hg(Errc e) noexcept {
-    switch (e) {
-        case Errc::ok:
-            return HG_SUCCESS;
-        case Errc::again:
-            return HG_AGAIN;
-        case Errc::timeout:
-            return HG_TIMEOUT;
-        case Errc::canceled:
-            return HG_CANCELED;
-        case Errc::disconnected:
-            return HG_HOSTUNREACH;
-        case Errc::invalid_argument:
-            return HG_INVALID_ARG;
-        case Errc::out_of_range:
-            return HG_OVERFLOW;
-        case Errc::access_denied:
-            return HG_ACCESS;
-        case Errc::permission_denied:
-            return HG_PERMISSION;
-        case Errc::no_memory:
-            return HG_NOMEM;
-        case Errc::not_supported:
-            return HG_OPNOTSUPPORTED;
-        case Errc::address_in_use:
-            return HG_ADDRINUSE;
-        case Errc::address_invalid:
-            return HG_ADDRNOTAVAIL;
-        case Errc::unreachable:
-            return HG_HOSTUNREACH;
-        case Errc::protocol_error:
-            return HG_PROTOCOL_ERROR;
-        case Errc::message_too_large:
-            return HG_MSGSIZE;
-        case Errc::busy:
-            return HG_BUSY;
-        case Errc::not_found:
-            return HG_NOENTRY;
-        case Errc::already_exists:
-            return HG_EXIST;
-        case Errc::io_error:
-            return HG_IO_ERROR;
-        case Errc::shutdown:
-            return HG_CANCELED;
-        case Errc::internal:
-            return HG_OTHER_ERROR;
-        case Errc::invalid_state:
-            return HG_PERMISSION;
-    }
-    return HG_OTHER_ERROR;
-}
+using namespace talaria::mercury;
 
 /// djb2, as Mercury's HG_Register_name hashes a name.
 hg_id_t djb2(const char* s) {
@@ -129,36 +49,6 @@ hg_id_t djb2(const char* s) {
 }
 
 }  // namespace
-
-struct hg_addr {
-    hg_class_t* cls = nullptr;
-    tna::Addr a;
-};
-
-struct hg_class {
-    std::unique_ptr<tc::Engine> eng;
-    std::string class_name;
-    bool listen = false;
-    std::mutex mu;  // procs, contexts
-    std::map<Key, std::shared_ptr<Proc>> procs;
-    std::vector<hg_context_t*> contexts;
-    std::atomic<int> live{0};  // contexts, addresses, handles
-
-    std::shared_ptr<Proc> find(hg_id_t id) {
-        Key k;
-        if (!key_of(id, k)) return nullptr;
-        std::lock_guard g(mu);
-        auto it = procs.find(k);
-        return it != procs.end() && it->second->id == id ? it->second : nullptr;
-    }
-};
-
-struct hg_context {
-    hg_class_t* cls = nullptr;
-    tc::Context* ctx = nullptr;
-    uint8_t id = 0;
-    std::atomic<int> handles{0};
-};
 
 struct hg_handle {
     hg_info info{};
@@ -350,6 +240,7 @@ HG_PUBLIC hg_context_t* HG_Context_create_id(hg_class_t* c, uint8_t id) {
     ctx->cls = c;
     ctx->ctx = &c->eng->context(id);
     ctx->id = id;
+    ctx->bulk = std::make_unique<talaria::bulk::Context>(ctx->ctx->na_context());
     c->contexts[id] = ctx;
     c->live.fetch_add(1, std::memory_order_relaxed);
     return ctx;
@@ -363,6 +254,10 @@ HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t* ctx) {
     if (!ctx) return HG_SUCCESS;
     if (int n = ctx->handles.load(); n != 0) {
         TALARIA_LOG(rpc, error, "HG_Context_destroy: {} handle(s) of it are still live", n);
+        return HG_BUSY;
+    }
+    if (std::size_t n = ctx->bulk->in_flight(); n != 0) {
+        TALARIA_LOG(rpc, error, "HG_Context_destroy: {} bulk transfer(s) of it are in flight", n);
         return HG_BUSY;
     }
     hg_class_t* c = ctx->cls;

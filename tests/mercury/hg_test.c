@@ -4,7 +4,9 @@
  * HG_Get_info, a response sent after the handler returned from input read then (kept until
  * HG_Free_input), 200 kB each way (past the eager size), a one-way call, an id the server does
  * not serve (HG_NOENTRY in the callback), an id not registered here (HG_NOENTRY from
- * HG_Create), a busy handle, and the teardown rules. Callbacks and handlers must run in
+ * HG_Create), a busy handle, bulk (a handle of three segments, one zero-size and one the
+ * library allocates, pulled by the server's handler, then pushed into, and a zero-size
+ * transfer), and the teardown rules. Callbacks and handlers must run in
  * HG_Trigger only. Each check says what failed; the status is the count. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +14,9 @@
 #include <time.h>
 
 #include "mercury.h"
+#include "mercury_bulk.h"
 #include "mercury_proc.h"
+#include "mercury_proc_bulk.h"
 #include "mercury_proc_string.h"
 
 static int failures = 0;
@@ -78,6 +82,7 @@ static hg_return_t on_responded(const struct hg_cb_info *info) {
 }
 
 struct call {
+    int no_output; /* the caller reads the output itself */
     int done;
     hg_return_t ret;
     sum_out_t out;
@@ -88,11 +93,101 @@ static hg_return_t on_forwarded(const struct hg_cb_info *info) {
     outside += !in_trigger;
     struct call *c = (struct call *)info->arg;
     c->ret = info->ret;
-    if (info->ret == HG_SUCCESS && c->got_output == 0) {
+    if (info->ret == HG_SUCCESS && c->got_output == 0 && !c->no_output) {
         hg_handle_t h = info->info.forward.handle;
         if (HG_Get_output(h, &c->out) == HG_SUCCESS) c->got_output = 1;
     }
     c->done = 1;
+    return HG_SUCCESS;
+}
+
+/* --- bulk: the client exposes its buffer in the input; the handler pulls it, pushes 10 'z'
+ * bytes back at offset 0, and answers with the sum of what it pulled. */
+typedef struct {
+    hg_bulk_t data;
+    hg_uint32_t n;
+} write_in_t;
+static hg_return_t hg_proc_write_in_t(hg_proc_t proc, void *data) {
+    write_in_t *in = (write_in_t *)data;
+    hg_return_t ret = hg_proc_hg_bulk_t(proc, &in->data);
+    return ret != HG_SUCCESS ? ret : hg_proc_hg_uint32_t(proc, &in->n);
+}
+static hg_return_t hg_proc_write_out_t(hg_proc_t proc, void *data) {
+    return hg_proc_hg_uint32_t(proc, data);
+}
+
+struct write_state {
+    hg_handle_t h;
+    write_in_t in;
+    hg_bulk_t local;
+    hg_bulk_t zs;
+    int stage;
+    hg_uint32_t sum;
+};
+static struct write_state ws;
+static int zero_done = 0;
+
+static hg_return_t on_zero(const struct hg_cb_info *info) {
+    outside += !in_trigger;
+    CHECK(info->ret == HG_SUCCESS && info->info.bulk.size == 0, "a zero-size transfer completes");
+    zero_done = 1;
+    return HG_SUCCESS;
+}
+
+static hg_return_t on_bulk(const struct hg_cb_info *info) {
+    outside += !in_trigger;
+    CHECK(info->type == HG_CB_BULK && info->ret == HG_SUCCESS, "a bulk transfer completed");
+    hg_class_t *cls = HG_Get_info(ws.h)->hg_class;
+    if (ws.stage == 0) { /* pulled: sum it, then push 'z' bytes */
+        CHECK(info->info.bulk.op == HG_BULK_PULL && info->info.bulk.size == ws.in.n,
+              "the pull moved every byte");
+        void *ptrs[4];
+        hg_size_t sizes[4];
+        uint32_t n = 0;
+        CHECK(HG_Bulk_access(ws.local, 0, ws.in.n, HG_BULK_READWRITE, 4, ptrs, sizes, &n) ==
+                      HG_SUCCESS &&
+                  n == 1 && sizes[0] == ws.in.n,
+              "HG_Bulk_access of the library's memory");
+        ws.sum = 0;
+        for (hg_uint32_t i = 0; i < ws.in.n; ++i)
+            ws.sum += ((unsigned char *)ptrs[0])[i];
+        memset(ptrs[0], 'z', 10);
+        ws.stage = 1;
+        CHECK(HG_Bulk_transfer(HG_Get_info(ws.h)->context, on_bulk, NULL, HG_BULK_PUSH,
+                               HG_Get_info(ws.h)->addr, ws.in.data, 0, ws.local, 0, 10,
+                               HG_OP_ID_IGNORE) == HG_SUCCESS,
+              "a push back to the origin");
+    } else { /* pushed: answer */
+        CHECK(info->info.bulk.op == HG_BULK_PUSH && info->info.bulk.size == 10, "the push");
+        CHECK(HG_Respond(ws.h, NULL, NULL, &ws.sum) == HG_SUCCESS, "the bulk RPC's answer");
+        HG_Bulk_free(ws.local);
+        HG_Free_input(ws.h, &ws.in);
+        HG_Destroy(ws.h);
+        (void)cls;
+    }
+    return HG_SUCCESS;
+}
+
+static hg_return_t write_rpc(hg_handle_t h) {
+    outside += !in_trigger;
+    memset(&ws, 0, sizeof ws);
+    ws.h = h;
+    CHECK(HG_Get_input(h, &ws.in) == HG_SUCCESS && ws.in.data != HG_BULK_NULL,
+          "the input carries a bulk handle");
+    CHECK(HG_Bulk_get_size(ws.in.data) == ws.in.n, "of the size the client exposed");
+    hg_size_t n = ws.in.n;
+    CHECK(HG_Bulk_create(HG_Get_info(h)->hg_class, 1, NULL, &n, HG_BULK_READWRITE, &ws.local) ==
+              HG_SUCCESS,
+          "a local handle the library allocates");
+    /* A zero-size transfer still completes through trigger. */
+    CHECK(HG_Bulk_transfer(HG_Get_info(h)->context, on_zero, NULL, HG_BULK_PULL,
+                           HG_Get_info(h)->addr, ws.in.data, 0, ws.local, 0, 0,
+                           HG_OP_ID_IGNORE) == HG_SUCCESS,
+          "a zero-size transfer");
+    CHECK(HG_Bulk_transfer(HG_Get_info(h)->context, on_bulk, NULL, HG_BULK_PULL,
+                           HG_Get_info(h)->addr, ws.in.data, 0, ws.local, 0, ws.in.n,
+                           HG_OP_ID_IGNORE) == HG_SUCCESS,
+          "the pull");
     return HG_SUCCESS;
 }
 
@@ -224,6 +319,39 @@ int main(int argc, char **argv) {
     drive(sctx, cctx, &c4.done);
     CHECK(c4.done && c4.ret == HG_NOENTRY, "HG_NOENTRY in the callback");
     HG_Destroy(hm);
+    /* Bulk. */
+    hg_id_t wid = HG_Register_name(srv, "write", hg_proc_write_in_t, hg_proc_write_out_t, write_rpc);
+    CHECK(HG_Register_name(cli, "write", hg_proc_write_in_t, hg_proc_write_out_t, NULL) == wid,
+          "the bulk RPC registered");
+    unsigned char part1[1000], part3[24];
+    for (int i = 0; i < 1000; ++i) part1[i] = (unsigned char)i;
+    void *ptrs[3] = {part1, NULL, part3};
+    hg_size_t sizes[3] = {1000, 0, 24};
+    for (int i = 0; i < 24; ++i) part3[i] = 7;
+    hg_bulk_t mine = HG_BULK_NULL;
+    CHECK(HG_Bulk_create(cli, 3, ptrs, sizes, HG_BULK_READWRITE, &mine) == HG_SUCCESS &&
+              HG_Bulk_get_size(mine) == 1024 && HG_Bulk_get_segment_count(mine) == 3,
+          "a handle of three segments, one of zero size");
+    hg_uint32_t want = 0;
+    for (int i = 0; i < 1000; ++i) want += part1[i];
+    want += 24 * 7;
+    hg_handle_t hw = HG_HANDLE_NULL;
+    struct call c5 = {1, 0, HG_SUCCESS, {0, NULL}, 0};
+    hg_uint32_t sum = 0;
+    write_in_t win = {mine, 1024};
+    CHECK(HG_Create(cctx, server, wid, &hw) == HG_SUCCESS &&
+              HG_Forward(hw, on_forwarded, &c5, &win) == HG_SUCCESS,
+          "the bulk RPC forwarded");
+    drive(sctx, cctx, &c5.done);
+    CHECK(c5.done && c5.ret == HG_SUCCESS, "the bulk RPC completed");
+    if (c5.done && c5.ret == HG_SUCCESS) {
+        CHECK(HG_Get_output(hw, &sum) == HG_SUCCESS && sum == want, "the server summed our bytes");
+        HG_Free_output(hw, &sum);
+    }
+    CHECK(zero_done, "the zero-size transfer's callback ran");
+    CHECK(memcmp(part1, "zzzzzzzzzz", 10) == 0 && part1[10] == 10, "the server pushed 10 bytes");
+    HG_Destroy(hw);
+    HG_Bulk_free(mine);
     CHECK(handled == 2 && outside == 0, "handlers and callbacks ran in HG_Trigger only");
 
     /* Teardown. */

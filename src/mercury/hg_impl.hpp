@@ -1,0 +1,137 @@
+// What the HG and bulk functions of Mercury's C API share: the class, context and address
+// objects (hg.cpp says how they work).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mercury_types.h"
+#include "talaria/bulk/bulk.hpp"
+#include "talaria/core/core.hpp"
+
+namespace talaria::mercury {
+
+namespace tc = talaria::core;
+namespace tna = talaria::na;
+using talaria::Errc;
+
+struct Proc {
+    hg_id_t id = 0;
+    hg_proc_cb_t in = nullptr;
+    hg_proc_cb_t out = nullptr;
+    hg_rpc_cb_t rpc = nullptr;
+    void* data = nullptr;
+    void (*data_free)(void*) = nullptr;
+    bool no_response = false;
+    ~Proc() {
+        if (data_free) data_free(data);
+    }
+};
+
+using Key = std::pair<tc::RpcId, uint16_t>;
+
+inline bool key_of(hg_id_t id, Key& k) {
+    tc::RpcId rpc;
+    uint16_t provider = 0;
+    if ((id >> 32) == 0) {
+        rpc = tc::RpcId(id);
+    } else if ((id & 0xFFFF0000ull) == 0) {
+        rpc = tc::RpcId(id >> 32);
+        provider = uint16_t(id);
+    } else {
+        return false;
+    }
+    if (rpc == 0 || rpc >= 0xFFFFFF00u) rpc ^= 0x80000001u;  // as core::rpc_id keeps clear
+    k = {rpc, provider};
+    return true;
+}
+
+inline hg_return_t to_hg(Errc e) noexcept {
+    switch (e) {
+        case Errc::ok:
+            return HG_SUCCESS;
+        case Errc::again:
+            return HG_AGAIN;
+        case Errc::timeout:
+            return HG_TIMEOUT;
+        case Errc::canceled:
+            return HG_CANCELED;
+        case Errc::disconnected:
+            return HG_HOSTUNREACH;
+        case Errc::invalid_argument:
+            return HG_INVALID_ARG;
+        case Errc::out_of_range:
+            return HG_OVERFLOW;
+        case Errc::access_denied:
+            return HG_ACCESS;
+        case Errc::permission_denied:
+            return HG_PERMISSION;
+        case Errc::no_memory:
+            return HG_NOMEM;
+        case Errc::not_supported:
+            return HG_OPNOTSUPPORTED;
+        case Errc::address_in_use:
+            return HG_ADDRINUSE;
+        case Errc::address_invalid:
+            return HG_ADDRNOTAVAIL;
+        case Errc::unreachable:
+            return HG_HOSTUNREACH;
+        case Errc::protocol_error:
+            return HG_PROTOCOL_ERROR;
+        case Errc::message_too_large:
+            return HG_MSGSIZE;
+        case Errc::busy:
+            return HG_BUSY;
+        case Errc::not_found:
+            return HG_NOENTRY;
+        case Errc::already_exists:
+            return HG_EXIST;
+        case Errc::io_error:
+            return HG_IO_ERROR;
+        case Errc::shutdown:
+            return HG_CANCELED;
+        case Errc::internal:
+            return HG_OTHER_ERROR;
+        case Errc::invalid_state:
+            return HG_PERMISSION;
+    }
+    return HG_OTHER_ERROR;
+}
+
+}  // namespace talaria::mercury
+
+struct hg_addr {
+    hg_class_t* cls = nullptr;
+    talaria::na::Addr a;
+};
+
+struct hg_class {
+    std::unique_ptr<talaria::core::Engine> eng;
+    std::string class_name;
+    bool listen = false;
+    std::mutex mu;  // procs, contexts
+    std::map<talaria::mercury::Key, std::shared_ptr<talaria::mercury::Proc>> procs;
+    std::vector<hg_context_t*> contexts;
+    std::atomic<int> live{0};  // contexts, addresses, handles
+
+    std::shared_ptr<talaria::mercury::Proc> find(hg_id_t id) {
+        talaria::mercury::Key k;
+        if (!talaria::mercury::key_of(id, k)) return nullptr;
+        std::lock_guard g(mu);
+        auto it = procs.find(k);
+        return it != procs.end() && it->second->id == id ? it->second : nullptr;
+    }
+};
+
+struct hg_context {
+    hg_class_t* cls = nullptr;
+    talaria::core::Context* ctx = nullptr;
+    std::unique_ptr<talaria::bulk::Context> bulk;  // its transfers (HG_Bulk_transfer)
+    uint8_t id = 0;
+    std::atomic<int> handles{0};
+};
