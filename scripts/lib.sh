@@ -12,7 +12,7 @@ TALARIA_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   libfabric-dev libfabric-bin libucx-dev ucx-utils
-  libssl-dev
+  libssl-dev libboost-dev
   iproute2
   libpmix-dev openmpi-bin
 )

@@ -69,6 +69,7 @@ struct hg_handle {
     void* arg = nullptr;
     std::vector<std::byte> output;
     std::vector<std::byte> enc;  // encoding scratch
+    tc::CallId call{};           // the forward in flight (HG_Cancel)
 
     ~hg_handle() {
         if (data_free) data_free(data);
@@ -628,6 +629,87 @@ HG_PUBLIC hg_return_t HG_Forward(hg_handle_t h, hg_cb_t cb, void* arg, void* in_
         TALARIA_LOG(rpc, error, "HG_Forward: {}", r.error().describe());
         return to_hg(r.code());
     }
+    h->call = *r;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Cancel(hg_handle_t h) {
+    if (!h) return HG_INVALID_ARG;
+    if (h->target || !h->forwarding.load(std::memory_order_acquire)) return HG_SUCCESS;
+    auto r = h->ctx->ctx->cancel(h->call);
+    if (!r && r.code() != Errc::not_found) return to_hg(r.code());
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Reset(hg_handle_t h, hg_addr_t addr, hg_id_t id) {
+    if (!h || h->target) return HG_INVALID_ARG;
+    if (h->forwarding.load() || h->refs.load() != 1) return HG_BUSY;
+    if (id != 0) {
+        auto p = h->ctx->cls->find(id);
+        if (!p) return HG_NOENTRY;
+        h->proc = std::move(p);
+        h->info.id = id;
+    }
+    h->addr_obj.a = addr ? addr->a : tna::Addr{};
+    h->output.clear();
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Class_get_counters(const hg_class_t* c, struct hg_diag_counters* d) {
+    if (!c || !d) return HG_INVALID_ARG;
+    const tc::Counters k = c->eng->counters();
+    *d = hg_diag_counters{};
+    d->rpc_req_sent_count = k.rpcs_sent;
+    d->rpc_req_recv_count = k.rpcs_received;
+    d->rpc_resp_sent_count = k.responses_sent;
+    d->rpc_resp_recv_count = k.responses_received;
+    d->rpc_req_recv_active_count = k.held;
+    d->bulk_count = k.bulk_ops;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Addr_lookup1(hg_context_t* ctx, hg_cb_t cb, void* arg, const char* name,
+                                      hg_op_id_t* op_id_p) {
+    if (!ctx || !name) return HG_INVALID_ARG;
+    hg_addr_t a = HG_ADDR_NULL;
+    const hg_return_t ret = HG_Addr_lookup2(ctx->cls, name, &a);
+    if (op_id_p && op_id_p != HG_OP_ID_IGNORE) *op_id_p = HG_OP_ID_NULL;
+    auto posted = ctx->ctx->na_context().post([cb, arg, a, ret](const tna::Completion&) {
+        hg_cb_info info{};
+        info.info.lookup.addr = a;
+        info.arg = arg;
+        info.type = HG_CB_LOOKUP;
+        info.ret = ret;
+        if (cb) cb(&info);
+    });
+    if (!posted) {
+        if (a) HG_Addr_free(ctx->cls, a);
+        return to_hg(posted.code());
+    }
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC int HG_Event_get_wait_fd(const hg_context_t* ctx) {
+    return ctx ? ctx->ctx->wait_fd() : -1;
+}
+
+HG_PUBLIC bool HG_Event_ready(hg_context_t* ctx) {
+    return ctx && ctx->ctx->na_context().has_completions();
+}
+
+HG_PUBLIC hg_return_t HG_Event_progress(hg_context_t* ctx, unsigned int* count_p) {
+    if (!ctx) return HG_INVALID_ARG;
+    auto r = ctx->ctx->progress(std::chrono::milliseconds(0));
+    if (count_p) *count_p = ctx->ctx->na_context().has_completions() ? 1u : 0u;
+    if (!r && r.code() != Errc::timeout) return to_hg(r.code());
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Event_trigger(hg_context_t* ctx, unsigned int max_count,
+                                       unsigned int* actual_p) {
+    if (!ctx) return HG_INVALID_ARG;
+    const unsigned n = max_count ? ctx->ctx->trigger(max_count) : 0;
+    if (actual_p) *actual_p = n;
     return HG_SUCCESS;
 }
 

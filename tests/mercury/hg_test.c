@@ -191,6 +191,22 @@ static hg_return_t write_rpc(hg_handle_t h) {
     return HG_SUCCESS;
 }
 
+static hg_handle_t held = NULL; /* a request never answered (the caller cancels) */
+static hg_return_t hang_rpc(hg_handle_t h) {
+    held = h;
+    return HG_SUCCESS;
+}
+
+static int looked_up = 0;
+static hg_addr_t lookup_result = HG_ADDR_NULL;
+static hg_return_t on_lookup(const struct hg_cb_info *info) {
+    outside += !in_trigger;
+    CHECK(info->type == HG_CB_LOOKUP && info->ret == HG_SUCCESS, "HG_Addr_lookup1's callback");
+    lookup_result = info->info.lookup.addr;
+    looked_up = 1;
+    return HG_SUCCESS;
+}
+
 static void drive(hg_context_t *a, hg_context_t *b, int *flag) {
     const time_t until = time(NULL) + 15;
     while (!*flag && time(NULL) < until) {
@@ -352,7 +368,72 @@ int main(int argc, char **argv) {
     CHECK(memcmp(part1, "zzzzzzzzzz", 10) == 0 && part1[10] == 10, "the server pushed 10 bytes");
     HG_Destroy(hw);
     HG_Bulk_free(mine);
-    CHECK(handled == 2 && outside == 0, "handlers and callbacks ran in HG_Trigger only");
+    CHECK(handled == 2, "both sum calls were handled");
+
+    /* HG_Addr_lookup (lookup1): its callback in trigger. */
+    CHECK(HG_Addr_lookup(cctx, on_lookup, NULL, name, HG_OP_ID_IGNORE) == HG_SUCCESS,
+          "HG_Addr_lookup1");
+    drive(sctx, cctx, &looked_up);
+    CHECK(looked_up && HG_Addr_cmp(cli, lookup_result, server), "the same address");
+    HG_Addr_free(cli, lookup_result);
+
+    /* HG_Cancel of a call the server never answers; HG_Reset of an idle handle. */
+    hg_id_t hang = HG_Register_name(srv, "hang", NULL, NULL, hang_rpc);
+    CHECK(HG_Register_name(cli, "hang", NULL, NULL, NULL) == hang, "hang registered");
+    hg_handle_t hh = HG_HANDLE_NULL;
+    struct call c6 = {1, 0, HG_SUCCESS, {0, NULL}, 0};
+    CHECK(HG_Create(cctx, server, hang, &hh) == HG_SUCCESS &&
+              HG_Forward(hh, on_forwarded, &c6, NULL) == HG_SUCCESS,
+          "a call nobody answers");
+    int was_held = 0;
+    {
+        const time_t until = time(NULL) + 10;
+        while (!held && time(NULL) < until) drive(sctx, cctx, &was_held), was_held = held != NULL;
+    }
+    CHECK(held != NULL, "the server holds it");
+    CHECK(HG_Cancel(hh) == HG_SUCCESS, "HG_Cancel");
+    drive(sctx, cctx, &c6.done);
+    CHECK(c6.done && c6.ret == HG_CANCELED, "the forward callback says HG_CANCELED");
+    CHECK(HG_Reset(hh, server, margo_id) == HG_SUCCESS && HG_Get_info(hh)->id == margo_id,
+          "HG_Reset to another id");
+    CHECK(HG_Reset(hh, server, 0x777) == HG_NOENTRY, "HG_Reset to an unknown id");
+    /* The reset handle calls sum, driven through the event API (nothing blocks). */
+    struct call c7 = {0};
+    sum_in_t in7 = {1, "event"};
+    CHECK(HG_Forward(hh, on_forwarded, &c7, &in7) == HG_SUCCESS, "forward after reset");
+    CHECK(HG_Event_get_wait_fd(cctx) >= -1, "a wait fd (or none)");
+    {
+        const time_t until = time(NULL) + 10;
+        while (!c7.done && time(NULL) < until) {
+            unsigned n = 0;
+            (void)HG_Event_progress(sctx, &n);
+            in_trigger = 1;
+            (void)HG_Event_trigger(sctx, 16, &n);
+            in_trigger = 0;
+            if (deferred) drive(sctx, cctx, &c7.done);
+            (void)HG_Event_progress(cctx, &n);
+            if (HG_Event_ready(cctx) || n) {
+                in_trigger = 1;
+                (void)HG_Event_trigger(cctx, 16, &n);
+                in_trigger = 0;
+            }
+        }
+    }
+    CHECK(c7.done && c7.ret == HG_SUCCESS && c7.got_output && c7.out.sum == 2,
+          "a call driven by the event API");
+    if (c7.got_output) HG_Free_output(hh, &c7.out);
+    HG_Destroy(hh);
+    if (held) {
+        HG_Destroy(held); /* never answered: the core answers for it */
+        held = NULL;
+    }
+    struct hg_diag_counters dc;
+    CHECK(HG_Class_get_counters(cli, &dc) == HG_SUCCESS && dc.rpc_req_sent_count >= 5,
+          "the client's counters");
+    CHECK(HG_Class_get_counters(srv, &dc) == HG_SUCCESS && dc.rpc_req_recv_count >= 4,
+          "the server's counters");
+
+    CHECK(outside == 0, "handlers and callbacks ran in HG_Trigger only");
 
     /* Teardown. */
     CHECK(HG_Finalize(cli) == HG_BUSY, "HG_Finalize with live objects is HG_BUSY");

@@ -65,6 +65,19 @@ HG_PUBLIC hg_return_t HG_Registered_disable_response(hg_class_t *hg_class, hg_id
 HG_PUBLIC hg_return_t HG_Registered_disabled_response(hg_class_t *hg_class, hg_id_t id,
                                                       uint8_t *disabled_p);
 
+/* HG_Class_get_counters: the class's counters, from Talaria's engine counters (requests and
+ * responses sent and received, bulk operations; the extra-buffer and multi-receive counts are
+ * 0: Talaria moves large payloads itself and posts no multi-receive buffers). */
+HG_PUBLIC hg_return_t HG_Class_get_counters(const hg_class_t *hg_class,
+                                            struct hg_diag_counters *diag_counters);
+
+/* The lookup's callback runs in HG_Trigger with info.lookup.addr (HG_Addr_free it). The lookup
+ * itself sends nothing (Talaria connects on the first call). */
+HG_PUBLIC hg_return_t HG_Addr_lookup1(hg_context_t *context, hg_cb_t callback, void *arg,
+                                      const char *name, hg_op_id_t *op_id_p);
+#ifndef HG_Addr_lookup
+#    define HG_Addr_lookup HG_Addr_lookup1
+#endif
 /* Synchronous: nothing is sent. */
 HG_PUBLIC hg_return_t HG_Addr_lookup2(hg_class_t *hg_class, const char *name, hg_addr_t *addr_p);
 HG_PUBLIC hg_return_t HG_Addr_free(hg_class_t *hg_class, hg_addr_t addr);
@@ -80,6 +93,12 @@ HG_PUBLIC hg_return_t HG_Addr_to_string(hg_class_t *hg_class, char *buf, hg_size
 HG_PUBLIC hg_return_t HG_Create(hg_context_t *context, hg_addr_t addr, hg_id_t id,
                                 hg_handle_t *handle_p);
 HG_PUBLIC hg_return_t HG_Destroy(hg_handle_t handle);
+/* Point an idle handle at another address and id (id 0 keeps its id): HG_BUSY while it is
+ * forwarding or referenced elsewhere, HG_NOENTRY for an id not registered here. */
+HG_PUBLIC hg_return_t HG_Reset(hg_handle_t handle, hg_addr_t addr, hg_id_t id);
+/* Cancel the handle's forward in flight: its callback runs in HG_Trigger with HG_CANCELED
+ * (unless it had completed). */
+HG_PUBLIC hg_return_t HG_Cancel(hg_handle_t handle);
 HG_PUBLIC hg_return_t HG_Ref_incr(hg_handle_t handle);
 HG_PUBLIC const struct hg_info *HG_Get_info(hg_handle_t handle) HG_WARN_UNUSED_RESULT;
 HG_PUBLIC hg_return_t HG_Set_data(hg_handle_t handle, void *data, void (*free_callback)(void *));
@@ -106,6 +125,18 @@ HG_PUBLIC hg_return_t HG_Progress(hg_context_t *context, unsigned int timeout);
 /* Run up to `max_count` callbacks, waiting up to `timeout` ms for a first: HG_TIMEOUT if none. */
 HG_PUBLIC hg_return_t HG_Trigger(hg_context_t *context, unsigned int timeout,
                                  unsigned int max_count, unsigned int *actual_count_p);
+
+/* Progress driven by the program's own event loop: wait on the descriptor for readability
+ * (it becomes readable when the context has work to progress), then HG_Event_progress and
+ * HG_Event_trigger, neither of which blocks. */
+HG_PUBLIC int HG_Event_get_wait_fd(const hg_context_t *context) HG_WARN_UNUSED_RESULT;
+/* Something is queued for HG_Event_trigger. */
+HG_PUBLIC bool HG_Event_ready(hg_context_t *context) HG_WARN_UNUSED_RESULT;
+/* Progress without waiting; `*count_p` (may be NULL): 1 if something is then queued, else 0. */
+HG_PUBLIC hg_return_t HG_Event_progress(hg_context_t *context, unsigned int *count_p);
+/* Run up to `max_count` queued callbacks without waiting. */
+HG_PUBLIC hg_return_t HG_Event_trigger(hg_context_t *context, unsigned int max_count,
+                                       unsigned int *actual_count_p);
 
 #ifdef __cplusplus
 }
