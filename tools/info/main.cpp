@@ -18,6 +18,7 @@
 
 #include "info.hpp"
 #include "talaria/config.hpp"
+#include "talaria/mercury/mercury_config.h"
 #include "talaria/util/log.hpp"
 #include "talaria/version.hpp"
 
@@ -180,8 +181,10 @@ int main(int argc, char** argv) {
     CLI::App app{
         "talaria-info: transports built into Talaria, and the libfabric providers and "
         "UCX transports this machine has"};
-    app.set_version_flag("--version",
-                         std::string("talaria-info ") + std::string(talaria::version().string));
+    // The Mercury C API's version: that of the Mercury interface libmercury.so.2 provides.
+    app.set_version_flag("--version", fmt::format("talaria-info {}, Mercury C API {}.{}.{}",
+                                                  talaria::version().string, HG_VERSION_MAJOR,
+                                                  HG_VERSION_MINOR, HG_VERSION_PATCH));
     bool json = false;
     bool wide = false;
     std::vector<std::string> only;
