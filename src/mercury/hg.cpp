@@ -29,6 +29,7 @@
 #include "mercury/hg_impl.hpp"
 #include "mercury/info.hpp"
 #include "mercury_proc.h"
+#include "na.h"
 #include "talaria/core/core.hpp"
 #include "talaria/util/log.hpp"
 
@@ -102,6 +103,12 @@ hg_handle_t new_handle(hg_context_t* ctx, const tna::Addr& a, std::shared_ptr<Pr
     h->info.context_id = ctx->id;
     ctx->handles.fetch_add(1, std::memory_order_relaxed);
     ctx->cls->live.fetch_add(1, std::memory_order_relaxed);
+    if (ctx->cls->create_cb) {
+        const hg_return_t ret = ctx->cls->create_cb(h, ctx->cls->create_arg);
+        if (ret != HG_SUCCESS)
+            TALARIA_LOG(rpc, warn, "the handle create callback returned {}",
+                        HG_Error_to_string(ret));
+    }
     return h;
 }
 
@@ -190,6 +197,7 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
     if (!c) return nullptr;
     c->eng = std::move(*e);
     c->class_name = info.class_name;
+    c->protocol = info.protocol;
     c->listen = listen != 0;
     c->contexts.assign(c->eng->context_count(), nullptr);
     return c;
@@ -214,8 +222,123 @@ HG_PUBLIC hg_return_t HG_Finalize(hg_class_t* c) {
         return HG_BUSY;
     }
     c->eng->shutdown();
+    if (c->data_free) c->data_free(c->data);
     delete c;
     return HG_SUCCESS;
+}
+
+HG_PUBLIC void HG_Cleanup(void) {}
+
+HG_PUBLIC hg_return_t HG_Get_na_protocol_info(const char* info_string,
+                                              struct na_protocol_info** info_p) {
+    return hg_return_t(NA_Get_protocol_info(info_string, info_p));
+}
+
+HG_PUBLIC void HG_Free_na_protocol_info(struct na_protocol_info* info) {
+    NA_Free_protocol_info(info);
+}
+
+HG_PUBLIC void HG_Set_log_level(const char* level) {
+    if (!level) return;
+    const std::string_view l(level);
+    const char* ours = l == "none"        ? "rpc=off,bulk=off"
+                       : l == "error"     ? "rpc=error,bulk=error"
+                       : l == "warning"   ? "rpc=warn,bulk=warn"
+                       : l == "min_debug" ? "rpc=info,bulk=info"
+                       : l == "debug"     ? "rpc=debug,bulk=debug"
+                                          : nullptr;
+    if (ours) (void)talaria::log::configure(ours);
+}
+
+HG_PUBLIC void HG_Set_log_subsys(const char*) {
+    TALARIA_LOG(rpc, info, "HG_Set_log_subsys is not supported: set TALARIA_LOG (e.g. rpc=debug)");
+}
+
+HG_PUBLIC void HG_Set_log_func(int (*)(FILE*, const char*, ...)) {
+    TALARIA_LOG(rpc, info,
+                "HG_Set_log_func is not supported: Talaria logs to stderr or to TALARIA_LOG_FILE");
+}
+
+HG_PUBLIC void HG_Set_log_stream(const char*, FILE*) {
+    TALARIA_LOG(
+        rpc, info,
+        "HG_Set_log_stream is not supported: Talaria logs to stderr or to TALARIA_LOG_FILE");
+}
+
+HG_PUBLIC void HG_Diag_dump_counters(void) {
+    TALARIA_LOG(rpc, info,
+                "HG_Diag_dump_counters is not supported (Talaria keeps no "
+                "process-wide counters): use HG_Class_get_counters");
+}
+
+HG_PUBLIC const char* HG_Class_get_name(const hg_class_t* c) {
+    return c ? c->class_name.c_str() : nullptr;
+}
+
+HG_PUBLIC const char* HG_Class_get_protocol(const hg_class_t* c) {
+    return c ? c->protocol.c_str() : nullptr;
+}
+
+HG_PUBLIC hg_size_t HG_Class_get_input_eager_size(const hg_class_t* c) {
+    return c ? c->eng->eager_size() : 0;
+}
+
+HG_PUBLIC hg_size_t HG_Class_get_output_eager_size(const hg_class_t* c) {
+    return c ? c->eng->eager_size() : 0;
+}
+
+static hg_return_t set_offset(hg_class_t* c, hg_size_t offset, const char* what) {
+    if (!c) return HG_INVALID_ARG;
+    if (offset == 0) return HG_SUCCESS;
+    TALARIA_LOG(rpc, error,
+                "{}({}): a header reserved before the payload is not supported by Talaria yet",
+                what, offset);
+    return HG_OPNOTSUPPORTED;
+}
+
+HG_PUBLIC hg_return_t HG_Class_set_input_offset(hg_class_t* c, hg_size_t offset) {
+    return set_offset(c, offset, "HG_Class_set_input_offset");
+}
+
+HG_PUBLIC hg_return_t HG_Class_set_output_offset(hg_class_t* c, hg_size_t offset) {
+    return set_offset(c, offset, "HG_Class_set_output_offset");
+}
+
+HG_PUBLIC hg_return_t HG_Class_set_data(hg_class_t* c, void* data, void (*free_cb)(void*)) {
+    if (!c) return HG_INVALID_ARG;
+    if (c->data_free && c->data != data) c->data_free(c->data);
+    c->data = data;
+    c->data_free = free_cb;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC void* HG_Class_get_data(const hg_class_t* c) {
+    return c ? c->data : nullptr;
+}
+
+HG_PUBLIC hg_return_t HG_Class_set_handle_create_callback(hg_class_t* c,
+                                                          hg_return_t (*cb)(hg_handle_t, void*),
+                                                          void* arg) {
+    if (!c) return HG_INVALID_ARG;
+    c->create_cb = cb;
+    c->create_arg = arg;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Context_set_data(hg_context_t* ctx, void* data, void (*free_cb)(void*)) {
+    if (!ctx) return HG_INVALID_ARG;
+    if (ctx->data_free && ctx->data != data) ctx->data_free(ctx->data);
+    ctx->data = data;
+    ctx->data_free = free_cb;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC void* HG_Context_get_data(const hg_context_t* ctx) {
+    return ctx ? ctx->data : nullptr;
+}
+
+HG_PUBLIC hg_return_t HG_Context_unpost(hg_context_t* ctx) {
+    return ctx ? HG_SUCCESS : HG_INVALID_ARG;
 }
 
 HG_PUBLIC bool HG_Class_is_listening(const hg_class_t* c) {
@@ -266,6 +389,7 @@ HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t* ctx) {
         std::lock_guard g(c->mu);
         c->contexts[ctx->id] = nullptr;
     }
+    if (ctx->data_free) ctx->data_free(ctx->data);
     delete ctx;
     c->live.fetch_sub(1, std::memory_order_relaxed);
     return HG_SUCCESS;
@@ -475,6 +599,12 @@ HG_PUBLIC hg_return_t HG_Addr_dup(hg_class_t* c, hg_addr_t addr, hg_addr_t* new_
     return HG_SUCCESS;
 }
 
+HG_PUBLIC hg_return_t HG_Addr_set_remove(hg_class_t* c, hg_addr_t addr) {
+    if (!c || !addr || !addr->a) return HG_INVALID_ARG;
+    (void)addr->a.impl()->transport()->addr_disconnect(addr->a, "HG_Addr_set_remove");
+    return HG_SUCCESS;
+}
+
 HG_PUBLIC uint8_t HG_Addr_cmp(hg_class_t*, hg_addr_t a1, hg_addr_t a2) {
     if (a1 == a2) return 1;
     return a1 && a2 && a1->a == a2->a;
@@ -528,6 +658,41 @@ HG_PUBLIC hg_return_t HG_Ref_incr(hg_handle_t h) {
 
 HG_PUBLIC const struct hg_info* HG_Get_info(hg_handle_t h) {
     return h ? &h->info : nullptr;
+}
+
+HG_PUBLIC int32_t HG_Ref_get(hg_handle_t h) {
+    return h ? h->refs.load(std::memory_order_relaxed) : 0;
+}
+
+HG_PUBLIC hg_return_t HG_Get_input_buf(hg_handle_t h, void** buf_p, hg_size_t* size_p) {
+    if (!h || !h->target || !buf_p || !size_p) return HG_INVALID_ARG;
+    *buf_p = h->input.data();
+    *size_p = h->input.size();
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Get_output_buf(hg_handle_t h, void** buf_p, hg_size_t* size_p) {
+    if (!h || h->target || !buf_p || !size_p) return HG_INVALID_ARG;
+    *buf_p = h->output.data();
+    *size_p = h->output.size();
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Get_input_extra_buf(hg_handle_t h, void** buf_p, hg_size_t* size_p) {
+    if (!h || !buf_p || !size_p) return HG_INVALID_ARG;
+    *buf_p = nullptr;
+    *size_p = 0;
+    return HG_SUCCESS;
+}
+
+HG_PUBLIC hg_return_t HG_Get_output_extra_buf(hg_handle_t h, void** buf_p, hg_size_t* size_p) {
+    return HG_Get_input_extra_buf(h, buf_p, size_p);
+}
+
+HG_PUBLIC hg_return_t HG_Release_input_buf(hg_handle_t h) {
+    if (!h || !h->target) return HG_INVALID_ARG;
+    std::vector<std::byte>().swap(h->input);
+    return HG_SUCCESS;
 }
 
 HG_PUBLIC hg_return_t HG_Set_data(hg_handle_t h, void* data, void (*free_cb)(void*)) {

@@ -113,6 +113,11 @@ struct hg_addr {
 struct hg_class {
     std::unique_ptr<talaria::core::Engine> eng;
     std::string class_name;
+    std::string protocol;
+    void* data = nullptr;  // HG_Class_set_data
+    void (*data_free)(void*) = nullptr;
+    hg_return_t (*create_cb)(hg_handle_t, void*) = nullptr;  // set_handle_create_callback
+    void* create_arg = nullptr;
     bool listen = false;
     std::mutex mu;  // procs, contexts
     std::map<talaria::mercury::Key, std::shared_ptr<talaria::mercury::Proc>> procs;
@@ -134,4 +139,6 @@ struct hg_context {
     std::unique_ptr<talaria::bulk::Context> bulk;  // its transfers (HG_Bulk_transfer)
     uint8_t id = 0;
     std::atomic<int> handles{0};
+    void* data = nullptr;  // HG_Context_set_data
+    void (*data_free)(void*) = nullptr;
 };

@@ -9,6 +9,7 @@
 // names the caller's memory. Callbacks run in NA_Trigger only (Talaria's na::Context::trigger).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -211,11 +212,47 @@ NA_PUBLIC void NA_Version_get(unsigned int* major, unsigned int* minor, unsigned
     if (patch) *patch = 0;
 }
 
-NA_PUBLIC na_return_t NA_Get_protocol_info(const char*, struct na_protocol_info** info_p) {
+NA_PUBLIC na_return_t NA_Get_protocol_info(const char* info_string,
+                                           struct na_protocol_info** info_p) {
     if (!info_p) return NA_INVALID_ARG;
-    TALARIA_LOG(na, warn, "NA_Get_protocol_info is not supported by Talaria yet");
     *info_p = nullptr;
-    return NA_OPNOTSUPPORTED;
+    // What each built transport family serves, as Mercury names class and protocol.
+    struct Entry {
+        std::string_view family, cls, protocol;
+    };
+    static constexpr Entry kEntries[] = {
+        {"sm", "na", "sm"},    {"tcp", "na", "tcp"},  {"inproc", "na", "inproc"},
+        {"ofi", "ofi", "tcp"}, {"ofi", "ofi", "shm"}, {"ofi", "ofi", "verbs"},
+        {"ucx", "ucx", "tcp"}, {"ucx", "ucx", "sm"},  {"ucx", "ucx", "all"},
+    };
+    std::string want_cls, want_proto;
+    if (info_string && *info_string) {
+        const std::string_view in(info_string);
+        const auto p = talaria::mercury::parse_info(in);
+        want_proto = p.protocol;
+        // A bare protocol ("tcp") matches every class; "na+tcp" or "ofi+tcp" one.
+        if (in.substr(0, in.find("://")).find('+') != std::string_view::npos)
+            want_cls = p.class_name;
+    }
+    const auto built = tna::transports_built();
+    struct na_protocol_info** tail = info_p;
+    for (const Entry& e : kEntries) {
+        if (std::find(built.begin(), built.end(), e.family) == built.end()) continue;
+        if (!want_cls.empty() && want_cls != e.cls) continue;
+        if (!want_proto.empty() && want_proto != e.protocol) continue;
+        auto* node =
+            static_cast<struct na_protocol_info*>(std::calloc(1, sizeof(struct na_protocol_info)));
+        if (!node) {
+            NA_Free_protocol_info(*info_p);
+            *info_p = nullptr;
+            return NA_NOMEM;
+        }
+        node->class_name = ::strndup(e.cls.data(), e.cls.size());
+        node->protocol_name = ::strndup(e.protocol.data(), e.protocol.size());
+        *tail = node;
+        tail = &node->next;
+    }
+    return *info_p ? NA_SUCCESS : NA_PROTONOSUPPORT;
 }
 
 NA_PUBLIC void NA_Free_protocol_info(struct na_protocol_info* info) {

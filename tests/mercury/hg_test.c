@@ -54,8 +54,22 @@ static hg_handle_t deferred = NULL; /* a request answered after its handler retu
 static sum_in_t deferred_in;
 static int handled = 0, one_way_seen = 0;
 
+static int handles_made = 0, freed_data = 0;
+static hg_return_t on_handle_created(hg_handle_t h, void *arg) {
+    CHECK(h != HG_HANDLE_NULL && arg == (void *)&handles_made, "the create callback's arguments");
+    ++handles_made;
+    return HG_SUCCESS;
+}
+static void free_data(void *p) { freed_data += *(int *)p; }
+
 static hg_return_t sum_rpc(hg_handle_t h) {
     outside += !in_trigger;
+    void *ibuf = NULL;
+    hg_size_t isize = 0;
+    CHECK(HG_Get_input_buf(h, &ibuf, &isize) == HG_SUCCESS && ibuf &&
+              isize == HG_Get_input_payload_size(h) && isize >= 4,
+          "HG_Get_input_buf: the encoded input");
+    CHECK(HG_Ref_get(h) == 1, "a handler's handle starts at one reference");
     const struct hg_info *info = HG_Get_info(h);
     CHECK(info && info->id == margo_id, "HG_Get_info gives back the 64-bit id");
     CHECK(info && info->addr != HG_ADDR_NULL, "and the caller's address");
@@ -255,9 +269,24 @@ int main(int argc, char **argv) {
     CHECK(cli != NULL, "the client opens");
     if (!cli) return 1;
     CHECK(HG_Class_is_listening(srv) && !HG_Class_is_listening(cli), "who listens");
+    CHECK(HG_Class_get_name(srv) && HG_Class_get_protocol(srv) &&
+              HG_Class_get_input_eager_size(srv) > 0 && HG_Class_get_output_eager_size(srv) > 0,
+          "the class's name, protocol and eager sizes");
+    CHECK(HG_Class_set_input_offset(srv, 0) == HG_SUCCESS &&
+              HG_Class_set_input_offset(srv, 16) == HG_OPNOTSUPPORTED,
+          "an input offset other than 0 is not supported yet");
+    static int one = 1, ten = 10;
+    CHECK(HG_Class_set_data(cli, &one, free_data) == HG_SUCCESS && HG_Class_get_data(cli) == &one,
+          "class data");
+    CHECK(HG_Class_set_handle_create_callback(srv, on_handle_created, &handles_made) ==
+              HG_SUCCESS,
+          "the handle create callback");
     hg_context_t *sctx = HG_Context_create(srv), *cctx = HG_Context_create(cli);
     CHECK(sctx && cctx && HG_Context_get_class(sctx) == srv && HG_Context_get_id(cctx) == 0,
           "contexts");
+    CHECK(HG_Context_set_data(cctx, &ten, free_data) == HG_SUCCESS &&
+              HG_Context_get_data(cctx) == &ten && HG_Context_unpost(cctx) == HG_SUCCESS,
+          "context data");
 
     /* Margo's ids: hash << 32 | provider. */
     hg_id_t plain = HG_Register_name(cli, "sum", hg_proc_sum_in_t, hg_proc_sum_out_t, NULL);
@@ -434,6 +463,8 @@ int main(int argc, char **argv) {
           "the server's counters");
 
     CHECK(outside == 0, "handlers and callbacks ran in HG_Trigger only");
+    CHECK(handles_made >= 4, "the create callback ran for the server's handles");
+    CHECK(HG_Addr_set_remove(cli, server) == HG_SUCCESS, "HG_Addr_set_remove");
 
     /* Teardown. */
     CHECK(HG_Finalize(cli) == HG_BUSY, "HG_Finalize with live objects is HG_BUSY");
@@ -448,6 +479,7 @@ int main(int argc, char **argv) {
     CHECK(HG_Context_destroy(cctx) == HG_SUCCESS && HG_Context_destroy(sctx) == HG_SUCCESS,
           "contexts destroyed");
     CHECK(HG_Finalize(cli) == HG_SUCCESS && HG_Finalize(srv) == HG_SUCCESS, "classes closed");
+    CHECK(freed_data == 11, "the class's and the context's data were freed");
     free(big);
     free(name);
     if (failures == 0) printf("HG over %s: every check passed\n", info);

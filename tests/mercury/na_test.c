@@ -116,6 +116,17 @@ int main(int argc, char **argv) {
     CHECK(strcmp(NA_Error_to_string(NA_TIMEOUT), "NA_TIMEOUT") == 0, "error names");
     CHECK(NA_Error_to_string((na_return_t)999) == NULL, "no name out of range");
 
+    struct na_protocol_info *protos = NULL;
+    CHECK(NA_Get_protocol_info(NULL, &protos) == NA_SUCCESS && protos != NULL,
+          "NA_Get_protocol_info lists the protocols built");
+    int has_sm = 0;
+    for (struct na_protocol_info *p = protos; p; p = p->next)
+        has_sm |= strcmp(p->class_name, "na") == 0 && strcmp(p->protocol_name, "sm") == 0;
+    CHECK(has_sm, "na+sm among them");
+    NA_Free_protocol_info(protos);
+    CHECK(NA_Get_protocol_info("na+nothing", &protos) == NA_PROTONOSUPPORT && protos == NULL,
+          "an unknown protocol matches nothing");
+
     struct peer srv = {0}, cli = {0};
     srv.cls = NA_Initialize(info, true);
     if (!srv.cls) {

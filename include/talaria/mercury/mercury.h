@@ -16,6 +16,10 @@
 
 #include "mercury_types.h"
 
+#include <stdio.h>
+
+#include "na.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,6 +38,42 @@ HG_PUBLIC hg_class_t *HG_Init_opt2(const char *na_info_string, uint8_t na_listen
 /* HG_BUSY while contexts, addresses or handles of the class live. */
 HG_PUBLIC hg_return_t HG_Finalize(hg_class_t *hg_class);
 HG_PUBLIC bool HG_Class_is_listening(const hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
+/* Nothing to clean up (Talaria keeps no process-wide state). */
+HG_PUBLIC void HG_Cleanup(void);
+/* NA_Get_protocol_info / NA_Free_protocol_info. */
+HG_PUBLIC hg_return_t HG_Get_na_protocol_info(const char *info_string,
+                                              struct na_protocol_info **na_protocol_info_p);
+HG_PUBLIC void HG_Free_na_protocol_info(struct na_protocol_info *na_protocol_info);
+/* "none", "error", "warning", "min_debug", "debug": Talaria's log level for its RPC and bulk
+ * layers (TALARIA_LOG sets the rest). */
+HG_PUBLIC void HG_Set_log_level(const char *level);
+/* Not supported (Talaria's log is configured with TALARIA_LOG and TALARIA_LOG_FILE): each says
+ * so once in the log. */
+HG_PUBLIC void HG_Set_log_subsys(const char *subsys);
+HG_PUBLIC void HG_Set_log_func(int (*log_func)(FILE *stream, const char *format, ...));
+HG_PUBLIC void HG_Set_log_stream(const char *level, FILE *stream);
+/* Not supported (no process-wide counters): use HG_Class_get_counters. */
+HG_PUBLIC void HG_Diag_dump_counters(void);
+/* The info string's class ("na", "ofi", "ucx") and protocol ("sm", "tcp", ...). */
+HG_PUBLIC const char *HG_Class_get_name(const hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC const char *HG_Class_get_protocol(const hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
+/* The largest input or output sent with the request itself (larger ones are pulled). */
+HG_PUBLIC hg_size_t HG_Class_get_input_eager_size(const hg_class_t *hg_class)
+    HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_size_t HG_Class_get_output_eager_size(const hg_class_t *hg_class)
+    HG_WARN_UNUSED_RESULT;
+/* Reserve `offset` bytes before every encoded input (output) for the program's own header:
+ * HG_Get_input_buf's buffer starts with them. */
+HG_PUBLIC hg_return_t HG_Class_set_input_offset(hg_class_t *hg_class, hg_size_t offset);
+HG_PUBLIC hg_return_t HG_Class_set_output_offset(hg_class_t *hg_class, hg_size_t offset);
+HG_PUBLIC hg_return_t HG_Class_set_data(hg_class_t *hg_class, void *data,
+                                        void (*free_callback)(void *));
+HG_PUBLIC void *HG_Class_get_data(const hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
+/* Run `callback` on every handle the class makes (HG_Create, and a handler's), before use. */
+HG_PUBLIC hg_return_t HG_Class_set_handle_create_callback(hg_class_t *hg_class,
+                                                          hg_return_t (*callback)(hg_handle_t,
+                                                                                  void *),
+                                                          void *arg);
 
 HG_PUBLIC hg_context_t *HG_Context_create(hg_class_t *hg_class) HG_WARN_UNUSED_RESULT;
 HG_PUBLIC hg_context_t *HG_Context_create_id(hg_class_t *hg_class, uint8_t id) HG_WARN_UNUSED_RESULT;
@@ -41,6 +81,11 @@ HG_PUBLIC hg_context_t *HG_Context_create_id(hg_class_t *hg_class, uint8_t id) H
 HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t *context);
 HG_PUBLIC hg_class_t *HG_Context_get_class(const hg_context_t *context) HG_WARN_UNUSED_RESULT;
 HG_PUBLIC uint8_t HG_Context_get_id(const hg_context_t *context) HG_WARN_UNUSED_RESULT;
+HG_PUBLIC hg_return_t HG_Context_set_data(hg_context_t *context, void *data,
+                                          void (*free_callback)(void *));
+HG_PUBLIC void *HG_Context_get_data(const hg_context_t *context) HG_WARN_UNUSED_RESULT;
+/* Talaria posts no receives of its own per context: nothing to unpost. */
+HG_PUBLIC hg_return_t HG_Context_unpost(hg_context_t *context);
 
 /* Register `func_name` under the djb2 hash of its name; 0 on failure. */
 HG_PUBLIC hg_id_t HG_Register_name(hg_class_t *hg_class, const char *func_name,
@@ -83,6 +128,8 @@ HG_PUBLIC hg_return_t HG_Addr_lookup2(hg_class_t *hg_class, const char *name, hg
 HG_PUBLIC hg_return_t HG_Addr_free(hg_class_t *hg_class, hg_addr_t addr);
 HG_PUBLIC hg_return_t HG_Addr_self(hg_class_t *hg_class, hg_addr_t *addr_p);
 HG_PUBLIC hg_return_t HG_Addr_dup(hg_class_t *hg_class, hg_addr_t addr, hg_addr_t *new_addr_p);
+/* Forget what is cached about the peer (its connections are closed). */
+HG_PUBLIC hg_return_t HG_Addr_set_remove(hg_class_t *hg_class, hg_addr_t addr);
 HG_PUBLIC uint8_t HG_Addr_cmp(hg_class_t *hg_class, hg_addr_t addr1,
                               hg_addr_t addr2) HG_WARN_UNUSED_RESULT;
 /* `*buf_size_p` counts the NUL; a NULL buf asks for the size (HG_OVERFLOW if too small). */
@@ -100,6 +147,7 @@ HG_PUBLIC hg_return_t HG_Reset(hg_handle_t handle, hg_addr_t addr, hg_id_t id);
  * (unless it had completed). */
 HG_PUBLIC hg_return_t HG_Cancel(hg_handle_t handle);
 HG_PUBLIC hg_return_t HG_Ref_incr(hg_handle_t handle);
+HG_PUBLIC int32_t HG_Ref_get(hg_handle_t handle) HG_WARN_UNUSED_RESULT;
 HG_PUBLIC const struct hg_info *HG_Get_info(hg_handle_t handle) HG_WARN_UNUSED_RESULT;
 HG_PUBLIC hg_return_t HG_Set_data(hg_handle_t handle, void *data, void (*free_callback)(void *));
 HG_PUBLIC void *HG_Get_data(hg_handle_t handle) HG_WARN_UNUSED_RESULT;
@@ -112,6 +160,20 @@ HG_PUBLIC hg_size_t HG_Get_input_payload_size(hg_handle_t handle);
 HG_PUBLIC hg_return_t HG_Get_output(hg_handle_t handle, void *out_struct);
 HG_PUBLIC hg_return_t HG_Free_output(hg_handle_t handle, void *out_struct);
 HG_PUBLIC hg_size_t HG_Get_output_payload_size(hg_handle_t handle);
+/* The encoded input (target) or output (origin) as received, the class's offset first. The
+ * whole payload is in this buffer (Talaria pulls large payloads itself), so the extra-buffer
+ * calls give NULL and 0. */
+HG_PUBLIC hg_return_t HG_Get_input_buf(hg_handle_t handle, void **in_buf_p,
+                                       hg_size_t *in_buf_size_p);
+HG_PUBLIC hg_return_t HG_Get_output_buf(hg_handle_t handle, void **out_buf_p,
+                                        hg_size_t *out_buf_size_p);
+HG_PUBLIC hg_return_t HG_Get_input_extra_buf(hg_handle_t handle, void **in_buf_p,
+                                             hg_size_t *in_buf_size_p);
+HG_PUBLIC hg_return_t HG_Get_output_extra_buf(hg_handle_t handle, void **out_buf_p,
+                                              hg_size_t *out_buf_size_p);
+/* The input buffer may be released early: HG_Get_input must have been called, and no later
+ * HG_Get_input_buf is valid. */
+HG_PUBLIC hg_return_t HG_Release_input_buf(hg_handle_t handle);
 
 /* Encode `in_struct` and send it; `callback` runs in HG_Trigger once the response (or, for a
  * call without one, the send) is done. HG_BUSY while the handle's last forward is. */
