@@ -854,6 +854,39 @@ HG_PUBLIC hg_return_t HG_Addr_lookup1(hg_context_t* ctx, hg_cb_t cb, void* arg, 
     return HG_SUCCESS;
 }
 
+namespace {
+
+/// Progress `ctx` for up to `timeout` as the one thread doing so: another thread progressing
+/// it makes this one wait for it (its progress returns when something is ready). Then wakes
+/// the threads waiting in HG_Trigger.
+hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        std::unique_lock lk(ctx->progress_mu, std::try_to_lock);
+        const auto now = std::chrono::steady_clock::now();
+        if (lk.owns_lock()) {
+            auto r = ctx->ctx->progress(now < deadline ? talaria::Duration(deadline - now)
+                                                       : talaria::Duration(0));
+            lk.unlock();
+            ctx->cv.notify_all();
+            if (r) return HG_SUCCESS;
+            return r.code() == Errc::timeout ? HG_TIMEOUT : to_hg(r.code());
+        }
+        // Another thread progresses it: wait for its return (a 1 ms bound on a missed wake).
+        if (ctx->ctx->na_context().has_completions()) return HG_SUCCESS;
+        if (now >= deadline) return HG_TIMEOUT;
+        std::unique_lock w(ctx->cv_mu);
+        ctx->cv.wait_until(w, std::min(deadline, now + std::chrono::milliseconds(1)));
+    }
+}
+
+unsigned trigger_once(hg_context_t* ctx, unsigned max) {
+    std::lock_guard g(ctx->trigger_mu);
+    return ctx->ctx->trigger(max);
+}
+
+}  // namespace
+
 HG_PUBLIC int HG_Event_get_wait_fd(const hg_context_t* ctx) {
     return ctx ? ctx->ctx->wait_fd() : -1;
 }
@@ -864,16 +897,21 @@ HG_PUBLIC bool HG_Event_ready(hg_context_t* ctx) {
 
 HG_PUBLIC hg_return_t HG_Event_progress(hg_context_t* ctx, unsigned int* count_p) {
     if (!ctx) return HG_INVALID_ARG;
-    auto r = ctx->ctx->progress(std::chrono::milliseconds(0));
+    std::unique_lock lk(ctx->progress_mu, std::try_to_lock);
+    if (lk.owns_lock()) {  // another thread progressing it: nothing to add
+        auto r = ctx->ctx->progress(std::chrono::milliseconds(0));
+        lk.unlock();
+        ctx->cv.notify_all();
+        if (!r && r.code() != Errc::timeout) return to_hg(r.code());
+    }
     if (count_p) *count_p = ctx->ctx->na_context().has_completions() ? 1u : 0u;
-    if (!r && r.code() != Errc::timeout) return to_hg(r.code());
     return HG_SUCCESS;
 }
 
 HG_PUBLIC hg_return_t HG_Event_trigger(hg_context_t* ctx, unsigned int max_count,
                                        unsigned int* actual_p) {
     if (!ctx) return HG_INVALID_ARG;
-    const unsigned n = max_count ? ctx->ctx->trigger(max_count) : 0;
+    const unsigned n = max_count ? trigger_once(ctx, max_count) : 0;
     if (actual_p) *actual_p = n;
     return HG_SUCCESS;
 }
@@ -911,19 +949,31 @@ HG_PUBLIC hg_return_t HG_Respond(hg_handle_t h, hg_cb_t cb, void* arg, void* out
 
 HG_PUBLIC hg_return_t HG_Progress(hg_context_t* ctx, unsigned int timeout_ms) {
     if (!ctx) return HG_INVALID_ARG;
-    auto r = ctx->ctx->progress(std::chrono::milliseconds(timeout_ms));
-    if (r) return HG_SUCCESS;
-    return r.code() == Errc::timeout ? HG_TIMEOUT : to_hg(r.code());
+    return progress_once(ctx, std::chrono::milliseconds(timeout_ms));
 }
 
 HG_PUBLIC hg_return_t HG_Trigger(hg_context_t* ctx, unsigned int timeout_ms, unsigned int max_count,
                                  unsigned int* actual_p) {
     if (!ctx) return HG_INVALID_ARG;
-    unsigned n = max_count ? ctx->ctx->trigger(max_count) : 0;
+    unsigned n = max_count ? trigger_once(ctx, max_count) : 0;
     if (n == 0 && max_count && timeout_ms) {
-        // Nothing queued: wait for a first, as Mercury's trigger waits on its queue.
-        (void)ctx->ctx->progress(std::chrono::milliseconds(timeout_ms));
-        n = ctx->ctx->trigger(max_count);
+        // Nothing queued: wait for a first, as Mercury's trigger waits on its queue, by
+        // progressing the context if no other thread is, else by waiting for that thread.
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        for (auto now = std::chrono::steady_clock::now(); n == 0 && now < deadline;
+             now = std::chrono::steady_clock::now()) {
+            std::unique_lock lk(ctx->progress_mu, std::try_to_lock);
+            if (lk.owns_lock()) {
+                (void)ctx->ctx->progress(deadline - now);
+                lk.unlock();
+                ctx->cv.notify_all();
+            } else {
+                std::unique_lock w(ctx->cv_mu);
+                ctx->cv.wait_until(w, std::min(deadline, now + std::chrono::milliseconds(1)));
+            }
+            n = trigger_once(ctx, max_count);
+        }
     }
     if (actual_p) *actual_p = n;
     return n ? HG_SUCCESS : HG_TIMEOUT;

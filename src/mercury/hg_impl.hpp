@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -141,4 +142,12 @@ struct hg_context {
     std::atomic<int> handles{0};
     void* data = nullptr;  // HG_Context_set_data
     void (*data_free)(void*) = nullptr;
+    // Several threads may progress and trigger one context (Mercury allows it; the core's
+    // context is progressed by one thread at a time): one progresses while the others wait for
+    // it (progress_mu), triggers are one at a time (trigger_mu), and a trigger with nothing to
+    // run waits for the progressing thread's next return (cv).
+    std::mutex progress_mu;
+    std::mutex trigger_mu;
+    std::mutex cv_mu;
+    std::condition_variable cv;
 };
