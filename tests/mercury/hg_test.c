@@ -13,20 +13,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "mercury.h"
 #include "mercury_bulk.h"
 #include "mercury_proc.h"
 #include "mercury_proc_bulk.h"
 #include "mercury_proc_string.h"
-
-static int failures = 0;
-#define CHECK(cond, what)                                                                       \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what);                           \
-            ++failures;                                                                         \
-        }                                                                                       \
-    } while (0)
 
 typedef struct {
     hg_uint32_t a;
@@ -37,13 +29,13 @@ typedef struct {
     hg_string_t s;
 } sum_out_t;
 
-static hg_return_t hg_proc_sum_in_t(hg_proc_t proc, void *data) {
-    sum_in_t *in = (sum_in_t *)data;
+static hg_return_t hg_proc_sum_in_t(hg_proc_t proc, void* data) {
+    sum_in_t* in = (sum_in_t*)data;
     hg_return_t ret = hg_proc_hg_uint32_t(proc, &in->a);
     return ret != HG_SUCCESS ? ret : hg_proc_hg_const_string_t(proc, &in->s);
 }
-static hg_return_t hg_proc_sum_out_t(hg_proc_t proc, void *data) {
-    sum_out_t *out = (sum_out_t *)data;
+static hg_return_t hg_proc_sum_out_t(hg_proc_t proc, void* data) {
+    sum_out_t* out = (sum_out_t*)data;
     hg_return_t ret = hg_proc_hg_uint32_t(proc, &out->sum);
     return ret != HG_SUCCESS ? ret : hg_proc_hg_string_t(proc, &out->s);
 }
@@ -55,22 +47,24 @@ static sum_in_t deferred_in;
 static int handled = 0, one_way_seen = 0;
 
 static int handles_made = 0, freed_data = 0;
-static hg_return_t on_handle_created(hg_handle_t h, void *arg) {
-    CHECK(h != HG_HANDLE_NULL && arg == (void *)&handles_made, "the create callback's arguments");
+static hg_return_t on_handle_created(hg_handle_t h, void* arg) {
+    CHECK(h != HG_HANDLE_NULL && arg == (void*)&handles_made, "the create callback's arguments");
     ++handles_made;
     return HG_SUCCESS;
 }
-static void free_data(void *p) { freed_data += *(int *)p; }
+static void free_data(void* p) {
+    freed_data += *(int*)p;
+}
 
 static hg_return_t sum_rpc(hg_handle_t h) {
     outside += !in_trigger;
-    void *ibuf = NULL;
+    void* ibuf = NULL;
     hg_size_t isize = 0;
     CHECK(HG_Get_input_buf(h, &ibuf, &isize) == HG_SUCCESS && ibuf &&
               isize == HG_Get_input_payload_size(h) && isize >= 4,
           "HG_Get_input_buf: the encoded input");
     CHECK(HG_Ref_get(h) == 1, "a handler's handle starts at one reference");
-    const struct hg_info *info = HG_Get_info(h);
+    const struct hg_info* info = HG_Get_info(h);
     CHECK(info && info->id == margo_id, "HG_Get_info gives back the 64-bit id");
     CHECK(info && info->addr != HG_ADDR_NULL, "and the caller's address");
     CHECK(HG_Get_input(h, &deferred_in) == HG_SUCCESS, "the input decodes");
@@ -89,7 +83,7 @@ static hg_return_t note_rpc(hg_handle_t h) {
     return HG_SUCCESS;
 }
 
-static hg_return_t on_responded(const struct hg_cb_info *info) {
+static hg_return_t on_responded(const struct hg_cb_info* info) {
     outside += !in_trigger;
     CHECK(info->type == HG_CB_RESPOND && info->ret == HG_SUCCESS, "the response was sent");
     return HG_SUCCESS;
@@ -103,9 +97,9 @@ struct call {
     int got_output;
 };
 
-static hg_return_t on_forwarded(const struct hg_cb_info *info) {
+static hg_return_t on_forwarded(const struct hg_cb_info* info) {
     outside += !in_trigger;
-    struct call *c = (struct call *)info->arg;
+    struct call* c = (struct call*)info->arg;
     c->ret = info->ret;
     if (info->ret == HG_SUCCESS && c->got_output == 0 && !c->no_output) {
         hg_handle_t h = info->info.forward.handle;
@@ -121,12 +115,12 @@ typedef struct {
     hg_bulk_t data;
     hg_uint32_t n;
 } write_in_t;
-static hg_return_t hg_proc_write_in_t(hg_proc_t proc, void *data) {
-    write_in_t *in = (write_in_t *)data;
+static hg_return_t hg_proc_write_in_t(hg_proc_t proc, void* data) {
+    write_in_t* in = (write_in_t*)data;
     hg_return_t ret = hg_proc_hg_bulk_t(proc, &in->data);
     return ret != HG_SUCCESS ? ret : hg_proc_hg_uint32_t(proc, &in->n);
 }
-static hg_return_t hg_proc_write_out_t(hg_proc_t proc, void *data) {
+static hg_return_t hg_proc_write_out_t(hg_proc_t proc, void* data) {
     return hg_proc_hg_uint32_t(proc, data);
 }
 
@@ -141,21 +135,21 @@ struct write_state {
 static struct write_state ws;
 static int zero_done = 0;
 
-static hg_return_t on_zero(const struct hg_cb_info *info) {
+static hg_return_t on_zero(const struct hg_cb_info* info) {
     outside += !in_trigger;
     CHECK(info->ret == HG_SUCCESS && info->info.bulk.size == 0, "a zero-size transfer completes");
     zero_done = 1;
     return HG_SUCCESS;
 }
 
-static hg_return_t on_bulk(const struct hg_cb_info *info) {
+static hg_return_t on_bulk(const struct hg_cb_info* info) {
     outside += !in_trigger;
     CHECK(info->type == HG_CB_BULK && info->ret == HG_SUCCESS, "a bulk transfer completed");
-    hg_class_t *cls = HG_Get_info(ws.h)->hg_class;
+    hg_class_t* cls = HG_Get_info(ws.h)->hg_class;
     if (ws.stage == 0) { /* pulled: sum it, then push 'z' bytes */
         CHECK(info->info.bulk.op == HG_BULK_PULL && info->info.bulk.size == ws.in.n,
               "the pull moved every byte");
-        void *ptrs[4];
+        void* ptrs[4];
         hg_size_t sizes[4];
         uint32_t n = 0;
         CHECK(HG_Bulk_access(ws.local, 0, ws.in.n, HG_BULK_READWRITE, 4, ptrs, sizes, &n) ==
@@ -164,7 +158,7 @@ static hg_return_t on_bulk(const struct hg_cb_info *info) {
               "HG_Bulk_access of the library's memory");
         ws.sum = 0;
         for (hg_uint32_t i = 0; i < ws.in.n; ++i)
-            ws.sum += ((unsigned char *)ptrs[0])[i];
+            ws.sum += ((unsigned char*)ptrs[0])[i];
         memset(ptrs[0], 'z', 10);
         ws.stage = 1;
         CHECK(HG_Bulk_transfer(HG_Get_info(ws.h)->context, on_bulk, NULL, HG_BULK_PUSH,
@@ -194,14 +188,14 @@ static hg_return_t write_rpc(hg_handle_t h) {
               HG_SUCCESS,
           "a local handle the library allocates");
     /* A zero-size transfer still completes through trigger. */
-    CHECK(HG_Bulk_transfer(HG_Get_info(h)->context, on_zero, NULL, HG_BULK_PULL,
-                           HG_Get_info(h)->addr, ws.in.data, 0, ws.local, 0, 0,
-                           HG_OP_ID_IGNORE) == HG_SUCCESS,
-          "a zero-size transfer");
-    CHECK(HG_Bulk_transfer(HG_Get_info(h)->context, on_bulk, NULL, HG_BULK_PULL,
-                           HG_Get_info(h)->addr, ws.in.data, 0, ws.local, 0, ws.in.n,
-                           HG_OP_ID_IGNORE) == HG_SUCCESS,
-          "the pull");
+    CHECK(
+        HG_Bulk_transfer(HG_Get_info(h)->context, on_zero, NULL, HG_BULK_PULL, HG_Get_info(h)->addr,
+                         ws.in.data, 0, ws.local, 0, 0, HG_OP_ID_IGNORE) == HG_SUCCESS,
+        "a zero-size transfer");
+    CHECK(
+        HG_Bulk_transfer(HG_Get_info(h)->context, on_bulk, NULL, HG_BULK_PULL, HG_Get_info(h)->addr,
+                         ws.in.data, 0, ws.local, 0, ws.in.n, HG_OP_ID_IGNORE) == HG_SUCCESS,
+        "the pull");
     return HG_SUCCESS;
 }
 
@@ -213,7 +207,7 @@ static hg_return_t hang_rpc(hg_handle_t h) {
 
 static int looked_up = 0;
 static hg_addr_t lookup_result = HG_ADDR_NULL;
-static hg_return_t on_lookup(const struct hg_cb_info *info) {
+static hg_return_t on_lookup(const struct hg_cb_info* info) {
     outside += !in_trigger;
     CHECK(info->type == HG_CB_LOOKUP && info->ret == HG_SUCCESS, "HG_Addr_lookup1's callback");
     lookup_result = info->info.lookup.addr;
@@ -221,10 +215,10 @@ static hg_return_t on_lookup(const struct hg_cb_info *info) {
     return HG_SUCCESS;
 }
 
-static void drive(hg_context_t *a, hg_context_t *b, int *flag) {
+static void drive(hg_context_t* a, hg_context_t* b, int* flag) {
     const time_t until = time(NULL) + 15;
     while (!*flag && time(NULL) < until) {
-        hg_context_t *cs[2] = {a, b};
+        hg_context_t* cs[2] = {a, b};
         for (int i = 0; i < 2; ++i) {
             unsigned n = 0;
             (void)HG_Progress(cs[i], 1);
@@ -237,7 +231,7 @@ static void drive(hg_context_t *a, hg_context_t *b, int *flag) {
             char echo[64];
             snprintf(echo, sizeof echo, "%.60s", deferred_in.s);
             out.sum = deferred_in.a + 1;
-            out.s = strlen(deferred_in.s) > 1000 ? (char *)deferred_in.s : echo;
+            out.s = strlen(deferred_in.s) > 1000 ? (char*)deferred_in.s : echo;
             CHECK(HG_Respond(deferred, on_responded, NULL, &out) == HG_SUCCESS, "HG_Respond");
             HG_Free_input(deferred, &deferred_in);
             HG_Destroy(deferred);
@@ -246,26 +240,26 @@ static void drive(hg_context_t *a, hg_context_t *b, int *flag) {
     }
 }
 
-int main(int argc, char **argv) {
-    const char *info = argc > 1 ? argv[1] : "na+sm";
+int main(int argc, char** argv) {
+    const char* info = argc > 1 ? argv[1] : "na+sm";
     CHECK(strcmp(HG_Error_to_string(HG_NOENTRY), "HG_NOENTRY") == 0, "error names");
     unsigned maj = 0, min = 0, pat = 0;
     HG_Version_get(&maj, &min, &pat);
     CHECK(maj == 2 && min == 4 && pat == 1, "version 2.4.1");
 
-    hg_class_t *srv = HG_Init(info, 1);
+    hg_class_t* srv = HG_Init(info, 1);
     if (!srv) {
         fprintf(stderr, "cannot open %s\n", info);
         return 1;
     }
     char client_info[64];
     snprintf(client_info, sizeof client_info, "%s", info);
-    char *sep = strstr(client_info, "://");
+    char* sep = strstr(client_info, "://");
     if (sep && strncmp(client_info, "inproc", 6) != 0) {
-        char *port = strrchr(sep + 3, ':');
+        char* port = strrchr(sep + 3, ':');
         if (port) strcpy(port, ":0");
     }
-    hg_class_t *cli = HG_Init(client_info, 0);
+    hg_class_t* cli = HG_Init(client_info, 0);
     CHECK(cli != NULL, "the client opens");
     if (!cli) return 1;
     CHECK(HG_Class_is_listening(srv) && !HG_Class_is_listening(cli), "who listens");
@@ -278,8 +272,7 @@ int main(int argc, char **argv) {
     static int one = 1, ten = 10;
     CHECK(HG_Class_set_data(cli, &one, free_data) == HG_SUCCESS && HG_Class_get_data(cli) == &one,
           "class data");
-    CHECK(HG_Class_set_handle_create_callback(srv, on_handle_created, &handles_made) ==
-              HG_SUCCESS,
+    CHECK(HG_Class_set_handle_create_callback(srv, on_handle_created, &handles_made) == HG_SUCCESS,
           "the handle create callback");
     hg_context_t *sctx = HG_Context_create(srv), *cctx = HG_Context_create(cli);
     CHECK(sctx && cctx && HG_Context_get_class(sctx) == srv && HG_Context_get_id(cctx) == 0,
@@ -310,7 +303,7 @@ int main(int argc, char **argv) {
     CHECK(HG_Addr_self(srv, &self) == HG_SUCCESS, "self");
     hg_size_t len = 0;
     CHECK(HG_Addr_to_string(srv, NULL, &len, self) == HG_SUCCESS && len > 1, "size query");
-    char *name = (char *)malloc(len);
+    char* name = (char*)malloc(len);
     CHECK(HG_Addr_to_string(srv, name, &len, self) == HG_SUCCESS, "the string");
     CHECK(HG_Addr_lookup2(cli, name, &server) == HG_SUCCESS, "the client looks it up");
 
@@ -330,16 +323,17 @@ int main(int argc, char **argv) {
     if (c1.got_output) HG_Free_output(h, &c1.out);
 
     /* 200 kB each way, on the same handle. */
-    char *big = (char *)malloc(200001);
-    for (int i = 0; i < 200000; ++i) big[i] = (char)('a' + i % 26);
+    char* big = (char*)malloc(200001);
+    for (int i = 0; i < 200000; ++i)
+        big[i] = (char)('a' + i % 26);
     big[200000] = 0;
     struct call c2 = {0};
     sum_in_t in2 = {1, big};
     CHECK(HG_Forward(h, on_forwarded, &c2, &in2) == HG_SUCCESS, "a 200 kB forward");
     drive(sctx, cctx, &c2.done);
-    CHECK(c2.done && c2.ret == HG_SUCCESS && c2.got_output && c2.out.s &&
-              strcmp(c2.out.s, big) == 0,
-          "200 kB went and came back");
+    CHECK(
+        c2.done && c2.ret == HG_SUCCESS && c2.got_output && c2.out.s && strcmp(c2.out.s, big) == 0,
+        "200 kB went and came back");
     if (c2.got_output) HG_Free_output(h, &c2.out);
     HG_Destroy(h);
 
@@ -365,20 +359,24 @@ int main(int argc, char **argv) {
     CHECK(c4.done && c4.ret == HG_NOENTRY, "HG_NOENTRY in the callback");
     HG_Destroy(hm);
     /* Bulk. */
-    hg_id_t wid = HG_Register_name(srv, "write", hg_proc_write_in_t, hg_proc_write_out_t, write_rpc);
+    hg_id_t wid =
+        HG_Register_name(srv, "write", hg_proc_write_in_t, hg_proc_write_out_t, write_rpc);
     CHECK(HG_Register_name(cli, "write", hg_proc_write_in_t, hg_proc_write_out_t, NULL) == wid,
           "the bulk RPC registered");
     unsigned char part1[1000], part3[24];
-    for (int i = 0; i < 1000; ++i) part1[i] = (unsigned char)i;
-    void *ptrs[3] = {part1, NULL, part3};
+    for (int i = 0; i < 1000; ++i)
+        part1[i] = (unsigned char)i;
+    void* ptrs[3] = {part1, NULL, part3};
     hg_size_t sizes[3] = {1000, 0, 24};
-    for (int i = 0; i < 24; ++i) part3[i] = 7;
+    for (int i = 0; i < 24; ++i)
+        part3[i] = 7;
     hg_bulk_t mine = HG_BULK_NULL;
     CHECK(HG_Bulk_create(cli, 3, ptrs, sizes, HG_BULK_READWRITE, &mine) == HG_SUCCESS &&
               HG_Bulk_get_size(mine) == 1024 && HG_Bulk_get_segment_count(mine) == 3,
           "a handle of three segments, one of zero size");
     hg_uint32_t want = 0;
-    for (int i = 0; i < 1000; ++i) want += part1[i];
+    for (int i = 0; i < 1000; ++i)
+        want += part1[i];
     want += 24 * 7;
     hg_handle_t hw = HG_HANDLE_NULL;
     struct call c5 = {1, 0, HG_SUCCESS, {0, NULL}, 0};
@@ -417,7 +415,8 @@ int main(int argc, char **argv) {
     int was_held = 0;
     {
         const time_t until = time(NULL) + 10;
-        while (!held && time(NULL) < until) drive(sctx, cctx, &was_held), was_held = held != NULL;
+        while (!held && time(NULL) < until)
+            drive(sctx, cctx, &was_held), was_held = held != NULL;
     }
     CHECK(held != NULL, "the server holds it");
     CHECK(HG_Cancel(hh) == HG_SUCCESS, "HG_Cancel");

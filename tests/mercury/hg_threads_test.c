@@ -12,7 +12,9 @@
 #include "mercury.h"
 #include "mercury_proc.h"
 
-static hg_return_t proc_u32(hg_proc_t proc, void *data) { return hg_proc_uint32_t(proc, data); }
+static hg_return_t proc_u32(hg_proc_t proc, void* data) {
+    return hg_proc_uint32_t(proc, data);
+}
 
 static hg_return_t twice(hg_handle_t h) {
     hg_uint32_t in = 0, out;
@@ -25,15 +27,16 @@ static hg_return_t twice(hg_handle_t h) {
 }
 
 static atomic_int stop = 0;
-static hg_context_t *sctx;
+static hg_context_t* sctx;
 
-static void *progress_loop(void *arg) {
+static void* progress_loop(void* arg) {
     (void)arg;
-    while (!atomic_load(&stop)) (void)HG_Progress(sctx, 10);
+    while (!atomic_load(&stop))
+        (void)HG_Progress(sctx, 10);
     return NULL;
 }
 
-static void *trigger_loop(void *arg) {
+static void* trigger_loop(void* arg) {
     (void)arg;
     while (!atomic_load(&stop)) {
         unsigned n;
@@ -49,8 +52,8 @@ struct slot {
 };
 static int good = 0, bad = 0;
 
-static hg_return_t answered(const struct hg_cb_info *info) {
-    struct slot *s = (struct slot *)info->arg;
+static hg_return_t answered(const struct hg_cb_info* info) {
+    struct slot* s = (struct slot*)info->arg;
     hg_uint32_t out = 0;
     if (info->ret == HG_SUCCESS && HG_Get_output(s->h, &out) == HG_SUCCESS) {
         if (out == s->in * 2)
@@ -65,20 +68,20 @@ static hg_return_t answered(const struct hg_cb_info *info) {
     return HG_SUCCESS;
 }
 
-int main(int argc, char **argv) {
-    const char *info = argc > 1 ? argv[1] : "na+sm";
-    hg_class_t *srv = HG_Init(info, 1);
+int main(int argc, char** argv) {
+    const char* info = argc > 1 ? argv[1] : "na+sm";
+    hg_class_t* srv = HG_Init(info, 1);
     char client_info[64];
     snprintf(client_info, sizeof client_info, "%s", info);
-    char *sep = strstr(client_info, "://");
+    char* sep = strstr(client_info, "://");
     if (sep) {
-        char *port = strrchr(sep + 3, ':');
+        char* port = strrchr(sep + 3, ':');
         if (port) strcpy(port, ":0");
     }
-    hg_class_t *cli = HG_Init(client_info, 0);
+    hg_class_t* cli = HG_Init(client_info, 0);
     if (!srv || !cli) return 1;
     sctx = HG_Context_create(srv);
-    hg_context_t *cctx = HG_Context_create(cli);
+    hg_context_t* cctx = HG_Context_create(cli);
     hg_id_t id = HG_Register_name(srv, "twice", proc_u32, proc_u32, twice);
     if (HG_Register_name(cli, "twice", proc_u32, proc_u32, NULL) != id) return 1;
     hg_addr_t self, server;
@@ -118,7 +121,8 @@ int main(int argc, char **argv) {
     atomic_store(&stop, 1);
     pthread_join(p, NULL);
     pthread_join(t, NULL);
-    for (int i = 0; i < kSlots; ++i) HG_Destroy(slots[i].h);
+    for (int i = 0; i < kSlots; ++i)
+        HG_Destroy(slots[i].h);
     HG_Addr_free(cli, server);
     HG_Addr_free(srv, self);
     HG_Context_destroy(cctx);
@@ -130,7 +134,6 @@ int main(int argc, char **argv) {
         (void)HG_Trigger(sctx, 0, 16, &n);
     }
     const int closed = HG_Finalize(cli) == HG_SUCCESS && HG_Finalize(srv) == HG_SUCCESS;
-    printf("%d of %d calls answered right, %d wrong or failed, over %s\n", good, kCalls, bad,
-           info);
+    printf("%d of %d calls answered right, %d wrong or failed, over %s\n", good, kCalls, bad, info);
     return good == kCalls && bad == 0 && closed ? 0 : 1;
 }

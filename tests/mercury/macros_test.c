@@ -5,20 +5,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "mercury_macros.h"
 #include "mercury_proc_string.h"
 
-static int failures = 0;
-#define CHECK(cond, what)                                                                       \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what);                           \
-            ++failures;                                                                         \
-        }                                                                                       \
-    } while (0)
-
-MERCURY_GEN_PROC(put_in_t, ((int32_t)(x))((uint64_t)(y))((hg_const_string_t)(name))(
-                               (hg_bulk_t)(data)))
+MERCURY_GEN_PROC(put_in_t,
+                 ((int32_t)(x))((uint64_t)(y))((hg_const_string_t)(name))((hg_bulk_t)(data)))
 MERCURY_GEN_PROC(put_out_t, ((int32_t)(ret)))
 
 typedef struct {
@@ -44,7 +36,7 @@ static hg_return_t put_rpc(hg_handle_t h) {
     return HG_SUCCESS;
 }
 
-static hg_return_t on_done(const struct hg_cb_info *info) {
+static hg_return_t on_done(const struct hg_cb_info* info) {
     put_out_t out;
     CHECK(info->ret == HG_SUCCESS, "the call completed");
     if (info->ret == HG_SUCCESS && HG_Get_output(info->info.forward.handle, &out) == HG_SUCCESS) {
@@ -60,31 +52,31 @@ int main(void) {
     char buf[64];
     hg_proc_t p;
     pair_t in = {7, 1234567}, out = {0, 0};
-    hg_proc_create_set((hg_class_t *)1, buf, sizeof buf, HG_ENCODE, HG_NOHASH, &p);
+    hg_proc_create_set((hg_class_t*)1, buf, sizeof buf, HG_ENCODE, HG_NOHASH, &p);
     CHECK(hg_proc_pair_t(p, &in) == HG_SUCCESS && hg_proc_get_size_used(p) == 9,
           "MERCURY_GEN_STRUCT_PROC encodes 1 + 8 bytes");
     hg_proc_reset(p, buf, 9, HG_DECODE);
     CHECK(hg_proc_pair_t(p, &out) == HG_SUCCESS && out.a == 7 && out.b == 1234567, "and decodes");
     hg_proc_free(p);
 
-    hg_class_t *cls = HG_Init("inproc://macros-test", 1);
+    hg_class_t* cls = HG_Init("inproc://macros-test", 1);
     CHECK(cls != NULL, "a class");
     if (!cls) return 1;
-    hg_context_t *ctx = HG_Context_create(cls);
+    hg_context_t* ctx = HG_Context_create(cls);
     hg_id_t id = MERCURY_REGISTER(cls, "put", put_in_t, put_out_t, put_rpc);
     hg_id_t none = MERCURY_REGISTER(cls, "nothing", void, void, NULL);
     CHECK(id != 0 && none != 0 && id != none, "MERCURY_REGISTER, hg_proc_void included");
     hg_addr_t self;
     HG_Addr_self(cls, &self);
     char region[64] = {0};
-    void *ptrs[1] = {region};
+    void* ptrs[1] = {region};
     hg_size_t sizes[1] = {sizeof region};
     hg_bulk_t bulk;
     HG_Bulk_create(cls, 1, ptrs, sizes, HG_BULK_READ_ONLY, &bulk);
     put_in_t args = {-5, 1ull << 40, "file", bulk};
     hg_handle_t h;
-    CHECK(HG_Create(ctx, self, id, &h) == HG_SUCCESS && HG_Forward(h, on_done, NULL, &args) ==
-                                                            HG_SUCCESS,
+    CHECK(HG_Create(ctx, self, id, &h) == HG_SUCCESS &&
+              HG_Forward(h, on_done, NULL, &args) == HG_SUCCESS,
           "forward to self");
     const time_t until = time(NULL) + 10;
     while (answered == 0 && time(NULL) < until) {

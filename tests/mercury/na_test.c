@@ -10,31 +10,23 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "na.h"
-
-static int failures = 0;
-#define CHECK(cond, what)                                                                       \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what);                           \
-            ++failures;                                                                         \
-        }                                                                                       \
-    } while (0)
 
 static int in_trigger = 0; /* callbacks must see it set */
 static int outside = 0;    /* callbacks that ran outside NA_Trigger */
 
 struct peer {
-    na_class_t *cls;
-    na_context_t *ctx;
-    na_op_id_t *op;
+    na_class_t* cls;
+    na_context_t* ctx;
+    na_op_id_t* op;
 };
 
 /* Progress and trigger both sides until *value reaches want (10 s at most). */
-static void drive(struct peer *a, struct peer *b, int *done, int want) {
+static void drive(struct peer* a, struct peer* b, int* done, int want) {
     const time_t until = time(NULL) + 10;
     while (*done < want && time(NULL) < until) {
-        struct peer *ps[2] = {a, b};
+        struct peer* ps[2] = {a, b};
         for (int i = 0; i < 2; ++i) {
             (void)NA_Progress(ps[i]->cls, ps[i]->ctx, 1);
             unsigned n = 0;
@@ -47,24 +39,24 @@ static void drive(struct peer *a, struct peer *b, int *done, int want) {
 
 /* --- ping / pong */
 struct server_state {
-    struct peer *p;
-    char *buf;
-    void *buf_data;
-    na_addr_t *client;
-    na_op_id_t *reply_op;
+    struct peer* p;
+    char* buf;
+    void* buf_data;
+    na_addr_t* client;
+    na_op_id_t* reply_op;
     char pong[8];
-    int *done;
+    int* done;
 };
 
-static void on_pong_sent(const struct na_cb_info *info) {
-    struct server_state *s = (struct server_state *)info->arg;
+static void on_pong_sent(const struct na_cb_info* info) {
+    struct server_state* s = (struct server_state*)info->arg;
     outside += !in_trigger;
     CHECK(info->ret == NA_SUCCESS, "the pong was sent");
     ++*s->done;
 }
 
-static void on_ping(const struct na_cb_info *info) {
-    struct server_state *s = (struct server_state *)info->arg;
+static void on_ping(const struct na_cb_info* info) {
+    struct server_state* s = (struct server_state*)info->arg;
     outside += !in_trigger;
     CHECK(info->ret == NA_SUCCESS, "the ping arrived");
     CHECK(info->type == NA_CB_RECV_UNEXPECTED, "as an unexpected message");
@@ -86,11 +78,11 @@ static void on_ping(const struct na_cb_info *info) {
 
 struct client_state {
     char buf[64];
-    int *done;
+    int* done;
 };
 
-static void on_reply(const struct na_cb_info *info) {
-    struct client_state *c = (struct client_state *)info->arg;
+static void on_reply(const struct na_cb_info* info) {
+    struct client_state* c = (struct client_state*)info->arg;
     outside += !in_trigger;
     CHECK(info->ret == NA_SUCCESS && info->type == NA_CB_RECV_EXPECTED, "the pong arrived");
     CHECK(info->info.recv_expected.actual_buf_size == 5 && memcmp(c->buf, "pong", 5) == 0,
@@ -98,29 +90,29 @@ static void on_reply(const struct na_cb_info *info) {
     ++*c->done;
 }
 
-static void on_counted(const struct na_cb_info *info) {
+static void on_counted(const struct na_cb_info* info) {
     outside += !in_trigger;
-    int *slot = (int *)info->arg;
+    int* slot = (int*)info->arg;
     *slot = info->ret == NA_SUCCESS ? 1 : (int)info->ret + 100;
 }
 
 static na_return_t canceled_ret = NA_SUCCESS;
-static void on_canceled(const struct na_cb_info *info) {
+static void on_canceled(const struct na_cb_info* info) {
     outside += !in_trigger;
     canceled_ret = info->ret;
-    *(int *)info->arg = 1;
+    *(int*)info->arg = 1;
 }
 
-int main(int argc, char **argv) {
-    const char *info = argc > 1 ? argv[1] : "na+sm";
+int main(int argc, char** argv) {
+    const char* info = argc > 1 ? argv[1] : "na+sm";
     CHECK(strcmp(NA_Error_to_string(NA_TIMEOUT), "NA_TIMEOUT") == 0, "error names");
     CHECK(NA_Error_to_string((na_return_t)999) == NULL, "no name out of range");
 
-    struct na_protocol_info *protos = NULL;
+    struct na_protocol_info* protos = NULL;
     CHECK(NA_Get_protocol_info(NULL, &protos) == NA_SUCCESS && protos != NULL,
           "NA_Get_protocol_info lists the protocols built");
     int has_sm = 0;
-    for (struct na_protocol_info *p = protos; p; p = p->next)
+    for (struct na_protocol_info* p = protos; p; p = p->next)
         has_sm |= strcmp(p->class_name, "na") == 0 && strcmp(p->protocol_name, "sm") == 0;
     CHECK(has_sm, "na+sm among them");
     NA_Free_protocol_info(protos);
@@ -136,10 +128,10 @@ int main(int argc, char **argv) {
     CHECK(NA_Is_listening(srv.cls), "the server listens");
     char client_info[64];
     snprintf(client_info, sizeof client_info, "%s", info);
-    char *colon = strstr(client_info, "://");
+    char* colon = strstr(client_info, "://");
     if (colon && strncmp(client_info, "inproc", 6) != 0) {
         /* A client of a host:port string opens the same host on any port. */
-        char *port = strrchr(colon + 3, ':');
+        char* port = strrchr(colon + 3, ':');
         if (port) strcpy(port, ":0");
     }
     cli.cls = NA_Initialize(client_info, false);
@@ -149,11 +141,11 @@ int main(int argc, char **argv) {
     cli.ctx = NA_Context_create(cli.cls);
     srv.op = NA_Op_create(srv.cls, NA_OP_SINGLE);
     cli.op = NA_Op_create(cli.cls, NA_OP_SINGLE);
-    na_op_id_t *cli_op2 = NA_Op_create(cli.cls, NA_OP_SINGLE);
+    na_op_id_t* cli_op2 = NA_Op_create(cli.cls, NA_OP_SINGLE);
     CHECK(srv.ctx && cli.ctx && srv.op && cli.op && cli_op2, "contexts and op ids");
 
     /* The server's address, as a string (the size protocol first). */
-    na_addr_t *self = NULL;
+    na_addr_t* self = NULL;
     CHECK(NA_Addr_self(srv.cls, &self) == NA_SUCCESS, "self address");
     size_t len = 0;
     CHECK(NA_Addr_to_string(srv.cls, NULL, &len, self) == NA_SUCCESS && len > 1, "size query");
@@ -161,7 +153,7 @@ int main(int argc, char **argv) {
     size_t tiny_len = sizeof tiny;
     CHECK(NA_Addr_to_string(srv.cls, tiny, &tiny_len, self) == NA_OVERFLOW && tiny_len == len,
           "a short buffer is NA_OVERFLOW, with the size needed");
-    char *name = (char *)malloc(len); /* a ucx+sm address is a long hex string */
+    char* name = (char*)malloc(len); /* a ucx+sm address is a long hex string */
     size_t name_len = len;
     CHECK(NA_Addr_to_string(srv.cls, name, &name_len, self) == NA_SUCCESS &&
               name_len == strlen(name) + 1,
@@ -169,45 +161,46 @@ int main(int argc, char **argv) {
     CHECK(NA_Addr_is_self(srv.cls, self), "self is self");
     printf("server address: %.80s%s\n", name, strlen(name) > 80 ? "..." : "");
 
-    na_addr_t *server = NULL;
+    na_addr_t* server = NULL;
     CHECK(NA_Addr_lookup(cli.cls, name, &server) == NA_SUCCESS, "the client looks it up");
 
     int done = 0;
     struct server_state ss = {&srv, NULL, NULL, NULL, NA_Op_create(srv.cls, 0), {0}, &done};
-    ss.buf = (char *)NA_Msg_buf_alloc(srv.cls, 64, NA_RECV, &ss.buf_data);
+    ss.buf = (char*)NA_Msg_buf_alloc(srv.cls, 64, NA_RECV, &ss.buf_data);
     CHECK(ss.buf != NULL, "a message buffer");
-    CHECK(NA_Msg_recv_unexpected(srv.cls, srv.ctx, on_ping, &ss, ss.buf, 64, ss.buf_data,
-                                 srv.op) == NA_SUCCESS,
+    CHECK(NA_Msg_recv_unexpected(srv.cls, srv.ctx, on_ping, &ss, ss.buf, 64, ss.buf_data, srv.op) ==
+              NA_SUCCESS,
           "the server's receive");
     struct client_state cs = {{0}, &done};
-    CHECK(NA_Msg_recv_expected(cli.cls, cli.ctx, on_reply, &cs, cs.buf, sizeof cs.buf, NULL,
-                               server, 0, 7, cli.op) == NA_SUCCESS,
+    CHECK(NA_Msg_recv_expected(cli.cls, cli.ctx, on_reply, &cs, cs.buf, sizeof cs.buf, NULL, server,
+                               0, 7, cli.op) == NA_SUCCESS,
           "the client's receive of the pong");
     int sent = 0;
-    CHECK(NA_Msg_send_unexpected(cli.cls, cli.ctx, on_counted, &sent, "ping", 5, NULL, server, 0,
-                                 7, cli.op) == NA_BUSY,
+    CHECK(NA_Msg_send_unexpected(cli.cls, cli.ctx, on_counted, &sent, "ping", 5, NULL, server, 0, 7,
+                                 cli.op) == NA_BUSY,
           "an op id in use is NA_BUSY");
-    CHECK(NA_Msg_send_unexpected(cli.cls, cli.ctx, on_counted, &sent, "ping", 5, NULL, server, 0,
-                                 7, cli_op2) == NA_SUCCESS,
+    CHECK(NA_Msg_send_unexpected(cli.cls, cli.ctx, on_counted, &sent, "ping", 5, NULL, server, 0, 7,
+                                 cli_op2) == NA_SUCCESS,
           "the ping");
     drive(&srv, &cli, &done, 3);
     CHECK(done == 3 && sent == 1, "ping, pong and both sends completed");
 
     /* Put and get: the server's memory, its handle serialized as it would travel. */
     char region[4096], mine[4096];
-    for (int i = 0; i < 4096; ++i) region[i] = (char)(i * 7);
+    for (int i = 0; i < 4096; ++i)
+        region[i] = (char)(i * 7);
     memset(mine, 0, sizeof mine);
     na_mem_handle_t *srv_mh = NULL, *cli_mh = NULL, *remote = NULL;
     CHECK(NA_Mem_handle_create(srv.cls, region, sizeof region, NA_MEM_READWRITE, &srv_mh) ==
                   NA_SUCCESS &&
               NA_Mem_register(srv.cls, srv_mh, NA_MEM_TYPE_HOST, 0) == NA_SUCCESS,
           "the server registers its region");
-    CHECK(NA_Mem_handle_create(cli.cls, mine, sizeof mine, NA_MEM_READWRITE, &cli_mh) ==
-                  NA_SUCCESS &&
-              NA_Mem_register(cli.cls, cli_mh, NA_MEM_TYPE_HOST, 0) == NA_SUCCESS,
-          "the client registers its buffer");
+    CHECK(
+        NA_Mem_handle_create(cli.cls, mine, sizeof mine, NA_MEM_READWRITE, &cli_mh) == NA_SUCCESS &&
+            NA_Mem_register(cli.cls, cli_mh, NA_MEM_TYPE_HOST, 0) == NA_SUCCESS,
+        "the client registers its buffer");
     size_t hs = NA_Mem_handle_get_serialize_size(srv.cls, srv_mh);
-    char *wire = (char *)malloc(hs ? hs : 1);
+    char* wire = (char*)malloc(hs ? hs : 1);
     CHECK(hs > 0 && NA_Mem_handle_serialize(srv.cls, wire, hs, srv_mh) == NA_SUCCESS &&
               NA_Mem_handle_deserialize(cli.cls, &remote, wire, hs) == NA_SUCCESS,
           "the handle serialized and deserialized");

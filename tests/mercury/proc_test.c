@@ -7,20 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "mercury_proc.h"
 #include "mercury_proc_string.h"
 
-static int failures = 0;
-#define CHECK(cond, what)                                                                       \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what);                           \
-            ++failures;                                                                         \
-        }                                                                                       \
-    } while (0)
-
 /* Mercury's test_proc classes: never dereferenced. */
-#define FAKE_CLASS ((hg_class_t *)1)
+#define FAKE_CLASS ((hg_class_t*)1)
 
 typedef struct {
     hg_uint8_t val8;
@@ -32,8 +24,8 @@ typedef struct {
     hg_string_t note;
 } record_t;
 
-static hg_return_t hg_proc_record_t(hg_proc_t proc, void *data) {
-    record_t *r = (record_t *)data;
+static hg_return_t hg_proc_record_t(hg_proc_t proc, void* data) {
+    record_t* r = (record_t*)data;
     hg_return_t ret;
     if ((ret = hg_proc_hg_uint8_t(proc, &r->val8)) != HG_SUCCESS) return ret;
     if ((ret = hg_proc_hg_uint16_t(proc, &r->val16)) != HG_SUCCESS) return ret;
@@ -77,17 +69,17 @@ static void round_trip(void) {
 static void encoding_is_mercurys(void) {
     unsigned char buf[64];
     hg_proc_t proc = HG_PROC_NULL;
-    CHECK(hg_proc_create_set(FAKE_CLASS, buf, sizeof buf, HG_ENCODE, HG_NOHASH, &proc) ==
-              HG_SUCCESS,
-          "create_set");
+    CHECK(
+        hg_proc_create_set(FAKE_CLASS, buf, sizeof buf, HG_ENCODE, HG_NOHASH, &proc) == HG_SUCCESS,
+        "create_set");
     hg_uint16_t v = 0x0102;
     hg_const_string_t hi = "Hi", none = NULL;
     hg_proc_hg_uint16_t(proc, &v);
     hg_proc_hg_const_string_t(proc, &hi);
     hg_proc_hg_const_string_t(proc, &none);
-    const unsigned char want[] = {0x02, 0x01,                                /* host order */
-                                  3, 0, 0, 0, 0, 0, 0, 0, 'H', 'i', 0, 1, 0, /* is_const 1 */
-                                  0, 0, 0, 0, 0, 0, 0, 0};                   /* NULL: length 0 */
+    const unsigned char want[] = {0x02, 0x01,                                      /* host order */
+                                  3,    0,    0, 0, 0, 0, 0, 0, 'H', 'i', 0, 1, 0, /* is_const 1 */
+                                  0,    0,    0, 0, 0, 0, 0, 0}; /* NULL: length 0 */
     CHECK(hg_proc_get_size_used(proc) == sizeof want, "encoded size of the sample");
     CHECK(memcmp(buf, want, sizeof want) == 0, "bytes as Mercury writes them");
     hg_proc_free(proc);
@@ -102,7 +94,7 @@ static void encoding_grows_into_the_extra_buffer(void) {
         CHECK(hg_proc_hg_uint64_t(proc, &i) == HG_SUCCESS, "encode past the caller's buffer");
     CHECK(hg_proc_get_flags(proc) == HG_PROC_SM, "flags survive growth");
     CHECK(hg_proc_get_size_used(proc) == 8000, "size used counts the whole encoding");
-    char *extra = (char *)hg_proc_get_extra_buf(proc);
+    char* extra = (char*)hg_proc_get_extra_buf(proc);
     CHECK(extra != NULL && hg_proc_get_extra_size(proc) >= 8000, "extra buffer");
     CHECK(hg_proc_get_size(proc) == sizeof small + hg_proc_get_extra_size(proc), "get_size");
     /* The extra buffer holds all of it, the first two values included. */
@@ -133,7 +125,7 @@ static void bad_input_is_refused(void) {
     hg_proc_reset(proc, three, sizeof three, HG_DECODE);
     CHECK(hg_proc_hg_uint32_t(proc, &v) == HG_OVERFLOW, "decoding past the end");
     CHECK(hg_proc_save_ptr(proc, 4) == NULL, "save_ptr past the end of a decode");
-    CHECK(hg_proc_save_ptr(proc, 3) == (void *)three, "save_ptr within it");
+    CHECK(hg_proc_save_ptr(proc, 3) == (void*)three, "save_ptr within it");
 
     /* A string whose length claims a terabyte. */
     unsigned char lie[16] = {0, 0, 0, 0, 0, 1, 0, 0, 'a', 'b', 'c', 0, 0, 0, 0, 0};
@@ -163,7 +155,7 @@ static void string_objects(void) {
     CHECK(hg_string_object_dup(a, &b) == HG_SUCCESS && b.is_owned && !b.is_const &&
               strcmp(b.data, "text") == 0 && b.data != a.data,
           "dup");
-    char *mine = hg_string_object_swap(&b, NULL);
+    char* mine = hg_string_object_swap(&b, NULL);
     CHECK(mine && b.data == NULL && !b.is_owned, "swap takes the data out");
     free(mine);
     CHECK(hg_string_object_free(&a) == HG_SUCCESS && a.data != NULL, "not owned: kept");

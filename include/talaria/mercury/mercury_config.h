@@ -22,7 +22,7 @@ typedef uint64_t hg_uint64_t;
 typedef hg_uint64_t hg_ptr_t; /* a pointer carried as a 64-bit value */
 typedef hg_uint8_t hg_bool_t; /* one byte, HG_TRUE or HG_FALSE */
 
-#define HG_TRUE  1
+#define HG_TRUE 1
 #define HG_FALSE 0
 
 /* The Mercury release whose interface these headers reproduce. */
@@ -34,36 +34,36 @@ typedef hg_uint8_t hg_bool_t; /* one byte, HG_TRUE or HG_FALSE */
 #define HG_TALARIA 1
 
 #if defined(__GNUC__) || defined(__clang__)
-#    define HG_ATTR_WARN_UNUSED_RESULT __attribute__((warn_unused_result))
-#    define HG_ATTR_UNUSED             __attribute__((unused))
-#    define HG_ATTR_PACKED(x)          x __attribute__((packed))
-#    define HG_ATTR_ABI_EXPORT         __attribute__((visibility("default")))
-#    define HG_ATTR_ABI_HIDDEN         __attribute__((visibility("hidden")))
-#    if defined(__has_attribute)
-#        if __has_attribute(fallthrough)
-#            define HG_ATTR_FALLTHROUGH __attribute__((fallthrough))
-#        endif
-#    endif
+#define HG_ATTR_WARN_UNUSED_RESULT __attribute__((warn_unused_result))
+#define HG_ATTR_UNUSED __attribute__((unused))
+#define HG_ATTR_PACKED(x) x __attribute__((packed))
+#define HG_ATTR_ABI_EXPORT __attribute__((visibility("default")))
+#define HG_ATTR_ABI_HIDDEN __attribute__((visibility("hidden")))
+#if defined(__has_attribute)
+#if __has_attribute(fallthrough)
+#define HG_ATTR_FALLTHROUGH __attribute__((fallthrough))
+#endif
+#endif
 #else
-#    define HG_ATTR_WARN_UNUSED_RESULT
-#    define HG_ATTR_UNUSED
-#    define HG_ATTR_PACKED(x) x
-#    define HG_ATTR_ABI_EXPORT
-#    define HG_ATTR_ABI_HIDDEN
+#define HG_ATTR_WARN_UNUSED_RESULT
+#define HG_ATTR_UNUSED
+#define HG_ATTR_PACKED(x) x
+#define HG_ATTR_ABI_EXPORT
+#define HG_ATTR_ABI_HIDDEN
 #endif
 #ifndef HG_ATTR_FALLTHROUGH
-#    define HG_ATTR_FALLTHROUGH
+#define HG_ATTR_FALLTHROUGH
 #endif
 
 #define HG_WARN_UNUSED_RESULT HG_ATTR_WARN_UNUSED_RESULT
-#define HG_UNUSED             HG_ATTR_UNUSED
-#define HG_PACKED(x)          HG_ATTR_PACKED(x)
-#define HG_FALLTHROUGH        HG_ATTR_FALLTHROUGH
-#define HG_INLINE             __inline__
+#define HG_UNUSED HG_ATTR_UNUSED
+#define HG_PACKED(x) HG_ATTR_PACKED(x)
+#define HG_FALLTHROUGH HG_ATTR_FALLTHROUGH
+#define HG_INLINE __inline__
 
 /* Every function of the interface is exported from libmercury (the library is built with
  * hidden visibility by default); nothing is imported differently on ELF platforms. */
-#define HG_PUBLIC  HG_ATTR_ABI_EXPORT
+#define HG_PUBLIC HG_ATTR_ABI_EXPORT
 #define HG_PRIVATE HG_ATTR_ABI_HIDDEN
 
 /* What this build has, as Mercury's configuration names it. */

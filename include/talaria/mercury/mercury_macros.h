@@ -23,32 +23,31 @@
 #define TALARIA_HG_FIELD_TYPE(field) BOOST_PP_SEQ_HEAD(field)
 #define TALARIA_HG_FIELD_NAME(field) BOOST_PP_SEQ_CAT(BOOST_PP_SEQ_TAIL(field))
 
-#define TALARIA_HG_DECLARE_FIELD(r, unused, field)                                             \
+#define TALARIA_HG_DECLARE_FIELD(r, unused, field) \
     TALARIA_HG_FIELD_TYPE(field) TALARIA_HG_FIELD_NAME(field);
 
-#define TALARIA_HG_PROC_FIELD(r, s, field)                                                     \
-    ret = BOOST_PP_CAT(hg_proc_, TALARIA_HG_FIELD_TYPE(field))(                                \
-        proc, &(s)->TALARIA_HG_FIELD_NAME(field));                                             \
+#define TALARIA_HG_PROC_FIELD(r, s, field)                      \
+    ret = BOOST_PP_CAT(hg_proc_, TALARIA_HG_FIELD_TYPE(field))( \
+        proc, &(s)->TALARIA_HG_FIELD_NAME(field));              \
     if (unlikely(ret != HG_SUCCESS)) return ret;
 
-#define MERCURY_GEN_STRUCT_PROC(struct_type_name, fields)                                      \
-    static HG_INLINE hg_return_t BOOST_PP_CAT(hg_proc_, struct_type_name)(hg_proc_t proc,      \
-                                                                          void *data) {        \
-        hg_return_t ret = HG_SUCCESS;                                                          \
-        struct_type_name *struct_data = (struct_type_name *)data;                              \
-        BOOST_PP_SEQ_FOR_EACH(TALARIA_HG_PROC_FIELD, struct_data, fields)                      \
-        return ret;                                                                            \
+#define MERCURY_GEN_STRUCT_PROC(struct_type_name, fields)                                 \
+    static HG_INLINE hg_return_t BOOST_PP_CAT(hg_proc_, struct_type_name)(hg_proc_t proc, \
+                                                                          void* data) {   \
+        hg_return_t ret = HG_SUCCESS;                                                     \
+        struct_type_name* struct_data = (struct_type_name*)data;                          \
+        BOOST_PP_SEQ_FOR_EACH(TALARIA_HG_PROC_FIELD, struct_data, fields)                 \
+        return ret;                                                                       \
     }
 
-#define MERCURY_GEN_PROC(struct_type_name, fields)                                             \
-    typedef struct {                                                                           \
-        BOOST_PP_SEQ_FOR_EACH(TALARIA_HG_DECLARE_FIELD, , fields)                              \
-    } struct_type_name;                                                                        \
+#define MERCURY_GEN_PROC(struct_type_name, fields)                \
+    typedef struct {                                              \
+        BOOST_PP_SEQ_FOR_EACH(TALARIA_HG_DECLARE_FIELD, , fields) \
+    } struct_type_name;                                           \
     MERCURY_GEN_STRUCT_PROC(struct_type_name, fields)
 
-#define MERCURY_REGISTER(hg_class, func_name, in_struct_type_name, out_struct_type_name,       \
-                         rpc_cb)                                                               \
-    HG_Register_name(hg_class, func_name, BOOST_PP_CAT(hg_proc_, in_struct_type_name),         \
+#define MERCURY_REGISTER(hg_class, func_name, in_struct_type_name, out_struct_type_name, rpc_cb) \
+    HG_Register_name(hg_class, func_name, BOOST_PP_CAT(hg_proc_, in_struct_type_name),           \
                      BOOST_PP_CAT(hg_proc_, out_struct_type_name), rpc_cb)
 
 #define hg_proc_void NULL

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-HG_PUBLIC hg_return_t hg_proc_hg_bulk_t(hg_proc_t proc, void *data);
+HG_PUBLIC hg_return_t hg_proc_hg_bulk_t(hg_proc_t proc, void* data);
 
 #ifdef __cplusplus
 }

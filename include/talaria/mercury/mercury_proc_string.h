@@ -9,56 +9,35 @@
 #include "mercury_proc.h"
 #include "mercury_string_object.h"
 
-typedef const char *hg_const_string_t;
-typedef char *hg_string_t;
+typedef const char* hg_const_string_t;
+typedef char* hg_string_t;
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* A string object, encoded, decoded (its data then malloc()ed and owned) or freed. */
-HG_PUBLIC hg_return_t hg_proc_hg_string_object_t(hg_proc_t proc, void *string);
+HG_PUBLIC hg_return_t hg_proc_hg_string_object_t(hg_proc_t proc, void* string);
 
-static HG_INLINE hg_return_t hg_proc_hg_const_string_t(hg_proc_t proc, void *data) {
-    hg_const_string_t *s = (hg_const_string_t *)data;
+/* Both string procs: `*s` encoded, decoded into a malloc()ed copy, or freed. Talaria's, not
+ * Mercury's: programs call the two below. */
+static HG_INLINE hg_return_t hg_proc_talaria_string(hg_proc_t proc, char** s, bool is_const) {
     hg_string_object_t string;
-    hg_return_t ret = HG_SUCCESS;
-    switch (hg_proc_get_op(proc)) {
-        case HG_ENCODE:
-            hg_string_object_init_const_char(&string, *s, 0);
-            ret = hg_proc_hg_string_object_t(proc, &string);
-            break;
-        case HG_DECODE:
-            ret = hg_proc_hg_string_object_t(proc, &string);
-            if (ret == HG_SUCCESS) *s = hg_string_object_swap(&string, 0);
-            break;
-        case HG_FREE:
-            hg_string_object_init_const_char(&string, *s, 1);
-            ret = hg_proc_hg_string_object_t(proc, &string);
-            break;
-    }
+    string.data = *s;
+    string.is_const = is_const;
+    string.is_owned = hg_proc_get_op(proc) == HG_FREE; /* the free pass frees the copy */
+    const hg_return_t ret = hg_proc_hg_string_object_t(proc, &string);
+    if (ret == HG_SUCCESS && hg_proc_get_op(proc) == HG_DECODE)
+        *s = hg_string_object_swap(&string, 0);
     return ret;
 }
 
-static HG_INLINE hg_return_t hg_proc_hg_string_t(hg_proc_t proc, void *data) {
-    hg_string_t *s = (hg_string_t *)data;
-    hg_string_object_t string;
-    hg_return_t ret = HG_SUCCESS;
-    switch (hg_proc_get_op(proc)) {
-        case HG_ENCODE:
-            hg_string_object_init_char(&string, *s, 0);
-            ret = hg_proc_hg_string_object_t(proc, &string);
-            break;
-        case HG_DECODE:
-            ret = hg_proc_hg_string_object_t(proc, &string);
-            if (ret == HG_SUCCESS) *s = hg_string_object_swap(&string, 0);
-            break;
-        case HG_FREE:
-            hg_string_object_init_char(&string, *s, 1);
-            ret = hg_proc_hg_string_object_t(proc, &string);
-            break;
-    }
-    return ret;
+static HG_INLINE hg_return_t hg_proc_hg_const_string_t(hg_proc_t proc, void* data) {
+    return hg_proc_talaria_string(proc, (char**)data, true);
+}
+
+static HG_INLINE hg_return_t hg_proc_hg_string_t(hg_proc_t proc, void* data) {
+    return hg_proc_talaria_string(proc, (char**)data, false);
 }
 
 #ifdef __cplusplus

@@ -7,16 +7,16 @@
 
 typedef struct hg_class hg_class_t;
 typedef struct hg_context hg_context_t;
-typedef struct hg_addr *hg_addr_t;
-typedef struct hg_handle *hg_handle_t;
-typedef struct hg_bulk *hg_bulk_t;
-typedef struct hg_proc *hg_proc_t;
-typedef struct hg_op_id *hg_op_id_t;
+typedef struct hg_addr* hg_addr_t;
+typedef struct hg_handle* hg_handle_t;
+typedef struct hg_bulk* hg_bulk_t;
+typedef struct hg_proc* hg_proc_t;
+typedef struct hg_op_id* hg_op_id_t;
 
 /* HG_Get_info: who a handle talks to (40 bytes; addr is borrowed). */
 struct hg_info {
-    hg_class_t *hg_class;
-    hg_context_t *context;
+    hg_class_t* hg_class;
+    hg_context_t* context;
     hg_addr_t addr;
     hg_id_t id;
     uint8_t context_id;
@@ -69,20 +69,20 @@ struct hg_cb_info {
         struct hg_cb_info_respond respond;
         struct hg_cb_info_bulk bulk;
     } info;
-    void *arg;
+    void* arg;
     hg_cb_type_t type;
     hg_return_t ret;
 };
 
 typedef hg_return_t (*hg_rpc_cb_t)(hg_handle_t handle);
-typedef hg_return_t (*hg_cb_t)(const struct hg_cb_info *callback_info);
-typedef hg_return_t (*hg_proc_cb_t)(hg_proc_t proc, void *data);
+typedef hg_return_t (*hg_cb_t)(const struct hg_cb_info* callback_info);
+typedef hg_return_t (*hg_proc_cb_t)(hg_proc_t proc, void* data);
 
-#define HG_ADDR_NULL    ((hg_addr_t)0)
-#define HG_HANDLE_NULL  ((hg_handle_t)0)
-#define HG_BULK_NULL    ((hg_bulk_t)0)
-#define HG_PROC_NULL    ((hg_proc_t)0)
-#define HG_OP_ID_NULL   ((hg_op_id_t)0)
-#define HG_OP_ID_IGNORE ((hg_op_id_t *)1)
+#define HG_ADDR_NULL ((hg_addr_t)0)
+#define HG_HANDLE_NULL ((hg_handle_t)0)
+#define HG_BULK_NULL ((hg_bulk_t)0)
+#define HG_PROC_NULL ((hg_proc_t)0)
+#define HG_OP_ID_NULL ((hg_op_id_t)0)
+#define HG_OP_ID_IGNORE ((hg_op_id_t*)1)
 
 #endif /* MERCURY_TYPES_H */

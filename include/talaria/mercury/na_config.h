@@ -4,10 +4,10 @@
 
 #include "mercury_config.h"
 
-#define NA_PUBLIC  HG_ATTR_ABI_EXPORT
+#define NA_PUBLIC HG_ATTR_ABI_EXPORT
 #define NA_PRIVATE HG_ATTR_ABI_HIDDEN
-#define NA_INLINE  __inline__
-#define NA_UNUSED  HG_ATTR_UNUSED
+#define NA_INLINE __inline__
+#define NA_UNUSED HG_ATTR_UNUSED
 #define NA_WARN_UNUSED_RESULT HG_ATTR_WARN_UNUSED_RESULT
 
 /* Shared memory is always there (na+sm is Talaria's sm transport); ofi+* and ucx+* are served
