@@ -16,17 +16,16 @@
 //    it closes the connection and its descriptor. As tcp's hello_timeout, before any
 //    authentication.
 // docs/architecture.md, trust model; docs/transports.md, "Descriptors on an ofi+tcp server".
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_acked (glibc's lacks it)
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 #include "na/ofi/ofi.hpp"
@@ -34,19 +33,10 @@
 namespace talaria::na::ofi {
 
 namespace {
-/// The local TCP port of socket `fd`, or 0.
-uint16_t local_port(int fd) noexcept {
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
-    if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
-    return 0;
-}
-
-/// TCP states as tcpi_state reports them (the kernel's tcp_states.h).
+/// TCP states as the kernel reports them (its tcp_states.h; tcpi_state, /proc/net/tcp's `st`).
 constexpr uint8_t kTcpEstablished = 1;
 constexpr uint8_t kTcpCloseWait = 8;
+constexpr uint8_t kTcpListen = 10;
 
 /// The socket's TCP state (TCP_INFO), or false if it is not a TCP socket.
 bool tcp_info_of(int fd, tcp_info& out) noexcept {
@@ -54,9 +44,45 @@ bool tcp_info_of(int fd, tcp_info& out) noexcept {
     return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &out, &len) == 0;
 }
 
-/// Calls `f(fd)` for each socket descriptor of ours bound to one of `ports`.
+/// A TCP socket of this network namespace bound to one of our ports.
+struct OurSocket {
+    unsigned long inode;
+    uint8_t state;
+};
+
+/// Appends the sockets of `table` (/proc/self/net/tcp or tcp6) whose local port is one of
+/// `ports`. One descriptor while it reads.
+void sockets_in(const char* table, const std::vector<uint16_t>& ports,
+                std::vector<OurSocket>& out) {
+    FILE* f = std::fopen(table, "re");
+    if (!f) return;
+    char line[512];
+    std::fgets(line, sizeof line, f);  // the header
+    while (std::fgets(line, sizeof line, f)) {
+        // "  sl: local:port remote:port st tx:rx tr:when retrnsmt uid timeout inode ..."
+        unsigned port = 0, state = 0;
+        unsigned long inode = 0;
+        if (std::sscanf(
+                line, " %*u: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%*x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
+                &port, &state, &inode) != 3 ||
+            inode == 0)
+            continue;
+        if (std::find(ports.begin(), ports.end(), uint16_t(port)) != ports.end())
+            out.push_back({inode, uint8_t(state)});
+    }
+    std::fclose(f);
+}
+
+/// Calls `f(fd, state)` for each descriptor of ours that is a TCP socket bound to one of
+/// `ports`. The kernel's socket table names the sockets; the descriptors are matched to them by
+/// their /proc/self/fd links, so no descriptor of the process other than those is touched (the
+/// application's, and the other transports', are not ours to probe). Needs one free descriptor.
 template <class F>
 void for_each_socket_on(const std::vector<uint16_t>& ports, F&& f) {
+    std::vector<OurSocket> ours;
+    sockets_in("/proc/self/net/tcp", ports, ours);
+    sockets_in("/proc/self/net/tcp6", ports, ours);
+    if (ours.empty()) return;
     DIR* d = ::opendir("/proc/self/fd");
     if (!d) return;
     const int dir_fd = ::dirfd(d);
@@ -64,19 +90,17 @@ void for_each_socket_on(const std::vector<uint16_t>& ports, F&& f) {
         char* end = nullptr;
         const long v = std::strtol(e->d_name, &end, 10);
         if (end == e->d_name || *end != '\0' || v == dir_fd) continue;
-        const int fd = int(v);
-        struct stat sb {};
-        if (::fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode)) continue;
-        const uint16_t port = local_port(fd);
-        if (port != 0 && std::find(ports.begin(), ports.end(), port) != ports.end()) f(fd);
+        char link[64];
+        const ssize_t n = ::readlinkat(dir_fd, e->d_name, link, sizeof link - 1);
+        if (n <= 0) continue;
+        link[n] = '\0';
+        unsigned long inode = 0;
+        if (std::sscanf(link, "socket:[%lu]", &inode) != 1) continue;
+        const auto it = std::find_if(ours.begin(), ours.end(),
+                                     [&](const OurSocket& s) { return s.inode == inode; });
+        if (it != ours.end()) f(int(v), it->state);
     }
     ::closedir(d);
-}
-
-bool listening(int fd) noexcept {
-    int on = 0;
-    socklen_t ol = sizeof on;
-    return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &ol) == 0 && on != 0;
 }
 }  // namespace
 
@@ -109,9 +133,9 @@ void OfiTransport::guard_idle_locked(TimePoint now) {
     std::size_t reset = 0;
     // Listing our descriptors takes one: at the limit, the spare's.
     if (guard_spare_ >= 0) ::close(guard_spare_);
-    for_each_socket_on(guard_ports_, [&](int fd) {
+    for_each_socket_on(guard_ports_, [&](int fd, uint8_t state) {
         tcp_info ti{};
-        if (listening(fd) || !tcp_info_of(fd, ti)) return;
+        if (state == kTcpListen || !tcp_info_of(fd, ti)) return;
         if (ti.tcpi_state != kTcpEstablished && ti.tcpi_state != kTcpCloseWait) return;
         if (ti.tcpi_bytes_acked != 0 || ti.tcpi_last_data_recv < silent_ms) return;
         sockaddr unspec{};
@@ -157,8 +181,8 @@ void OfiTransport::guard(TimePoint now) {
     // spare's).
     std::vector<int> listeners;
     ::close(guard_spare_);
-    for_each_socket_on(guard_ports_, [&](int fd) {
-        if (listening(fd)) listeners.push_back(fd);
+    for_each_socket_on(guard_ports_, [&](int fd, uint8_t state) {
+        if (state == kTcpListen) listeners.push_back(fd);
     });
     // Take what waits on them and close it at once, one accept per spare, so that they stop
     // waking us.
