@@ -427,8 +427,10 @@ struct PullJob {
 };
 
 struct Engine::Impl {
-    // Declared first, destroyed last: everything below refers to it.
-    std::unique_ptr<na::Transport> transport;
+    // Declared first, destroyed last: everything below refers to it. `transport` is `owned`,
+    // or one the caller of Engine::open(na::Transport&) keeps (and closes after the engine).
+    std::unique_ptr<na::Transport> owned;
+    na::Transport* transport = nullptr;
     Options opts;
     std::size_t eager = 0;
     na::Addr self;

@@ -86,6 +86,24 @@ Result<std::unique_ptr<Engine>> Engine::open(std::string_view address, const Opt
         return Error{Errc::invalid_argument,
                      fmt::format("Options::contexts must be 1..{} (na.max_contexts), not {}",
                                  opts.na.max_contexts, opts.contexts)};
+    TALARIA_TRY(t, na::open(address, opts.na));
+    na::Transport* raw = t.get();
+    return open_on(std::move(t), *raw, opts);
+}
+
+Result<std::unique_ptr<Engine>> Engine::open(na::Transport& transport, const Options& opts) {
+    if (opts.contexts == 0)
+        return Error{Errc::invalid_argument, "Options::contexts must be at least 1, not 0"};
+    if (transport.inherited())
+        return Error{Errc::invalid_state,
+                     fmt::format("{}: transport inherited across fork (opened by process {}); "
+                                 "open one in this process",
+                                 transport.name(), transport.opened_by())};
+    return open_on(nullptr, transport, opts);
+}
+
+Result<std::unique_ptr<Engine>> Engine::open_on(std::unique_ptr<na::Transport> owned,
+                                                na::Transport& transport, const Options& opts) {
     if (opts.max_inflight == 0 || opts.max_inflight > 32768)
         return Error{
             Errc::invalid_argument,
@@ -105,8 +123,8 @@ Result<std::unique_ptr<Engine>> Engine::open(std::string_view address, const Opt
     e->impl_ = std::make_unique<Impl>();
     Impl& im = *e->impl_;
     im.opts = opts;
-    TALARIA_TRY(t, na::open(address, opts.na));
-    im.transport = std::move(t);
+    im.owned = std::move(owned);
+    im.transport = &transport;
     std::size_t max = im.transport->max_unexpected_size();
     if (max <= wire::kHeaderSize + 64)
         return Error{Errc::not_supported,

@@ -28,6 +28,7 @@
 #include "mercury.h"
 #include "mercury/hg_impl.hpp"
 #include "mercury/info.hpp"
+#include "mercury/na_impl.hpp"
 #include "mercury_proc.h"
 #include "na.h"
 #include "talaria/core/core.hpp"
@@ -175,12 +176,6 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
         TALARIA_LOG(rpc, error, "HG_Init: NULL info string");
         return nullptr;
     }
-    if (init && init->na_class) {
-        TALARIA_LOG(rpc, error,
-                    "HG_Init_opt2: an NA class the program opened "
-                    "(hg_init_info.na_class) is not supported by Talaria yet");
-        return nullptr;
-    }
     const auto info = talaria::mercury::parse_info(info_string);
     tc::Options o;
     o.na.listen = listen != 0;
@@ -188,7 +183,18 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
         o.contexts = init->na_init_info.max_contexts;
         if (o.na.max_contexts < o.contexts) o.na.max_contexts = o.contexts;
     }
-    auto e = tc::Engine::open(info.address, o);
+    // An NA class of the program's (Mercury's test harness opens one with NA_Initialize_opt2):
+    // the engine borrows its transport, and the program finalizes it after HG_Finalize. Its
+    // address string, listen flag and max_contexts are the NA class's; the info string only
+    // names the class.
+    na_class_t* na = init ? init->na_class : nullptr;
+    if (na && !na->t) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Init_opt2(\"{}\"): hg_init_info.na_class is not an open NA class",
+                    info_string);
+        return nullptr;
+    }
+    auto e = na ? tc::Engine::open(*na->t, o) : tc::Engine::open(info.address, o);
     if (!e) {
         TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", info_string, e.error().describe());
         return nullptr;
@@ -196,9 +202,11 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
     auto* c = new (std::nothrow) hg_class;
     if (!c) return nullptr;
     c->eng = std::move(*e);
-    c->class_name = info.class_name;
-    c->protocol = info.protocol;
-    c->listen = listen != 0;
+    c->na = na;
+    c->class_name = na ? na->class_name : info.class_name;
+    c->protocol = na ? na->protocol : info.protocol;
+    c->listen = na ? na->listen : listen != 0;
+    if (na) na->live.fetch_add(1);
     c->contexts.assign(c->eng->context_count(), nullptr);
     return c;
 }
@@ -223,7 +231,9 @@ HG_PUBLIC hg_return_t HG_Finalize(hg_class_t* c) {
     }
     c->eng->shutdown();
     if (c->data_free) c->data_free(c->data);
-    delete c;
+    na_class_t* na = c->na;
+    delete c;  // closes the engine (and with it, its contexts on a borrowed transport)
+    if (na) na->live.fetch_sub(1);
     return HG_SUCCESS;
 }
 

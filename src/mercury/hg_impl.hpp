@@ -113,6 +113,7 @@ struct hg_addr {
 
 struct hg_class {
     std::unique_ptr<talaria::core::Engine> eng;
+    na_class_t* na = nullptr;  // the program's NA class the engine borrows, or null
     std::string class_name;
     std::string protocol;
     void* data = nullptr;  // HG_Class_set_data

@@ -20,20 +20,13 @@
 #include <string_view>
 
 #include "mercury/info.hpp"
+#include "mercury/na_impl.hpp"
 #include "na.h"
 #include "talaria/na/na.hpp"
 #include "talaria/util/log.hpp"
 
 namespace tna = talaria::na;
 using talaria::Errc;
-
-struct na_class {
-    std::unique_ptr<tna::Transport> t;
-    std::string class_name;  // "na", "ofi", "ucx"
-    std::string protocol;    // "sm", "tcp", "shm", ...
-    bool listen = false;
-    std::atomic<int> live{0};  // contexts, addresses, memory handles, op ids, buffers
-};
 
 struct na_context {
     na_class* cls = nullptr;

@@ -484,6 +484,11 @@ class Engine {
     /// Open the transport named by `address` ("tcp://127.0.0.1:0", "sm://", "inproc://x", ...)
     /// and create its contexts with their receives posted.
     static Result<std::unique_ptr<Engine>> open(std::string_view address, const Options& opts = {});
+    /// The same over a transport the caller opened and keeps: the engine borrows it (it must
+    /// outlive the engine, and closes after it), creates its contexts 0..opts.contexts-1 on it
+    /// (those ids must be free there) and ignores `opts.na`. Mercury's HG_Init_opt2 with an NA
+    /// class of the program's is this.
+    static Result<std::unique_ptr<Engine>> open(na::Transport& transport, const Options& opts = {});
     /// Completes every outgoing call still in flight with Errc::shutdown (callbacks run here,
     /// on the destroying thread), cancels and drains the transport's operations, then closes.
     /// No other thread may use the engine meanwhile.
@@ -557,6 +562,8 @@ class Engine {
 
   private:
     Engine() = default;
+    static Result<std::unique_ptr<Engine>> open_on(std::unique_ptr<na::Transport> owned,
+                                                   na::Transport& transport, const Options& opts);
     friend class Context;
     friend class Request;
     std::unique_ptr<Impl> impl_;

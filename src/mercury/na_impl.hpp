@@ -1,0 +1,20 @@
+// The NA class as libna defines it, shared with libmercury (same build, same compiler): an
+// hg_class opened over a program's NA class (HG_Init_opt2 with hg_init_info.na_class) borrows
+// its transport and counts itself among its users, so that NA_Finalize answers NA_BUSY until
+// HG_Finalize.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "na.h"
+#include "talaria/na/na.hpp"
+
+struct na_class {
+    std::unique_ptr<talaria::na::Transport> t;
+    std::string class_name;  // "na", "ofi", "ucx"
+    std::string protocol;    // "sm", "tcp", "shm", ...
+    bool listen = false;
+    std::atomic<int> live{0};  // contexts, addresses, memory handles, op ids, buffers, hg classes
+};
