@@ -16,6 +16,7 @@
 // the response is copied into the handle before the callback runs, in the core's trigger.
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -170,12 +171,51 @@ HG_PUBLIC const char* HG_Error_to_string(hg_return_t errnum) {
     return i < sizeof kNames / sizeof kNames[0] - 1 ? kNames[i] : nullptr;
 }
 
-HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsigned int,
-                                   const struct hg_init_info* init) {
+namespace {
+// hg_init_info as Mercury 2.2 laid it out (88 bytes): what HG_Init_opt is given, and what
+// HG_Init_opt2 is given when asked for a version below 2.3. 2.3 added no_multi_recv and
+// release_input_early (96 bytes); 2.4 the rest. Each is a prefix of the next, but a reader of
+// an older layout must not read past its end (the caller allocated only that much).
+struct init_info_2_2 {
+    struct na_init_info_4_0 na_init_info;
+    na_class_t* na_class;
+    uint32_t request_post_init;
+    int32_t request_post_incr;
+    uint8_t auto_sm;
+    const char* sm_info_string;
+    hg_checksum_level_t checksum_level;
+    uint8_t no_bulk_eager;
+    uint8_t no_loopback;
+    uint8_t stats;
+};
+static_assert(sizeof(init_info_2_2) == 88 && offsetof(init_info_2_2, stats) == 86);
+static_assert(offsetof(hg_init_info, stats) == 86 && offsetof(hg_init_info, no_multi_recv) == 87 &&
+              offsetof(hg_init_info, release_input_early) == 88 && sizeof(hg_init_info) == 112);
+
+/// The caller's options in the layout of `version`, as 2.4.1's struct (zero where older
+/// layouts have nothing).
+hg_init_info init_info_of(const hg_init_info* in, unsigned version) {
+    hg_init_info out{};
+    if (!in) return out;
+    if (version < HG_VERSION(2, 3)) {
+        std::memcpy(&out, in, offsetof(hg_init_info, stats) + 1);
+    } else if (version < HG_VERSION(2, 4)) {
+        std::memcpy(&out, in, offsetof(hg_init_info, release_input_early) + 1);
+    } else {
+        out = *in;
+    }
+    return out;
+}
+}  // namespace
+
+HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsigned int version,
+                                   const struct hg_init_info* init_p) {
     if (!info_string) {
         TALARIA_LOG(rpc, error, "HG_Init: NULL info string");
         return nullptr;
     }
+    const hg_init_info init_copy = init_info_of(init_p, version);
+    const hg_init_info* init = init_p ? &init_copy : nullptr;
     const auto info = talaria::mercury::parse_info(info_string);
     tc::Options o;
     o.na.listen = listen != 0;
@@ -213,7 +253,8 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
 
 HG_PUBLIC hg_class_t* HG_Init_opt(const char* info_string, uint8_t listen,
                                   const struct hg_init_info* init) {
-    return HG_Init_opt2(info_string, listen, HG_VERSION(2, 4), init);
+    // As Mercury's: HG_Init_opt predates the versioned struct and reads the 2.2 layout.
+    return HG_Init_opt2(info_string, listen, HG_VERSION(2, 2), init);
 }
 
 HG_PUBLIC hg_class_t* HG_Init(const char* info_string, uint8_t listen) {
