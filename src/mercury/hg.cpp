@@ -172,23 +172,10 @@ HG_PUBLIC const char* HG_Error_to_string(hg_return_t errnum) {
 }
 
 namespace {
-// hg_init_info as Mercury 2.2 laid it out (88 bytes): what HG_Init_opt is given, and what
-// HG_Init_opt2 is given when asked for a version below 2.3. 2.3 added no_multi_recv and
-// release_input_early (96 bytes); 2.4 the rest. Each is a prefix of the next, but a reader of
-// an older layout must not read past its end (the caller allocated only that much).
-struct init_info_2_2 {
-    struct na_init_info_4_0 na_init_info;
-    na_class_t* na_class;
-    uint32_t request_post_init;
-    int32_t request_post_incr;
-    uint8_t auto_sm;
-    const char* sm_info_string;
-    hg_checksum_level_t checksum_level;
-    uint8_t no_bulk_eager;
-    uint8_t no_loopback;
-    uint8_t stats;
-};
-static_assert(sizeof(init_info_2_2) == 88 && offsetof(init_info_2_2, stats) == 86);
+// hg_init_info grew at its end: 2.2's layout (what HG_Init_opt is given, and HG_Init_opt2 when
+// asked for a version below 2.3) ends with `stats` (88 bytes), 2.3's with `release_input_early`
+// (96), 2.4's is the whole struct (112). A reader of an older layout must not read past its end:
+// the caller allocated only that much.
 static_assert(offsetof(hg_init_info, stats) == 86 && offsetof(hg_init_info, no_multi_recv) == 87 &&
               offsetof(hg_init_info, release_input_early) == 88 && sizeof(hg_init_info) == 112);
 
@@ -225,12 +212,13 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
     }
     // An NA class of the program's (Mercury's test harness opens one with NA_Initialize_opt2):
     // the engine borrows its transport, and the program finalizes it after HG_Finalize. Its
-    // address string, listen flag and max_contexts are the NA class's; the info string only
-    // names the class.
+    // address and listen flag are the NA class's (the info string is not opened); the number
+    // of contexts is still hg_init_info.na_init_info.max_contexts, at most the NA class's.
     na_class_t* na = init ? init->na_class : nullptr;
     if (na && !na->t) {
         TALARIA_LOG(rpc, error,
-                    "HG_Init_opt2(\"{}\"): hg_init_info.na_class is not an open NA class",
+                    "HG_Init_opt2(\"{}\"): hg_init_info.na_class is not an open NA class (pass "
+                    "what NA_Initialize returned, before NA_Finalize)",
                     info_string);
         return nullptr;
     }

@@ -5,12 +5,12 @@
 #include <stdio.h>
 
 static int failures = 0;
-#define CHECK(cond, what)                                                                       \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what);                           \
-            ++failures;                                                                         \
-        }                                                                                       \
+#define CHECK(cond, what)                                             \
+    do {                                                              \
+        if (!(cond)) {                                                \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what); \
+            ++failures;                                               \
+        }                                                             \
     } while (0)
 
 #endif /* TALARIA_MERCURY_TEST_CHECK_H */

@@ -12,17 +12,17 @@
 
 static int layout_failures = 0;
 
-#define LAYOUT_EQ(what, got, want)                                                              \
-    do {                                                                                        \
-        if ((unsigned long long)(got) != (unsigned long long)(want)) {                          \
-            fprintf(stderr, "%s: %llu, Mercury 2.4.1 has %llu\n", what,                         \
-                    (unsigned long long)(got), (unsigned long long)(want));                     \
-            ++layout_failures;                                                                  \
-        }                                                                                       \
+#define LAYOUT_EQ(what, got, want)                                                                 \
+    do {                                                                                           \
+        if ((unsigned long long)(got) != (unsigned long long)(want)) {                             \
+            fprintf(stderr, "%s: %llu, Mercury 2.4.1 has %llu\n", what, (unsigned long long)(got), \
+                    (unsigned long long)(want));                                                   \
+            ++layout_failures;                                                                     \
+        }                                                                                          \
     } while (0)
-#define SIZE_IS(type, n)        LAYOUT_EQ("sizeof(" #type ")", sizeof(type), n)
-#define OFFSET_IS(type, f, n)   LAYOUT_EQ("offsetof(" #type ", " #f ")", offsetof(type, f), n)
-#define VALUE_IS(name, n)       LAYOUT_EQ(#name, name, n)
+#define SIZE_IS(type, n) LAYOUT_EQ("sizeof(" #type ")", sizeof(type), n)
+#define OFFSET_IS(type, f, n) LAYOUT_EQ("offsetof(" #type ", " #f ")", offsetof(type, f), n)
+#define VALUE_IS(name, n) LAYOUT_EQ(#name, name, n)
 
 static int run_layout_checks(void) {
     /* scalars and handles */
@@ -32,11 +32,11 @@ static int run_layout_checks(void) {
     SIZE_IS(hg_bool_t, 1);
     SIZE_IS(na_tag_t, 4);
     SIZE_IS(na_offset_t, 8);
-    SIZE_IS(hg_addr_t, sizeof(void *));
-    SIZE_IS(hg_handle_t, sizeof(void *));
-    SIZE_IS(hg_bulk_t, sizeof(void *));
-    SIZE_IS(hg_proc_t, sizeof(void *));
-    SIZE_IS(hg_op_id_t, sizeof(void *));
+    SIZE_IS(hg_addr_t, sizeof(void*));
+    SIZE_IS(hg_handle_t, sizeof(void*));
+    SIZE_IS(hg_bulk_t, sizeof(void*));
+    SIZE_IS(hg_proc_t, sizeof(void*));
+    SIZE_IS(hg_op_id_t, sizeof(void*));
     LAYOUT_EQ("HG_OP_ID_IGNORE", (size_t)HG_OP_ID_IGNORE, 1);
 
     /* struct hg_info: 40 bytes */

@@ -83,6 +83,9 @@ void for_each_socket_on(const std::vector<uint16_t>& ports, F&& f) {
     sockets_in("/proc/self/net/tcp", ports, ours);
     sockets_in("/proc/self/net/tcp6", ports, ours);
     if (ours.empty()) return;
+    // Sorted by inode: a look-up per descriptor, not a scan (servers hold thousands of both).
+    std::sort(ours.begin(), ours.end(),
+              [](const OurSocket& a, const OurSocket& b) { return a.inode < b.inode; });
     DIR* d = ::opendir("/proc/self/fd");
     if (!d) return;
     const int dir_fd = ::dirfd(d);
@@ -96,9 +99,10 @@ void for_each_socket_on(const std::vector<uint16_t>& ports, F&& f) {
         link[n] = '\0';
         unsigned long inode = 0;
         if (std::sscanf(link, "socket:[%lu]", &inode) != 1) continue;
-        const auto it = std::find_if(ours.begin(), ours.end(),
-                                     [&](const OurSocket& s) { return s.inode == inode; });
-        if (it != ours.end()) f(int(v), it->state);
+        const auto it =
+            std::lower_bound(ours.begin(), ours.end(), inode,
+                             [](const OurSocket& s, unsigned long i) { return s.inode < i; });
+        if (it != ours.end() && it->inode == inode) f(int(v), it->state);
     }
     ::closedir(d);
 }
