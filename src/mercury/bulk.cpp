@@ -222,7 +222,13 @@ HG_PUBLIC hg_return_t HG_Bulk_ref_incr(hg_bulk_t b) {
 
 HG_PUBLIC hg_return_t HG_Bulk_bind(hg_bulk_t b, hg_context_t* ctx) {
     if (!b || !ctx || b->remote) return HG_INVALID_ARG;
-    if (hg_return_t ret = register_segments(b, true); ret != HG_SUCCESS) return ret;
+    // A class that does not listen cannot be reached by a process it has not contacted, so its
+    // handles carry no owner: the process they are sent to takes the sender as the owner, which
+    // is this class when it sends the handle itself (what Mercury's clients do). A handle such a
+    // class's peer relays to a third process has no owner there, and a transfer on it fails
+    // saying so.
+    const bool reachable = b->cls->eng->transport().listens();
+    if (hg_return_t ret = register_segments(b, reachable); ret != HG_SUCCESS) return ret;
     b->addr_obj.cls = b->cls;
     b->addr_obj.a = b->cls->eng->self();
     return HG_SUCCESS;
@@ -296,8 +302,11 @@ HG_PUBLIC hg_return_t HG_Bulk_serialize(void* buf, hg_size_t buf_size, unsigned 
     return HG_SUCCESS;
 }
 
-HG_PUBLIC hg_return_t HG_Bulk_deserialize(hg_class_t* c, hg_bulk_t* handle, const void* buf,
-                                          hg_size_t buf_size) {
+namespace {
+/// HG_Bulk_deserialize; a handle that names no owner takes `source` (the process that sent it,
+/// when it is decoded from a request or a response) as its owner.
+hg_return_t deserialize(hg_class_t* c, hg_bulk_t* handle, const void* buf, hg_size_t buf_size,
+                        const talaria::na::Addr* source) {
     if (!c || !handle || !buf) return HG_INVALID_ARG;
     if (buf_size < kHeader) return HG_OVERFLOW;
     const auto* in = static_cast<const unsigned char*>(buf);
@@ -313,7 +322,7 @@ HG_PUBLIC hg_return_t HG_Bulk_deserialize(hg_class_t* c, hg_bulk_t* handle, cons
     if (total != 0) {
         talaria::proc::Decoder d(
             {reinterpret_cast<const std::byte*>(in) + kHeader, std::size_t(buf_size - kHeader)},
-            {&c->eng->context(0).na_context().transport(), nullptr});
+            {&c->eng->context(0).na_context().transport(), source});
         auto r = tb::Handle::decode(d);
         if (!r || r->size() != total) {
             TALARIA_LOG(bulk, error, "HG_Bulk_deserialize: {}",
@@ -330,6 +339,12 @@ HG_PUBLIC hg_return_t HG_Bulk_deserialize(hg_class_t* c, hg_bulk_t* handle, cons
     count(c, 1);
     *handle = b;
     return HG_SUCCESS;
+}
+}  // namespace
+
+HG_PUBLIC hg_return_t HG_Bulk_deserialize(hg_class_t* c, hg_bulk_t* handle, const void* buf,
+                                          hg_size_t buf_size) {
+    return deserialize(c, handle, buf, buf_size, nullptr);
 }
 
 HG_PUBLIC hg_return_t HG_Bulk_transfer(hg_context_t* ctx, hg_cb_t cb, void* arg, hg_bulk_op_t op,
@@ -388,7 +403,8 @@ HG_PUBLIC hg_return_t hg_proc_hg_bulk_t(hg_proc_t proc, void* data) {
             if (size > hg_proc_get_size_left(proc)) return HG_OVERFLOW;
             void* at = hg_proc_save_ptr(proc, size);
             if (!at) return HG_OVERFLOW;
-            return HG_Bulk_deserialize(hg_proc_get_class(proc), bp, at, size);
+            return deserialize(hg_proc_get_class(proc), bp, at, size,
+                               talaria::mercury::peer_of(hg_proc_get_handle(proc)));
         }
         case HG_FREE:
             if (*bp) HG_Bulk_free(*bp);

@@ -133,25 +133,36 @@ hg_return_t encode(hg_class_t* cls, hg_proc_cb_t cb, void* in, std::vector<std::
         } else {
             out.resize(used);
         }
+    } else {
+        out.clear();
     }
     hg_proc_free(p);
     return ret;
 }
 
-hg_return_t decode(hg_class_t* cls, hg_proc_cb_t cb, std::vector<std::byte>& bytes, void* out,
+/// Decode (or free) `out` from the bytes `h` received; the proc names `h`
+/// (hg_proc_get_handle), whose peer is the owner of a bulk handle that carries none.
+hg_return_t decode(hg_handle_t h, hg_proc_cb_t cb, std::vector<std::byte>& bytes, void* out,
                    hg_proc_op_t op) {
     if (!cb || !out) return HG_SUCCESS;
     hg_proc_t p = HG_PROC_NULL;
     std::byte none{};
-    hg_return_t ret = hg_proc_create_set(cls, bytes.empty() ? &none : bytes.data(), bytes.size(),
-                                         op, HG_NOHASH, &p);
+    hg_return_t ret = hg_proc_create_set(h->ctx->cls, bytes.empty() ? &none : bytes.data(),
+                                         bytes.size(), op, HG_NOHASH, &p);
     if (ret != HG_SUCCESS) return ret;
+    hg_proc_set_handle(p, h);
     ret = cb(p, out);
     hg_proc_free(p);
     return ret;
 }
 
 }  // namespace
+
+const talaria::na::Addr* talaria::mercury::peer_of(hg_handle_t h) noexcept {
+    if (!h) return nullptr;
+    const tna::Addr& a = h->target ? h->req.source() : h->addr_obj.a;
+    return a ? &a : nullptr;
+}
 
 extern "C" {
 
@@ -197,13 +208,17 @@ hg_init_info init_info_of(const hg_init_info* in, unsigned version) {
 
 HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsigned int version,
                                    const struct hg_init_info* init_p) {
-    if (!info_string) {
-        TALARIA_LOG(rpc, error, "HG_Init: NULL info string");
-        return nullptr;
-    }
     const hg_init_info init_copy = init_info_of(init_p, version);
     const hg_init_info* init = init_p ? &init_copy : nullptr;
-    const auto info = talaria::mercury::parse_info(info_string);
+    // Over an NA class the info string is not used, and may be NULL (Mercury's test harness
+    // passes NULL); without one it names the transport.
+    if (!info_string && !(init && init->na_class)) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Init: NULL info string (name a transport, e.g. \"na+sm\" or "
+                    "\"ofi+tcp://127.0.0.1:0\", or pass hg_init_info.na_class)");
+        return nullptr;
+    }
+    const auto info = talaria::mercury::parse_info(info_string ? info_string : "");
     tc::Options o;
     o.na.listen = listen != 0;
     if (init && init->na_init_info.max_contexts > 1) {
@@ -219,12 +234,13 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
         TALARIA_LOG(rpc, error,
                     "HG_Init_opt2(\"{}\"): hg_init_info.na_class is not an open NA class (pass "
                     "what NA_Initialize returned, before NA_Finalize)",
-                    info_string);
+                    info_string ? info_string : "");
         return nullptr;
     }
     auto e = na ? tc::Engine::open(*na->t, o) : tc::Engine::open(info.address, o);
     if (!e) {
-        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", info_string, e.error().describe());
+        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", info_string ? info_string : "",
+                    e.error().describe());
         return nullptr;
     }
     auto* c = new (std::nothrow) hg_class;
@@ -755,39 +771,41 @@ HG_PUBLIC hg_return_t HG_Set_target_id(hg_handle_t h, uint8_t id) {
 HG_PUBLIC hg_return_t HG_Get_input(hg_handle_t h, void* in_struct) {
     if (!h || !in_struct || !h->target || !h->proc) return HG_INVALID_ARG;
     if (!h->proc->in) return HG_FAULT;  // as Mercury: no proc registered for the input
-    hg_return_t ret = decode(h->ctx->cls, h->proc->in, h->input, in_struct, HG_DECODE);
+    hg_return_t ret = decode(h, h->proc->in, h->input, in_struct, HG_DECODE);
     if (ret == HG_SUCCESS) h->refs.fetch_add(1, std::memory_order_relaxed);  // until Free_input
     return ret;
 }
 
 HG_PUBLIC hg_return_t HG_Free_input(hg_handle_t h, void* in_struct) {
     if (!h || !in_struct || !h->proc || !h->proc->in) return HG_INVALID_ARG;
-    hg_return_t ret = decode(h->ctx->cls, h->proc->in, h->input, in_struct, HG_FREE);
+    hg_return_t ret = decode(h, h->proc->in, h->input, in_struct, HG_FREE);
     release(h);
     return ret;
 }
 
+// As Mercury's: the input's payload is what the origin encoded (HG_Forward) or the target
+// received; the output's, what the target encoded (HG_Respond) or the origin received.
 HG_PUBLIC hg_size_t HG_Get_input_payload_size(hg_handle_t h) {
-    return h ? h->input.size() : 0;
+    return !h ? 0 : h->target ? h->input.size() : h->enc.size();
 }
 
 HG_PUBLIC hg_return_t HG_Get_output(hg_handle_t h, void* out_struct) {
     if (!h || !out_struct || h->target || !h->proc) return HG_INVALID_ARG;
     if (!h->proc->out) return HG_FAULT;
-    hg_return_t ret = decode(h->ctx->cls, h->proc->out, h->output, out_struct, HG_DECODE);
+    hg_return_t ret = decode(h, h->proc->out, h->output, out_struct, HG_DECODE);
     if (ret == HG_SUCCESS) h->refs.fetch_add(1, std::memory_order_relaxed);
     return ret;
 }
 
 HG_PUBLIC hg_return_t HG_Free_output(hg_handle_t h, void* out_struct) {
     if (!h || !out_struct || !h->proc || !h->proc->out) return HG_INVALID_ARG;
-    hg_return_t ret = decode(h->ctx->cls, h->proc->out, h->output, out_struct, HG_FREE);
+    hg_return_t ret = decode(h, h->proc->out, h->output, out_struct, HG_FREE);
     release(h);
     return ret;
 }
 
 HG_PUBLIC hg_size_t HG_Get_output_payload_size(hg_handle_t h) {
-    return h ? h->output.size() : 0;
+    return !h ? 0 : h->target ? h->enc.size() : h->output.size();
 }
 
 HG_PUBLIC hg_return_t HG_Forward(hg_handle_t h, hg_cb_t cb, void* arg, void* in_struct) {
@@ -856,6 +874,7 @@ HG_PUBLIC hg_return_t HG_Reset(hg_handle_t h, hg_addr_t addr, hg_id_t id) {
     }
     h->addr_obj.a = addr ? addr->a : tna::Addr{};
     h->output.clear();
+    h->enc.clear();
     return HG_SUCCESS;
 }
 
@@ -959,10 +978,9 @@ HG_PUBLIC hg_return_t HG_Respond(hg_handle_t h, hg_cb_t cb, void* arg, void* out
     if (!h || !h->target || !h->proc) return HG_INVALID_ARG;
     hg_return_t ret = HG_SUCCESS;
     if (!h->req.one_way()) {
-        std::vector<std::byte> out;
-        ret = encode(h->ctx->cls, h->proc->out, out_struct, out);
+        ret = encode(h->ctx->cls, h->proc->out, out_struct, h->enc);
         if (ret != HG_SUCCESS) return ret;
-        auto r = h->req.respond(out);
+        auto r = h->req.respond(h->enc);
         if (!r) {
             TALARIA_LOG(rpc, warn, "HG_Respond: {}", r.error().describe());
             ret = to_hg(r.code());

@@ -104,6 +104,10 @@ inline hg_return_t to_hg(Errc e) noexcept {
     return HG_OTHER_ERROR;
 }
 
+/// The peer of a handle: the origin of a request a target handle holds, the address an origin
+/// handle forwards to; null when it has none.
+const na::Addr* peer_of(hg_handle_t h) noexcept;
+
 }  // namespace talaria::mercury
 
 struct hg_addr {

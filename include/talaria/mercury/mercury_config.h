@@ -33,27 +33,7 @@ typedef hg_uint8_t hg_bool_t; /* one byte, HG_TRUE or HG_FALSE */
 /* Set: this is Talaria's implementation of the interface, not Mercury's. */
 #define HG_TALARIA 1
 
-#if defined(__GNUC__) || defined(__clang__)
-#define HG_ATTR_WARN_UNUSED_RESULT __attribute__((warn_unused_result))
-#define HG_ATTR_UNUSED __attribute__((unused))
-#define HG_ATTR_PACKED(x) x __attribute__((packed))
-#define HG_ATTR_ABI_EXPORT __attribute__((visibility("default")))
-#define HG_ATTR_ABI_HIDDEN __attribute__((visibility("hidden")))
-#if defined(__has_attribute)
-#if __has_attribute(fallthrough)
-#define HG_ATTR_FALLTHROUGH __attribute__((fallthrough))
-#endif
-#endif
-#else
-#define HG_ATTR_WARN_UNUSED_RESULT
-#define HG_ATTR_UNUSED
-#define HG_ATTR_PACKED(x) x
-#define HG_ATTR_ABI_EXPORT
-#define HG_ATTR_ABI_HIDDEN
-#endif
-#ifndef HG_ATTR_FALLTHROUGH
-#define HG_ATTR_FALLTHROUGH
-#endif
+#include "mercury_compiler_attributes.h"
 
 #define HG_WARN_UNUSED_RESULT HG_ATTR_WARN_UNUSED_RESULT
 #define HG_UNUSED HG_ATTR_UNUSED
@@ -67,6 +47,7 @@ typedef hg_uint8_t hg_bool_t; /* one byte, HG_TRUE or HG_FALSE */
 #define HG_PRIVATE HG_ATTR_ABI_HIDDEN
 
 /* What this build has, as Mercury's configuration names it. */
+#define HG_BUILD_SHARED_LIBS  /* libmercury is a shared library */
 #define HG_HAS_BOOST          /* mercury_macros.h over Boost.Preprocessor */
 #define HG_HAS_DIAG           /* HG_Class_get_counters */
 #define HG_HAS_MULTI_PROGRESS /* several threads may progress one context */
