@@ -250,6 +250,7 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
     c->class_name = na ? na->class_name : info.class_name;
     c->protocol = na ? na->protocol : info.protocol;
     c->listen = na ? na->listen : listen != 0;
+    c->busy = (init && (init->na_init_info.progress_mode & NA_NO_BLOCK)) || (na && na->busy);
     if (na) na->live.fetch_add(1);
     c->contexts.assign(c->eng->context_count(), nullptr);
     return c;
@@ -923,12 +924,15 @@ hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout) {
         std::unique_lock lk(ctx->progress_mu, std::try_to_lock);
         const auto now = std::chrono::steady_clock::now();
         if (lk.owns_lock()) {
-            auto r = ctx->ctx->progress(now < deadline ? talaria::Duration(deadline - now)
-                                                       : talaria::Duration(0));
+            const bool spin = ctx->cls->busy;  // poll until something is done or time is up
+            auto r = ctx->ctx->progress(!spin && now < deadline ? talaria::Duration(deadline - now)
+                                                                : talaria::Duration(0));
             lk.unlock();
             ctx->cv.notify_all();
             if (r) return HG_SUCCESS;
-            return r.code() == Errc::timeout ? HG_TIMEOUT : to_hg(r.code());
+            if (r.code() != Errc::timeout) return to_hg(r.code());
+            if (!spin || std::chrono::steady_clock::now() >= deadline) return HG_TIMEOUT;
+            continue;
         }
         // Another thread progresses it: wait for its return (a 1 ms bound on a missed wake).
         if (ctx->ctx->na_context().has_completions()) return HG_SUCCESS;
@@ -945,12 +949,20 @@ unsigned trigger_once(hg_context_t* ctx, unsigned max) {
 
 }  // namespace
 
+// No wait fd in busy mode, as Mercury's: the program polls.
 HG_PUBLIC int HG_Event_get_wait_fd(const hg_context_t* ctx) {
-    return ctx ? ctx->ctx->wait_fd() : -1;
+    return ctx && !ctx->cls->busy ? ctx->ctx->wait_fd() : -1;
 }
 
+// As Mercury's: true when the program must progress rather than block on the wait fd, which
+// is when callbacks are queued or the context is not armed to wake the fd (core::Context::
+// try_wait, which arms it; a context another thread is progressing is not armed by us).
 HG_PUBLIC bool HG_Event_ready(hg_context_t* ctx) {
-    return ctx && ctx->ctx->na_context().has_completions();
+    if (!ctx) return false;
+    if (ctx->ctx->na_context().has_completions()) return true;
+    std::unique_lock lk(ctx->progress_mu, std::try_to_lock);
+    if (!lk.owns_lock()) return true;
+    return !ctx->ctx->try_wait();
 }
 
 HG_PUBLIC hg_return_t HG_Event_progress(hg_context_t* ctx, unsigned int* count_p) {

@@ -125,6 +125,9 @@ struct hg_class {
     hg_return_t (*create_cb)(hg_handle_t, void*) = nullptr;  // set_handle_create_callback
     void* create_arg = nullptr;
     bool listen = false;
+    // Busy mode (hg_init_info.na_init_info.progress_mode has NA_NO_BLOCK, or the NA class's
+    // does): progress polls instead of sleeping in the kernel, and there is no wait fd.
+    bool busy = false;
     std::mutex mu;  // procs, contexts
     std::map<talaria::mercury::Key, std::shared_ptr<talaria::mercury::Proc>> procs;
     std::vector<hg_context_t*> contexts;

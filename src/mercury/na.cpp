@@ -283,6 +283,7 @@ NA_PUBLIC na_class_t* NA_Initialize_opt2(const char* info_string, bool listen, u
     c->class_name = std::move(p.class_name);
     c->protocol = std::move(p.protocol);
     c->listen = listen;
+    c->busy = init && (init->progress_mode & NA_NO_BLOCK);
     return c;
 }
 

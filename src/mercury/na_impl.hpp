@@ -16,5 +16,6 @@ struct na_class {
     std::string class_name;  // "na", "ofi", "ucx"
     std::string protocol;    // "sm", "tcp", "shm", ...
     bool listen = false;
+    bool busy = false;         // na_init_info.progress_mode has NA_NO_BLOCK: progress spins
     std::atomic<int> live{0};  // contexts, addresses, memory handles, op ids, buffers, hg classes
 };

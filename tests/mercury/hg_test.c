@@ -8,6 +8,8 @@
  * library allocates, pulled by the server's handler, then pushed into, and a zero-size
  * transfer), and the teardown rules. Callbacks and handlers must run in
  * HG_Trigger only. Each check says what failed; the status is the count. */
+#define _POSIX_C_SOURCE 200809L
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,6 +251,36 @@ static void drive(hg_context_t* a, hg_context_t* b, int* flag) {
             HG_Free_input(deferred, &deferred_in);
             HG_Destroy(deferred);
             deferred = NULL;
+        }
+    }
+}
+
+/* Drive both contexts as a program with its own poll loop does (Mercury's perf tools):
+   block on the two wait fds only when HG_Event_ready says neither has work, then progress and
+   trigger each. A poll that times out while a call is in flight is a lost wake-up. */
+static int lost_wakeups = 0;
+static void event_drive(hg_context_t* a, hg_context_t* b, int* flag) {
+    const time_t until = time(NULL) + 15;
+    hg_context_t* cs[2] = {a, b};
+    while (!*flag && time(NULL) < until) {
+        if (deferred) {
+            sum_out_t out = {deferred_in.a + 1, "polled"};
+            CHECK(HG_Respond(deferred, on_responded, NULL, &out) == HG_SUCCESS, "HG_Respond");
+            HG_Free_input(deferred, &deferred_in);
+            HG_Destroy(deferred);
+            deferred = NULL;
+        }
+        struct pollfd p[2] = {{HG_Event_get_wait_fd(a), POLLIN, 0},
+                              {HG_Event_get_wait_fd(b), POLLIN, 0}};
+        if (p[0].fd >= 0 && p[1].fd >= 0 && !HG_Event_ready(a) && !HG_Event_ready(b) &&
+            poll(p, 2, 2000) == 0)
+            ++lost_wakeups;
+        for (int i = 0; i < 2; ++i) {
+            unsigned n = 0;
+            (void)HG_Event_progress(cs[i], &n);
+            in_trigger = 1;
+            (void)HG_Event_trigger(cs[i], 16, &n);
+            in_trigger = 0;
         }
     }
 }
@@ -523,6 +555,16 @@ int main(int argc, char** argv) {
     CHECK(c7.done && c7.ret == HG_SUCCESS && c7.got_output && c7.out.sum == 2,
           "a call driven by the event API");
     if (c7.got_output) HG_Free_output(hh, &c7.out);
+    /* The same, blocking on the wait fds between events. */
+    struct call c8 = {0};
+    sum_in_t in8 = {7, "poll"};
+    CHECK(HG_Forward(hh, on_forwarded, &c8, &in8) == HG_SUCCESS, "a forward driven by poll");
+    event_drive(sctx, cctx, &c8.done);
+    CHECK(c8.done && c8.ret == HG_SUCCESS && c8.got_output && c8.out.sum == 8 &&
+              strcmp(c8.out.s, "polled") == 0,
+          "a call driven by poll on the wait fds and HG_Event_ready");
+    CHECK(lost_wakeups == 0, "no poll waited out its timeout with a call in flight");
+    if (c8.got_output) HG_Free_output(hh, &c8.out);
     HG_Destroy(hh);
     if (held) {
         HG_Destroy(held); /* never answered: the core answers for it */
@@ -537,6 +579,26 @@ int main(int argc, char** argv) {
     CHECK(outside == 0, "handlers and callbacks ran in HG_Trigger only");
     CHECK(handles_made >= 4, "the create callback ran for the server's handles");
     CHECK(HG_Addr_set_remove(cli, server) == HG_SUCCESS, "HG_Addr_set_remove");
+
+    /* Busy mode (NA_NO_BLOCK): no wait fd, and progress polls for its whole timeout. */
+    {
+        struct hg_init_info bi = HG_INIT_INFO_INITIALIZER;
+        bi.na_init_info.progress_mode = NA_NO_BLOCK;
+        hg_class_t* busy = HG_Init_opt2(client_info, 0, HG_VERSION(2, 4), &bi);
+        CHECK(busy != NULL, "a class in busy mode");
+        hg_context_t* bctx = busy ? HG_Context_create(busy) : NULL;
+        if (bctx) {
+            CHECK(HG_Event_get_wait_fd(bctx) == -1, "busy mode has no wait fd");
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            CHECK(HG_Progress(bctx, 20) == HG_TIMEOUT, "busy progress with nothing to do");
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            const double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+            CHECK(ms >= 19, "and it returns when its timeout is up");
+            CHECK(HG_Context_destroy(bctx) == HG_SUCCESS, "busy context destroyed");
+        }
+        if (busy) CHECK(HG_Finalize(busy) == HG_SUCCESS, "busy class closed");
+    }
 
     /* Teardown. */
     CHECK(HG_Finalize(cli) == HG_BUSY, "HG_Finalize with live objects is HG_BUSY");
