@@ -656,8 +656,12 @@ HG_PUBLIC hg_return_t HG_Addr_dup(hg_class_t* c, hg_addr_t addr, hg_addr_t* new_
 }
 
 HG_PUBLIC hg_return_t HG_Addr_set_remove(hg_class_t* c, hg_addr_t addr) {
+    // Mercury drops the address from its cache so that a later lookup resolves the peer again
+    // (a peer that died and came back). Talaria's transports already do that on their own: a
+    // broken connection is made again on next use, and an sm peer replaced under its name is
+    // found by its new owner (na::Addr::superseded). Nothing to close: the calls in flight to
+    // the peer and its later lookups go on as they would.
     if (!c || !addr || !addr->a) return HG_INVALID_ARG;
-    (void)addr->a.impl()->transport()->addr_disconnect(addr->a, "HG_Addr_set_remove");
     return HG_SUCCESS;
 }
 

@@ -715,8 +715,10 @@ NA_PUBLIC na_return_t NA_Get(na_class_t* c, na_context_t* ctx, na_cb_t cb, void*
                      op);
 }
 
+// The context's wait fd (readable when progress has work: completions queued or transport
+// I/O), none in busy mode, as Mercury's.
 NA_PUBLIC int NA_Poll_get_fd(na_class_t* c, na_context_t* ctx) {
-    return c && ctx ? ctx->ctx->event_fd() : -1;
+    return c && ctx && !c->busy ? ctx->ctx->wait_fd() : -1;
 }
 
 NA_PUBLIC bool NA_Poll_try_wait(na_class_t* c, na_context_t* ctx) {

@@ -579,6 +579,23 @@ int main(int argc, char** argv) {
     CHECK(outside == 0, "handlers and callbacks ran in HG_Trigger only");
     CHECK(handles_made >= 4, "the create callback ran for the server's handles");
     CHECK(HG_Addr_set_remove(cli, server) == HG_SUCCESS, "HG_Addr_set_remove");
+    {
+        /* As Mercury's unit test does: the address looked up again after set_remove serves. */
+        hg_addr_t again = HG_ADDR_NULL;
+        hg_handle_t ha = HG_HANDLE_NULL;
+        struct call c9 = {0};
+        sum_in_t in9 = {2, "again"};
+        CHECK(HG_Addr_lookup2(cli, name, &again) == HG_SUCCESS &&
+                  HG_Create(cctx, again, margo_id, &ha) == HG_SUCCESS &&
+                  HG_Forward(ha, on_forwarded, &c9, &in9) == HG_SUCCESS,
+              "a call after HG_Addr_set_remove");
+        drive(sctx, cctx, &c9.done);
+        CHECK(c9.done && c9.ret == HG_SUCCESS && c9.got_output && c9.out.sum == 3,
+              "the peer still answers after HG_Addr_set_remove");
+        if (c9.got_output) HG_Free_output(ha, &c9.out);
+        if (ha) HG_Destroy(ha);
+        if (again) HG_Addr_free(cli, again);
+    }
 
     /* Busy mode (NA_NO_BLOCK): no wait fd, and progress polls for its whole timeout. */
     {
