@@ -218,7 +218,8 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
                     "\"ofi+tcp://127.0.0.1:0\", or pass hg_init_info.na_class)");
         return nullptr;
     }
-    const auto info = talaria::mercury::parse_info(info_string ? info_string : "");
+    const char* shown = info_string ? info_string : "";  // for the log lines below
+    const auto info = talaria::mercury::parse_info(shown);
     tc::Options o;
     o.na.listen = listen != 0;
     if (init && init->na_init_info.max_contexts > 1) {
@@ -234,13 +235,12 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
         TALARIA_LOG(rpc, error,
                     "HG_Init_opt2(\"{}\"): hg_init_info.na_class is not an open NA class (pass "
                     "what NA_Initialize returned, before NA_Finalize)",
-                    info_string ? info_string : "");
+                    shown);
         return nullptr;
     }
     auto e = na ? tc::Engine::open(*na->t, o) : tc::Engine::open(info.address, o);
     if (!e) {
-        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", info_string ? info_string : "",
-                    e.error().describe());
+        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", shown, e.error().describe());
         return nullptr;
     }
     auto* c = new (std::nothrow) hg_class;
