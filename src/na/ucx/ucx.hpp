@@ -363,12 +363,22 @@ struct UcxMem final : MemImpl {
 /// and goes with the transport.
 struct Lane {
     Lane(UcxTransport* t, uint8_t id, const Options& o);
+    ~Lane();
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
     UcxTransport* t;
     const uint8_t id;
     MaybeMutex mu;  ///< guards everything below and every call into the worker
     OpPool<UcxOp> ops;
     ucp_worker_h worker = nullptr;
-    int efd = -1;                        ///< the worker's event fd (in the context's wait set)
+    int efd = -1;  ///< the worker's event fd (in the context's wait set)
+    /// An epoll set (ours) over UCX's listening sockets of this worker, edge-triggered, in the
+    /// context's block and wait sets: a peer's connection to them wakes the lane, which UCX's
+    /// accept (on its async thread) does not always do through `efd`; -1 without listeners.
+    int listen_epfd = -1;
+    /// When a connection to those listeners was last seen (note_connects_locked): the peer's
+    /// wire-up follows, partly unsignalled, so the lane does not sleep long for a while.
+    TimePoint connect_seen{};
     std::vector<std::byte> worker_addr;  ///< packed address of `worker` (immutable once made)
     const Context* ctx = nullptr;        ///< attached context
     /// Its context exists (`attached`), and takes unexpected messages (`serves`): read by
@@ -533,7 +543,10 @@ class UcxTransport final : public Transport {
     /// ucx_guard.cpp: after a worker was made, take the listening sockets that were not in
     /// `before` as UCX's (of context `lane`) and filter them; admit a host that proved the
     /// secret; the bootstrap thread's check that UCX still has them, and when it is next due.
-    void guard_new_listeners(const std::vector<UctListener>& before, uint8_t lane);
+    /// Returns the descriptors of the listeners it found (the lane's).
+    std::vector<int> guard_new_listeners(const std::vector<UctListener>& before, uint8_t lane);
+    /// Take the lane's listener wakes (Lane::listen_epfd), note when one came; true if any.
+    bool note_connects_locked(Lane& l);
     void admit_host(const SockAddr& peer);
     void attach_filters_locked();
     void check_listeners(TimePoint now);

@@ -156,8 +156,10 @@ std::vector<UctListener> listening_sockets() {
     return out;
 }
 
-void UcxTransport::guard_new_listeners(const std::vector<UctListener>& before, uint8_t lane) {
+std::vector<int> UcxTransport::guard_new_listeners(const std::vector<UctListener>& before,
+                                                   uint8_t lane) {
     std::vector<UctListener> now = listening_sockets();
+    std::vector<int> found;
     std::lock_guard g(guard_mu_);
     for (UctListener& l : now) {
         const bool old = std::any_of(before.begin(), before.end(), [&](const UctListener& b) {
@@ -173,10 +175,12 @@ void UcxTransport::guard_new_listeners(const std::vector<UctListener>& before, u
         if (host_of(l.local, h) &&
             std::find(admitted_.begin(), admitted_.end(), h) == admitted_.end())
             admitted_.push_back(h);
+        found.push_back(l.fd);
         uct_listeners_.push_back(std::move(l));
         any_listener_.store(true, std::memory_order_release);
     }
     if (filter_listeners_) attach_filters_locked();
+    return found;
 }
 
 void UcxTransport::admit_host(const SockAddr& peer) {

@@ -1738,7 +1738,12 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
                 hold(!e.established && age < kConnectSpin);
                 if (cap == 0) break;
             }
-            // A client our bootstrap thread just answered: its wire-up, the same way.
+            // A peer that just connected to UCX's listeners: its wire-up, in naps only (anyone
+            // can connect there, so a connection costs at most a nap every kConnectNapMs for
+            // kConnectGiveUp, never a spinning core).
+            if (l.connect_seen != TimePoint{} && now - l.connect_seen <= kConnectGiveUp)
+                hold(false);
+            // A client our bootstrap thread just answered: the same.
             if (l.id == 0)
                 if (int64_t at = boot_answered_at_.load(std::memory_order_acquire); at != 0) {
                     auto age = now - TimePoint(Duration(at));
@@ -1757,18 +1762,44 @@ Result<void> UcxTransport::progress(Context& ctx, TimePoint deadline) {
         if (st == UCS_OK) {
             int ms = ms_until(deadline);
             if (cap >= 0 && (ms < 0 || ms > cap)) ms = cap;
-            epoll_event ev;
-            ::epoll_wait(uc.block_fd(), &ev, 1, ms);
+            epoll_event evs[4];
+            const int n = ::epoll_wait(uc.block_fd(), evs, 4, ms);
+            // A wake by UCX's listeners, or by the worker of a lane with no endpoint yet, is
+            // a peer connecting: its wire-up follows, partly unsignalled (connect_seen). The
+            // wake is the news: UCX's async thread may have accepted the connection already,
+            // and then the listener no longer reads as ready.
+            bool by_listener = false, by_worker = false;
+            for (int i = 0; i < n; ++i) {
+                by_listener |= evs[i].data.fd == l.listen_epfd;
+                by_worker |= evs[i].data.fd == l.efd;
+            }
+            if (l.listen_epfd >= 0 && (by_listener || by_worker)) {
+                std::lock_guard g(l.mu);
+                if (by_listener || l.eps.empty()) {
+                    (void)note_connects_locked(l);
+                    l.connect_seen = Clock::now();
+                }
+            }
         }
         ctx.end_block();
         ctx.drain_event_fd();
     }
 }
 
+bool UcxTransport::note_connects_locked(Lane& l) {
+    if (l.listen_epfd < 0) return false;
+    epoll_event evs[8];
+    if (::epoll_wait(l.listen_epfd, evs, 8, 0) <= 0) return false;
+    l.connect_seen = Clock::now();
+    return true;
+}
+
 bool UcxTransport::try_wait_for(Context& ctx) {
     Lane& l = lane_of(ctx);
     std::lock_guard g(l.mu);
     if (!l.failed.empty() || !l.byes.empty()) return false;
+    // A peer connecting to UCX's listeners (its wire-up may come unsignalled: progress()).
+    if (note_connects_locked(l)) return false;
     // A locate or a busy get is retried from progress(), on a timer no fd signals.
     if (l.locating > 0 || l.rma_retrying > 0) return false;
     if (l.id == 0)

@@ -231,6 +231,10 @@ Error UcxTransport::ucs_error(Errc code, std::string_view call, ucs_status_t st,
 Lane::Lane(UcxTransport* tr, uint8_t i, const Options& o)
     : t(tr), id(i), mu(o.thread_safe), ops(o.max_ops, o.thread_safe), match(o.max_contexts) {}
 
+Lane::~Lane() {
+    if (listen_epfd >= 0) ::close(listen_epfd);
+}
+
 Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
     if (Lane* l = lane_at(id)) return l;
     auto l = std::make_unique<Lane>(this, id, opts_);
@@ -249,7 +253,21 @@ Result<Lane*> UcxTransport::lane_create_locked(uint8_t id) {
     // From here on the lane owns a worker: keep it in lanes_ so that teardown destroys it.
     Lane* lp = l.get();
     lanes_.push_back(std::move(l));
-    guard_new_listeners(before, id);
+    // UCX accepts a peer's connection to them on its async thread, which does not always
+    // signal the worker's fd: the lane watches them itself (Lane::listen_epfd).
+    if (const std::vector<int> fds = guard_new_listeners(before, id); !fds.empty()) {
+        lp->listen_epfd = ::epoll_create1(EPOLL_CLOEXEC);
+        for (int fd : fds) {
+            epoll_event ev{};
+            ev.events = EPOLLIN | EPOLLET;  // one wake per connection, whoever accepts it
+            ev.data.fd = fd;
+            if (lp->listen_epfd >= 0 && ::epoll_ctl(lp->listen_epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+                TALARIA_LOG(ucx, warn,
+                            "{}: context {}: cannot watch UCX's listener (descriptor {}: {}): a "
+                            "peer's first connection may wait for the next wake",
+                            scheme_, id, fd, std::strerror(errno));
+        }
+    }
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -299,7 +317,8 @@ uint8_t UcxTransport::serving_lane(uint8_t ctx, bool unexpected) {
 
 UcxContext::UcxContext(UcxTransport* t, uint8_t id, bool thread_safe, Lane* lane)
     : Context(t, id, thread_safe), ut_(t), lane_(lane) {
-    block_epfd_ = epoll_set_of({lane->efd, event_fd()});
+    block_epfd_ = lane->listen_epfd >= 0 ? epoll_set_of({lane->efd, event_fd(), lane->listen_epfd})
+                                         : epoll_set_of({lane->efd, event_fd()});
     if (block_epfd_ < 0)
         TALARIA_LOG(ucx, error, "context {}: its epoll set: {}", id, std::strerror(errno));
 }
@@ -332,6 +351,10 @@ Result<std::unique_ptr<Context>> UcxTransport::context_create(uint8_t id,
         return Error(Errc::io_error, fmt::format("context {}: {}", id, kEpollSetRemedy));
     if (!ctx->watch_fd(l->efd))
         return Error(Errc::io_error, fmt::format("context {}: epoll_ctl(its worker's fd) failed: "
+                                                 "{}",
+                                                 id, std::strerror(errno)));
+    if (l->listen_epfd >= 0 && !ctx->watch_fd(l->listen_epfd))
+        return Error(Errc::io_error, fmt::format("context {}: epoll_ctl(UCX's listeners) failed: "
                                                  "{}",
                                                  id, std::strerror(errno)));
     std::lock_guard gl(l->mu);

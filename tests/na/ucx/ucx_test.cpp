@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -666,6 +667,57 @@ void contexts_reach_their_own_workers(const Options& so, const Options& co) {
 
 TEST(UcxClient, AnonymousClientContextsAreReachedAtTheirOwnWorkers) {
     contexts_reach_their_own_workers({}, not_listening());
+}
+
+// A server that has never had a peer, blocked in one long progress call (as a Mercury server's
+// HG_Trigger with HG_MAX_IDLE_TIME blocks it), wakes for its first client's message: UCX
+// accepts the client's connection to its listener on its async thread, which does not always
+// signal the worker's fd (before Lane::listen_epfd, the server slept through the whole call in
+// worker-address mode and the client's first call waited). The server runs in a thread of its
+// own; the client progresses in short slices.
+TEST(UcxClient, AServerBlockedInProgressWakesForItsFirstClient) {
+    for (std::string addr : {"ucx+tcp://", "ucx+tcp://127.0.0.1:0"}) {
+        for (int round = 0; round < 3; ++round) {
+            Endpoint srv(addr);
+            Endpoint cli(addr, not_listening());
+            ASSERT_TRUE(srv.ctx && cli.ctx);
+            MsgBuffer sb = alloc_buf(*cli.t, 64), rb = alloc_buf(*srv.t, 64);
+            Recorder got, sent;
+            ASSERT_TRUE(srv.t->post_recv_unexpected(*srv.ctx, record(got), rb));
+            auto dest = cli.t->addr_lookup(srv.self());
+            ASSERT_TRUE(dest) << dest.error().describe();
+            Duration waited{};
+            std::thread server([&] {
+                const auto t0 = Clock::now();
+                const auto deadline = t0 + 10s;
+                while (!got.done() && Clock::now() < deadline) {
+                    (void)srv.ctx->progress(deadline - Clock::now());
+                    srv.ctx->trigger();
+                }
+                waited = Clock::now() - t0;
+            });
+            std::this_thread::sleep_for(50ms);  // the server is asleep in progress by now
+            const auto t0 = Clock::now();
+            ASSERT_TRUE(cli.t->post_send_unexpected(*cli.ctx, record(sent), sb, 64, *dest, 0, 3));
+            const bool sent_ok = progress_until(
+                {cli.ctx.get()}, [&] { return sent.done(); }, 10s);
+            server.join();
+            const auto took =
+                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+            ASSERT_TRUE(sent_ok) << addr << ": the client's first send did not complete";
+            EXPECT_EQ(sent.last.status, Errc::ok) << addr;
+            ASSERT_TRUE(got.done()) << addr << ": the server slept through its whole progress call";
+            EXPECT_EQ(got.last.status, Errc::ok) << addr;
+            // Loose (shared machine): the wire-up is a few ms; the bug cost the whole call.
+            EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
+                      3000 + 50)
+                << addr;
+            std::printf("%s: first message to a server blocked in progress: %lld ms\n",
+                        addr.c_str(), static_cast<long long>(took.count()));
+            dest->reset();
+            got.last.source.reset();
+        }
+    }
 }
 
 // --- authentication (Options::auth) --------------------------------------------------------------
