@@ -430,8 +430,25 @@ HG_PUBLIC hg_context_t* HG_Context_create(hg_class_t* c) {
     return HG_Context_create_id(c, 0);
 }
 
+namespace {
+hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout);
+unsigned trigger_once(hg_context_t* ctx, unsigned max);
+/// How long HG_Context_destroy progresses a context whose handles are still live, as
+/// Mercury's (HG_CORE_CLEANUP_TIMEOUT).
+constexpr std::chrono::seconds kCleanupTimeout{5};
+}  // namespace
+
 HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t* ctx) {
     if (!ctx) return HG_SUCCESS;
+    // As Mercury's: while handles of it are live or its transfers run, progress and trigger it
+    // (up to kCleanupTimeout), so that callbacks still queued (a respond's, a forward's) run and
+    // release their handles; the program's own handles keep it busy.
+    for (const auto deadline = std::chrono::steady_clock::now() + kCleanupTimeout;
+         (ctx->handles.load() != 0 || ctx->bulk->in_flight() != 0) &&
+         std::chrono::steady_clock::now() < deadline;) {
+        if (trigger_once(ctx, 64) != 0) continue;
+        (void)progress_once(ctx, std::chrono::milliseconds(1));
+    }
     if (int n = ctx->handles.load(); n != 0) {
         TALARIA_LOG(rpc, error, "HG_Context_destroy: {} handle(s) of it are still live", n);
         return HG_BUSY;
