@@ -164,6 +164,153 @@ const talaria::na::Addr* talaria::mercury::peer_of(hg_handle_t h) noexcept {
     return a ? &a : nullptr;
 }
 
+namespace {
+
+/// The core handler of `weak`'s procedure on `cls`: a new target handle for the request, given
+/// to the program's rpc callback (in the context's trigger).
+tc::Handler handler_of(hg_class_t* cls, std::weak_ptr<Proc> weak) {
+    return [cls, weak](tc::Request& req) {
+        auto p = weak.lock();
+        hg_context_t* ctx = nullptr;
+        {
+            std::lock_guard g(cls->mu);
+            if (req.context().id() < cls->contexts.size()) ctx = cls->contexts[req.context().id()];
+        }
+        if (!p || !p->rpc || !ctx) {
+            if (!req.one_way())
+                (void)req.respond_error(Errc::not_found, p && p->rpc
+                                                             ? "no HG context for this context id"
+                                                             : "no RPC callback for this id here");
+            return;
+        }
+        hg_handle_t h = new_handle(ctx, req.source(), p);
+        if (!h) {
+            if (!req.one_way()) (void)req.respond_error(Errc::no_memory, "no handle");
+            return;
+        }
+        h->target = true;
+        h->input.assign(req.input().begin(), req.input().end());  // before the move
+        h->req = std::move(req);
+        const hg_return_t ret = p->rpc(h);
+        if (ret != HG_SUCCESS)
+            TALARIA_LOG(rpc, warn, "the RPC callback of id 0x{:x} returned {}", p->id,
+                        HG_Error_to_string(ret));
+    };
+}
+
+/// Take `p`'s registrations off the core (its key's and its name's).
+void deregister_core(hg_class_t* c, const Key& k, const Proc& p) {
+    (void)c->eng->deregister_rpc(k.first, k.second);
+    if (p.alias_registered) (void)c->eng->deregister_rpc(p.alias, 0);
+}
+
+/// HG_Register and HG_Register_name (`name` not null): the procedure under `id`'s key, and for
+/// a name also under the core's id of the name where no other procedure has it (a C++ caller's
+/// remote("name") sends that id).
+hg_return_t register_proc(hg_class_t* c, hg_id_t id, const char* name, hg_proc_cb_t in_cb,
+                          hg_proc_cb_t out_cb, hg_rpc_cb_t rpc_cb) {
+    if (!c) return HG_INVALID_ARG;
+    Key k;
+    if (!key_of(id, k)) {
+        TALARIA_LOG(rpc, error,
+                    "HG_Register: id 0x{:016x} is neither below 2^32 nor an id << 32 with a "
+                    "16-bit provider in its low bits",
+                    id);
+        return HG_INVALID_ARG;
+    }
+    auto proc = std::make_shared<Proc>();
+    proc->id = id;
+    proc->in = in_cb;
+    proc->out = out_cb;
+    proc->rpc = rpc_cb;
+    if (name) {
+        proc->name = name;
+        proc->alias = tc::rpc_id(proc->name);
+        if (proc->alias == k.first) proc->alias = 0;  // the same id already
+    }
+    proc->wire.store(proc->alias ? proc->alias : k.first, std::memory_order_relaxed);
+    {
+        std::lock_guard g(c->mu);
+        if (auto it = c->procs.find(k); it != c->procs.end()) {
+            if (it->second->id != id) return HG_EXIST;  // another id on the same key
+            // Registered again: the callbacks are replaced, the data and response kept.
+            proc->data = std::exchange(it->second->data, nullptr);
+            proc->data_free = std::exchange(it->second->data_free, nullptr);
+            proc->no_response = it->second->no_response;
+            deregister_core(c, k, *it->second);
+        }
+        c->procs[k] = proc;
+    }
+    const std::string label = name ? proc->name : std::to_string(id);
+    auto r = c->eng->register_rpc(k.first, label, handler_of(c, proc),
+                                  tc::Registration{.provider = k.second});
+    if (!r) {
+        std::lock_guard g(c->mu);
+        c->procs.erase(k);
+        TALARIA_LOG(rpc, error, "HG_Register: {}", r.error().describe());
+        return to_hg(r.code());
+    }
+    if (proc->alias) {
+        // Where another procedure has the name's id, callers by name reach that one (its
+        // registration was first); this one stays reachable by its Mercury id.
+        auto a = c->eng->register_rpc(proc->alias, label, handler_of(c, proc));
+        proc->alias_registered = a.has_value();
+        if (!a)
+            TALARIA_LOG(rpc, info,
+                        "HG_Register_name(\"{}\"): reachable by its Mercury id 0x{:x} only, not "
+                        "by the name's id from talaria::Engine: {}",
+                        label, id, a.error().describe());
+    }
+    return HG_SUCCESS;
+}
+
+/// Send `h`'s encoded input to procedure `rpc` (its key's provider); the callback completes
+/// the forward. For a procedure registered by name whose target has no procedure of the id
+/// sent, a first send (`retry`) is sent once more with the other id (the Mercury id or the core's
+/// id of the name), and the one that worked is what the procedure's later forwards send.
+hg_return_t send_forward(hg_handle_t h, tc::RpcId rpc, bool retry) {
+    Key k;
+    key_of(h->proc->id, k);
+    tc::CallOptions o;
+    o.target_context = h->target_id;
+    o.provider = k.second;
+    o.one_way = h->proc->no_response;
+    auto r = h->ctx->ctx->forward(
+        h->addr_obj.a, rpc, h->enc, o,
+        [h, rpc, retry, first = k.first](talaria::Result<std::span<const std::byte>>&& res) {
+            Proc& p = *h->proc;
+            if (retry && !res && res.code() == Errc::not_found && p.alias != 0 &&
+                res.error().message().starts_with(tc::kNoRpcMessage) &&
+                send_forward(h, rpc == p.alias ? first : p.alias, false) == HG_SUCCESS)
+                return;
+            if (res && !retry) p.wire.store(rpc, std::memory_order_relaxed);
+            hg_cb_info info{};
+            info.info.forward.handle = h;
+            info.arg = h->arg;
+            info.type = HG_CB_FORWARD;
+            if (res) {
+                h->output.assign(res->begin(), res->end());
+                info.ret = HG_SUCCESS;
+            } else {
+                h->output.clear();
+                info.ret = to_hg(res.code());
+                TALARIA_LOG(rpc, debug, "HG_Forward of id 0x{:x}: {}", p.id,
+                            res.error().describe());
+            }
+            h->forwarding.store(false, std::memory_order_release);
+            if (h->cb) h->cb(&info);
+            release(h);
+        });
+    if (!r) {
+        TALARIA_LOG(rpc, error, "HG_Forward: {}", r.error().describe());
+        return to_hg(r.code());
+    }
+    h->call = *r;
+    return HG_SUCCESS;
+}
+
+}  // namespace
+
 extern "C" {
 
 HG_PUBLIC hg_return_t HG_Version_get(unsigned int* major, unsigned int* minor,
@@ -478,79 +625,14 @@ HG_PUBLIC uint8_t HG_Context_get_id(const hg_context_t* ctx) {
 
 HG_PUBLIC hg_return_t HG_Register(hg_class_t* c, hg_id_t id, hg_proc_cb_t in_cb,
                                   hg_proc_cb_t out_cb, hg_rpc_cb_t rpc_cb) {
-    if (!c) return HG_INVALID_ARG;
-    Key k;
-    if (!key_of(id, k)) {
-        TALARIA_LOG(rpc, error,
-                    "HG_Register: id 0x{:016x} is neither below 2^32 nor an id << 32 with a "
-                    "16-bit provider in its low bits",
-                    id);
-        return HG_INVALID_ARG;
-    }
-    auto proc = std::make_shared<Proc>();
-    proc->id = id;
-    proc->in = in_cb;
-    proc->out = out_cb;
-    proc->rpc = rpc_cb;
-    {
-        std::lock_guard g(c->mu);
-        if (auto it = c->procs.find(k); it != c->procs.end()) {
-            if (it->second->id != id) return HG_EXIST;  // another id on the same key
-            // Registered again: the callbacks are replaced, the data and response kept.
-            proc->data = std::exchange(it->second->data, nullptr);
-            proc->data_free = std::exchange(it->second->data_free, nullptr);
-            proc->no_response = it->second->no_response;
-            (void)c->eng->deregister_rpc(k.first, k.second);
-        }
-        c->procs[k] = proc;
-    }
-    std::weak_ptr<Proc> weak = proc;
-    hg_class_t* cls = c;
-    auto r = c->eng->register_rpc(
-        k.first, std::to_string(id),
-        [cls, weak](tc::Request& req) {
-            auto p = weak.lock();
-            hg_context_t* ctx = nullptr;
-            {
-                std::lock_guard g(cls->mu);
-                if (req.context().id() < cls->contexts.size())
-                    ctx = cls->contexts[req.context().id()];
-            }
-            if (!p || !p->rpc || !ctx) {
-                if (!req.one_way())
-                    (void)req.respond_error(Errc::not_found,
-                                            p && p->rpc ? "no HG context for this context id"
-                                                        : "no RPC callback for this id here");
-                return;
-            }
-            hg_handle_t h = new_handle(ctx, req.source(), p);
-            if (!h) {
-                if (!req.one_way()) (void)req.respond_error(Errc::no_memory, "no handle");
-                return;
-            }
-            h->target = true;
-            h->input.assign(req.input().begin(), req.input().end());  // before the move
-            h->req = std::move(req);
-            const hg_return_t ret = p->rpc(h);
-            if (ret != HG_SUCCESS)
-                TALARIA_LOG(rpc, warn, "the RPC callback of id 0x{:x} returned {}", p->id,
-                            HG_Error_to_string(ret));
-        },
-        tc::Registration{.provider = k.second});
-    if (!r) {
-        std::lock_guard g(c->mu);
-        c->procs.erase(k);
-        TALARIA_LOG(rpc, error, "HG_Register: {}", r.error().describe());
-        return to_hg(r.code());
-    }
-    return HG_SUCCESS;
+    return register_proc(c, id, nullptr, in_cb, out_cb, rpc_cb);
 }
 
 HG_PUBLIC hg_id_t HG_Register_name(hg_class_t* c, const char* name, hg_proc_cb_t in_cb,
                                    hg_proc_cb_t out_cb, hg_rpc_cb_t rpc_cb) {
     if (!c || !name) return 0;
     const hg_id_t id = djb2(name);
-    return HG_Register(c, id, in_cb, out_cb, rpc_cb) == HG_SUCCESS ? id : 0;
+    return register_proc(c, id, name, in_cb, out_cb, rpc_cb) == HG_SUCCESS ? id : 0;
 }
 
 HG_PUBLIC hg_return_t HG_Registered(hg_class_t* c, hg_id_t id, uint8_t* flag_p) {
@@ -585,9 +667,9 @@ HG_PUBLIC hg_return_t HG_Deregister(hg_class_t* c, hg_id_t id) {
         std::lock_guard g(c->mu);
         auto it = c->procs.find(k);
         if (it == c->procs.end() || it->second->id != id) return HG_NOENTRY;
+        deregister_core(c, k, *it->second);
         c->procs.erase(it);
     }
-    (void)c->eng->deregister_rpc(k.first, k.second);
     return HG_SUCCESS;
 }
 
@@ -839,42 +921,15 @@ HG_PUBLIC hg_return_t HG_Forward(hg_handle_t h, hg_cb_t cb, void* arg, void* in_
         h->forwarding.store(false);
         return ret;
     }
-    Key k;
-    key_of(h->proc->id, k);
     h->cb = cb;
     h->arg = arg;
     h->refs.fetch_add(1, std::memory_order_relaxed);  // until the callback returns
-    tc::CallOptions o;
-    o.target_context = h->target_id;
-    o.provider = k.second;
-    o.one_way = h->proc->no_response;
-    auto r = h->ctx->ctx->forward(h->addr_obj.a, k.first, h->enc, o,
-                                  [h](talaria::Result<std::span<const std::byte>>&& res) {
-                                      hg_cb_info info{};
-                                      info.info.forward.handle = h;
-                                      info.arg = h->arg;
-                                      info.type = HG_CB_FORWARD;
-                                      if (res) {
-                                          h->output.assign(res->begin(), res->end());
-                                          info.ret = HG_SUCCESS;
-                                      } else {
-                                          h->output.clear();
-                                          info.ret = to_hg(res.code());
-                                          TALARIA_LOG(rpc, debug, "HG_Forward of id 0x{:x}: {}",
-                                                      h->proc->id, res.error().describe());
-                                      }
-                                      h->forwarding.store(false, std::memory_order_release);
-                                      if (h->cb) h->cb(&info);
-                                      release(h);
-                                  });
-    if (!r) {
+    ret = send_forward(h, h->proc->wire.load(std::memory_order_relaxed), true);
+    if (ret != HG_SUCCESS) {
         h->forwarding.store(false);
         release(h);
-        TALARIA_LOG(rpc, error, "HG_Forward: {}", r.error().describe());
-        return to_hg(r.code());
     }
-    h->call = *r;
-    return HG_SUCCESS;
+    return ret;
 }
 
 HG_PUBLIC hg_return_t HG_Cancel(hg_handle_t h) {

@@ -23,6 +23,15 @@ using talaria::Errc;
 
 struct Proc {
     hg_id_t id = 0;
+    /// Registered by name (HG_Register_name): the name, and the core's id of it
+    /// (core::rpc_id(name), what talaria::Engine::define and remote use), registered at the core
+    /// beside `id`'s key when free (`alias_registered`), so that C++ callers reach this
+    /// procedure; a forward sends `wire` (the core's id first, the Mercury id where the target
+    /// answered that it has no procedure of the other).
+    std::string name;
+    talaria::core::RpcId alias = 0;
+    bool alias_registered = false;
+    std::atomic<talaria::core::RpcId> wire{0};
     hg_proc_cb_t in = nullptr;
     hg_proc_cb_t out = nullptr;
     hg_rpc_cb_t rpc = nullptr;

@@ -85,7 +85,10 @@ HG_PUBLIC void* HG_Context_get_data(const hg_context_t* context) HG_WARN_UNUSED_
 /* Talaria posts no receives of its own per context: nothing to unpost. */
 HG_PUBLIC hg_return_t HG_Context_unpost(hg_context_t* context);
 
-/* Register `func_name` under the djb2 hash of its name; 0 on failure. */
+/* Register `func_name` under the djb2 hash of its name (the id returned; 0 on failure), and,
+ * where free, under Talaria's id of the name, so that a talaria::Engine's remote("func_name")
+ * reaches it; a forward of it reaches a talaria::Engine that defined the name too
+ * (docs/architecture.md, "The Mercury C API": which argument encodings agree). */
 HG_PUBLIC hg_id_t HG_Register_name(hg_class_t* hg_class, const char* func_name,
                                    hg_proc_cb_t in_proc_cb, hg_proc_cb_t out_proc_cb,
                                    hg_rpc_cb_t rpc_cb) HG_WARN_UNUSED_RESULT;
