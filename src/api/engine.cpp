@@ -221,6 +221,9 @@ class EngineState {
     /// transfers on it (destroyed first: it cancels and drains what is in flight).
     std::unique_ptr<na::Context> bulk_ctx;
     std::unique_ptr<bulk::Context> bulk;
+    /// Opened over a transport that had no context id free for bulk_ctx (Engine::open over a
+    /// borrowed transport): why pull and push answer not_supported. Empty otherwise.
+    std::string no_bulk;
     /// The transfers handlers started for their calls (Request::pull/push), looked at by one
     /// timer of bulk_ctx every kWatchPeriod while any is listed (watch_transfer()). Under
     /// watch_mu: a handler thread adds, the bulk context's thread scans.
@@ -330,8 +333,11 @@ class ManualDriver final : public Driver {
     explicit ManualDriver(EngineState* e) noexcept : e_(e) {}
     void drive(uint8_t ctx, Duration d) override {
         if (ctx == kBulkContext) {
+            if (!e_->bulk_ctx) return;
             (void)e_->bulk_ctx->progress(d);
             e_->bulk_ctx->trigger();
+        } else if (e_->opts.drive) {
+            e_->opts.drive(ctx, d);  // the program's loop progresses this context too
         } else {
             auto& c = e_->core->context(ctx);
             (void)c.progress(d);
@@ -552,7 +558,7 @@ bool Seat::wait_ready(StateBase& s, TimePoint deadline) {
 void EngineState::start_threads() {
     for (uint8_t i = 0; i < core->context_count(); ++i)
         seats.push_back(std::make_shared<Seat>(&core->context(i), nullptr, opts.wait));
-    seats.push_back(std::make_shared<Seat>(nullptr, bulk_ctx.get(), opts.wait));
+    if (bulk_ctx) seats.push_back(std::make_shared<Seat>(nullptr, bulk_ctx.get(), opts.wait));
     for (auto& seat : seats)
         threads.emplace_back([this, st = seat.get()] { run_progress(*st, stop); });
 }
@@ -568,7 +574,9 @@ void EngineState::shutdown() noexcept {
         seats[i]->begin_stop();
     for (uint8_t i = 0; i < core->context_count(); ++i)
         (void)core->context(i).na_context().post([](const na::Completion&) {});
-    for (std::size_t i = 0; i + 1 < threads.size(); ++i)
+    // The RPC contexts' threads, then (if there is one) the bulk context's, the last.
+    const std::size_t rpc_threads = threads.size() - (bulk_ctx && !threads.empty() ? 1 : 0);
+    for (std::size_t i = 0; i < rpc_threads; ++i)
         threads[i].join();
     for (std::size_t i = 0; i < rpc && i < seats.size(); ++i)
         seats[i]->wait_unheld();
@@ -577,7 +585,7 @@ void EngineState::shutdown() noexcept {
     wait_queued_calls();
     if (seats.size() > rpc) seats[rpc]->begin_stop();
     if (bulk_ctx) (void)bulk_ctx->post([](const na::Completion&) {});
-    if (!threads.empty()) threads.back().join();
+    if (threads.size() > rpc_threads) threads.back().join();
     threads.clear();
     if (seats.size() > rpc) seats[rpc]->wait_unheld();
     // Run what the wake-ups left queued (a thread may have stopped before its wake-up arrived).
@@ -731,6 +739,9 @@ Future<void> start_transfer(EngineState& e, bulk::Direction dir, const na::Addr&
                             const Bulk& remote, std::size_t remote_off, const Bulk& local,
                             std::size_t local_off, std::size_t len, const core::Request* from) {
     const char* what = dir == bulk::Direction::pull ? "pull" : "push";
+    if (!e.no_bulk.empty())
+        return Future<void>::ready_with(
+            Error(Errc::not_supported, fmt::format("bulk {}: {}", what, e.no_bulk)));
     if (!e.bulk)
         return Future<void>::ready_with(
             Error(Errc::shutdown, fmt::format("bulk {}: the engine is shutting down", what)));
@@ -910,6 +921,30 @@ Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
+namespace {
+/// The transfer context (id opts.contexts) of a new engine's state; `optional`: a transport
+/// without that id free leaves the engine without one (pull and push answer not_supported).
+Result<void> open_bulk_context(detail::EngineState& st, bool optional) {
+    // The bulk context takes no calls: one aimed at its id is answered like one aimed at a
+    // context that does not exist (not_found), by the lowest RPC context.
+    na::ContextOptions bco;
+    bco.unexpected = false;
+    auto bc = st.core->transport().context_create(st.opts.contexts, bco);
+    if (!bc) {
+        if (!optional) return std::move(bc).error();
+        st.no_bulk = fmt::format(
+            "this engine has no transfer context: it was opened over a transport whose context "
+            "id {} is not free ({}); open the transport with at least {} contexts",
+            st.opts.contexts, bc.error().describe(), st.opts.contexts + 1);
+        TALARIA_LOG(api, info, "engine {}: {}", st.core->self_string(), st.no_bulk);
+        return ok();
+    }
+    st.bulk_ctx = std::move(*bc);
+    st.bulk = std::make_unique<bulk::Context>(*st.bulk_ctx);
+    return ok();
+}
+}  // namespace
+
 Result<Engine> Engine::open(std::string_view address, bool accept, EngineOptions opts) {
     if (opts.contexts == 0)
         return Error(Errc::invalid_argument, "EngineOptions::contexts must be at least 1");
@@ -929,13 +964,28 @@ Result<Engine> Engine::open(std::string_view address, bool accept, EngineOptions
     st->wait.store(opts.wait, std::memory_order_relaxed);
     TALARIA_TRY(ce, core::Engine::open(address, co));
     st->core = std::move(ce);
-    // The bulk context takes no calls: one aimed at its id is answered like one aimed at a
-    // context that does not exist (not_found), by the lowest RPC context.
-    na::ContextOptions bco;
-    bco.unexpected = false;
-    TALARIA_TRY(bc, st->core->transport().context_create(opts.contexts, bco));
-    st->bulk_ctx = std::move(bc);
-    st->bulk = std::make_unique<bulk::Context>(*st->bulk_ctx);
+    TALARIA_CHECK(open_bulk_context(*st, false));
+    return finish_open(std::move(st));
+}
+
+Result<Engine> Engine::open(na::Transport& transport, EngineOptions opts) {
+    if (opts.contexts == 0)
+        return Error(Errc::invalid_argument, "EngineOptions::contexts must be at least 1");
+    core::Options co = opts.core;
+    co.contexts = opts.contexts;
+    co.checksum = opts.checksum;
+    auto st = std::make_unique<detail::EngineState>();
+    st->opts = opts;
+    st->listens = transport.listens();
+    st->wait.store(opts.wait, std::memory_order_relaxed);
+    TALARIA_TRY(ce, core::Engine::open(transport, co));
+    st->core = std::move(ce);
+    TALARIA_CHECK(open_bulk_context(*st, true));
+    return finish_open(std::move(st));
+}
+
+Result<Engine> Engine::finish_open(std::unique_ptr<detail::EngineState> st) {
+    const EngineOptions& opts = st->opts;
     if (opts.progress == ProgressMode::manual)
         st->driver = std::make_shared<detail::ManualDriver>(st.get());
     else
@@ -1182,8 +1232,10 @@ unsigned Engine::poll() {
         (void)state_->core->context(i).progress(Duration(0));
         n += state_->core->context(i).trigger();
     }
-    (void)state_->bulk_ctx->progress(Duration(0));
-    n += state_->bulk_ctx->trigger();
+    if (state_->bulk_ctx) {
+        (void)state_->bulk_ctx->progress(Duration(0));
+        n += state_->bulk_ctx->trigger();
+    }
     return n;
 }
 

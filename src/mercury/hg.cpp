@@ -16,6 +16,7 @@
 // the response is copied into the handle before the callback runs, in the core's trigger.
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include "mercury/info.hpp"
 #include "mercury/na_impl.hpp"
 #include "mercury_proc.h"
+#include "mercury_talaria.hpp"
 #include "na.h"
 #include "talaria/core/core.hpp"
 #include "talaria/util/log.hpp"
@@ -337,6 +339,27 @@ namespace {
 static_assert(offsetof(hg_init_info, stats) == 86 && offsetof(hg_init_info, no_multi_recv) == 87 &&
               offsetof(hg_init_info, release_input_early) == 88 && sizeof(hg_init_info) == 112);
 
+hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout);
+unsigned trigger_once(hg_context_t* ctx, unsigned max);
+
+/// EngineOptions::drive of a class's talaria::Engine: progress and trigger context `id` as
+/// HG_Progress and HG_Trigger do (beside other threads in them), or, where the program has
+/// not made it an HG context, the core context itself (nobody else drives it then).
+void drive_context(hg_class_t* c, uint8_t id, talaria::Duration d) {
+    hg_context_t* ctx = nullptr;
+    {
+        std::lock_guard g(c->mu);
+        if (id < c->contexts.size()) ctx = c->contexts[id];
+    }
+    if (ctx) {
+        (void)progress_once(ctx, d);
+        (void)trigger_once(ctx, UINT_MAX);
+    } else if (id < c->eng->context_count()) {
+        (void)c->eng->context(id).progress(d);
+        c->eng->context(id).trigger();
+    }
+}
+
 /// The caller's options in the layout of `version`, as 2.4.1's struct (zero where older
 /// layouts have nothing).
 hg_init_info init_info_of(const hg_init_info* in, unsigned version) {
@@ -385,14 +408,25 @@ HG_PUBLIC hg_class_t* HG_Init_opt2(const char* info_string, uint8_t listen, unsi
                     shown);
         return nullptr;
     }
-    auto e = na ? tc::Engine::open(*na->t, o) : tc::Engine::open(info.address, o);
-    if (!e) {
-        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", shown, e.error().describe());
-        return nullptr;
-    }
     auto* c = new (std::nothrow) hg_class;
     if (!c) return nullptr;
-    c->eng = std::move(*e);
+    talaria::EngineOptions eo;
+    eo.progress = talaria::ProgressMode::manual;
+    eo.contexts = static_cast<uint8_t>(o.contexts);
+    eo.checksum = o.checksum;
+    eo.core = o;
+    // A thread waiting on a talaria::Engine future of this class progresses the context as
+    // HG_Progress and HG_Trigger do, beside the program's own threads in them.
+    eo.drive = [c](uint8_t id, talaria::Duration d) { drive_context(c, id, d); };
+    auto e = na ? talaria::Engine::open(*na->t, eo)
+                : talaria::Engine::open(info.address, listen != 0, eo);
+    if (!e) {
+        TALARIA_LOG(rpc, error, "HG_Init(\"{}\"): {}", shown, e.error().describe());
+        delete c;
+        return nullptr;
+    }
+    c->api = std::make_unique<talaria::Engine>(std::move(*e));
+    c->eng = &c->api->core();
     c->na = na;
     c->class_name = na ? na->class_name : info.class_name;
     c->protocol = na ? na->protocol : info.protocol;
@@ -422,7 +456,8 @@ HG_PUBLIC hg_return_t HG_Finalize(hg_class_t* c) {
                     n);
         return HG_BUSY;
     }
-    c->eng->shutdown();
+    c->api.reset();  // fails what is still in flight (its callbacks run here), then closes
+    c->eng = nullptr;
     if (c->data_free) c->data_free(c->data);
     na_class_t* na = c->na;
     delete c;  // closes the engine (and with it, its contexts on a borrowed transport)
@@ -578,8 +613,6 @@ HG_PUBLIC hg_context_t* HG_Context_create(hg_class_t* c) {
 }
 
 namespace {
-hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout);
-unsigned trigger_once(hg_context_t* ctx, unsigned max);
 /// How long HG_Context_destroy progresses a context whose handles are still live, as
 /// Mercury's (HG_CORE_CLEANUP_TIMEOUT).
 constexpr std::chrono::seconds kCleanupTimeout{5};
@@ -1125,3 +1158,7 @@ HG_PUBLIC hg_return_t HG_Trigger(hg_context_t* ctx, unsigned int timeout_ms, uns
 }
 
 }  // extern "C"
+
+HG_PUBLIC talaria::Engine* talaria::mercury::engine(hg_class_t* hg_class) noexcept {
+    return hg_class ? hg_class->api.get() : nullptr;
+}

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mercury_types.h"
+#include "talaria/api/engine.hpp"
 #include "talaria/bulk/bulk.hpp"
 #include "talaria/core/core.hpp"
 
@@ -125,7 +126,11 @@ struct hg_addr {
 };
 
 struct hg_class {
-    std::unique_ptr<talaria::core::Engine> eng;
+    // The class is a talaria::Engine in manual progress (what talaria::mercury::engine gives
+    // the program), whose waiting threads progress the HG contexts as HG_Progress does; `eng`
+    // is its core engine, what the HG functions use.
+    std::unique_ptr<talaria::Engine> api;
+    talaria::core::Engine* eng = nullptr;
     na_class_t* na = nullptr;  // the program's NA class the engine borrows, or null
     std::string class_name;
     std::string protocol;

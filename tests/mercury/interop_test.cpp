@@ -4,18 +4,24 @@
 // for arguments whose encodings agree (fixed-width integers back to back: a Mercury struct of a
 // uint32_t and a uint64_t is the C++ arguments (uint32_t, uint64_t)). A client procedure
 // registered by name also reaches a server that registered the name's Mercury id by number
-// (HG_Register), and then the C++ engine again. Each check says what failed; the status is the
-// count.
+// (HG_Register), and then the C++ engine again. The talaria::Engine under an HG class
+// (talaria::mercury::engine) defines a procedure served by the class's HG_Progress/HG_Trigger
+// thread, and waits in get() for its own calls and a pull while that thread progresses the same
+// context; over an NA class with no context to spare its pull answers not_supported. Each check
+// says what failed; the status is the count.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 #include "mercury.h"
 #include "mercury_proc.h"
+#include "mercury_talaria.hpp"
+#include "na.h"
 #include "talaria/talaria.hpp"
 
 namespace {
@@ -235,6 +241,108 @@ int main(int argc, char** argv) {
         CHECK(HG_Finalize(srv) == HG_SUCCESS, "HG_Finalize of the second server");
         CHECK(HG_Context_destroy(ctx) == HG_SUCCESS, "HG_Context_destroy of the client");
         CHECK(HG_Finalize(cls) == HG_SUCCESS, "HG_Finalize of the client");
+    }
+    // 4. The talaria::Engine under an HG class, beside a thread in HG_Progress/HG_Trigger.
+    {
+        talaria::Engine other{engine_url(info), talaria::listen};
+        other.define("mix", [](uint32_t a, uint64_t b) { return uint64_t(a) * 1000 + b; });
+        std::vector<std::byte> file(1 << 20);
+        for (std::size_t i = 0; i < file.size(); ++i)
+            file[i] = std::byte(i * 7);
+        talaria::Bulk exposed = other.expose({file.data(), file.size()}, talaria::read_only);
+        other.define("file", [&] { return exposed; });  // the handle, as its peers decode it
+
+        hg_class_t* cls = HG_Init(info.c_str(), HG_TRUE);
+        CHECK(cls != nullptr, "HG_Init of the class whose engine is used");
+        if (!cls) return failures;
+        hg_context_t* ctx = HG_Context_create(cls);
+        talaria::Engine* e = talaria::mercury::engine(cls);
+        CHECK(e != nullptr && talaria::mercury::engine(nullptr) == nullptr,
+              "talaria::mercury::engine of a class, and of none");
+        std::atomic<int> twice_ran{0};
+        std::atomic<bool> in_progress_thread{true};
+        std::thread::id progress_id;
+        e->define("twice", [&](uint64_t x) {
+            ++twice_ran;
+            if (std::this_thread::get_id() != progress_id) in_progress_thread = false;
+            return 2 * x;
+        });
+        std::atomic<bool> stop{false};
+        std::thread progress([&] {
+            while (!stop) {
+                unsigned n = 0;
+                HG_Progress(ctx, 10);
+                HG_Trigger(ctx, 0, 16, &n);
+            }
+        });
+        progress_id = progress.get_id();
+        {
+            talaria::Engine client{engine_url(info)};
+            auto twice = client.remote<uint64_t(uint64_t)>("twice")
+                             .on(client.lookup(e->self_address()))
+                             .timeout(10s);
+            for (uint64_t i = 0; i < 20; ++i) {
+                auto r = twice(i).try_get();
+                CHECK(r && *r == 2 * i, "a call of what the class's engine defined");
+            }
+        }
+        CHECK(twice_ran == 20 && in_progress_thread,
+              "the class engine's handler ran 20 times, in the HG_Trigger thread");
+        // The class's own calls, waited for in get() on this thread while the other thread
+        // progresses the context (tsan checks the two drive it one at a time).
+        auto ep = e->lookup(other.self_address());
+        auto mix = e->remote<uint64_t(uint32_t, uint64_t)>("mix").on(ep).timeout(10s);
+        for (uint32_t i = 0; i < 50; ++i) {
+            auto r = mix(i, 3).try_get();
+            CHECK(r && *r == uint64_t(i) * 1000 + 3, "a call from the class's engine in get()");
+            if (!r) std::fprintf(stderr, "  %s\n", r.error().describe().c_str());
+        }
+        std::vector<std::byte> got(file.size());
+        talaria::Bulk local = e->expose({got.data(), got.size()}, talaria::write_only);
+        auto remote = e->remote<talaria::Bulk()>("file").on(ep).timeout(10s)().try_get();
+        CHECK(remote.has_value(), "the remote handle, by a call of the class's engine");
+        if (!remote) return failures;
+        auto pulled = e->pull(*remote, 0, local, 0, got.size(), ep).try_get();
+        CHECK(pulled && got == file, "a 1 MiB pull by the class's engine");
+        if (!pulled) std::fprintf(stderr, "  %s\n", pulled.error().describe().c_str());
+        local = {};
+        *remote = {};
+        stop = true;
+        progress.join();
+        ep = {};
+        mix = {};
+        CHECK(HG_Context_destroy(ctx) == HG_SUCCESS, "HG_Context_destroy (engine used)");
+        CHECK(HG_Finalize(cls) == HG_SUCCESS, "HG_Finalize (engine used)");
+
+        // Over an NA class with one context, all the HG class's: no transfer context.
+        na_init_info ni{};
+        ni.max_contexts = 1;
+        na_class_t* na = NA_Initialize_opt(info.c_str(), false, &ni);
+        CHECK(na != nullptr, "NA_Initialize");
+        if (!na) return failures;
+        hg_init_info hi{};  // HG_INIT_INFO_INITIALIZER is C (a compound literal)
+        hi.na_class = na;
+        hg_class_t* over = HG_Init_opt2(nullptr, HG_FALSE, HG_VERSION(2, 4), &hi);
+        CHECK(over != nullptr, "HG_Init_opt2 over an NA class");
+        if (!over) return failures;
+        talaria::Engine* oe = talaria::mercury::engine(over);
+        {
+            std::vector<std::byte> buf(64);
+            talaria::Bulk lb = oe->expose({buf.data(), buf.size()}, talaria::write_only);
+            auto oep = oe->lookup(other.self_address());
+            auto h = oe->remote<talaria::Bulk()>("file").on(oep).timeout(10s)().try_get();
+            CHECK(h.has_value(), "the remote handle, by the engine over an NA class");
+            if (!h) return failures;
+            auto r = oe->pull(*h, 0, lb, 0, buf.size(), oep).try_get();
+            CHECK(!r && r.error().code() == talaria::Errc::not_supported,
+                  "a pull where the NA class has no context to spare: not_supported");
+            if (!r) std::fprintf(stderr, "  (as expected: %s)\n", r.error().describe().c_str());
+            auto c = oe->remote<uint64_t(uint32_t, uint64_t)>("mix").on(oep).timeout(10s)(4, 4);
+            auto cr = c.try_get();
+            CHECK(cr && *cr == 4004, "a call from the engine over an NA class, in get()");
+        }
+        CHECK(HG_Finalize(over) == HG_SUCCESS, "HG_Finalize over the NA class");
+        CHECK(NA_Finalize(na) == NA_SUCCESS, "NA_Finalize after it");
     }
     if (failures) std::fprintf(stderr, "%d checks failed\n", failures);
     return failures;

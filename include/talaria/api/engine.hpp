@@ -83,6 +83,13 @@ struct EngineOptions {
     Duration default_timeout{0};   ///< for calls that set none (0: no deadline)
     unsigned handler_threads = 4;  ///< threads of Engine::handler_pool(), made on first use
     core::Options core{};          ///< advanced knobs of the RPC core (recv depth, eager limit...)
+    /// Manual progress only: how a thread waiting for a result (Future::get(), sync_wait) makes
+    /// progress on RPC context `ctx`, for up to `timeout`, instead of progressing and
+    /// triggering that context itself. For an engine whose contexts a loop of the program's
+    /// also drives (the Mercury C API's HG_Progress and HG_Trigger): the function must be safe
+    /// to call from any thread beside that loop. Empty: the waiting thread drives the context.
+    /// Not part of EngineConfig (a function is not configuration).
+    std::function<void(uint8_t ctx, Duration timeout)> drive;
 };
 
 class Engine;
@@ -319,6 +326,13 @@ class Engine {
     Engine(std::string_view address, Listen, EngineOptions opts = {});
     /// Non-throwing twin of the constructors (`accept`: listen for connections).
     static Result<Engine> open(std::string_view address, bool accept, EngineOptions opts = {});
+    /// An engine over a transport the caller opened and keeps (it must outlive the engine):
+    /// its RPC contexts 0..opts.contexts-1 are created on it (those ids must be free there), and
+    /// the transfer context of pull and push on id opts.contexts where the transport has that
+    /// id free (else pull and push answer not_supported, naming it). It accepts connections if
+    /// the transport listens; opts.core.na is not used. The Mercury C API's HG_Init_opt2 over
+    /// an NA class of the program's is this.
+    static Result<Engine> open(na::Transport& transport, EngineOptions opts = {});
     /// An engine as a configuration says (talaria/api/config.hpp: EngineConfig::from_json
     /// reads one from JSON): its address, whether it listens, its options.
     explicit Engine(const EngineConfig& config);
@@ -527,6 +541,8 @@ class Engine {
 
   private:
     explicit Engine(std::unique_ptr<detail::EngineState> s) noexcept;
+    /// Start a new engine's progress (threads or the manual driver).
+    static Result<Engine> finish_open(std::unique_ptr<detail::EngineState> st);
     std::unique_ptr<detail::EngineState> state_;
 };
 
