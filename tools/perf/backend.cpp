@@ -44,12 +44,14 @@ namespace {
 constexpr Pattern kNaPatterns[] = {Pattern::pingpong, Pattern::blast, Pattern::put, Pattern::get};
 constexpr Pattern kRpcPatterns[] = {Pattern::pingpong, Pattern::rate, Pattern::first};
 constexpr Pattern kBulkPatterns[] = {Pattern::pull, Pattern::push};
-constexpr Pattern kApiPatterns[] = {Pattern::pingpong, Pattern::rate};
+constexpr Pattern kApiPatterns[] = {Pattern::pingpong, Pattern::rate, Pattern::pull, Pattern::push};
+constexpr Pattern kHgPatterns[] = {Pattern::pingpong, Pattern::rate, Pattern::pull, Pattern::push};
 constexpr Layer kLayers[] = {
     {"na", kNaPatterns, &make_na_server, &make_na_client},
     {"rpc", kRpcPatterns, &make_rpc_server, &make_rpc_client},
     {"bulk", kBulkPatterns, &make_rpc_server, &make_bulk_client},
     {"api", kApiPatterns, &make_rpc_server, &make_api_client},
+    {"hg", kHgPatterns, &make_rpc_server, &make_hg_client},
 };
 }  // namespace
 

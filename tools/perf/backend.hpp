@@ -87,6 +87,12 @@ Result<std::unique_ptr<Runner>> make_api_client(std::string_view transport,
                                                 std::string_view server_address, int ctl_fd,
                                                 const LayerOptions& opt);
 
+// The hg layer (backend_hg.cpp): Mercury's C API (HG_Forward, HG_Bulk_transfer) on Talaria,
+// served by the rpc server's api engine (calls) and core engine (transfers).
+Result<std::unique_ptr<Runner>> make_hg_client(std::string_view transport,
+                                               std::string_view server_address, int ctl_fd,
+                                               const LayerOptions& opt);
+
 // The bulk layer (backend_bulk.cpp).
 Result<std::unique_ptr<Runner>> make_bulk_client(std::string_view transport,
                                                  std::string_view server_address, int ctl_fd,

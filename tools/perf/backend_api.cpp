@@ -17,21 +17,30 @@
 //               client's progress thread); the thread waits for the chains to end
 //     coawait : `inflight` coroutines, each a loop of co_await calls; the thread waits for them
 //
-// The same process also runs the core layer (rpc back end, one context) as this layer's
-// baseline, interleaved repetition by repetition (client.cpp), so the ratio is api / core.
+//   pull / push: Engine::pull / Engine::push of `--size` bytes between memory this engine
+//              exposes and the buffer the server's core engine exposes (perf.ctl bulk_setup, as
+//              the bulk layer), `--rma-inflight` futures in flight, taken with get(); one
+//              context, one process.
+//
+// The same process also runs the core layer as this layer's baseline, interleaved repetition
+// by repetition (client.cpp): the rpc back end (one context) for pingpong and rate, the bulk
+// back end for pull and push, so the ratio is api / core.
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <barrier>
 #include <coroutine>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "app.hpp"
+#include "region.hpp"
 #include "rpc_session.hpp"
+#include "talaria/proc/archive.hpp"
 #include "talaria/talaria.hpp"
 #include "talaria/util/log.hpp"
 
@@ -229,7 +238,8 @@ class ApiClient final : public Runner {
     }
 
     ~ApiClient() override {
-        // Addresses before the engine whose transport they belong to.
+        // Addresses and handles before the engine whose transport they belong to.
+        drop_bulk();
         proc_ = {};
         server_ = {};
         engine_.reset();
@@ -238,9 +248,15 @@ class ApiClient final : public Runner {
     [[nodiscard]] std::string describe(const Spec&) const override { return "api"; }
 
     Result<void> prepare(const Spec& s) override {
+        if (is_bulk(s)) {
+            prepared_ = true;
+            auto r = prepare_bulk(s);
+            if (!r) (void)finish(s);
+            return r;
+        }
         if (s.pattern != Pattern::pingpong && s.pattern != Pattern::rate)
             return Error(Errc::invalid_argument,
-                         fmt::format("the api layer measures pingpong and rate, not {}",
+                         fmt::format("the api layer measures pingpong, rate, pull and push, not {}",
                                      pattern_name(s.pattern)));
         if (s.contexts == 0 || s.procs == 0 || s.contexts * s.procs > 64)
             return Error(Errc::invalid_argument,
@@ -255,6 +271,7 @@ class ApiClient final : public Runner {
         }
         // A client engine shaped for this spec: K contexts, background threads in its mode.
         if (!engine_ || engine_->context_count() != s.contexts || server_address_ != *addr) {
+            drop_bulk();
             proc_ = {};
             server_ = {};
             engine_.reset();
@@ -289,6 +306,7 @@ class ApiClient final : public Runner {
     }
 
     Result<Duration> run(const Spec& s, uint64_t iters) override {
+        if (is_bulk(s)) return run_bulk(s, iters);
         const unsigned k = s.contexts;
         const unsigned inflight = s.pattern == Pattern::pingpong ? 1 : std::max(1u, s.inflight);
         // rate: `iters` calls over all processes (this one takes the remainder).
@@ -320,7 +338,19 @@ class ApiClient final : public Runner {
     Result<void> finish(const Spec&) override {
         if (!prepared_) return ok();
         prepared_ = false;
-        return s_->leave_phase();
+        Result<void> result;
+        if (remote_) {  // pull / push: the server's buffer goes too
+            drop_bulk();
+            if (!s_->in_phase()) result = s_->enter_phase();
+            if (result) {
+                auto r = s_->control(RpcCtlOp::bulk_release, {});
+                if (!r) result = std::move(r).error();
+            }
+        }
+        drop_bulk();
+        auto l = s_->leave_phase();
+        if (!l && result) result = std::move(l).error();
+        return result;
     }
 
     Result<void> suspend(const Spec&) override {
@@ -328,12 +358,106 @@ class ApiClient final : public Runner {
         return s_->leave_phase();
     }
     Result<void> resume(const Spec& s) override {
-        TALARIA_CHECK(s_->start_api(s.mode, s.contexts * s.procs, s_->options().api_stats));
+        if (is_bulk(s))
+            TALARIA_CHECK(s_->enter_phase());  // its mode kept; start() would drop the buffer
+        else
+            TALARIA_CHECK(s_->start_api(s.mode, s.contexts * s.procs, s_->options().api_stats));
         return set_mode(s.mode);
     }
 
   private:
     ApiClient() = default;
+
+    static bool is_bulk(const Spec& s) noexcept {
+        return s.pattern == Pattern::pull || s.pattern == Pattern::push;
+    }
+
+    /// A client engine of `contexts` contexts (kept while the shape stays).
+    Result<void> ensure_engine(unsigned contexts) {
+        if (engine_ && engine_->context_count() == contexts) return ok();
+        drop_bulk();
+        proc_ = {};
+        server_ = {};
+        server_address_.clear();
+        engine_.reset();
+        workers_.clear();
+        EngineOptions eo;
+        eo.contexts = static_cast<uint8_t>(contexts);
+        eo.core.na.auth = s_->options().auth;
+        eo.core.stats = s_->options().api_stats;
+        auto url = s_->options().url.empty() ? default_engine_url(transport_) : s_->options().url;
+        auto e = Engine::open(url, false, eo);
+        if (!e)
+            return Error(e.error().code(),
+                         fmt::format("api client engine: {}", e.error().describe()));
+        engine_ = std::make_unique<Engine>(std::move(*e));
+        return ok();
+    }
+
+    void drop_bulk() noexcept {
+        remote_ = {};
+        local_ = {};
+        bulk_peer_ = {};
+        region_.reset();
+    }
+
+    /// pull / push: this engine's buffer, and the server core engine's (bulk_setup), decoded
+    /// here with the server as its owner.
+    Result<void> prepare_bulk(const Spec& s) {
+        if (s.contexts != 1 || s.procs != 1)
+            return Error(Errc::invalid_argument,
+                         "the api layer's pull and push run on one context in one process");
+        TALARIA_CHECK(s_->start(s.mode));
+        TALARIA_CHECK(ensure_engine(1));
+        drop_bulk();
+        TALARIA_CHECK(region_.allocate(s.size, 0x3c));
+        TALARIA_TRY(local, engine_->try_expose(Segment{region_.data(), s.size}, read_write));
+        local_ = std::move(local);
+        TALARIA_TRY(peer, engine_->try_lookup(s_->server_address()));
+        bulk_peer_ = peer;
+        std::byte req[8];
+        uint64_t size = s.size;
+        std::memcpy(req, &size, sizeof size);
+        TALARIA_TRY(enc, s_->control(RpcCtlOp::bulk_setup, req));
+        proc::Decoder d(enc, proc::DecodeContext{&engine_->core().transport(), &bulk_peer_.addr()});
+        TALARIA_TRY(rh, bulk::Handle::decode(d));
+        if (rh.size() < s.size)
+            return Error(
+                Errc::protocol_error,
+                fmt::format("the server exposed {} bytes, asked for {}", rh.size(), s.size));
+        remote_ = std::move(rh);
+        return set_mode(s.mode);
+    }
+
+    /// `iters` transfers, `--rma-inflight` futures in flight, each taken with get().
+    Result<Duration> run_bulk(const Spec& s, uint64_t iters) {
+        const bool pull = s.pattern == Pattern::pull;
+        const auto inflight =
+            static_cast<unsigned>(std::min<uint64_t>(std::max(1u, s.inflight), iters));
+        auto start = [&] {
+            return pull ? engine_->pull(remote_, 0, local_, 0, s.size, bulk_peer_)
+                        : engine_->push(remote_, 0, local_, 0, s.size, bulk_peer_);
+        };
+        std::vector<Future<void>> ring(inflight);
+        const TimePoint t0 = Clock::now();
+        uint64_t issued = 0;
+        for (; issued < inflight; ++issued)
+            ring[issued] = start();
+        for (uint64_t done = 0; done < iters; ++done) {
+            std::size_t slot = done % inflight;
+            if (auto r = ring[slot].try_get(); !r) {
+                for (auto& f : ring)  // the others complete before their memory goes
+                    (void)f.try_get();
+                return Error(r.code(), fmt::format("api {}: {}", pattern_name(s.pattern),
+                                                   r.error().describe()));
+            }
+            if (issued < iters) {
+                ring[slot] = start();
+                ++issued;
+            }
+        }
+        return Clock::now() - t0;
+    }
 
     /// This engine's threads and every worker's: busy, or blocking (also while idle).
     Result<void> set_mode(Mode m) {
@@ -388,6 +512,11 @@ class ApiClient final : public Runner {
     std::vector<std::unique_ptr<ServerProcess>> workers_;  ///< --procs: the other processes
     unsigned worker_k_ = 0;                                ///< their contexts each
     bool prepared_ = false;
+    // pull / push
+    Region region_;
+    Bulk local_;
+    Bulk remote_;
+    Endpoint bulk_peer_;  ///< the server's core engine
 };
 
 }  // namespace

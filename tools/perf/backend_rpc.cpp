@@ -75,14 +75,12 @@ class RpcServer final : public LayerServer {
         }));
         TALARIA_CHECK(s->engine_->register_rpc(kCtlId, kRpcCtl,
                                                [self](core::Request& r) { self->on_ctl(r); }));
-        s->bulk_ = make_bulk_exposure();
         return std::unique_ptr<LayerServer>(std::move(s));
     }
 
     ~RpcServer() override {
         // Registered memory first: the engine (and its transport) outlive the handle.
-        if (bulk_) bulk_->release();
-        bulk_.reset();
+        bulks_.clear();
         api_.reset();
         engine_.reset();
     }
@@ -162,8 +160,8 @@ class RpcServer final : public LayerServer {
                 end_ = false;
                 // The api engine (if any) sleeps while the core layer is measured.
                 if (api_) api_->set_wait_mode(talaria::WaitMode::block);
-                // A new measurement: forget what an earlier (perhaps dead) client exposed.
-                if (bulk_) bulk_->release();
+                // A new measurement: forget what this client exposed before.
+                release_bulk(r.source());
                 sent = r.respond({});
                 break;
             case RpcCtlOp::end:
@@ -180,11 +178,7 @@ class RpcServer final : public LayerServer {
                                                        size, kMaxBufferBytes));
                     break;
                 }
-                if (!bulk_) {
-                    sent = r.respond_error(Errc::not_supported, "this server has no bulk layer");
-                    break;
-                }
-                auto enc = bulk_->expose(engine_->transport(), size);
+                auto enc = bulk_of(r.source()).expose(engine_->transport(), size);
                 sent = enc ? r.respond(*enc) : r.respond_error(enc.code(), enc.error().describe());
                 break;
             }
@@ -200,7 +194,7 @@ class RpcServer final : public LayerServer {
             }
             case RpcCtlOp::bulk_release:
                 if (!body.empty()) break;
-                if (bulk_) bulk_->release();
+                release_bulk(r.source());
                 sent = r.respond({});
                 break;
         }
@@ -245,8 +239,25 @@ class RpcServer final : public LayerServer {
     std::unique_ptr<talaria::Engine> api_;
     std::atomic<uint64_t> api_activity_{0};
     std::string transport_;
-    na::Auth auth_;                       ///< also for the api engine it opens
-    std::unique_ptr<BulkExposure> bulk_;  ///< declared after engine_: released first
+    na::Auth auth_;  ///< also for the api engine it opens
+    /// The buffer each client engine exposed (bulk_setup), by its address: the layers whose
+    /// repetitions interleave (api with bulk, hg with api) each keep their own. At most
+    /// kMaxBulkClients, the oldest forgotten first (a client that went away). Declared after
+    /// engine_: released first.
+    static constexpr std::size_t kMaxBulkClients = 8;
+    std::vector<std::pair<na::Addr, std::unique_ptr<BulkExposure>>> bulks_;
+
+    BulkExposure& bulk_of(const na::Addr& who) {
+        for (auto& [a, b] : bulks_)
+            if (a == who) return *b;
+        if (bulks_.size() >= kMaxBulkClients) bulks_.erase(bulks_.begin());
+        bulks_.emplace_back(who, make_bulk_exposure());
+        return *bulks_.back().second;
+    }
+    void release_bulk(const na::Addr& who) noexcept {
+        for (auto& [a, b] : bulks_)
+            if (a == who) b->release();
+    }
     Mode mode_ = Mode::block;
     bool end_ = false;
     uint64_t activity_ = 0;

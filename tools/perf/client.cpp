@@ -31,7 +31,7 @@ std::vector<std::size_t> default_sizes(std::string_view layer, Pattern p,
         case Pattern::pingpong:
             return {layer == "rpc" ? 0u : 8u};  // rpc: empty arguments and result
         case Pattern::rate:
-            return {layer == "api" ? 8u : 0u};  // api: echo(uint64_t)
+            return {layer == "api" || layer == "hg" ? 8u : 0u};  // api, hg: echo(uint64_t)
         case Pattern::first:
             return {0};
         case Pattern::blast:
@@ -42,6 +42,7 @@ std::vector<std::size_t> default_sizes(std::string_view layer, Pattern p,
             return {16 * kMi};
         case Pattern::pull:
         case Pattern::push:
+            if (layer == "hg") return {1 * kMi, 16 * kMi};
             return {4 * kKi, 64 * kKi, 1 * kMi, 16 * kMi};
     }
     return {8};
@@ -126,7 +127,20 @@ Result<std::vector<Spec>> build_specs(const ClientOptions& o) {
                     std::vector<unsigned> ks{1};
                     std::vector<unsigned> ps{1};
                     std::vector<Consume> cs{Consume::none};
-                    if (layer->name == "api") {
+                    const bool transfer = p == Pattern::pull || p == Pattern::push;
+                    if (layer->name == "hg") {
+                        // Its baseline, the C++ API (api back end), takes results with get(),
+                        // on one context in one process, as the C program does.
+                        cs = {Consume::get};
+                        if (!transfer && size != 8)
+                            return Error(Errc::invalid_argument,
+                                         fmt::format("--size {}: the hg layer calls an 8-byte "
+                                                     "echo; pass --size 8, or give sizes to "
+                                                     "pull and push only",
+                                                     size));
+                    } else if (layer->name == "api" && transfer) {
+                        cs = {Consume::get};  // pull and push: futures taken with get()
+                    } else if (layer->name == "api") {
                         if (!o.contexts.empty()) ks = o.contexts;
                         if (!o.procs.empty()) ps = o.procs;
                         cs.clear();
@@ -231,8 +245,10 @@ Placement place(const ClientOptions& o) {
     Placement p;
     auto cpus = allowed_cpus();
     // With --connect the server was placed by whoever started it: pin nothing by default.
-    // The api layer runs threads on both sides (contexts, progress): nothing pinned either.
-    bool api = std::find(o.layers.begin(), o.layers.end(), "api") != o.layers.end();
+    // The api and hg layers run threads on both sides (contexts, progress): nothing pinned
+    // either.
+    bool api = std::find(o.layers.begin(), o.layers.end(), "api") != o.layers.end() ||
+               std::find(o.layers.begin(), o.layers.end(), "hg") != o.layers.end();
     if (cpus.size() >= 2 && o.connect.empty() && !api) {
         p.client = cpus[0];
         p.server = cpus[1];
@@ -315,10 +331,14 @@ class TransportRun {
                 lo.url = fmt::format("{}://{}:0", transport_, loop ? "127.0.0.1" : "0.0.0.0");
             }
             auto names = layer_names();
-            // The api layer's baseline is the core layer: make its client too.
-            if (std::find(names.begin(), names.end(), "api") != names.end() &&
-                std::find(names.begin(), names.end(), "rpc") == names.end())
-                names.push_back("rpc");
+            auto has = [&](std::string_view n) {
+                return std::find(names.begin(), names.end(), n) != names.end();
+            };
+            // The hg layer's baseline is the api layer, the api layer's the core layer (rpc
+            // for calls, bulk for transfers): make their clients too.
+            if (has("hg") && !has("api")) names.push_back("api");
+            if (has("api") && !has("rpc")) names.push_back("rpc");
+            if (has("api") && !has("bulk")) names.push_back("bulk");
             for (const auto& name : names) {
                 const Layer* layer = find_layer(name);
                 if (auto c = layer->make_client(transport_, address_, fd_.get(), lo); c)
@@ -378,16 +398,23 @@ class TransportRun {
         // of its own around each repetition, like the layer's.
         Runner* base = baseline_.get();
         std::unique_ptr<Runner> phased;
-        if (s.layer == "api") {
-            auto it = clients_.find("rpc");
+        // The hg layer's is the C++ API (the api back end, same calls or transfers in flight).
+        const bool transfer = s.pattern == Pattern::pull || s.pattern == Pattern::push;
+        if (s.layer == "api" || s.layer == "hg") {
+            const char* under = s.layer == "hg" ? "api" : transfer ? "bulk" : "rpc";
+            auto it = clients_.find(under);
             if (it == clients_.end()) {
-                rec.error = "api: the core layer's client (its baseline) is unavailable: " +
-                            client_errors_["rpc"];
+                rec.error =
+                    fmt::format("{}: the {} layer's client (its baseline) is unavailable: {}",
+                                s.layer, under, client_errors_[under]);
                 return;
             }
             phased = phased_runner(*it->second);
             base = phased.get();
-            rec.baseline_name = "core layer (rpc, 1 context, same in flight per thread)";
+            rec.baseline_name =
+                s.layer == "hg" ? "C++ API (api layer: talaria::Engine, get(), same in flight)"
+                : transfer      ? "core layer (bulk::Context::transfer, same in flight)"
+                                : "core layer (rpc, 1 context, same in flight per thread)";
         }
         auto pr = measure_pair(*base, *client, s, repeat_for(s));
         if (pr.baseline) rec.baseline = *pr.baseline;
