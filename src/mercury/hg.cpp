@@ -55,6 +55,29 @@ hg_id_t djb2(const char* s) {
 
 }  // namespace
 
+namespace {
+/// Where a handle encodes: storage that only grows, reused by every call (no allocation, no
+/// clearing per call); `len` bytes of it are the encoding.
+struct EncodeBuffer {
+    std::unique_ptr<std::byte[]> p;
+    std::size_t cap = 0;
+    std::size_t len = 0;
+
+    [[nodiscard]] std::size_t size() const noexcept { return len; }
+    [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return {p.get(), len}; }
+    void clear() noexcept { len = 0; }
+    /// At least `n` bytes of storage (the contents are not kept).
+    bool reserve(std::size_t n) noexcept {
+        if (cap >= n) return true;
+        std::unique_ptr<std::byte[]> q(new (std::nothrow) std::byte[n]);
+        if (!q) return false;
+        p = std::move(q);
+        cap = n;
+        return true;
+    }
+};
+}  // namespace
+
 struct hg_handle {
     hg_info info{};
     hg_addr addr_obj;  // what info.addr points to (borrowed by the program)
@@ -73,10 +96,16 @@ struct hg_handle {
     hg_cb_t cb = nullptr;
     void* arg = nullptr;
     std::vector<std::byte> output;
-    std::vector<std::byte> enc;  // encoding scratch
-    tc::CallId call{};           // the forward in flight (HG_Cancel)
+    EncodeBuffer enc;   // the input (origin) or output (target) as encoded
+    tc::CallId call{};  // the forward in flight (HG_Cancel)
+    // The procs of this handle's encodes and decodes, made on first use and reset for each (no
+    // allocation per call): one for each, as a target may read its input while it responds.
+    hg_proc_t enc_proc = HG_PROC_NULL;
+    hg_proc_t dec_proc = HG_PROC_NULL;
 
     ~hg_handle() {
+        hg_proc_free(enc_proc);
+        hg_proc_free(dec_proc);
         if (data_free) data_free(data);
     }
 };
@@ -116,46 +145,47 @@ hg_handle_t new_handle(hg_context_t* ctx, const tna::Addr& a, std::shared_ptr<Pr
     return h;
 }
 
-/// Encode `in` with `cb` into `out` (grown as needed): its size, or the error.
-hg_return_t encode(hg_class_t* cls, hg_proc_cb_t cb, void* in, std::vector<std::byte>& out) {
-    out.clear();
-    if (!cb || !in) return HG_SUCCESS;
-    if (out.capacity() < 4096) out.reserve(4096);
-    out.resize(out.capacity());
-    hg_proc_t p = HG_PROC_NULL;
-    hg_return_t ret = hg_proc_create_set(cls, out.data(), out.size(), HG_ENCODE, HG_NOHASH, &p);
-    if (ret != HG_SUCCESS) return ret;
-    ret = cb(p, in);
-    if (ret == HG_SUCCESS) {
-        const hg_size_t used = hg_proc_get_size_used(p);
-        if (void* extra = hg_proc_get_extra_buf(p)) {  // it outgrew the buffer
-            std::vector<std::byte> all(used);
-            std::memcpy(all.data(), extra, used);
-            out.swap(all);
-        } else {
-            out.resize(used);
-        }
-    } else {
-        out.clear();
+/// `*p` (made on first use) reset over `buf` for `op`.
+hg_return_t proc_over(hg_class_t* cls, hg_proc_t* p, void* buf, hg_size_t size, hg_proc_op_t op) {
+    if (*p == HG_PROC_NULL) {
+        hg_return_t ret = hg_proc_create(cls, HG_NOHASH, p);
+        if (ret != HG_SUCCESS) return ret;
     }
-    hg_proc_free(p);
-    return ret;
+    return hg_proc_reset(*p, buf, size, op);
 }
 
-/// Decode (or free) `out` from the bytes `h` received; the proc names `h`
-/// (hg_proc_get_handle), whose peer is the owner of a bulk handle that carries none.
+/// Encode `in` with `cb` into `h->enc` (grown as needed), with `h`'s encoding proc.
+hg_return_t encode(hg_handle_t h, hg_proc_cb_t cb, void* in) {
+    EncodeBuffer& out = h->enc;
+    out.clear();
+    if (!cb || !in) return HG_SUCCESS;
+    if (!out.reserve(4096)) return HG_NOMEM;
+    hg_return_t ret = proc_over(h->ctx->cls, &h->enc_proc, out.p.get(), out.cap, HG_ENCODE);
+    if (ret != HG_SUCCESS) return ret;
+    hg_proc_t p = h->enc_proc;
+    ret = cb(p, in);
+    if (ret != HG_SUCCESS) return ret;
+    const hg_size_t used = hg_proc_get_size_used(p);
+    if (void* extra = hg_proc_get_extra_buf(p)) {  // it outgrew the buffer: take the whole
+        if (!out.reserve(used)) return HG_NOMEM;
+        std::memcpy(out.p.get(), extra, used);
+        (void)hg_proc_reset(p, out.p.get(), out.cap, HG_ENCODE);  // the extra buffer goes
+    }
+    out.len = used;
+    return HG_SUCCESS;
+}
+
+/// Decode (or free) `out` from the bytes `h` received, with `h`'s decoding proc, which names
+/// `h` (hg_proc_get_handle), whose peer is the owner of a bulk handle that carries none.
 hg_return_t decode(hg_handle_t h, hg_proc_cb_t cb, std::vector<std::byte>& bytes, void* out,
                    hg_proc_op_t op) {
     if (!cb || !out) return HG_SUCCESS;
-    hg_proc_t p = HG_PROC_NULL;
-    std::byte none{};
-    hg_return_t ret = hg_proc_create_set(h->ctx->cls, bytes.empty() ? &none : bytes.data(),
-                                         bytes.size(), op, HG_NOHASH, &p);
+    static std::byte none{};  // never written: decoding reads, HG_FREE touches no bytes
+    hg_return_t ret = proc_over(h->ctx->cls, &h->dec_proc, bytes.empty() ? &none : bytes.data(),
+                                bytes.size(), op);
     if (ret != HG_SUCCESS) return ret;
-    hg_proc_set_handle(p, h);
-    ret = cb(p, out);
-    hg_proc_free(p);
-    return ret;
+    hg_proc_set_handle(h->dec_proc, h);
+    return cb(h->dec_proc, out);
 }
 
 }  // namespace
@@ -278,7 +308,7 @@ hg_return_t send_forward(hg_handle_t h, tc::RpcId rpc, bool retry) {
     o.provider = k.second;
     o.one_way = h->proc->no_response;
     auto r = h->ctx->ctx->forward(
-        h->addr_obj.a, rpc, h->enc, o,
+        h->addr_obj.a, rpc, h->enc.bytes(), o,
         [h, rpc, retry, first = k.first](talaria::Result<std::span<const std::byte>>&& res) {
             Proc& p = *h->proc;
             if (retry && !res && res.code() == Errc::not_found && p.alias != 0 &&
@@ -613,6 +643,9 @@ HG_PUBLIC hg_context_t* HG_Context_create(hg_class_t* c) {
 }
 
 namespace {
+/// How long HG_Progress polls in blocking mode before it sleeps in the transport (what a
+/// talaria::Engine's progress threads poll in WaitMode::block).
+constexpr std::chrono::microseconds kBlockSpin{50};
 /// How long HG_Context_destroy progresses a context whose handles are still live, as
 /// Mercury's (HG_CORE_CLEANUP_TIMEOUT).
 constexpr std::chrono::seconds kCleanupTimeout{5};
@@ -949,7 +982,7 @@ HG_PUBLIC hg_return_t HG_Forward(hg_handle_t h, hg_cb_t cb, void* arg, void* in_
     if (!h || h->target || !h->proc || !h->addr_obj.a) return HG_INVALID_ARG;
     bool idle = false;
     if (!h->forwarding.compare_exchange_strong(idle, true)) return HG_BUSY;
-    hg_return_t ret = encode(h->ctx->cls, h->proc->in, in_struct, h->enc);
+    hg_return_t ret = encode(h, h->proc->in, in_struct);
     if (ret != HG_SUCCESS) {
         h->forwarding.store(false);
         return ret;
@@ -1034,8 +1067,19 @@ hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout) {
         const auto now = std::chrono::steady_clock::now();
         if (lk.owns_lock()) {
             const bool spin = ctx->cls->busy;  // poll until something is done or time is up
-            auto r = ctx->ctx->progress(!spin && now < deadline ? talaria::Duration(deadline - now)
-                                                                : talaria::Duration(0));
+            auto r = ctx->ctx->progress(talaria::Duration(0));
+            if (!spin && !r && r.code() == Errc::timeout && now < deadline) {
+                // Blocking mode, as Talaria's engines block: poll for up to kBlockSpin (an
+                // answer often comes within microseconds, and a sleep and its wake-up cost
+                // more), then sleep in the transport for the rest of the timeout.
+                const auto spin_end = std::min(deadline, now + kBlockSpin);
+                auto t = std::chrono::steady_clock::now();
+                for (; t < spin_end && !r && r.code() == Errc::timeout;
+                     t = std::chrono::steady_clock::now())
+                    r = ctx->ctx->progress(talaria::Duration(0));
+                if (!r && r.code() == Errc::timeout && t < deadline)
+                    r = ctx->ctx->progress(talaria::Duration(deadline - t));
+            }
             lk.unlock();
             ctx->cv.notify_all();
             if (r) return HG_SUCCESS;
@@ -1099,9 +1143,9 @@ HG_PUBLIC hg_return_t HG_Respond(hg_handle_t h, hg_cb_t cb, void* arg, void* out
     if (!h || !h->target || !h->proc) return HG_INVALID_ARG;
     hg_return_t ret = HG_SUCCESS;
     if (!h->req.one_way()) {
-        ret = encode(h->ctx->cls, h->proc->out, out_struct, h->enc);
+        ret = encode(h, h->proc->out, out_struct);
         if (ret != HG_SUCCESS) return ret;
-        auto r = h->req.respond(h->enc);
+        auto r = h->req.respond(h->enc.bytes());
         if (!r) {
             TALARIA_LOG(rpc, warn, "HG_Respond: {}", r.error().describe());
             ret = to_hg(r.code());
