@@ -112,19 +112,60 @@ struct hg_handle {
 
 namespace {
 
+/// How many released handles a context keeps for reuse.
+constexpr std::size_t kHandlePool = 256;
+
 hg_return_t release(hg_handle_t h) {
     if (h->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return HG_SUCCESS;
     hg_context_t* ctx = h->ctx;
     hg_class_t* cls = ctx->cls;
-    delete h;
+    // What the program and the call left goes now, as if the handle were freed; its buffers,
+    // procs and capacity stay for the next use.
+    if (h->data_free) h->data_free(h->data);
+    h->data = nullptr;
+    h->data_free = nullptr;
+    h->req = tc::Request{};  // a request never answered is answered as a freed one is
+    h->addr_obj.a.reset();
+    h->proc.reset();
+    h->target = false;
+    h->target_id = 0;
+    h->cb = nullptr;
+    h->arg = nullptr;
+    h->input.clear();
+    h->output.clear();
+    h->enc.clear();
+    h->call = {};
+    h->info = {};
+    bool kept = false;
+    {
+        std::lock_guard g(ctx->pool_mu);
+        if (ctx->pool.size() < kHandlePool) {
+            ctx->pool.push_back(h);
+            kept = true;
+        }
+    }
+    if (!kept) delete h;
     ctx->handles.fetch_sub(1, std::memory_order_relaxed);
     cls->live.fetch_sub(1, std::memory_order_relaxed);
     return HG_SUCCESS;
 }
 
 hg_handle_t new_handle(hg_context_t* ctx, const tna::Addr& a, std::shared_ptr<Proc> proc) {
-    auto* h = new (std::nothrow) hg_handle;
-    if (!h) return nullptr;
+    hg_handle_t h = nullptr;
+    {
+        std::lock_guard g(ctx->pool_mu);
+        if (!ctx->pool.empty()) {
+            h = ctx->pool.back();
+            ctx->pool.pop_back();
+        }
+    }
+    if (h) {
+        h->refs.store(1, std::memory_order_relaxed);
+        h->forwarding.store(false, std::memory_order_relaxed);
+    } else {
+        h = new (std::nothrow) hg_handle;
+        if (!h) return nullptr;
+    }
     h->ctx = ctx;
     h->addr_obj.cls = ctx->cls;
     h->addr_obj.a = a;
@@ -675,6 +716,9 @@ HG_PUBLIC hg_return_t HG_Context_destroy(hg_context_t* ctx) {
         std::lock_guard g(c->mu);
         c->contexts[ctx->id] = nullptr;
     }
+    for (hg_handle_t h : ctx->pool)
+        delete h;
+    ctx->pool.clear();
     if (ctx->data_free) ctx->data_free(ctx->data);
     delete ctx;
     c->live.fetch_sub(1, std::memory_order_relaxed);

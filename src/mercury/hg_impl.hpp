@@ -172,4 +172,9 @@ struct hg_context {
     std::mutex trigger_mu;
     std::mutex cv_mu;
     std::condition_variable cv;
+    // Handles whose last reference went, kept for the next HG_Create or request with their
+    // buffers and procs (at most kHandlePool; hg.cpp): a call allocates no handle. Any thread
+    // releases, so under pool_mu; freed by HG_Context_destroy.
+    std::mutex pool_mu;
+    std::vector<hg_handle_t> pool;
 };
