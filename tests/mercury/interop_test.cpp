@@ -98,6 +98,29 @@ Waiter call(hg_context_t* ctx, hg_addr_t addr, hg_id_t id, pair_in_t in) {
     return w;
 }
 
+/// A thread looping HG_Progress and HG_Trigger on a server's context until stopped.
+class ProgressThread {
+  public:
+    explicit ProgressThread(hg_context_t* ctx)
+        : thread_([this, ctx] {
+              while (!stop_) {
+                  unsigned n = 0;
+                  HG_Progress(ctx, 10);
+                  HG_Trigger(ctx, 0, 16, &n);
+              }
+          }) {}
+    ~ProgressThread() { stop(); }
+    void stop() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+    }
+    [[nodiscard]] std::thread::id id() const { return thread_.get_id(); }
+
+  private:
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
 /// The address string a talaria::Engine looks a Mercury address up by ("na+" dropped).
 std::string talaria_address(hg_class_t* cls) {
     hg_addr_t self = HG_ADDR_NULL;
@@ -137,14 +160,7 @@ int main(int argc, char** argv) {
         CHECK(ctx != nullptr, "HG_Context_create");
         hg_id_t id = HG_Register_name(cls, "mix", hg_proc_pair_in_t, hg_proc_u64, on_mix);
         CHECK(id != 0, "HG_Register_name(\"mix\")");
-        std::atomic<bool> stop{false};
-        std::thread progress([&] {
-            while (!stop) {
-                unsigned n = 0;
-                HG_Progress(ctx, 10);
-                HG_Trigger(ctx, 0, 16, &n);
-            }
-        });
+        ProgressThread progress(ctx);
         {
             talaria::Engine client{engine_url(info)};
             auto ep = client.lookup(talaria_address(cls));
@@ -166,8 +182,7 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "  (as expected: %s)\n", bad.error().describe().c_str());
         }
         CHECK(served == 20, "every C++ call reached the HG callback");
-        stop = true;
-        progress.join();
+        progress.stop();
         CHECK(HG_Context_destroy(ctx) == HG_SUCCESS, "HG_Context_destroy");
         CHECK(HG_Finalize(cls) == HG_SUCCESS, "HG_Finalize");
     }
@@ -205,14 +220,7 @@ int main(int argc, char** argv) {
         hg_context_t* sctx = HG_Context_create(srv);
         CHECK(HG_Register(srv, id, hg_proc_pair_in_t, hg_proc_u64, on_mix) == HG_SUCCESS,
               "HG_Register of the name's id by number");
-        std::atomic<bool> stop{false};
-        std::thread progress([&] {
-            while (!stop) {
-                unsigned n = 0;
-                HG_Progress(sctx, 10);
-                HG_Trigger(sctx, 0, 16, &n);
-            }
-        });
+        ProgressThread progress(sctx);
         std::string srv_where = talaria_address(srv);
         if (info.starts_with("na+")) srv_where = "na+" + srv_where;
         hg_addr_t srv_addr = HG_ADDR_NULL;
@@ -233,8 +241,7 @@ int main(int argc, char** argv) {
             HG_Register_name(cls, "nobody.serves.this", hg_proc_pair_in_t, hg_proc_u64, nullptr);
         w = call(ctx, addr, none, {1, 1});
         CHECK(w.done && w.ret == HG_NOENTRY, "a procedure nobody serves: HG_NOENTRY");
-        stop = true;
-        progress.join();
+        progress.stop();
         HG_Addr_free(cls, srv_addr);
         HG_Addr_free(cls, addr);
         CHECK(HG_Context_destroy(sctx) == HG_SUCCESS, "HG_Context_destroy of the second server");
@@ -267,15 +274,8 @@ int main(int argc, char** argv) {
             if (std::this_thread::get_id() != progress_id) in_progress_thread = false;
             return 2 * x;
         });
-        std::atomic<bool> stop{false};
-        std::thread progress([&] {
-            while (!stop) {
-                unsigned n = 0;
-                HG_Progress(ctx, 10);
-                HG_Trigger(ctx, 0, 16, &n);
-            }
-        });
-        progress_id = progress.get_id();
+        ProgressThread progress(ctx);
+        progress_id = progress.id();
         {
             talaria::Engine client{engine_url(info)};
             auto twice = client.remote<uint64_t(uint64_t)>("twice")
@@ -307,8 +307,7 @@ int main(int argc, char** argv) {
         if (!pulled) std::fprintf(stderr, "  %s\n", pulled.error().describe().c_str());
         local = {};
         *remote = {};
-        stop = true;
-        progress.join();
+        progress.stop();
         ep = {};
         mix = {};
         CHECK(HG_Context_destroy(ctx) == HG_SUCCESS, "HG_Context_destroy (engine used)");

@@ -338,19 +338,9 @@ class ApiClient final : public Runner {
     Result<void> finish(const Spec&) override {
         if (!prepared_) return ok();
         prepared_ = false;
-        Result<void> result;
-        if (remote_) {  // pull / push: the server's buffer goes too
-            drop_bulk();
-            if (!s_->in_phase()) result = s_->enter_phase();
-            if (result) {
-                auto r = s_->control(RpcCtlOp::bulk_release, {});
-                if (!r) result = std::move(r).error();
-            }
-        }
+        const bool exposed = remote_.valid();  // pull / push: the server's buffer goes too
         drop_bulk();
-        auto l = s_->leave_phase();
-        if (!l && result) result = std::move(l).error();
-        return result;
+        return s_->end_measurement(exposed);
     }
 
     Result<void> suspend(const Spec&) override {
@@ -415,16 +405,9 @@ class ApiClient final : public Runner {
         local_ = std::move(local);
         TALARIA_TRY(peer, engine_->try_lookup(s_->server_address()));
         bulk_peer_ = peer;
-        std::byte req[8];
-        uint64_t size = s.size;
-        std::memcpy(req, &size, sizeof size);
-        TALARIA_TRY(enc, s_->control(RpcCtlOp::bulk_setup, req));
-        proc::Decoder d(enc, proc::DecodeContext{&engine_->core().transport(), &bulk_peer_.addr()});
-        TALARIA_TRY(rh, bulk::Handle::decode(d));
-        if (rh.size() < s.size)
-            return Error(
-                Errc::protocol_error,
-                fmt::format("the server exposed {} bytes, asked for {}", rh.size(), s.size));
+        TALARIA_TRY(enc, s_->bulk_setup(s.size));
+        TALARIA_TRY(rh, RpcSession::decode_exposed(enc, engine_->core().transport(),
+                                                   bulk_peer_.addr(), s.size));
         remote_ = std::move(rh);
         return set_mode(s.mode);
     }

@@ -131,20 +131,11 @@ class BulkClient final : public Runner {
     Result<void> finish(const Spec&) override {
         if (!prepared_) return ok();
         prepared_ = false;
-        Result<void> result;
-        if (remote_) {
-            remote_ = bulk::Handle();
-            if (!s_->in_phase()) result = s_->enter_phase();
-            if (result) {
-                auto r = s_->control(RpcCtlOp::bulk_release, {});
-                if (!r) result = std::move(r).error();
-            }
-        }
+        const bool exposed = remote_.valid();
+        remote_ = bulk::Handle();
         local_ = bulk::Handle();
         region_.reset();
-        auto l = s_->leave_phase();
-        if (!l && result) result = std::move(l).error();
-        return result;
+        return s_->end_measurement(exposed);
     }
 
     Result<void> suspend(const Spec&) override { return s_->leave_phase(); }
@@ -160,16 +151,9 @@ class BulkClient final : public Runner {
         TALARIA_TRY(h, bulk::Handle::create(s_->engine().transport(), std::span(&seg, 1),
                                             bulk::Access::read_write));
         local_ = std::move(h);
-        std::byte req[8];
-        uint64_t size = s.size;
-        std::memcpy(req, &size, sizeof size);
-        TALARIA_TRY(enc, s_->control(RpcCtlOp::bulk_setup, req));
-        proc::Decoder d(enc, proc::DecodeContext{&s_->engine().transport(), &s_->server()});
-        TALARIA_TRY(rh, bulk::Handle::decode(d));
-        if (rh.size() < s.size)
-            return Error(
-                Errc::protocol_error,
-                fmt::format("the server exposed {} bytes, asked for {}", rh.size(), s.size));
+        TALARIA_TRY(enc, s_->bulk_setup(s.size));
+        TALARIA_TRY(
+            rh, RpcSession::decode_exposed(enc, s_->engine().transport(), s_->server(), s.size));
         remote_ = std::move(rh);
         return ok();
     }

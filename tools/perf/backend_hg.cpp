@@ -69,19 +69,9 @@ class HgClient final : public Runner {
     Result<void> finish(const Spec&) override {
         if (!prepared_) return ok();
         prepared_ = false;
-        Result<void> result;
-        if (remote_ != HG_BULK_NULL) {
-            drop_bulk();
-            if (!s_->in_phase()) result = s_->enter_phase();
-            if (result) {
-                auto r = s_->control(RpcCtlOp::bulk_release, {});
-                if (!r) result = std::move(r).error();
-            }
-        }
+        const bool exposed = remote_ != HG_BULK_NULL;
         drop_bulk();
-        auto l = s_->leave_phase();
-        if (!l && result) result = std::move(l).error();
-        return result;
+        return s_->end_measurement(exposed);
     }
 
     Result<void> suspend(const Spec&) override { return s_->leave_phase(); }
@@ -274,10 +264,8 @@ class HgClient final : public Runner {
             return Error(Errc::io_error, "HG_Bulk_create failed");
         TALARIA_TRY(a, lookup(s_->server_address()));
         core_addr_ = a;
-        std::byte req[8];
-        uint64_t size = s.size;
-        std::memcpy(req, &size, sizeof size);
-        TALARIA_TRY(enc, s_->control(RpcCtlOp::bulk_setup, req));
+        const uint64_t size = s.size;
+        TALARIA_TRY(enc, s_->bulk_setup(size));
         // As HG_Bulk_serialize frames a handle (docs/architecture.md, "The Mercury C API"): the
         // flags, the total size, the segment count, then Talaria's handle encoding.
         std::vector<std::byte> framed(13 + enc.size());

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "rpc_session.hpp"
+#include "talaria/proc/archive.hpp"
 #include "talaria/talaria.hpp"
 #include "talaria/util/log.hpp"
 #include "transports.hpp"
@@ -454,6 +455,37 @@ Result<void> RpcSession::leave_phase() {
     TALARIA_TRY(ack, control(RpcCtlOp::end, {}));
     (void)ack;
     return ok();
+}
+
+Result<std::span<const std::byte>> RpcSession::bulk_setup(uint64_t size) {
+    std::byte req[8];
+    std::memcpy(req, &size, sizeof size);
+    return control(RpcCtlOp::bulk_setup, req);
+}
+
+Result<bulk::Handle> RpcSession::decode_exposed(std::span<const std::byte> enc,
+                                                na::Transport& transport, const na::Addr& owner,
+                                                uint64_t size) {
+    proc::Decoder d(enc, proc::DecodeContext{&transport, &owner});
+    TALARIA_TRY(h, bulk::Handle::decode(d));
+    if (h.size() < size)
+        return Error(Errc::protocol_error,
+                     fmt::format("the server exposed {} bytes, asked for {}", h.size(), size));
+    return h;
+}
+
+Result<void> RpcSession::end_measurement(bool exposed) {
+    Result<void> result;
+    if (exposed) {
+        if (!in_phase_) result = enter_phase();
+        if (result) {
+            auto r = control(RpcCtlOp::bulk_release, {});
+            if (!r) result = std::move(r).error();
+        }
+    }
+    auto l = leave_phase();
+    if (!l && result) result = std::move(l).error();
+    return result;
 }
 
 Result<std::span<const std::byte>> RpcSession::control(RpcCtlOp op,

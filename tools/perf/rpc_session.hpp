@@ -26,6 +26,7 @@
 
 #include "backend.hpp"
 #include "control.hpp"
+#include "talaria/bulk/bulk.hpp"
 #include "talaria/core/core.hpp"
 
 namespace talaria::perf {
@@ -76,6 +77,19 @@ class RpcSession {
 
     /// One perf.ctl call; returns the result bytes (valid until the next control call).
     Result<std::span<const std::byte>> control(RpcCtlOp op, std::span<const std::byte> body);
+
+    /// perf.ctl bulk_setup: the server's core engine exposes `size` bytes read-write for this
+    /// client (replacing what it exposed for it before); the handle's encoding (valid until the
+    /// next control call).
+    Result<std::span<const std::byte>> bulk_setup(uint64_t size);
+    /// The server's handle of bulk_setup, decoded on `transport` with `owner` (the server's
+    /// core engine as that transport knows it); protocol_error if it covers less than `size`.
+    static Result<bulk::Handle> decode_exposed(std::span<const std::byte> enc,
+                                               na::Transport& transport, const na::Addr& owner,
+                                               uint64_t size);
+    /// End a measurement: release the buffer the server exposed for this client (when
+    /// `exposed`), then leave the phase; the first error of the two.
+    Result<void> end_measurement(bool exposed);
 
     /// Drive `ctx` until `*counter >= target`: busy polls progress(0), block waits
     /// progress(1 s). Fails after kPeerTimeout without any completion.
