@@ -616,7 +616,9 @@ class Context {
     /// An fd that becomes readable when progress() has something to do (completions queued by
     /// another thread, or transport I/O). Use with try_wait() to block in your own epoll.
     [[nodiscard]] int wait_fd() const noexcept;
-    /// True if it is safe to block on wait_fd() now (nothing is already pending).
+    /// True if it is safe to block on wait_fd() now (nothing is already pending). Completions
+    /// queued from then on signal wait_fd() until the next progress() on this context (the
+    /// caller is awake again then).
     bool try_wait();
 
     /// Completions queued and not yet triggered.
@@ -655,7 +657,7 @@ class Context {
     /// Before blocking: announce it, so that enqueue() from another thread signals event_fd().
     /// Returns false (and announces nothing) when completions are already queued.
     bool prepare_block() noexcept;
-    /// After blocking (whatever prepare_block() returned).
+    /// After blocking, when prepare_block() returned true.
     void end_block() noexcept;
     /// Add `fd` (readable when this context has work: a transport's per-context doorbell) to
     /// what wait_fd() waits on. False (errno set) when the kernel refuses.

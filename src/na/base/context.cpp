@@ -23,6 +23,10 @@ namespace talaria::na {
 //  - `ready` (ops on cq) and `waiting` are written only under `mu`, with plain atomic stores:
 //    enqueue() and prepare_block() both run under `mu`, so one of them sees the other's write
 //    (the Dekker handshake that seq_cst read-modify-writes used to carry costs nothing extra);
+//  - `waiting` counts the threads that may be asleep: each blocking progress() between its
+//    prepare_block() and end_block(), plus one for a successful try_wait() (the program then
+//    sleeps on wait_fd() itself), which the next progress() takes back (`try_armed`): the
+//    program is awake again, and a completion no longer costs an eventfd write;
 //  - trigger() takes the lock once per batch of completions, not once per completion.
 /// An op queued by Context::post(): heap-allocated, freed when released.
 struct UserOp final : Op, OpReleaser {
@@ -55,7 +59,8 @@ struct Context::Impl {
         std::atomic<uint64_t> ok{0}, failed{0}, canceled{0}, bytes{0};
     };
     std::array<Counted, OpCounts::kTypes> counted{};
-    std::atomic<bool> waiting{false};  ///< written under mu
+    std::atomic<uint32_t> waiting{0};    ///< threads that may sleep (written under mu)
+    std::atomic<bool> try_armed{false};  ///< try_wait() counted in `waiting` (under mu)
     int evfd = -1;
     int wait_epfd = -1;  // epoll over evfd, tfd and the transport's progress fd, for wait_fd()
 
@@ -154,8 +159,20 @@ Context::~Context() {
 }
 
 Result<void> Context::progress(Duration timeout) {
-    if (has_completions()) return ok();
     Impl& im = *impl_;
+    if (im.try_armed.load(std::memory_order_relaxed)) [[unlikely]] {
+        // The program that slept on wait_fd() after try_wait() is progressing: it is awake.
+        {
+            std::lock_guard g(im.mu);
+            if (im.try_armed.load(std::memory_order_relaxed)) {
+                im.try_armed.store(false, std::memory_order_relaxed);
+                im.waiting.store(im.waiting.load(std::memory_order_relaxed) - 1,
+                                 std::memory_order_relaxed);
+            }
+        }
+        drain_event_fd();
+    }
+    if (has_completions()) return ok();
     if (timeout == Duration::zero()) [[likely]] {
         // Poll once (the busy-poll path): nothing sleeps, so no timer can be missed. With no
         // timer this costs one load (fire_due() would read the clock).
@@ -287,6 +304,12 @@ bool Context::try_wait() {
         end_block();
         return false;
     }
+    // Counted once until the next progress(), however often the program asks.
+    Impl& im = *impl_;
+    std::lock_guard g(im.mu);
+    if (im.try_armed.load(std::memory_order_relaxed))
+        im.waiting.store(im.waiting.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    im.try_armed.store(true, std::memory_order_relaxed);
     return true;
 }
 
@@ -354,7 +377,7 @@ void Context::enqueue(Op* op) noexcept {
         std::lock_guard g(im.mu);
         im.cq.push_back(*op);
         im.ready.store(im.cq.size(), std::memory_order_release);
-        wake = im.waiting.load(std::memory_order_relaxed);
+        wake = im.waiting.load(std::memory_order_relaxed) != 0;
     }
     if (wake) [[unlikely]] {
         uint64_t one = 1;
@@ -378,7 +401,7 @@ bool Context::prepare_block() noexcept {
     Impl& im = *impl_;
     std::lock_guard g(im.mu);
     if (im.ready.load(std::memory_order_relaxed) != 0) return false;
-    im.waiting.store(true, std::memory_order_relaxed);
+    im.waiting.store(im.waiting.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return true;
 }
 
@@ -390,8 +413,10 @@ bool Context::watch_fd(int fd) noexcept {
 }
 
 void Context::end_block() noexcept {
-    std::lock_guard g(impl_->mu);
-    impl_->waiting.store(false, std::memory_order_relaxed);
+    Impl& im = *impl_;
+    std::lock_guard g(im.mu);
+    const uint32_t n = im.waiting.load(std::memory_order_relaxed);
+    if (n != 0) im.waiting.store(n - 1, std::memory_order_relaxed);
 }
 
 }  // namespace talaria::na

@@ -960,6 +960,36 @@ TEST_P(Conformance, WaitFdWakesOwnPollLoop) {
     EXPECT_GE(blocked, 1) << "try_wait() never allowed blocking";
 }
 
+TEST_P(Conformance, AProgressAfterTryWaitEndsItsWakeUps) {
+    // try_wait() arms wait_fd(): what is queued then wakes a program asleep on it. Once that
+    // program progresses again it is awake, and what it queues next must not signal the fd
+    // (an eventfd write per completion, for as long as a program busy-polls after one sleep).
+    ASSERT_GE(server_.ctx->wait_fd(), 0);
+    const auto readable = [&] {
+        pollfd p{server_.ctx->wait_fd(), POLLIN, 0};
+        return ::poll(&p, 1, 0) == 1;
+    };
+    const auto deadline = Clock::now() + 5s;
+    while (!server_.ctx->try_wait() && Clock::now() < deadline) {
+        (void)server_.ctx->progress(Duration::zero());
+        server_.ctx->trigger();
+    }
+    int ran = 0;
+    ASSERT_TRUE(server_.ctx->post([&](const Completion&) { ++ran; }));
+    EXPECT_TRUE(readable()) << "armed by try_wait(): a completion signals wait_fd()";
+    // The program wakes: progress() (it returns at once, a completion is queued), trigger().
+    ASSERT_TRUE(server_.ctx->progress(Duration::zero()));
+    server_.ctx->trigger();
+    ASSERT_EQ(ran, 1);
+    for (int i = 0; i < 3; ++i) {
+        ASSERT_TRUE(server_.ctx->post([&](const Completion&) { ++ran; }));
+        EXPECT_FALSE(readable()) << "post " << i << " after a progress() signalled wait_fd()";
+        ASSERT_TRUE(server_.ctx->progress(Duration::zero()));
+        server_.ctx->trigger();
+        ASSERT_EQ(ran, i + 2);
+    }
+}
+
 // --- timers (Context::post_at)
 // ---------------------------------------------------------------------
 
