@@ -413,6 +413,22 @@ static_assert(offsetof(hg_init_info, stats) == 86 && offsetof(hg_init_info, no_m
 hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout);
 unsigned trigger_once(hg_context_t* ctx, unsigned max);
 
+/// Wake the threads waiting for `ctx`'s progressing thread to return (none, mostly: one
+/// load). A waiter that counts itself in just after this look waits its bound (1 ms) at most.
+void wake_waiters(hg_context_t* ctx) {
+    if (ctx->cv_waiters.load(std::memory_order_seq_cst) != 0) ctx->cv.notify_all();
+}
+
+/// Wait until the progressing thread returns or `until`.
+void wait_for_progress(hg_context_t* ctx, std::chrono::steady_clock::time_point until) {
+    ctx->cv_waiters.fetch_add(1, std::memory_order_seq_cst);
+    {
+        std::unique_lock w(ctx->cv_mu);
+        ctx->cv.wait_until(w, until);
+    }
+    ctx->cv_waiters.fetch_sub(1, std::memory_order_relaxed);
+}
+
 /// EngineOptions::drive of a class's talaria::Engine: progress and trigger context `id` as
 /// HG_Progress and HG_Trigger do (beside other threads in them), or, where the program has
 /// not made it an HG context, the core context itself (nobody else drives it then).
@@ -673,7 +689,8 @@ HG_PUBLIC hg_context_t* HG_Context_create_id(hg_class_t* c, uint8_t id) {
     ctx->cls = c;
     ctx->ctx = &c->eng->context(id);
     ctx->id = id;
-    ctx->bulk = std::make_unique<talaria::bulk::Context>(ctx->ctx->na_context());
+    ctx->na = &ctx->ctx->na_context();
+    ctx->bulk = std::make_unique<talaria::bulk::Context>(*ctx->na);
     c->contexts[id] = ctx;
     c->live.fetch_add(1, std::memory_order_relaxed);
     return ctx;
@@ -1084,7 +1101,7 @@ HG_PUBLIC hg_return_t HG_Addr_lookup1(hg_context_t* ctx, hg_cb_t cb, void* arg, 
     hg_addr_t a = HG_ADDR_NULL;
     const hg_return_t ret = HG_Addr_lookup2(ctx->cls, name, &a);
     if (op_id_p && op_id_p != HG_OP_ID_IGNORE) *op_id_p = HG_OP_ID_NULL;
-    auto posted = ctx->ctx->na_context().post([cb, arg, a, ret](const tna::Completion&) {
+    auto posted = ctx->na->post([cb, arg, a, ret](const tna::Completion&) {
         hg_cb_info info{};
         info.info.lookup.addr = a;
         info.arg = arg;
@@ -1125,17 +1142,16 @@ hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout) {
                     r = ctx->ctx->progress(talaria::Duration(deadline - t));
             }
             lk.unlock();
-            ctx->cv.notify_all();
+            wake_waiters(ctx);
             if (r) return HG_SUCCESS;
             if (r.code() != Errc::timeout) return to_hg(r.code());
             if (!spin || std::chrono::steady_clock::now() >= deadline) return HG_TIMEOUT;
             continue;
         }
         // Another thread progresses it: wait for its return (a 1 ms bound on a missed wake).
-        if (ctx->ctx->na_context().has_completions()) return HG_SUCCESS;
+        if (ctx->na->has_completions()) return HG_SUCCESS;
         if (now >= deadline) return HG_TIMEOUT;
-        std::unique_lock w(ctx->cv_mu);
-        ctx->cv.wait_until(w, std::min(deadline, now + std::chrono::milliseconds(1)));
+        wait_for_progress(ctx, std::min(deadline, now + std::chrono::milliseconds(1)));
     }
 }
 
@@ -1156,7 +1172,7 @@ HG_PUBLIC int HG_Event_get_wait_fd(const hg_context_t* ctx) {
 // try_wait, which arms it; a context another thread is progressing is not armed by us).
 HG_PUBLIC bool HG_Event_ready(hg_context_t* ctx) {
     if (!ctx) return false;
-    if (ctx->ctx->na_context().has_completions()) return true;
+    if (ctx->na->has_completions()) return true;
     std::unique_lock lk(ctx->progress_mu, std::try_to_lock);
     if (!lk.owns_lock()) return true;
     return !ctx->ctx->try_wait();
@@ -1168,10 +1184,10 @@ HG_PUBLIC hg_return_t HG_Event_progress(hg_context_t* ctx, unsigned int* count_p
     if (lk.owns_lock()) {  // another thread progressing it: nothing to add
         auto r = ctx->ctx->progress(std::chrono::milliseconds(0));
         lk.unlock();
-        ctx->cv.notify_all();
+        wake_waiters(ctx);
         if (!r && r.code() != Errc::timeout) return to_hg(r.code());
     }
-    if (count_p) *count_p = ctx->ctx->na_context().has_completions() ? 1u : 0u;
+    if (count_p) *count_p = ctx->na->has_completions() ? 1u : 0u;
     return HG_SUCCESS;
 }
 
@@ -1197,7 +1213,7 @@ HG_PUBLIC hg_return_t HG_Respond(hg_handle_t h, hg_cb_t cb, void* arg, void* out
     }
     // The callback runs in the next trigger, as in Mercury; the handle lives until it returns.
     h->refs.fetch_add(1, std::memory_order_relaxed);
-    auto posted = h->ctx->ctx->na_context().post([h, cb, arg, ret](const tna::Completion&) {
+    auto posted = h->ctx->na->post([h, cb, arg, ret](const tna::Completion&) {
         hg_cb_info info{};
         info.info.respond.handle = h;
         info.arg = arg;
@@ -1233,10 +1249,9 @@ HG_PUBLIC hg_return_t HG_Trigger(hg_context_t* ctx, unsigned int timeout_ms, uns
             if (lk.owns_lock()) {
                 (void)ctx->ctx->progress(deadline - now);
                 lk.unlock();
-                ctx->cv.notify_all();
+                wake_waiters(ctx);
             } else {
-                std::unique_lock w(ctx->cv_mu);
-                ctx->cv.wait_until(w, std::min(deadline, now + std::chrono::milliseconds(1)));
+                wait_for_progress(ctx, std::min(deadline, now + std::chrono::milliseconds(1)));
             }
             n = trigger_once(ctx, max_count);
         }

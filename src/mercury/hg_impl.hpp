@@ -159,6 +159,7 @@ struct hg_class {
 struct hg_context {
     hg_class_t* cls = nullptr;
     talaria::core::Context* ctx = nullptr;
+    talaria::na::Context* na = nullptr;            // ctx's na context (its completion queue)
     std::unique_ptr<talaria::bulk::Context> bulk;  // its transfers (HG_Bulk_transfer)
     uint8_t id = 0;
     std::atomic<int> handles{0};
@@ -167,11 +168,13 @@ struct hg_context {
     // Several threads may progress and trigger one context (Mercury allows it; the core's
     // context is progressed by one thread at a time): one progresses while the others wait for
     // it (progress_mu), triggers are one at a time (trigger_mu), and a trigger with nothing to
-    // run waits for the progressing thread's next return (cv).
+    // run waits for the progressing thread's next return (cv; cv_waiters counts the threads
+    // that may be in it, so that a lone busy-polling thread does not signal it every poll).
     std::mutex progress_mu;
     std::mutex trigger_mu;
     std::mutex cv_mu;
     std::condition_variable cv;
+    std::atomic<int> cv_waiters{0};
     // Handles whose last reference went, kept for the next HG_Create or request with their
     // buffers and procs (at most kHandlePool; hg.cpp): a call allocates no handle. Any thread
     // releases, so under pool_mu; freed by HG_Context_destroy.
