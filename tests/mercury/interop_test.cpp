@@ -9,6 +9,10 @@
 // thread, and waits in get() for its own calls and a pull while that thread progresses the same
 // context; over an NA class with no context to spare its pull answers not_supported. Each check
 // says what failed; the status is the count.
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -141,15 +145,122 @@ std::string engine_url(const std::string& info) {
     return s;
 }
 
+/// Read a line (an address) from `fd`, 10 s at most; empty when none came.
+std::string read_line(int fd) {
+    std::string line;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    char c = 0;
+    while (std::chrono::steady_clock::now() < end) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) != 1) continue;
+        if (::read(fd, &c, 1) != 1 || c == '\n') return c == '\n' ? line : std::string{};
+        line += c;
+    }
+    return {};
+}
+
+/// True once the other end of `fd` was closed (the parent is done with this child).
+bool closed(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+}
+
+/// Both directions across two processes: a forked child serves "mix" through the C API and a
+/// C++ client in this process calls it, then the child is a C++ server that an HG client here
+/// forwards to. The child writes its address to a pipe and serves until this end closes the
+/// other pipe; its exit status is its own failure count.
+int two_processes(const std::string& info) {
+    using namespace std::chrono_literals;
+    for (const bool hg_server : {true, false}) {
+        int addr_pipe[2], stop_pipe[2];
+        if (::pipe(addr_pipe) != 0 || ::pipe(stop_pipe) != 0) return 1;
+        const pid_t pid = ::fork();
+        if (pid < 0) return 1;
+        if (pid == 0) {  // the server: nothing was opened in this process before the fork
+            ::close(addr_pipe[0]);
+            ::close(stop_pipe[1]);
+            if (hg_server) {
+                hg_class_t* cls = HG_Init(info.c_str(), HG_TRUE);
+                CHECK(cls != nullptr, "HG_Init of the server in the child");
+                if (!cls) ::_exit(failures);
+                hg_context_t* ctx = HG_Context_create(cls);
+                CHECK(HG_Register_name(cls, "mix", hg_proc_pair_in_t, hg_proc_u64, on_mix) != 0,
+                      "HG_Register_name in the child");
+                const std::string line = talaria_address(cls) + "\n";
+                CHECK(::write(addr_pipe[1], line.data(), line.size()) == ssize_t(line.size()),
+                      "the child's address written");
+                while (!closed(stop_pipe[0])) {
+                    unsigned n = 0;
+                    HG_Progress(ctx, 10);
+                    HG_Trigger(ctx, 0, 16, &n);
+                }
+                CHECK(served == 20, "the HG server in the child served the 20 C++ calls");
+                CHECK(HG_Context_destroy(ctx) == HG_SUCCESS, "HG_Context_destroy in the child");
+                CHECK(HG_Finalize(cls) == HG_SUCCESS, "HG_Finalize in the child");
+            } else {
+                talaria::Engine server{engine_url(info), talaria::listen};
+                server.define("mix", [](uint32_t a, uint64_t b) { return uint64_t(a) * 1000 + b; });
+                std::string where = server.self_address();
+                if (info.starts_with("na+")) where = "na+" + where;
+                where += "\n";
+                CHECK(::write(addr_pipe[1], where.data(), where.size()) == ssize_t(where.size()),
+                      "the child's address written");
+                while (!closed(stop_pipe[0]))
+                    std::this_thread::sleep_for(10ms);
+            }
+            ::_exit(failures);
+        }
+        ::close(addr_pipe[1]);
+        ::close(stop_pipe[0]);
+        const std::string where = read_line(addr_pipe[0]);
+        CHECK(!where.empty(), "the child wrote its address");
+        if (!where.empty() && hg_server) {
+            talaria::Engine client{engine_url(info)};
+            auto ep = client.lookup(where);
+            auto mix = client.remote<uint64_t(uint32_t, uint64_t)>("mix").on(ep).timeout(10s);
+            for (uint32_t i = 0; i < 20; ++i) {
+                auto r = mix(i, 3).try_get();
+                CHECK(r && *r == uint64_t(i) * 1000 + 3,
+                      "a C++ call of an HG procedure in another process");
+                if (!r) std::fprintf(stderr, "  %s\n", r.error().describe().c_str());
+            }
+        } else if (!where.empty()) {
+            hg_class_t* cls = HG_Init(info.c_str(), HG_FALSE);
+            CHECK(cls != nullptr, "HG_Init of the client");
+            hg_context_t* ctx = cls ? HG_Context_create(cls) : nullptr;
+            hg_id_t id =
+                cls ? HG_Register_name(cls, "mix", hg_proc_pair_in_t, hg_proc_u64, nullptr) : 0;
+            hg_addr_t addr = HG_ADDR_NULL;
+            CHECK(ctx && HG_Addr_lookup2(cls, where.c_str(), &addr) == HG_SUCCESS,
+                  "HG_Addr_lookup2 of the C++ server in another process");
+            for (uint32_t i = 0; addr != HG_ADDR_NULL && i < 20; ++i) {
+                Waiter w = call(ctx, addr, id, pair_in_t{i, 9});
+                CHECK(w.done && w.ret == HG_SUCCESS && w.out == uint64_t(i) * 1000 + 9,
+                      "an HG call of a C++ procedure in another process");
+            }
+            if (addr != HG_ADDR_NULL) HG_Addr_free(cls, addr);
+            if (ctx) CHECK(HG_Context_destroy(ctx) == HG_SUCCESS, "HG_Context_destroy");
+            if (cls) CHECK(HG_Finalize(cls) == HG_SUCCESS, "HG_Finalize");
+        }
+        ::close(stop_pipe[1]);  // the child stops serving
+        ::close(addr_pipe[0]);
+        int status = 0;
+        CHECK(::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              hg_server ? "the HG server child exited 0" : "the C++ server child exited 0");
+    }
+    return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: %s INFO_STRING\n", argv[0]);
+        std::fprintf(stderr, "usage: %s INFO_STRING [two_processes]\n", argv[0]);
         return 2;
     }
     const std::string info = argv[1];
     using namespace std::chrono_literals;
+    if (argc > 2 && std::string(argv[2]) == "two_processes") return two_processes(info);
 
     // 1. C++ caller, HG server: HG_Register_name("mix") is talaria's remote("mix").
     {
