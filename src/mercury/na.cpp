@@ -373,7 +373,9 @@ NA_PUBLIC na_return_t NA_Context_destroy(na_class_t* c, na_context_t* ctx) {
 }
 
 NA_PUBLIC unsigned int NA_Context_get_completion_count(const na_context_t* ctx) {
-    return ctx && ctx->ctx->has_completions() ? 1u : 0u;
+    if (!ctx) return 0;
+    const std::size_t n = ctx->ctx->completion_count();
+    return n > UINT_MAX ? UINT_MAX : static_cast<unsigned>(n);
 }
 
 NA_PUBLIC na_op_id_t* NA_Op_create(na_class_t* c, unsigned long) {
@@ -729,7 +731,7 @@ NA_PUBLIC na_return_t NA_Poll_wait(na_class_t* c, na_context_t* ctx, unsigned in
                                    unsigned* count_p) {
     if (!c || !ctx) return NA_INVALID_ARG;
     auto r = ctx->ctx->progress(std::chrono::milliseconds(timeout_ms));
-    if (count_p) *count_p = ctx->ctx->has_completions() ? 1u : 0u;
+    if (count_p) *count_p = NA_Context_get_completion_count(ctx);
     if (r || ctx->ctx->has_completions()) return NA_SUCCESS;
     return r.code() == Errc::timeout ? NA_TIMEOUT : fail(r.error(), "NA_Poll_wait");
 }

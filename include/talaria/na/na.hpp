@@ -623,6 +623,9 @@ class Context {
 
     /// Completions queued and not yet triggered.
     [[nodiscard]] bool has_completions() const noexcept;
+    /// How many: queued, plus those a trigger() took whose callbacks have not run yet (a
+    /// snapshot from any thread; Mercury's completion counts).
+    [[nodiscard]] std::size_t completion_count() const noexcept;
     /// The completions this context ran, by type and outcome (a snapshot; any thread).
     [[nodiscard]] OpCounts op_counts() const noexcept;
 

@@ -370,6 +370,11 @@ bool Context::has_completions() const noexcept {
            impl_->batch.load(std::memory_order_relaxed) != 0;
 }
 
+std::size_t Context::completion_count() const noexcept {
+    return impl_->ready.load(std::memory_order_acquire) +
+           impl_->batch.load(std::memory_order_relaxed);
+}
+
 void Context::enqueue(Op* op) noexcept {
     Impl& im = *impl_;
     bool wake;
