@@ -413,11 +413,6 @@ static_assert(offsetof(hg_init_info, stats) == 86 && offsetof(hg_init_info, no_m
 hg_return_t progress_once(hg_context_t* ctx, std::chrono::nanoseconds timeout);
 unsigned trigger_once(hg_context_t* ctx, unsigned max);
 
-/// A completion count as the unsigned int Mercury's calls answer.
-unsigned clamp_count(std::size_t n) {
-    return n > UINT_MAX ? UINT_MAX : static_cast<unsigned>(n);
-}
-
 /// Wake the threads waiting for `ctx`'s progressing thread to return (none, mostly: one
 /// load). A waiter that counts itself in just after this look waits its bound (1 ms) at most.
 void wake_waiters(hg_context_t* ctx) {
@@ -1192,7 +1187,7 @@ HG_PUBLIC hg_return_t HG_Event_progress(hg_context_t* ctx, unsigned int* count_p
         wake_waiters(ctx);
         if (!r && r.code() != Errc::timeout) return to_hg(r.code());
     }
-    if (count_p) *count_p = clamp_count(ctx->na->completion_count());
+    if (count_p) *count_p = talaria::mercury::completion_count(*ctx->na);
     return HG_SUCCESS;
 }
 

@@ -373,9 +373,7 @@ NA_PUBLIC na_return_t NA_Context_destroy(na_class_t* c, na_context_t* ctx) {
 }
 
 NA_PUBLIC unsigned int NA_Context_get_completion_count(const na_context_t* ctx) {
-    if (!ctx) return 0;
-    const std::size_t n = ctx->ctx->completion_count();
-    return n > UINT_MAX ? UINT_MAX : static_cast<unsigned>(n);
+    return ctx ? talaria::mercury::completion_count(*ctx->ctx) : 0;
 }
 
 NA_PUBLIC na_op_id_t* NA_Op_create(na_class_t* c, unsigned long) {

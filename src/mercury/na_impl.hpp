@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <memory>
 #include <string>
 
@@ -19,3 +20,12 @@ struct na_class {
     bool busy = false;         // na_init_info.progress_mode has NA_NO_BLOCK: progress spins
     std::atomic<int> live{0};  // contexts, addresses, memory handles, op ids, buffers, hg classes
 };
+
+namespace talaria::mercury {
+/// The callbacks queued on `ctx`, as the unsigned int Mercury's completion counts are
+/// (HG_Event_progress, NA_Poll, NA_Context_get_completion_count).
+inline unsigned completion_count(const talaria::na::Context& ctx) noexcept {
+    const std::size_t n = ctx.completion_count();
+    return n > UINT_MAX ? UINT_MAX : static_cast<unsigned>(n);
+}
+}  // namespace talaria::mercury

@@ -79,6 +79,13 @@ struct Context::Impl {
     std::atomic<int64_t> sleep_until{INT64_MIN};
     int tfd = -1;  // a timerfd armed at next_due, in wait_epfd, for threads blocked in epoll
 
+    /// Under mu: withdraw the sleeper a successful try_wait() counted, if it still counts.
+    void drop_try_arm_locked() noexcept {
+        if (!try_armed.load(std::memory_order_relaxed)) return;
+        try_armed.store(false, std::memory_order_relaxed);
+        waiting.store(waiting.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    }
+
     /// Under mu: publish the heap's front and arm the timerfd for it.
     void rearm_locked() noexcept {
         int64_t due = timers.empty() ? INT64_MAX : timers.front().due;
@@ -164,11 +171,7 @@ Result<void> Context::progress(Duration timeout) {
         // The program that slept on wait_fd() after try_wait() is progressing: it is awake.
         {
             std::lock_guard g(im.mu);
-            if (im.try_armed.load(std::memory_order_relaxed)) {
-                im.try_armed.store(false, std::memory_order_relaxed);
-                im.waiting.store(im.waiting.load(std::memory_order_relaxed) - 1,
-                                 std::memory_order_relaxed);
-            }
+            im.drop_try_arm_locked();
         }
         drain_event_fd();
     }
@@ -304,11 +307,11 @@ bool Context::try_wait() {
         end_block();
         return false;
     }
-    // Counted once until the next progress(), however often the program asks.
+    // prepare_block() counted this caller; a try_wait() not yet taken back by a progress()
+    // counted it already, so it counts once however often the program asks.
     Impl& im = *impl_;
     std::lock_guard g(im.mu);
-    if (im.try_armed.load(std::memory_order_relaxed))
-        im.waiting.store(im.waiting.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    im.drop_try_arm_locked();
     im.try_armed.store(true, std::memory_order_relaxed);
     return true;
 }
