@@ -131,7 +131,7 @@ TEST_P(Stats, TimeoutsAndProvidersAreCountedApart) {
     EXPECT_EQ(c->client.ok, 1u);
     EXPECT_EQ(errors_of(c->client, Errc::timeout), 1u);
     EXPECT_EQ(c->client.latency.count(), 2u) << "every outcome has a round trip";
-    EXPECT_GE(c->client.latency.max(), 20'000'000u) << "the timed-out call waited 20 ms";
+    EXPECT_GE(c->client.latency.max(), 19'800'000u) << "the timed-out call waited 20 ms (to 1%)";
     ASSERT_NE(find(cs, "id", 7), nullptr);
     EXPECT_EQ(find(cs, "id", 7)->client.calls, 1u);
     EXPECT_EQ(find(cs, "id", 0), nullptr);
@@ -149,7 +149,9 @@ TEST_P(Stats, TimeoutsAndProvidersAreCountedApart) {
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->server.ok, 1u);
     EXPECT_EQ(errors_of(s->server, Errc::timeout), 1u) << "answered after its caller's deadline";
-    EXPECT_GE(s->server.latency.max(), 300'000'000u) << "handler time of the 300 ms call";
+    // Ticks become nanoseconds through a measured rate (TickScale): the counter and
+    // CLOCK_MONOTONIC (which NTP may slew by up to 500 ppm) agree to well within 1%, not exactly.
+    EXPECT_GE(s->server.latency.max(), 297'000'000u) << "handler time of the 300 ms call";
 }
 
 // A handler that answers ok after its caller canceled is counted as canceled on the server,

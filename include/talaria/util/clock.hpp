@@ -48,21 +48,22 @@ inline uint64_t ticks_since(uint64_t t) noexcept {
 
 /// Nanoseconds per tick, measured between two readings of both clocks: the first taken when
 /// its owner starts (an engine's open), the second when a value is converted (statistics are
-/// read). A reading less than kMin after the first waits for kMin, so the ratio is exact to
-/// a few parts per million.
+/// read). A reading less than kMin after the first waits for kMin. Each reading of ns_per_tick()
+/// and of the constructor is the tightest of a few brackets (CLOCK_MONOTONIC, counter,
+/// CLOCK_MONOTONIC), so a thread preempted between the two clocks does not skew the ratio.
 class TickScale {
   public:
     static constexpr uint64_t kMinNs = 2'000'000;
-    TickScale() noexcept : ticks0_(ticks()), ns0_(now_ns()) {}
+    TickScale() noexcept { paired(ticks0_, ns0_); }
     [[nodiscard]] double ns_per_tick() const noexcept {
-        uint64_t t = ticks(), ns = now_ns();
-        while (ns - ns0_ < kMinNs) {
-            t = ticks();
-            ns = now_ns();
-        }
+        uint64_t t = 0, ns = 0;
+        paired(t, ns);
+        while (ns - ns0_ < kMinNs)
+            paired(t, ns);
         return t > ticks0_ ? double(ns - ns0_) / double(t - ticks0_) : 1.0;
     }
-    /// The same without waiting: 0 while less than kMinNs passed since the first reading.
+    /// The same without waiting and from one plain reading (it sizes the timing gap, where a
+    /// skew is harmless): 0 while less than kMinNs passed since the first reading.
     [[nodiscard]] double ns_per_tick_if_ready() const noexcept {
         const uint64_t t = ticks(), ns = now_ns();
         if (ns - ns0_ < kMinNs || t <= ticks0_) return 0.0;
@@ -70,8 +71,23 @@ class TickScale {
     }
 
   private:
-    uint64_t ticks0_;
-    uint64_t ns0_;
+    /// The counter read between two clock readings, the pair with the least time between them
+    /// of kTries; `ns` is their midpoint.
+    static void paired(uint64_t& t, uint64_t& ns) noexcept {
+        constexpr int kTries = 4;
+        uint64_t best = UINT64_MAX;
+        for (int i = 0; i < kTries; ++i) {
+            const uint64_t a = now_ns(), c = ticks(), b = now_ns();
+            if (b - a < best) {
+                best = b - a;
+                t = c;
+                ns = a + (b - a) / 2;
+            }
+        }
+    }
+
+    uint64_t ticks0_ = 0;
+    uint64_t ns0_ = 0;
 };
 
 /// The deadline that means "poll once": progress(0) passes it, so the busy-poll path reads no
