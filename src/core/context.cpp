@@ -122,12 +122,37 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
     if (checksum) h.flags |= wire::kChecksum;
     wire::encode_header(h, p, {p + wire::kHeaderSize, payload.size()});
     sb->info = info;
+    if (is_self(dest)) [[unlikely]]
+        return loop_back(sb, wire::kHeaderSize + payload.size(), h.target_ctx);
     auto r = t->post_send_unexpected(
         *na, [sb](const na::Completion& c) { sb->impl->on_call_sent_buf(sb, c.status); }, sb->buf,
         wire::kHeaderSize + payload.size(), dest, h.target_ctx, wire::kMessageTag);
     if (!r) {
         release_buf(sb);
         return std::move(r).error();
+    }
+    return ok();
+}
+
+Result<void> Context::Impl::loop_back(SendBuf* sb, std::size_t len, uint8_t named_ctx) {
+    // Mercury's HG core does the same for a forward to HG_Addr_self: a class that does not
+    // listen has no endpoint its transport could send to (sm, tcp), and one that does gains
+    // nothing from a trip through it.
+    Impl* to = named_ctx < eng->contexts.size() ? eng->contexts[named_ctx]->impl_.get()
+                                                : eng->contexts.front()->impl_.get();
+    auto r = to->na->post([to, sb, len, named_ctx](const na::Completion&) {
+        to->handle_message({sb->buf.data(), len}, to->eng->self, named_ctx);
+        // Sent once handled, in the sender's own trigger (a one-way call completes there).
+        Impl* from = sb->impl;
+        if (!from->na->post(
+                [sb](const na::Completion&) { sb->impl->on_call_sent_buf(sb, Errc::ok); }))
+            from->release_buf(sb);  // its context is going: its shutdown fails the call
+    });
+    if (!r) {
+        release_buf(sb);
+        return Error{r.code(), fmt::format("context {}: a message to this engine itself could not "
+                                           "be queued on its context {}: {}",
+                                           id, to->id, r.error().describe())};
     }
     return ok();
 }
@@ -175,6 +200,7 @@ Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
         if (!slot) {
             slot = std::make_unique<Peer>();
             slot->addr = t->addr_alias(dest);  // this context's own count (sm: an alias)
+            slot->self = is_self(dest);
         }
         p = slot.get();
         last_peer = p;
@@ -185,7 +211,7 @@ Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
 }
 
 bool Context::Impl::claim_watch_locked(Peer* p) noexcept {
-    if (p->watch_posted || p->watch_posting || closing.load(std::memory_order_relaxed))
+    if (p->self || p->watch_posted || p->watch_posting || closing.load(std::memory_order_relaxed))
         return false;
     p->watch_posting = true;
     p->watch_fired = false;

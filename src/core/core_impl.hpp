@@ -302,6 +302,7 @@ struct LargeOut {
 struct Peer {
     na::Addr addr;
     uint32_t inflight = 0;
+    bool self = false;  ///< this engine itself: its calls loop back, nothing watches it
     bool watch_posted = false;
     /// A thread claimed the watch and posts it without the lock (post_watch): until it is
     /// done, the peer is not erased and nobody else touches watch / watch_buf.
@@ -692,6 +693,13 @@ struct Context::Impl {
     /// The pulled payload of a request or a response failed: tell whoever waits.
     void pull_failed(const wire::Header& h, const na::Addr& source, Error e);
     void on_call_sent_buf(SendBuf* sb, Errc status);
+    /// A message of `len` bytes in `sb` to this engine itself: handed to context `named_ctx`'s
+    /// trigger (the lowest context where there is none), as if received from `eng->self`, and
+    /// its send completed in this context's trigger after that. No transport is involved.
+    Result<void> loop_back(SendBuf* sb, std::size_t len, uint8_t named_ctx);
+    [[nodiscard]] bool is_self(const na::Addr& a) const noexcept {
+        return eng->self && a.impl()->canonical() == eng->self.impl()->canonical();
+    }
     SendBuf* acquire_buf();
     void release_buf(SendBuf* sb) noexcept;
     void expire_pending(TimePoint now);

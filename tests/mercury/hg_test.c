@@ -6,8 +6,9 @@
  * not serve (HG_NOENTRY in the callback), an id not registered here (HG_NOENTRY from
  * HG_Create), a busy handle, bulk (a handle of three segments, one zero-size and one the
  * library allocates, pulled by the server's handler, then pushed into, and a zero-size
- * transfer), and the teardown rules. Callbacks and handlers must run in
- * HG_Trigger only. Each check says what failed; the status is the count. */
+ * transfer), a bulk call from the client to itself (HG_Addr_self), and the teardown rules.
+ * Callbacks and handlers must run in HG_Trigger only. Each check says what failed; the status is
+ * the count. */
 #define _POSIX_C_SOURCE 200809L
 #include <poll.h>
 #include <stdio.h>
@@ -510,6 +511,36 @@ int main(int argc, char** argv) {
     HG_Destroy(hw);
     HG_Bulk_free(mine);
     CHECK(handled == 2, "both sum calls were handled");
+
+    /* Forward to self from the class that does not listen (Mercury's --self_send tests): the
+       client serves "write" itself, and its handler pulls and pushes the client's own memory. */
+    CHECK(HG_Register(cli, wid, hg_proc_write_in_t, hg_proc_write_out_t, write_rpc) == HG_SUCCESS,
+          "the client serves the bulk RPC too");
+    hg_addr_t me = HG_ADDR_NULL;
+    CHECK(HG_Addr_self(cli, &me) == HG_SUCCESS, "HG_Addr_self");
+    for (int i = 0; i < 10; ++i)
+        part1[i] = (unsigned char)i;
+    hg_bulk_t own = HG_BULK_NULL;
+    CHECK(HG_Bulk_create(cli, 3, ptrs, sizes, HG_BULK_READWRITE, &own) == HG_SUCCESS,
+          "a handle of the client's own memory");
+    write_in_t win_self = {own, 1024};
+    struct call c_self = {1, 0, HG_SUCCESS, {0, NULL}, 0};
+    hg_handle_t hs = HG_HANDLE_NULL;
+    zero_done = 0;
+    CHECK(HG_Create(cctx, me, wid, &hs) == HG_SUCCESS &&
+              HG_Forward(hs, on_forwarded, &c_self, &win_self) == HG_SUCCESS,
+          "the bulk RPC forwarded to self");
+    drive(cctx, cctx, &c_self.done);
+    CHECK(c_self.done && c_self.ret == HG_SUCCESS, "the bulk RPC to self completed");
+    if (c_self.done && c_self.ret == HG_SUCCESS) {
+        CHECK(HG_Get_output(hs, &sum) == HG_SUCCESS && sum == want, "it summed our own bytes");
+        HG_Free_output(hs, &sum);
+    }
+    CHECK(zero_done, "the zero-size transfer to self completed");
+    CHECK(memcmp(part1, "zzzzzzzzzz", 10) == 0 && part1[10] == 10, "and pushed into them");
+    HG_Destroy(hs);
+    HG_Bulk_free(own);
+    HG_Addr_free(cli, me);
 
     /* HG_Addr_lookup (lookup1): its callback in trigger. */
     CHECK(HG_Addr_lookup(cctx, on_lookup, NULL, name, HG_OP_ID_IGNORE) == HG_SUCCESS,

@@ -260,6 +260,27 @@ Result<OpId> TcpTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
         return fail_async(l, ctx, std::move(cb), type, Errc::invalid_argument,
                           fmt::format("the remote handle was registered by {}, not by {}",
                                       peer_of(owner)->str, peer_of(remote_addr)->str));
+    if (remote_addr == self_) [[unlikely]] {
+        // This endpoint's own memory (a handle the program sent to itself: Mercury's forward
+        // to HG_Addr_self): copied here, listening or not (one that does not listen has no
+        // connection to itself), after the checks a peer's request gets.
+        FrameHeader h;
+        h.key = rm->key;
+        h.address = rm->base() + remote_off;
+        h.rma_length = len;
+        std::byte* where = nullptr;
+        const Errc st = validate_target(h, is_put, &where);
+        if (st == Errc::ok && len != 0) {
+            std::byte* mine = reinterpret_cast<std::byte*>(local->base()) + local_off;
+            std::memmove(is_put ? where : mine, is_put ? mine : where, len);
+        }
+        TcpOp* op = l.ops.acquire(ctx, std::move(cb), type);
+        if (!op) return ops_exhausted("tcp", opts_.max_ops);
+        op->completion.size = st == Errc::ok ? len : 0;
+        OpId id = op->id();
+        complete_op(op, st);
+        return id;
+    }
     auto fill = [&](TcpOp* op, Conn* conn) {
         FrameHeader h;
         h.type = is_put ? FrameType::put_req : FrameType::get_req;

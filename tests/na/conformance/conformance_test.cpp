@@ -272,6 +272,54 @@ TEST_P(Conformance, SendToSelfExpected) {
     EXPECT_FALSE(pattern_mismatch(std::span(rb.data(), 33), 2));
 }
 
+// Put and get to the endpoint's own memory through its own addr_self(), listening or not (a
+// program that sends a handle of its memory to itself, as Mercury's forward to HG_Addr_self
+// does): the bytes move, and a range past the region is refused.
+TEST_P(Conformance, PutAndGetToSelf) {
+    constexpr std::size_t kSize = 4096;
+    for (Side* side : {&server_, &client_}) {
+        SCOPED_TRACE(side == &server_ ? "the listening side" : "the side that does not listen");
+        Side& s = *side;
+        const Addr self = s.t->addr_self();
+        std::vector<std::byte> target(kSize), local(kSize);
+        fill_pattern(target, 5);
+        auto th = s.t->mem_register(target.data(), kSize, Access::read_write);
+        auto lh = s.t->mem_register(local.data(), kSize, Access::read_write);
+        ASSERT_TRUE(th && lh);
+        std::vector<std::byte> ser(s.t->mem_serialize_size(*th));
+        auto w = s.t->mem_serialize(*th, ser);
+        ASSERT_TRUE(w) << w.error().describe();
+        auto remote = s.t->mem_deserialize(std::span(ser.data(), *w));
+        ASSERT_TRUE(remote) << remote.error().describe();
+        Completion c;
+        Errc st = run_op(
+            {s.ctx.get()},
+            [&](Callback cb) {
+                return s.t->post_get(*s.ctx, std::move(cb), *lh, 0, *remote, 0, kSize, self);
+            },
+            &c);
+        EXPECT_EQ(st, Errc::ok);
+        EXPECT_EQ(c.size, kSize);
+        EXPECT_FALSE(pattern_mismatch(local, 5)) << "the get brought the region's bytes";
+        fill_pattern(local, 6);
+        st = run_op(
+            {s.ctx.get()},
+            [&](Callback cb) {
+                return s.t->post_put(*s.ctx, std::move(cb), *lh, 0, *remote, 0, kSize, self);
+            },
+            &c);
+        EXPECT_EQ(st, Errc::ok);
+        EXPECT_FALSE(pattern_mismatch(target, 6)) << "the put wrote the region";
+        st = run_op(
+            {s.ctx.get()},
+            [&](Callback cb) {
+                return s.t->post_get(*s.ctx, std::move(cb), *lh, 0, *remote, 1, kSize, self);
+            },
+            &c);
+        EXPECT_EQ(st, Errc::out_of_range) << "a range past the region";
+    }
+}
+
 void Conformance::send_and_receive(bool expected, std::size_t size, uint32_t seed) {
     SCOPED_TRACE(::testing::Message()
                  << (expected ? "expected" : "unexpected") << " size " << size);
