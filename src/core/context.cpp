@@ -136,12 +136,14 @@ Result<void> Context::Impl::send_message(const na::Addr& dest, wire::Header h,
 
 Result<void> Context::Impl::loop_back(SendBuf* sb, std::size_t len, uint8_t named_ctx) {
     // Mercury's HG core does the same for a forward to HG_Addr_self: a class that does not
-    // listen has no endpoint its transport could send to (sm, tcp), and one that does gains
-    // nothing from a trip through it.
+    // listen has no endpoint its transport could send to (sm, tcp), and one that does skips
+    // the copy into a ring or socket and back.
     Impl* to = named_ctx < eng->contexts.size() ? eng->contexts[named_ctx]->impl_.get()
                                                 : eng->contexts.front()->impl_.get();
     auto r = to->na->post([to, sb, len, named_ctx](const na::Completion&) {
-        to->handle_message({sb->buf.data(), len}, to->eng->self, named_ctx);
+        // As on_recv(): a context shutting down handles nothing more.
+        if (!to->closing.load(std::memory_order_relaxed))
+            to->handle_message({sb->buf.data(), len}, to->eng->self, named_ctx);
         // Sent once handled, in the sender's own trigger (a one-way call completes there).
         Impl* from = sb->impl;
         if (!from->na->post(
@@ -200,7 +202,6 @@ Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
         if (!slot) {
             slot = std::make_unique<Peer>();
             slot->addr = t->addr_alias(dest);  // this context's own count (sm: an alias)
-            slot->self = is_self(dest);
         }
         p = slot.get();
         last_peer = p;
@@ -211,7 +212,9 @@ Peer* Context::Impl::peer_for_locked(const na::Addr& dest) {
 }
 
 bool Context::Impl::claim_watch_locked(Peer* p) noexcept {
-    if (p->self || p->watch_posted || p->watch_posting || closing.load(std::memory_order_relaxed))
+    // The engine itself is not watched: its calls loop back (loop_back).
+    if (p->watch_posted || p->watch_posting || closing.load(std::memory_order_relaxed) ||
+        is_self(p->addr))
         return false;
     p->watch_posting = true;
     p->watch_fired = false;

@@ -302,7 +302,6 @@ struct LargeOut {
 struct Peer {
     na::Addr addr;
     uint32_t inflight = 0;
-    bool self = false;  ///< this engine itself: its calls loop back, nothing watches it
     bool watch_posted = false;
     /// A thread claimed the watch and posts it without the lock (post_watch): until it is
     /// done, the peer is not erased and nobody else touches watch / watch_buf.

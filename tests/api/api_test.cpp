@@ -531,8 +531,9 @@ TEST_P(Api, AnEngineCallsItselfWhetherOrNotItListens) {
         // Its own memory, pulled and pushed by a handler of a call to itself (small handles
         // travel inline). Not on ofi yet: a push to itself from a handler that blocks on it
         // does not complete there (tcp;ofi_rxm and shm, on the endpoint that does not listen).
-        if (GetParam().label.rfind("ofi", 0) == 0) continue;
+        const bool ofi = GetParam().label.rfind("ofi", 0) == 0;
         for (std::size_t n : {std::size_t{100}, std::size_t{1} << 20}) {
+            if (ofi) continue;
             std::vector<std::byte> src(n), dst(n);
             na::test::fill_pattern(src, uint32_t(n));
             auto from = me.expose({src.data(), n}, read_only);

@@ -48,9 +48,9 @@ inline uint64_t ticks_since(uint64_t t) noexcept {
 
 /// Nanoseconds per tick, measured between two readings of both clocks: the first taken when
 /// its owner starts (an engine's open), the second when a value is converted (statistics are
-/// read). A reading less than kMin after the first waits for kMin. Each reading of ns_per_tick()
-/// and of the constructor is the tightest of a few brackets (CLOCK_MONOTONIC, counter,
-/// CLOCK_MONOTONIC), so a thread preempted between the two clocks does not skew the ratio.
+/// read). A reading less than kMinNs after the first waits for kMinNs. Each reading of
+/// ns_per_tick() and of the constructor is the tightest of a few brackets (CLOCK_MONOTONIC,
+/// counter, CLOCK_MONOTONIC), so a thread preempted between the two clocks does not skew the ratio.
 class TickScale {
   public:
     static constexpr uint64_t kMinNs = 2'000'000;

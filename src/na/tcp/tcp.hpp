@@ -432,6 +432,9 @@ class TcpTransport final : public Transport {
                            const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
     Result<OpId> fail_async(Lane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
                             const std::string& why);
+    /// An op that is done at once: queued on `ctx` with `status` and `size` bytes moved.
+    Result<OpId> complete_now(Lane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
+                              std::size_t size);
     Result<OpId> post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
                           std::size_t len, const Addr& remote_addr);

@@ -34,9 +34,15 @@ constexpr int kMaxEvents = 64;
 
 Result<OpId> TcpTransport::fail_async(Lane& l, Context& ctx, Callback&& cb, OpType type,
                                       Errc status, const std::string& why) {
+    TALARIA_LOG(tcp, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
+    return complete_now(l, ctx, std::move(cb), type, status, 0);
+}
+
+Result<OpId> TcpTransport::complete_now(Lane& l, Context& ctx, Callback&& cb, OpType type,
+                                        Errc status, std::size_t size) {
     TcpOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted("tcp", opts_.max_ops);
-    TALARIA_LOG(tcp, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
+    op->completion.size = size;
     OpId id = op->id();
     complete_op(op, status);
     return id;
@@ -274,12 +280,7 @@ Result<OpId> TcpTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
             std::byte* mine = reinterpret_cast<std::byte*>(local->base()) + local_off;
             std::memmove(is_put ? where : mine, is_put ? mine : where, len);
         }
-        TcpOp* op = l.ops.acquire(ctx, std::move(cb), type);
-        if (!op) return ops_exhausted("tcp", opts_.max_ops);
-        op->completion.size = st == Errc::ok ? len : 0;
-        OpId id = op->id();
-        complete_op(op, st);
-        return id;
+        return complete_now(l, ctx, std::move(cb), type, st, st == Errc::ok ? len : 0);
     }
     auto fill = [&](TcpOp* op, Conn* conn) {
         FrameHeader h;
