@@ -152,10 +152,14 @@ void Context::Impl::dispatch(const wire::Header& h, std::span<const std::byte> i
     if (!e) [[unlikely]] {
         CtxCounters::add(counters.errors);
         if (req.one_way_) {
-            TALARIA_LOG(core, warn,
-                        "context {}: one-way call of unregistered RPC {:#010x} (provider {}) "
-                        "from {}",
-                        id, h.rpc_id, h.provider, t->addr_describe(source));
+            // Nothing answers it, so the log is all a caller gets: at most a line a second,
+            // as for calls (a peer must not turn header-sized messages into log lines).
+            if (auto unlogged = unknown_rpc_log.admit())
+                TALARIA_LOG(core, warn,
+                            "context {}: one-way call of unregistered RPC {:#010x} (provider {}) "
+                            "from {} dropped{}",
+                            id, h.rpc_id, h.provider, t->addr_describe(source),
+                            log::held_back(*unlogged));
             req.ctx_ = nullptr;
             return;
         }
