@@ -528,12 +528,10 @@ TEST_P(Api, AnEngineCallsItselfWhetherOrNotItListens) {
         while (hits.load() < 10 && !deadline_passed(deadline))
             std::this_thread::sleep_for(1ms);
         EXPECT_EQ(hits.load(), 10);
-        // Its own memory, pulled and pushed by a handler of a call to itself (small handles
-        // travel inline). Not on ofi yet: a push to itself from a handler that blocks on it
-        // does not complete there (tcp;ofi_rxm and shm, on the endpoint that does not listen).
-        const bool ofi = GetParam().label.rfind("ofi", 0) == 0;
+        // Its own memory, pulled and pushed by a handler of a call to itself that blocks on
+        // each transfer (small handles travel inline): the transport serves a put/get to its
+        // own address itself, since the target endpoint's progress is the blocked handler's.
         for (std::size_t n : {std::size_t{100}, std::size_t{1} << 20}) {
-            if (ofi) continue;
             std::vector<std::byte> src(n), dst(n);
             na::test::fill_pattern(src, uint32_t(n));
             auto from = me.expose({src.data(), n}, read_only);

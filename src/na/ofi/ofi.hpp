@@ -553,6 +553,13 @@ class OfiTransport final : public Transport {
     // --- used by OfiContext / OfiMem / OfiAddr ------------------------------------------------
     void context_destroyed(OfiContext* c) noexcept;
     void mem_unregister(OfiMem* m) noexcept;
+    /// A put (`is_put`) or get of `len` bytes between `mine` and the region `rm` names at
+    /// `remote_off`, when `rm` is this transport's own memory: copied here after the checks a
+    /// target's provider makes (a live registration of the key, its access, the range). Through
+    /// the provider it would wait for the target endpoint's progress, which a handler blocking
+    /// on the transfer holds: it never completed.
+    Errc serve_self_rma(bool is_put, std::byte* mine, const OfiMem& rm, std::size_t remote_off,
+                        std::size_t len);
 
   private:
     friend struct OfiAddr;
@@ -775,6 +782,9 @@ class OfiTransport final : public Transport {
     MaybeMutex setup_mu_;   ///< lanes' creation (then a lane's lock; never the other way)
     MaybeMutex intern_mu_;  ///< interning (a lane may take it under its lock; takes none)
     MaybeMutex reg_mu_;     ///< registration keys and slab growth (leaf)
+    /// Live registrations by key (under reg_mu_): a put/get to this transport's own address is
+    /// served from them by serve_self_rma().
+    std::unordered_map<uint64_t, OfiMem*> regs_;
 
     fi_info* info_ = nullptr;
     fid_fabric* fabric_ = nullptr;

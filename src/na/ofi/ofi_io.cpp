@@ -931,6 +931,18 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
                 : fmt::format("the remote handle was registered by {}, not by {}",
                               ofi_addr(owner)->str, peer->str));
     if (len == 0) return fail_async(l, ctx, std::move(cb), type, Errc::ok, "empty transfer");
+    if (remote_addr == self_) [[unlikely]] {
+        // This transport's own memory (a handle the program sent to itself): copied here,
+        // listening or not.
+        const Errc st = serve_self_rma(is_put, reinterpret_cast<std::byte*>(lm->base()) + local_off,
+                                       *rm, remote_off, len);
+        OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
+        if (!op) return ops_exhausted(fmt::format("{} {}", scheme_, what), opts_.max_ops);
+        op->completion.size = st == Errc::ok ? len : 0;
+        OpId id = op->id();
+        complete_op(op, st);
+        return id;
+    }
     // Registrations are the domain's: any endpoint of the owner serves them; its context 0's
     // is the one every peer knows.
     Remote* rem = remote_locked(l, peer->raw, remote_addr);
@@ -973,6 +985,23 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
             to_provider_locked(l, op);
     }
     return id;
+}
+
+Errc OfiTransport::serve_self_rma(bool is_put, std::byte* mine, const OfiMem& rm,
+                                  std::size_t remote_off, std::size_t len) {
+    std::lock_guard g(reg_mu_);  // a deregistration waits for the copy
+    auto it = regs_.find(rm.key);
+    if (it == regs_.end()) return Errc::invalid_argument;  // not a live registration here
+    const OfiMem& m = *it->second;
+    const Access need = is_put ? Access::write_only : Access::read_only;
+    if (!(uint8_t(m.access()) & uint8_t(need))) return Errc::access_denied;
+    // The address as the provider reads it: virtual, or an offset into the registration.
+    const uint64_t at = (rm.virt ? rm.base() : m.base()) + remote_off;
+    if (at < m.base() || at - m.base() > m.length() || len > m.length() - (at - m.base()))
+        return Errc::out_of_range;
+    auto* where = reinterpret_cast<std::byte*>(at);
+    std::memmove(is_put ? where : mine, is_put ? mine : where, len);
+    return Errc::ok;
 }
 
 Result<OpId> OfiTransport::post_put(Context& ctx, Callback cb, const MemHandle& local,

@@ -1004,6 +1004,7 @@ OfiMem::~OfiMem() {
 void OfiTransport::mem_unregister(OfiMem* m) noexcept {
     if (!m->mr) return;
     std::lock_guard g(reg_mu_);
+    if (auto it = regs_.find(m->key); it != regs_.end() && it->second == m) regs_.erase(it);
     int rc = fi_close(&m->mr->fid);
     if (rc != 0)
         TALARIA_LOG(ofi, error, "{}: fi_close(mr) failed: {}", prov_.prov_name, fi_strerror(-rc));
@@ -1026,13 +1027,16 @@ Result<MemHandle> OfiTransport::mem_register(void* buf, std::size_t len, Access 
     {
         std::lock_guard g(reg_mu_);
         rc = fi_mr_reg(domain_, buf, len, acc, 0, next_key_locked(), 0, &m->mr, nullptr);
+        if (rc == 0) {
+            m->key = fi_mr_key(m->mr);
+            m->desc = fi_mr_desc(m->mr);
+            regs_[m->key] = m.get();
+        }
     }
     if (rc != 0)
         return Error(rc == -FI_ENOMEM ? Errc::no_memory : Errc::io_error,
                      fmt::format("mem_register of {} bytes: {} on {}", len, fi_err("fi_mr_reg", rc),
                                  prov_.prov_name));
-    m->key = fi_mr_key(m->mr);
-    m->desc = fi_mr_desc(m->mr);
     return MemHandle(std::move(m));
 }
 

@@ -317,6 +317,20 @@ TEST_P(Conformance, PutAndGetToSelf) {
             },
             &c);
         EXPECT_EQ(st, Errc::out_of_range) << "a range past the region";
+        // The region deregistered: a put through its handle writes nothing where the
+        // transport checks its own registrations (all but ucx+sm, which copies one-sided).
+        th->reset();
+        fill_pattern(local, 7);
+        st = run_op(
+            {s.ctx.get()},
+            [&](Callback cb) {
+                return s.t->post_put(*s.ctx, std::move(cb), *lh, 0, *remote, 0, kSize, self);
+            },
+            &c);
+        if (GetParam().label != "ucx_sm") {
+            EXPECT_NE(st, Errc::ok) << "a put through a handle of a deregistered region";
+            EXPECT_FALSE(pattern_mismatch(target, 6)) << "the refused put wrote the region";
+        }
     }
 }
 
