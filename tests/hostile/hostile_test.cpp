@@ -117,8 +117,7 @@ class Server {
     Server& operator=(const Server&) = delete;
     ~Server() {
         if (::testing::Test::HasFailure() || std::getenv("TALARIA_HOSTILE_SHOW_LOG")) {
-            std::ifstream in(log_);
-            std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            std::string all = log_text();
             if (all.size() > 8192) all = "...\n" + all.substr(all.size() - 8192);
             std::printf("--- the server's log (%s):\n%s--- end of the server's log\n",
                         proc_ ? proc_->address.c_str() : "not started", all.c_str());
@@ -135,14 +134,19 @@ class Server {
         struct stat st {};
         return ::stat(log_.c_str(), &st) == 0 ? long(st.st_size) : -1;
     }
+    /// What the server has logged so far.
+    [[nodiscard]] std::string log_text() const {
+        std::ifstream in(log_);
+        return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    }
     /// Close its stdin, wait for its exit (status 0), and return its log's lines.
     std::vector<std::string> stop_and_read() {
-        std::vector<std::string> lines;
         proc_->close_stdin();
         auto status = proc_->wait_exit(10s);
         EXPECT_TRUE(status) << "the server did not exit";
         EXPECT_EQ(status.value_or(-1), 0);
-        std::ifstream in(log_);
+        std::vector<std::string> lines;
+        std::istringstream in(log_text());
         for (std::string line; std::getline(in, line);)
             lines.push_back(line);
         return lines;
@@ -155,7 +159,8 @@ class Server {
 };
 
 /// What an attack cost the server, printed as one line "cost: <attack> | ..." (the figures of
-/// docs/benchmarks.md, "Hostile input"): its CPU per second of the attack, its resident memory
+/// docs/benchmarks.md, "Hostile input"): its CPU over the attack (and per second, over half a
+/// second or more), its resident memory
 /// and descriptors before and after, how long until a good client was served after the attack
 /// (or while it was held), and the log bytes it wrote per byte the attacker sent (the bytes the
 /// attacker handed to the transport or wrote to a socket). Made just before the attack.

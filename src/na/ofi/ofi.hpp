@@ -555,11 +555,11 @@ class OfiTransport final : public Transport {
     void mem_unregister(OfiMem* m) noexcept;
     /// A put (`is_put`) or get of `len` bytes between `mine` and the region `rm` names at
     /// `remote_off`, when `rm` is this transport's own memory: copied here after the checks a
-    /// target's provider makes (a live registration of the key, its access, the range). Through
-    /// the provider it would wait for the target endpoint's progress, which a handler blocking
-    /// on the transfer holds: it never completed.
+    /// target's provider makes (a live registration of the key, its access, the range; `why`
+    /// says which failed). Through the provider it would wait for the target endpoint's
+    /// progress, which a handler blocking on the transfer holds: it never completed.
     Errc serve_self_rma(bool is_put, std::byte* mine, const OfiMem& rm, std::size_t remote_off,
-                        std::size_t len);
+                        std::size_t len, std::string& why);
 
   private:
     friend struct OfiAddr;
@@ -599,6 +599,10 @@ class OfiTransport final : public Transport {
                            const Addr& dest, uint8_t dest_ctx, Tag tag, bool expected);
     Result<OpId> fail_async(OfiLane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
                             const std::string& why);
+    /// An op completed at once with `status` and `size` bytes moved (fail_async, a put/get
+    /// served by serve_self_rma).
+    Result<OpId> complete_now(OfiLane& l, Context& ctx, Callback&& cb, OpType type, Errc status,
+                              std::size_t size);
     Result<OpId> post_rma(Context& ctx, Callback cb, OpType type, const MemHandle& local,
                           std::size_t local_off, const MemHandle& remote, std::size_t remote_off,
                           std::size_t len, const Addr& remote_addr);

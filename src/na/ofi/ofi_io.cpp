@@ -108,9 +108,15 @@ ssize_t OfiTransport::post_retry_locked(OfiLane& l, F&& f) {
 
 Result<OpId> OfiTransport::fail_async(OfiLane& l, Context& ctx, Callback&& cb, OpType type,
                                       Errc status, const std::string& why) {
+    TALARIA_LOG(ofi, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
+    return complete_now(l, ctx, std::move(cb), type, status, 0);
+}
+
+Result<OpId> OfiTransport::complete_now(OfiLane& l, Context& ctx, Callback&& cb, OpType type,
+                                        Errc status, std::size_t size) {
     OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
     if (!op) return ops_exhausted(scheme_, opts_.max_ops);
-    TALARIA_LOG(ofi, debug, "{} fails with {}: {}", op_type_name(type), errc_name(status), why);
+    op->completion.size = size;
     OpId id = op->id();
     complete_op(op, status);
     return id;
@@ -934,14 +940,11 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
     if (remote_addr == self_) [[unlikely]] {
         // This transport's own memory (a handle the program sent to itself): copied here,
         // listening or not.
+        std::string why;
         const Errc st = serve_self_rma(is_put, reinterpret_cast<std::byte*>(lm->base()) + local_off,
-                                       *rm, remote_off, len);
-        OfiOp* op = l.ops.acquire(ctx, std::move(cb), type);
-        if (!op) return ops_exhausted(fmt::format("{} {}", scheme_, what), opts_.max_ops);
-        op->completion.size = st == Errc::ok ? len : 0;
-        OpId id = op->id();
-        complete_op(op, st);
-        return id;
+                                       *rm, remote_off, len, why);
+        if (st != Errc::ok) return fail_async(l, ctx, std::move(cb), type, st, why);
+        return complete_now(l, ctx, std::move(cb), type, Errc::ok, len);
     }
     // Registrations are the domain's: any endpoint of the owner serves them; its context 0's
     // is the one every peer knows.
@@ -988,17 +991,25 @@ Result<OpId> OfiTransport::post_rma(Context& ctx, Callback cb, OpType type, cons
 }
 
 Errc OfiTransport::serve_self_rma(bool is_put, std::byte* mine, const OfiMem& rm,
-                                  std::size_t remote_off, std::size_t len) {
+                                  std::size_t remote_off, std::size_t len, std::string& why) {
     std::lock_guard g(reg_mu_);  // a deregistration waits for the copy
     auto it = regs_.find(rm.key);
-    if (it == regs_.end()) return Errc::invalid_argument;  // not a live registration here
+    if (it == regs_.end()) {
+        why =
+            "the handle names no live registration of this transport (deregistered, or never "
+            "made)";
+        return Errc::invalid_argument;
+    }
     const OfiMem& m = *it->second;
-    const Access need = is_put ? Access::write_only : Access::read_only;
-    if (!(uint8_t(m.access()) & uint8_t(need))) return Errc::access_denied;
     // The address as the provider reads it: virtual, or an offset into the registration.
     const uint64_t at = (rm.virt ? rm.base() : m.base()) + remote_off;
-    if (at < m.base() || at - m.base() > m.length() || len > m.length() - (at - m.base()))
-        return Errc::out_of_range;
+    if (Errc st = check_region(m.access(), m.base(), m.length(), is_put, at, len); st != Errc::ok) {
+        why = st == Errc::access_denied
+                  ? fmt::format("the registration does not allow {}", is_put ? "writes" : "reads")
+                  : fmt::format("[{:#x}, +{}) is outside the registered [{:#x}, +{})", at, len,
+                                m.base(), m.length());
+        return st;
+    }
     auto* where = reinterpret_cast<std::byte*>(at);
     std::memmove(is_put ? where : mine, is_put ? mine : where, len);
     return Errc::ok;
